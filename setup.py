@@ -1,0 +1,53 @@
+"""mmppma: Polyline Path Masked Attention backbones for OpenMMLab 2.0.
+
+Requirements come from requirements.txt, the single place where the stack is pinned: its ``# [group]``
+headers split it into ``install_requires`` (core) and extras (cls, det, seg, triton, tests, all).
+"""
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+# torch and triton are pinned for the verified CPU stack; a CUDA user brings their own build, so the
+# installed package only asks for a compatible range (README "Supported versions").
+RANGES = {'torch': 'torch>=2.1', 'triton': 'triton>=3.6'}
+
+
+def read_groups(path):
+    groups, group = {}, None
+    for line in path.read_text().splitlines():
+        header = re.match(r'#\s*\[(\w+)\]', line)
+        if header:
+            group = header.group(1)
+        elif line.strip() and not line.lstrip().startswith('#'):
+            name = re.split(r'[=<>!\s\[]', line.strip(), maxsplit=1)[0]
+            groups.setdefault(group, []).append(RANGES.get(name, line.strip()))
+    return groups
+
+
+def read_version():
+    text = (ROOT / 'mmppma' / 'version.py').read_text()
+    return re.search(r"__version__ = '([^']+)'", text).group(1)
+
+
+groups = read_groups(ROOT / 'requirements.txt')
+extras = {name: groups[name] for name in ('cls', 'det', 'seg', 'triton', 'tests')}
+extras['det'] = groups['mmcv'] + extras['det']
+extras['seg'] = groups['mmcv'] + extras['seg']
+extras['all'] = sorted({req for reqs in extras.values() for req in reqs})
+
+setup(
+    name='mmppma',
+    version=read_version(),
+    description='Polyline Path Masked Attention (PPMA) backbones and ops for OpenMMLab 2.0',
+    long_description=(ROOT / 'README.md').read_text() if (ROOT / 'README.md').exists() else '',
+    long_description_content_type='text/markdown',
+    license='Apache-2.0',
+    python_requires='>=3.9',
+    packages=find_packages(include=['mmppma', 'mmppma.*']),
+    include_package_data=True,
+    install_requires=groups['core'],
+    extras_require=extras,
+    zip_safe=False,
+)
