@@ -1,0 +1,51 @@
+"""Argument checks shared by the ops: shapes are validated up front so that a mistake surfaces as a
+``ValueError`` naming the expected layout instead of a broadcasting error deep inside a matmul."""
+from typing import Optional, Sequence
+
+import torch
+
+QKV_LAYOUT = ('q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); '
+              'la (horizontal), lb (vertical) log-decays: (B, heads, H, W)')
+
+
+def _shape(t: torch.Tensor) -> str:
+    return '(' + ', '.join(str(s) for s in t.shape) + ')'
+
+
+def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f'{name}={value!r} is not supported; choose one of {", ".join(map(repr, choices))}')
+
+
+def check_decays(la: torch.Tensor, lb: torch.Tensor, what: str = 'la, lb') -> None:
+    if la.dim() != 4 or la.shape != lb.shape:
+        raise ValueError(f'{what}: expected two log-decay tensors of the same shape (B, heads, H, W); '
+                         f'got la {_shape(la)}, lb {_shape(lb)}')
+    if la.is_complex() or not la.is_floating_point() or not lb.is_floating_point():
+        raise ValueError(f'{what}: log-decays must be real floating point tensors; got {la.dtype}, {lb.dtype}')
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: Optional[torch.Tensor] = None,
+              lb: Optional[torch.Tensor] = None) -> None:
+    """Check q, k, v (and, when given, the log-decays la, lb) against :data:`QKV_LAYOUT`."""
+    got = f'got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}'
+    if la is not None:
+        got += f', la {_shape(la)}, lb {_shape(lb)}'
+    if q.dim() != 5 or k.shape != q.shape or v.dim() != 5 or v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f'expected {QKV_LAYOUT}; {got}')
+    if la is not None:
+        if la.shape != q.shape[:-1] or lb.shape != q.shape[:-1]:
+            raise ValueError(f'expected {QKV_LAYOUT}; {got}')
+        check_decays(la, lb)
+    for name, t in (('q', q), ('k', k), ('v', v)):
+        if not t.is_floating_point():
+            raise ValueError(f'{name} must be a floating point tensor (float16, bfloat16, float32 or float64); '
+                             f'got {t.dtype}')
+
+
+def table_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """Decay tables (cumsums) are float32 at least, float64 when any input is float64 (tests)."""
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype

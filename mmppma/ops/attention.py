@@ -1,0 +1,313 @@
+"""Softmax attention with polyline path masks: whole (PPMVA), criss-cross (PPMCCA) and RMT's Manhattan.
+
+Layouts: q, k (B, heads, H, W, d); v (B, heads, H, W, d_v); log-decays la, lb (B, heads, H, W), <= 0.
+All scores, biases and softmaxes are float32 (float64 for float64 inputs); outputs take v's dtype.
+
+The ``torch`` path of whole attention never keeps an N x N tensor alive across the forward: it walks
+over blocks of query rows, builds each block's bias from the O(N^1.5) segment-sum tables, and saves only
+the log-sum-exp of each softmax; the backward recomputes the block and reduces the bias gradient back into
+the tables (flash-attention style, in plain PyTorch). ``reference`` forms the dense mask.
+"""
+import math
+from typing import List, Sequence, Tuple
+
+import torch
+
+from ._checks import check_choice, check_qkv, table_dtype
+from .dispatch import resolve_impl
+from .polyline_mask import (column_segment_sums, line_distance, manhattan_decay_mask, polyline_mask,
+                            row_segment_sums, v2h_log_mask)
+
+WHOLE_FORMS = ('release', 'paper', 'v2h', 'h2v')
+CRISS_CROSS_ORDERS = ('both', 'row_col', 'col_row')
+TRITON_OPS: Tuple[str, ...] = ()  # filled in when kernels register (mmppma.ops.triton)
+
+# elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the torch path
+BLOCK_ELEMENTS = 1 << 23
+
+
+def _flatten(t: torch.Tensor) -> torch.Tensor:
+    b, h, hh, ww, d = t.shape
+    return t.reshape(b, h, hh * ww, d)
+
+
+# --------------------------------------------------------------------------------------------------
+# whole attention, torch path
+# --------------------------------------------------------------------------------------------------
+def _block_bias(sa: torch.Tensor, sb: torch.Tensor, path: str, r0: int, r1: int) -> torch.Tensor:
+    """Log-mask rows for query image rows [r0, r1): (B, heads, (r1-r0)*W, N).
+
+    sa: (B|1, heads, H, W, W) row segment sums [i, j, l]; sb: (B|1, heads, W, H, H) column ones [l, i, k].
+    """
+    b = max(sa.shape[0], sb.shape[0])
+    heads, w, h = sa.shape[1], sa.shape[3], sb.shape[3]
+    if path == 'v2h':  # M[i, j, k, l] = Sa[i, j, l] + Sb[l, i, k]
+        m = sa[:, :, r0:r1].unsqueeze(-2) + sb[:, :, :, r0:r1].permute(0, 1, 3, 4, 2).unsqueeze(3)
+    else:  # M^T[i, j, k, l] = Sa[k, l, j] + Sb[j, k, i]
+        m = sa.permute(0, 1, 4, 2, 3).unsqueeze(2) + sb[..., r0:r1].permute(0, 1, 4, 2, 3).unsqueeze(-1)
+    return m.expand(b, heads, r1 - r0, w, h, w).reshape(b, heads, (r1 - r0) * w, h * w)
+
+
+def _reduce_block_bias_grad(dm: torch.Tensor, path: str, r0: int, r1: int, dsa: torch.Tensor,
+                            dsb: torch.Tensor, h: int, w: int) -> None:
+    """Adjoint of :func:`_block_bias`: add d(bias block) into the table gradients in place."""
+    b, heads = dm.shape[:2]
+    dm = dm.reshape(b, heads, r1 - r0, w, h, w)  # [i, j, k, l]
+    if path == 'v2h':
+        dsa[:, :, r0:r1] += dm.sum(4)  # -> [i, j, l]
+        dsb[:, :, :, r0:r1] += dm.sum(3).permute(0, 1, 4, 2, 3)  # [i, k, l] -> [l, i, k]
+    else:
+        dsa += dm.sum(2).permute(0, 1, 3, 4, 2)  # [j, k, l] -> [k, l, j]
+        dsb[..., r0:r1] += dm.sum(5).permute(0, 1, 3, 4, 2)  # [i, j, k] -> [j, k, i]
+
+
+def _rows_per_block(b: int, heads: int, h: int, w: int) -> int:
+    return max(1, min(h, BLOCK_ELEMENTS // max(1, b * heads * w * h * w)))
+
+
+class _MaskedSoftmaxAttention(torch.autograd.Function):
+    """sum_p weight_p * softmax(scale * q k^T + M_p) v over paths p in {'v2h', 'h2v'}, blockwise."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sa, sb, scale: float, paths: Tuple[Tuple[str, float], ...]):
+        b, heads, n, _ = q.shape
+        h, w = sb.shape[-1], sa.shape[-1]
+        out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
+        lses = torch.empty(len(paths), b, heads, n, dtype=q.dtype, device=q.device)
+        step = _rows_per_block(b, heads, h, w)
+        kt = k.transpose(-1, -2)
+        for r0 in range(0, h, step):
+            r1 = min(h, r0 + step)
+            rows = slice(r0 * w, r1 * w)
+            s = (q[:, :, rows] @ kt) * scale
+            probs = 0
+            for idx, (path, weight) in enumerate(paths):
+                logits = s + _block_bias(sa, sb, path, r0, r1)
+                lse = logits.logsumexp(-1, keepdim=True)
+                lses[idx, :, :, rows] = lse.squeeze(-1)
+                probs = probs + weight * (logits - lse).exp()
+            out[:, :, rows] = probs @ v
+        ctx.save_for_backward(q, k, v, sa, sb, lses)
+        ctx.scale, ctx.paths = scale, paths
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, sa, sb, lses = ctx.saved_tensors
+        scale, paths = ctx.scale, ctx.paths
+        b, heads, n, _ = q.shape
+        h, w = sb.shape[-1], sa.shape[-1]
+        need_tables = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
+        dq = torch.empty_like(q)
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        dsa = torch.zeros(b, *sa.shape[1:], dtype=sa.dtype, device=sa.device) if need_tables else None
+        dsb = torch.zeros(b, *sb.shape[1:], dtype=sb.dtype, device=sb.device) if need_tables else None
+        step = _rows_per_block(b, heads, h, w)
+        kt = k.transpose(-1, -2)
+        for r0 in range(0, h, step):
+            r1 = min(h, r0 + step)
+            rows = slice(r0 * w, r1 * w)
+            qb, db = q[:, :, rows], dout[:, :, rows]
+            s = (qb @ kt) * scale
+            dprobs = db @ v.transpose(-1, -2)  # d(loss)/d(sum_p weight_p P_p)
+            ds_total = 0
+            probs_total = 0
+            for idx, (path, weight) in enumerate(paths):
+                p = (s + _block_bias(sa, sb, path, r0, r1) - lses[idx, :, :, rows].unsqueeze(-1)).exp()
+                probs_total = probs_total + weight * p
+                ds = weight * p * (dprobs - (p * dprobs).sum(-1, keepdim=True))
+                if need_tables:
+                    _reduce_block_bias_grad(ds, path, r0, r1, dsa, dsb, h, w)
+                ds_total = ds_total + ds
+            dv += probs_total.transpose(-1, -2) @ db
+            dq[:, :, rows] = (ds_total @ k) * scale
+            dk += (ds_total.transpose(-1, -2) @ qb) * scale
+        if need_tables:
+            # the tables may have been broadcast over the batch (shared decays)
+            if sa.shape[0] != b:
+                dsa = dsa.sum(0, keepdim=True)
+            if sb.shape[0] != b:
+                dsb = dsb.sum(0, keepdim=True)
+        return dq, dk, dv, dsa, dsb, None, None
+
+
+def _whole_torch(q, k, v, sa, sb, scale, paths):
+    dtype = table_dtype(q, k, v, sa, sb)
+    out = _MaskedSoftmaxAttention.apply(
+        _flatten(q).to(dtype), _flatten(k).to(dtype), _flatten(v).to(dtype), sa.to(dtype), sb.to(dtype),
+        float(scale), tuple(paths))
+    return out.reshape(*v.shape).to(v.dtype)
+
+
+def _paths_for(form: str) -> Tuple[Tuple[str, float], ...]:
+    return {
+        'release': (('v2h', 0.5), ('h2v', 0.5)),
+        'v2h': (('v2h', 1.0), ),
+        'h2v': (('h2v', 1.0), ),
+    }[form]
+
+
+# --------------------------------------------------------------------------------------------------
+# whole attention, reference path (dense, obviously correct)
+# --------------------------------------------------------------------------------------------------
+def _whole_reference(q, k, v, m, scale, form):
+    dtype = table_dtype(q, k, v, m)
+    qf, kf, vf = _flatten(q).to(dtype), _flatten(k).to(dtype), _flatten(v).to(dtype)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    m = m.to(dtype)
+    if form == 'paper':
+        attn = s.softmax(-1) * (m.exp() + m.transpose(-1, -2).exp())
+    else:
+        attn = sum(weight * (s + (m if path == 'v2h' else m.transpose(-1, -2))).softmax(-1)
+                   for path, weight in _paths_for(form))
+    return (attn @ vf).reshape(*v.shape).to(v.dtype)
+
+
+def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor, lb: torch.Tensor,
+                   scale: float = 1.0, form: str = 'release', impl: str = 'auto') -> torch.Tensor:
+    """Whole polyline-path-masked softmax attention (PPMVA).
+
+    q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); la, lb: (B, heads, H, W) -> (B, heads, H, W, d_v).
+    With S = scale * q k^T and M the V2H log-mask:
+
+    * ``'release'``: 0.5 softmax(S + M) v + 0.5 softmax(S + M^T) v (the released checkpoints);
+    * ``'paper'``: (softmax(S) * (exp(M) + exp(M^T))) v (paper Eq. 33);
+    * ``'v2h'`` / ``'h2v'``: softmax(S + M) v / softmax(S + M^T) v (one path, Table 4 ablation).
+    """
+    check_choice('form', form, WHOLE_FORMS)
+    check_qkv(q, k, v, la, lb)
+    impl = resolve_impl(impl, 'ppma_attention', (q, k, v), TRITON_OPS)
+    if impl == 'triton':
+        from .triton import ppma_attention_triton
+        return ppma_attention_triton(q, k, v, la, lb, scale=scale, form=form)
+    if impl == 'reference' or form == 'paper':
+        # the paper form multiplies probabilities by the mask after the softmax: no blockwise
+        # log-sum-exp trick applies, so its torch path is the dense one
+        return _whole_reference(q, k, v, polyline_mask(la, lb, 'v2h'), scale, form)
+    return _whole_torch(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, _paths_for(form))
+
+
+def _manhattan_tables(log_decay: torch.Tensor, h: int, w: int, heads: int, dtype: torch.dtype):
+    if log_decay.dim() == 1:
+        log_decay = log_decay.unsqueeze(0)
+    if log_decay.dim() != 2 or log_decay.shape[-1] != heads:
+        raise ValueError(f'log_decay: expected (heads,) or (B, heads) with heads={heads}; '
+                         f'got {tuple(log_decay.shape)}')
+    g = log_decay.to(dtype)[:, :, None, None, None]
+    sa = g * line_distance(w, log_decay.device, dtype)[None, None, None]  # (B|1, heads, 1, W, W)
+    sb = g * line_distance(h, log_decay.device, dtype)[None, None, None]  # (B|1, heads, 1, H, H)
+    return sa.expand(-1, -1, h, -1, -1), sb.expand(-1, -1, w, -1, -1)
+
+
+def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+                        scale: float = 1.0, impl: str = 'auto') -> torch.Tensor:
+    """RMT's whole attention: softmax(scale * q k^T + log_decay * (|i-k| + |j-l|)) v.
+
+    q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); log_decay: (heads,) or (B, heads), <= 0.
+    The Manhattan mask is the polyline mask with constant decays, so this shares the masked kernel.
+    """
+    check_qkv(q, k, v)
+    b, heads, h, w, _ = q.shape
+    impl = resolve_impl(impl, 'manhattan_attention', (q, k, v), TRITON_OPS)
+    dtype = table_dtype(q, k, v, log_decay)
+    if impl == 'triton':
+        from .triton import manhattan_attention_triton
+        return manhattan_attention_triton(q, k, v, log_decay, scale=scale)
+    if impl == 'reference':
+        m = manhattan_decay_mask(log_decay.to(dtype), h, w)
+        m = m if m.dim() == 4 else m.unsqueeze(0)
+        return _whole_reference(q, k, v, m.expand(b, -1, -1, -1), scale, 'v2h')
+    sa, sb = _manhattan_tables(log_decay, h, w, heads, dtype)
+    return _whole_torch(q, k, v, sa, sb, scale, (('v2h', 1.0), ))
+
+
+# --------------------------------------------------------------------------------------------------
+# criss-cross attention
+# --------------------------------------------------------------------------------------------------
+def _criss_cross_core(q, k, v, sa, sb, scale, order):
+    """sa: (B|1, heads, H|1, W, W) row bias [i, j, l]; sb: (B|1, heads, W|1, H, H) column bias [l, i, k]."""
+    dtype = table_dtype(q, k, v, sa, sb)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    rows = ((q @ k.transpose(-1, -2)) * scale + sa).softmax(-1)  # (B, heads, H, W, W)
+    qc, kc = q.transpose(2, 3), k.transpose(2, 3)  # (B, heads, W, H, d)
+    cols = ((qc @ kc.transpose(-1, -2)) * scale + sb).softmax(-1)  # (B, heads, W, H, H)
+
+    def along_rows(x):
+        return rows @ x
+
+    def along_cols(x):
+        return (cols @ x.transpose(2, 3)).transpose(2, 3)
+
+    if order == 'row_col':
+        out = along_cols(along_rows(v))
+    elif order == 'col_row':
+        out = along_rows(along_cols(v))
+    else:
+        out = 0.5 * along_cols(along_rows(v)) + 0.5 * along_rows(along_cols(v))
+    return out
+
+
+def _criss_cross_reference(q, k, v, la, lb, scale, order):
+    """Dense: criss-cross as N x N matrices (row attention A_w and column attention A_h embedded in
+    block-sparse N x N form), composed by matrix products."""
+    dtype = table_dtype(q, k, v, la, lb)
+    b, heads, h, w, _ = q.shape
+    n = h * w
+    qf, kf, vf = _flatten(q).to(dtype), _flatten(k).to(dtype), _flatten(v).to(dtype)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    ii = torch.arange(n, device=q.device) // w
+    jj = torch.arange(n, device=q.device) % w
+    same_row = ii[:, None] == ii[None, :]
+    same_col = jj[:, None] == jj[None, :]
+    # The 2D V2H mask restricted to one row is the row segment sum, to one column the column one.
+    m = polyline_mask(la.to(dtype), lb.to(dtype), 'v2h')
+    neg_inf = torch.full((), float('-inf'), dtype=dtype, device=q.device)
+    a_rows = torch.where(same_row, s + m, neg_inf).softmax(-1)
+    a_cols = torch.where(same_col, s + m, neg_inf).softmax(-1)
+    row_col = a_cols @ (a_rows @ vf)
+    col_row = a_rows @ (a_cols @ vf)
+    out = {'row_col': row_col, 'col_row': col_row, 'both': 0.5 * row_col + 0.5 * col_row}[order]
+    return out.reshape(*v.shape)
+
+
+def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
+                          lb: torch.Tensor, scale: float = 1.0, order: str = 'both',
+                          impl: str = 'auto') -> torch.Tensor:
+    """Decomposed criss-cross masked attention (PPMCCA).
+
+    Row attention ``Aw = softmax(scale * q_row k_row^T + Sa)`` (W x W per row), column attention
+    ``Ah = softmax(scale * q_col k_col^T + Sb)`` (H x H per column), with the 1D segment-sum biases.
+    order ``'both'``: 0.5 Ah(Aw v) + 0.5 Aw(Ah v) (release); ``'row_col'``: Ah(Aw v) (rows first, RMT);
+    ``'col_row'``: Aw(Ah v). Shapes as :func:`ppma_attention`. Never forms an N x N tensor (torch path).
+    """
+    check_choice('order', order, CRISS_CROSS_ORDERS)
+    check_qkv(q, k, v, la, lb)
+    impl = resolve_impl(impl, 'criss_cross_attention', (q, k, v), TRITON_OPS)
+    if impl == 'triton':
+        from .triton import criss_cross_attention_triton
+        return criss_cross_attention_triton(q, k, v, la, lb, scale=scale, order=order)
+    if impl == 'reference':
+        return _criss_cross_reference(q, k, v, la, lb, scale, order).to(v.dtype)
+    return _criss_cross_core(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, order).to(v.dtype)
+
+
+def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+                              scale: float = 1.0, impl: str = 'auto') -> torch.Tensor:
+    """RMT's decomposed attention: rows first, then columns, fixed decay ``log_decay * |d|`` per axis.
+
+    log_decay: (heads,) or (B, heads). The bias is built once per head, (heads, W, W) and (heads, H, H).
+    """
+    check_qkv(q, k, v)
+    b, heads, h, w, _ = q.shape
+    dtype = table_dtype(q, k, v, log_decay)
+    impl = resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v), TRITON_OPS)
+    if impl == 'triton':
+        from .triton import rmt_criss_cross_attention_triton
+        return rmt_criss_cross_attention_triton(q, k, v, log_decay, scale=scale)
+    if impl == 'reference':
+        g = log_decay.to(dtype)
+        g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)
+        return criss_cross_attention(q, k, v, g, g, scale, 'row_col', 'reference')
+    sa, sb = _manhattan_tables(log_decay, h, w, heads, dtype)
+    return _criss_cross_core(q, k, v, sa[:, :, :1], sb[:, :, :1], scale, 'row_col').to(v.dtype)

@@ -1,0 +1,114 @@
+"""Decay tables and the polyline path mask (REFERENCE 2), plus RMT's fixed Manhattan decay mask.
+
+Notation: ``la`` (horizontal) and ``lb`` (vertical) are log-decays of shape (B, heads, H, W), <= 0.
+``Ca = cumsum(la)`` along each row, ``Cb = cumsum(lb)`` along each column. The log-decay of a 1D segment
+from index s to t is the *segment sum* ``C[t] - C[s]`` taken in index order (``C[max] - C[min]``): the sum of
+the log-decays strictly after the start and up to the end. This is the release's convention, including its
+gradient; for log-decays <= 0 it equals ``-|C[t] - C[s]|``.
+
+V2H mask between query (i, j) and key (k, l): ``M = Sa(i; j, l) + Sb(l; i, k)`` (along the query's row,
+then the key's column). H2V is its transpose. Everything here is O(1) per entry from the O(N) tables;
+:func:`polyline_mask` materializes it densely for tests and small inputs only.
+"""
+from typing import Tuple
+
+import torch
+
+from ._checks import check_choice, check_decays, table_dtype
+
+
+def decay_tables(la: torch.Tensor, lb: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row and column cumsums ``(Ca, Cb)``, both (B, heads, H, W), in float32 (float64 for float64 input),
+    whatever the input dtype: fp16/bf16 cumsums lose the small decays that matter."""
+    dtype = table_dtype(la, lb)
+    return la.to(dtype).cumsum(-1), lb.to(dtype).cumsum(-2)
+
+
+def segment_sum(c: torch.Tensor) -> torch.Tensor:
+    """``out[..., t, s] = c[..., max(t,s)] - c[..., min(t,s)]`` for a cumsum ``c`` (..., L) -> (..., L, L)."""
+    diff = c.unsqueeze(-1) - c.unsqueeze(-2)
+    n = c.shape[-1]
+    lower = torch.ones(n, n, dtype=torch.bool, device=c.device).tril()
+    return torch.where(lower, diff, -diff)
+
+
+def row_segment_sums(la: torch.Tensor) -> torch.Tensor:
+    """``Sa[b, h, i, j, l]``: log-decay from column j to column l along row i. (B, heads, H, W, W)."""
+    return segment_sum(decay_tables(la, la)[0])
+
+
+def column_segment_sums(lb: torch.Tensor) -> torch.Tensor:
+    """``Sb[b, h, l, i, k]``: log-decay from row i to row k along column l. (B, heads, W, H, H)."""
+    return segment_sum(decay_tables(lb, lb)[1].transpose(-1, -2))
+
+
+def v2h_log_mask(sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """Dense V2H log-mask (B, heads, N, N) by broadcasting the segment-sum tables (no 6-D repeat).
+
+    sa: (B, heads, H, W, W) as from :func:`row_segment_sums`; sb: (B, heads, W, H, H).
+    """
+    b, h, hh, ww, _ = sa.shape
+    # M[i, j, k, l] = Sa[i, j, l] + Sb[l, i, k]
+    m = sa.unsqueeze(-2) + sb.permute(0, 1, 3, 4, 2).unsqueeze(3)
+    return m.reshape(b, h, hh * ww, hh * ww)
+
+
+def polyline_mask(la: torch.Tensor, lb: torch.Tensor, form: str = 'v2h', space: str = 'log') -> torch.Tensor:
+    """The dense polyline path mask, (B, heads, H*W, H*W), raster order ``p = i*W + j``.
+
+    form: ``'v2h'`` (M), ``'h2v'`` (M^T) or ``'2d'`` (both paths: L2D = exp(M) + exp(M^T)).
+    space: ``'log'`` returns M, M^T or log(L2D); ``'linear'`` returns L = exp(M), L^T or L2D.
+    O(N^2) memory: a test oracle and a tool for small maps, not for models.
+    """
+    check_choice('form', form, ('v2h', 'h2v', '2d'))
+    check_choice('space', space, ('log', 'linear'))
+    check_decays(la, lb)
+    m = v2h_log_mask(row_segment_sums(la), column_segment_sums(lb))
+    if form == 'h2v':
+        m = m.transpose(-1, -2)
+    elif form == '2d':
+        m = torch.logaddexp(m, m.transpose(-1, -2))
+    return m if space == 'log' else m.exp()
+
+
+def polyline_mask_3d(la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, space: str = 'log') -> torch.Tensor:
+    """Dense 3D polyline path mask (paper Appendix C.2, Eq. 40), (B, heads, N, N) with N = D*H*W.
+
+    la (along W), lb (along H), lc (along D): (B, heads, D, H, W). Token (i, j, k) = (depth, row, column),
+    raster order ``p = (i*H + j)*W + k``. The path from query (i, j, k) to key (l, m, n) runs along the
+    query's row to column n, then along column n (at depth i) to row m, then along depth to l.
+    """
+    check_choice('space', space, ('log', 'linear'))
+    if la.dim() != 5 or la.shape != lb.shape or la.shape != lc.shape:
+        raise ValueError('la, lb, lc: expected three log-decay tensors of shape (B, heads, D, H, W); got '
+                         f'{tuple(la.shape)}, {tuple(lb.shape)}, {tuple(lc.shape)}')
+    dtype = table_dtype(la, lb, lc)
+    sa = segment_sum(la.to(dtype).cumsum(-1))  # [i, j, k, n]
+    sb = segment_sum(lb.to(dtype).cumsum(-2).transpose(-1, -2))  # [i, n, j, m]
+    sc = segment_sum(lc.to(dtype).cumsum(-3).permute(0, 1, 3, 4, 2))  # [m, n, i, l]
+    bsz, heads, d, h, w = la.shape
+    # M[i, j, k, l, m, n] = sa[i, j, k, n] + sb[i, n, j, m] + sc[m, n, i, l]
+    m = (sa[:, :, :, :, :, None, None, :]
+         + sb.permute(0, 1, 2, 4, 5, 3)[:, :, :, :, None, None, :, :]
+         + sc.permute(0, 1, 4, 5, 2, 3)[:, :, :, None, None, :, :, :])
+    m = m.reshape(bsz, heads, d * h * w, d * h * w)
+    return m if space == 'log' else m.exp()
+
+
+def manhattan_decay_mask(log_decay: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """RMT's fixed 2D decay in log space: ``log_decay * (|i - k| + |j - l|)``.
+
+    log_decay: (heads,) or (B, heads) -> (heads, N, N) or (B, heads, N, N).
+    """
+    rows = torch.arange(height, device=log_decay.device, dtype=log_decay.dtype)
+    cols = torch.arange(width, device=log_decay.device, dtype=log_decay.dtype)
+    ii, jj = torch.meshgrid(rows, cols, indexing='ij')
+    ii, jj = ii.reshape(-1), jj.reshape(-1)
+    dist = (ii[:, None] - ii[None, :]).abs() + (jj[:, None] - jj[None, :]).abs()
+    return log_decay[..., None, None] * dist
+
+
+def line_distance(length: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """``|t - s|`` for a 1D line of ``length`` tokens, (length, length)."""
+    idx = torch.arange(length, device=device, dtype=dtype)
+    return (idx[:, None] - idx[None, :]).abs()

@@ -1,0 +1,104 @@
+"""Applying a polyline path mask to a vector without forming it (paper Algorithm 1, REFERENCE 4).
+
+The 2D mask factorizes into 1D structured masks: ``L_v2h x`` is a bidirectional decay scan down every
+column (``lb``), then along every row (``la``); ``L_h2v x`` is the other order. A bidirectional scan is a
+symmetric 1-semiseparable product ``y_t = sum_s exp(segsum(t, s)) x_s``. Short lines use one dense
+L x L tile; long lines use the chunkwise algorithm of Mamba2's SSD (dense tiles inside chunks, a scan of
+chunk states between them), which is O(L) in time and memory.
+"""
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_choice, check_decays, table_dtype
+from .polyline_mask import segment_sum
+
+DEFAULT_CHUNK = 64
+
+
+def _causal_chunked_scan(x: torch.Tensor, a: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``y_t = sum_{s<=t} exp(sum_{u=s+1..t} a_u) x_s``. x: (..., L, D), a: (..., L), float32/64."""
+    length = a.shape[-1]
+    pad = (-length) % chunk
+    if pad:
+        x = F.pad(x, (0, 0, 0, pad))
+        a = F.pad(a, (0, pad))
+    n = a.shape[-1] // chunk
+    xc = x.reshape(*x.shape[:-2], n, chunk, x.shape[-1])
+    c = a.reshape(*a.shape[:-1], n, chunk).cumsum(-1)  # cumsum inside each chunk
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=a.device).tril()
+    tile = torch.where(causal, segment_sum(c), torch.full((), float('-inf'), dtype=c.dtype, device=c.device))
+    y = tile.exp() @ xc  # contributions from inside the chunk
+    # state leaving each chunk, and the decay across each whole chunk
+    states = ((c[..., -1:] - c).exp().unsqueeze(-1) * xc).sum(-2)  # (..., n, D)
+    g = c[..., -1].cumsum(-1)  # (..., n)
+    # state entering chunk m: sum_{m' < m} exp(g[m-1] - g[m']) states[m']
+    strict = torch.ones(n, n, dtype=torch.bool, device=a.device).tril(-1)
+    g_prev = F.pad(g, (1, 0))[..., :-1]  # g[m-1], with g[-1] = 0
+    across = torch.where(strict, (g_prev.unsqueeze(-1) - g.unsqueeze(-2)),
+                         torch.full((), float('-inf'), dtype=g.dtype, device=g.device))
+    incoming = across.exp() @ states  # (..., n, D)
+    y = y + c.exp().unsqueeze(-1) * incoming.unsqueeze(-2)
+    y = y.reshape(*x.shape[:-2], n * chunk, x.shape[-1])
+    return y[..., :length, :]
+
+
+def decay_scan_1d(x: torch.Tensor, a: torch.Tensor, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """Bidirectional 1D decay scan ``y_t = sum_s exp(segsum(t, s)) x_s`` along the second-last dim of x.
+
+    x: (..., L, D); a: (..., L) log-decays (<= 0). Computed in float32 at least; returns x's dtype.
+    Lines up to ``chunk`` long use one dense tile; longer ones the O(L) chunkwise scan.
+    """
+    dtype = table_dtype(x, a)
+    xf, af = x.to(dtype), a.to(dtype)
+    if a.shape[-1] <= chunk:
+        y = segment_sum(af.cumsum(-1)).exp() @ xf
+    else:
+        forward = _causal_chunked_scan(xf, af, chunk)
+        # the anti-causal half is the causal scan of the reversed line, whose log-decays shift by one:
+        # the segment s..t (s > t) uses a_{t+1..s}
+        a_rev = F.pad(af.flip(-1)[..., :-1], (1, 0))
+        backward = _causal_chunked_scan(xf.flip(-2), a_rev, chunk).flip(-2)
+        y = forward + backward - xf
+    return y.to(x.dtype)
+
+
+def _scan_rows(x: torch.Tensor, la: torch.Tensor, chunk: int) -> torch.Tensor:
+    return decay_scan_1d(x, la, chunk)
+
+
+def _scan_columns(x: torch.Tensor, lb: torch.Tensor, chunk: int) -> torch.Tensor:
+    return decay_scan_1d(x.transpose(-3, -2), lb.transpose(-1, -2), chunk).transpose(-3, -2)
+
+
+def polyline_mask_matvec(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, order: str = 'v2h',
+                         chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """``L @ x`` for the polyline path mask, without forming L (Algorithm 1).
+
+    x: (B, heads, H, W, D); la, lb: (B, heads, H, W). order ``'v2h'``: L = exp(M) (column scan, then
+    row scan); ``'h2v'``: L^T (row scan, then column scan); ``'2d'``: L2D = L + L^T.
+    """
+    check_choice('order', order, ('v2h', 'h2v', '2d'))
+    check_decays(la, lb)
+    if x.dim() != 5 or x.shape[:-1] != la.shape:
+        raise ValueError(f'x: expected (B, heads, H, W, D) matching la, lb (B, heads, H, W) = '
+                         f'{tuple(la.shape)}; got x {tuple(x.shape)}')
+    if order == '2d':
+        return (polyline_mask_matvec(x, la, lb, 'v2h', chunk) + polyline_mask_matvec(x, la, lb, 'h2v', chunk))
+    if order == 'v2h':
+        return _scan_rows(_scan_columns(x, lb, chunk), la, chunk)
+    return _scan_columns(_scan_rows(x, la, chunk), lb, chunk)
+
+
+def polyline_mask_matvec_3d(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor,
+                            chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """``L3D @ x`` for the 3D polyline path mask (Appendix C.2) without forming it: a depth scan
+    (``lc``), then a vertical scan (``lb``), then a horizontal scan (``la``).
+
+    x: (B, heads, D, H, W, C); la, lb, lc: (B, heads, D, H, W). Matches :func:`polyline_mask_3d`.
+    """
+    if not (la.dim() == 5 and la.shape == lb.shape == lc.shape and x.dim() == 6 and x.shape[:-1] == la.shape):
+        raise ValueError('expected x (B, heads, D, H, W, C) and la, lb, lc (B, heads, D, H, W); got '
+                         f'x {tuple(x.shape)}, la {tuple(la.shape)}, lb {tuple(lb.shape)}, lc {tuple(lc.shape)}')
+    y = decay_scan_1d(x.movedim(2, 4), lc.movedim(2, 4), chunk).movedim(4, 2)  # along D
+    y = decay_scan_1d(y.transpose(-3, -2), lb.transpose(-1, -2), chunk).transpose(-3, -2)  # along H
+    return decay_scan_1d(y, la, chunk)  # along W
