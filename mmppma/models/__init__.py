@@ -1,0 +1,8 @@
+"""Models: layers, backbones, heads. Importing this registers every model class (the registry's location).
+
+Imports neither mmpretrain, mmdet nor mmseg: a user may have only one of them.
+"""
+from .backbones import PPMA, RMT
+from .heads import PPMAClsHead
+
+__all__ = ['PPMA', 'RMT', 'PPMAClsHead']

@@ -1,0 +1,52 @@
+"""Convolutional pieces of the PPMA/RMT macro architecture (REFERENCE 5), on channels-last tokens.
+
+Attribute names (``conv``, ``proj``, ``reduction``, ``norm``) follow the release's checkpoint layout.
+"""
+import torch
+import torch.nn as nn
+
+
+class DWConv2d(nn.Module):
+    """Depthwise ``k x k`` convolution on channels-last tokens: (B, H, W, C) -> (B, H, W, C).
+
+    Used for the block's conditional position encoding (3x3), the FFN's dwconv (3x3) and LePE (5x5).
+    """
+
+    def __init__(self, channels: int, kernel_size: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, kernel_size, 1, kernel_size // 2, groups=channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+class ConvStem(nn.Module):
+    """Four 3x3 convs (in -> C/2 stride 2, C/2 -> C/2, C/2 -> C stride 2, C -> C), BatchNorm after each,
+    GELU after the first three. (B, in, H, W) -> (B, ceil(H/4), ceil(W/4), C) channels-last.
+
+    ``proj`` is one Sequential so that its indices (0, 1, 3, 4, 6, 7, 9, 10) match the release keys.
+    """
+
+    def __init__(self, in_channels: int, embed_dims: int) -> None:
+        super().__init__()
+        half = embed_dims // 2
+        self.proj = nn.Sequential(
+            nn.Conv2d(in_channels, half, 3, 2, 1), nn.BatchNorm2d(half), nn.GELU(),
+            nn.Conv2d(half, half, 3, 1, 1), nn.BatchNorm2d(half), nn.GELU(),
+            nn.Conv2d(half, embed_dims, 3, 2, 1), nn.BatchNorm2d(embed_dims), nn.GELU(),
+            nn.Conv2d(embed_dims, embed_dims, 3, 1, 1), nn.BatchNorm2d(embed_dims))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).permute(0, 2, 3, 1)
+
+
+class ConvDownsample(nn.Module):
+    """3x3 stride-2 conv (with bias) + BatchNorm: (B, H, W, C_in) -> (B, ceil(H/2), ceil(W/2), C_out)."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.reduction = nn.Conv2d(in_channels, out_channels, 3, 2, 1)
+        self.norm = nn.BatchNorm2d(out_channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1)

@@ -1,0 +1,22 @@
+"""The block's feed-forward network with a depthwise conv inside (REFERENCE 5)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .conv import DWConv2d
+
+
+class ConvFFN(nn.Module):
+    """``h = gelu(fc1 x); h = h + dwconv3x3(h); fc2 h`` on channels-last tokens (B, H, W, C)."""
+
+    def __init__(self, embed_dims: int, hidden_dims: int, drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dims, hidden_dims)
+        self.dwconv = DWConv2d(hidden_dims, 3)
+        self.fc2 = nn.Linear(hidden_dims, embed_dims)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(F.gelu(self.fc1(x)))
+        h = h + self.dwconv(h)
+        return self.drop(self.fc2(h))

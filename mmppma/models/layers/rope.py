@@ -1,0 +1,62 @@
+"""2D-raster rotary position embedding (REFERENCE 3) and RMT's fixed per-head decay (REFERENCE 5).
+
+Computed once per stage and handed to every block of the stage: the tables depend on (H, W) only.
+"""
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+
+
+def rope_angles(head_dims: int) -> torch.Tensor:
+    """``theta_t = 10000^(-t / (d/2 - 1))`` for t = 0..d/2-1, each repeated for two adjacent channels: (d,)."""
+    if head_dims % 2:
+        raise ValueError(f'RoPE needs an even head dimension; got {head_dims}. Choose embed_dims / num_heads even.')
+    theta = 1.0 / 10000**torch.linspace(0, 1, head_dims // 2, dtype=torch.float64)
+    return theta.repeat_interleave(2).float()
+
+
+def rmt_log_decay(num_heads: int, heads_range: float, initial_value: float = 2.0) -> torch.Tensor:
+    """RMT's fixed per-head log-decay ``log(1 - 2^(-initial_value - r*h/n))``, h = 0..n-1: (n,), all < 0."""
+    h = torch.arange(num_heads, dtype=torch.float64)
+    return torch.log1p(-torch.pow(2.0, -initial_value - heads_range * h / num_heads)).float()
+
+
+def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    """``rot(x)[2m] = -x[2m+1]``, ``rot(x)[2m+1] = x[2m]`` along the last dim."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (..., H, W, d) by tables ``sin``, ``cos`` (H, W, d): ``x*cos + rot(x)*sin``."""
+    return x * cos + rotate_every_two(x) * sin
+
+
+class PositionTables(NamedTuple):
+    """What a stage hands to each block: RoPE tables (H, W, d) and, for RMT, the per-head log-decay (n,)."""
+    sin: torch.Tensor
+    cos: torch.Tensor
+    log_decay: Optional[torch.Tensor]
+
+
+class RasterRoPE2D(nn.Module):
+    """Per-stage position module (``layers.{s}.Relpos`` in the release).
+
+    Buffers: ``angle`` (d,) always; ``decay`` (n,) when ``heads_range`` is given (RMT's fixed decays). Both
+    are persistent so that release checkpoints (which hold them) load with no unexpected keys.
+    Position of token (i, j) is ``p = i*W + j`` (raster order).
+    """
+
+    def __init__(self, head_dims: int, num_heads: int, heads_range: Optional[float] = None) -> None:
+        super().__init__()
+        self.register_buffer('angle', rope_angles(head_dims))
+        if heads_range is not None:
+            self.register_buffer('decay', rmt_log_decay(num_heads, heads_range))
+        else:
+            self.decay = None
+
+    def forward(self, height: int, width: int) -> PositionTables:
+        index = torch.arange(height * width, device=self.angle.device, dtype=torch.float32)
+        phase = (index[:, None] * self.angle.float()[None, :]).view(height, width, -1)
+        return PositionTables(phase.sin(), phase.cos(), self.decay)
