@@ -60,7 +60,8 @@ if "$PY" -c 'import mmcv, sys; from mmcv.ops import nms; sys.exit(0 if mmcv.__ve
 else
     MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
         "${PIP[@]}" install --no-build-isolation --progress-bar off -v "$(pin mmcv)" 2>&1 \
-        | grep --line-buffered -E 'Building|building|Created wheel|Successfully|Using cached|ERROR|error:|\[[0-9]+/[0-9]+\]' \
+        | grep --line-buffered -E 'Building wheel|Created wheel|Successfully|Using cached|ERROR|error:|\[[0-9]+/[0-9]+\]' \
+        | sed -u -E 's/^ *(\[[0-9]+\/[0-9]+\]) .*-c ([^ ]+\/)?([^/ ]+\.(cpp|cu)) .*/  \1 compiling \3/' \
         || true
     "$PY" -c 'from mmcv.ops import nms, RoIAlign' \
         || fail "mmcv's compiled ops do not import. Re-run with the full log: MMCV_WITH_OPS=1 $PY -m pip install --no-build-isolation -v $(pin mmcv)"

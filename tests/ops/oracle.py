@@ -1,0 +1,104 @@
+"""Independent float64 oracles, written from the definitions with explicit loops (numpy).
+
+They share no code with mmppma.ops: a path's log-decay is summed term by term along the path
+(REFERENCE 2: the segment from s to t sums the log-decays strictly after min(s, t) up to max(s, t)).
+"""
+import numpy as np
+
+
+def seg(line, s, t):
+    lo, hi = min(s, t), max(s, t)
+    return line[lo + 1:hi + 1].sum()
+
+
+def mask_v2h(la, lb):
+    """la, lb: (H, W) -> (N, N) log-mask, query (i, j) -> key (k, l): row i from j to l, then column l."""
+    h, w = la.shape
+    m = np.zeros((h * w, h * w))
+    for i in range(h):
+        for j in range(w):
+            for k in range(h):
+                for l in range(w):
+                    m[i * w + j, k * w + l] = seg(la[i, :], j, l) + seg(lb[:, l], i, k)
+    return m
+
+
+def mask_3d(la, lb, lc):
+    """la, lb, lc: (D, H, W) -> (N, N): along W in the query's row, along H at the key's column, along D."""
+    d, h, w = la.shape
+    n = d * h * w
+    m = np.zeros((n, n))
+    for i in range(d):
+        for j in range(h):
+            for k in range(w):
+                for l in range(d):
+                    for mm in range(h):
+                        for nn in range(w):
+                            m[(i * h + j) * w + k, (l * h + mm) * w + nn] = (
+                                seg(la[i, j, :], k, nn) + seg(lb[i, :, nn], j, mm) + seg(lc[:, mm, nn], i, l))
+    return m
+
+
+def softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(-1, keepdims=True)
+
+
+def whole_attention(q, k, v, la, lb, scale, form):
+    """q, k, v: (H, W, d) for one batch item and head; la, lb: (H, W). -> (H, W, d_v)."""
+    h, w, _ = q.shape
+    qf, kf, vf = q.reshape(h * w, -1), k.reshape(h * w, -1), v.reshape(h * w, -1)
+    s = scale * qf @ kf.T
+    m = mask_v2h(la, lb)
+    if form == 'release':
+        a = 0.5 * softmax(s + m) + 0.5 * softmax(s + m.T)
+    elif form == 'paper':
+        a = softmax(s) * (np.exp(m) + np.exp(m.T))
+    elif form == 'v2h':
+        a = softmax(s + m)
+    else:
+        a = softmax(s + m.T)
+    return (a @ vf).reshape(h, w, -1)
+
+
+def criss_cross(q, k, v, la, lb, scale, order):
+    """Loops over rows and columns: Aw per row, Ah per column, composed in the given order."""
+    h, w, _ = q.shape
+
+    def rows(x):
+        out = np.zeros((h, w, x.shape[-1]))
+        for i in range(h):
+            bias = np.array([[seg(la[i], j, l) for l in range(w)] for j in range(w)])
+            out[i] = softmax(scale * q[i] @ k[i].T + bias) @ x[i]
+        return out
+
+    def cols(x):
+        out = np.zeros((h, w, x.shape[-1]))
+        for j in range(w):
+            bias = np.array([[seg(lb[:, j], i, kk) for kk in range(h)] for i in range(h)])
+            out[:, j] = softmax(scale * q[:, j] @ k[:, j].T + bias) @ x[:, j]
+        return out
+
+    if order == 'row_col':
+        return cols(rows(v))
+    if order == 'col_row':
+        return rows(cols(v))
+    return 0.5 * cols(rows(v)) + 0.5 * rows(cols(v))
+
+
+def manhattan_mask(gamma, h, w):
+    m = np.zeros((h * w, h * w))
+    for i in range(h):
+        for j in range(w):
+            for k in range(h):
+                for l in range(w):
+                    m[i * w + j, k * w + l] = gamma * (abs(i - k) + abs(j - l))
+    return m
+
+
+def apply_per_head(fn, *arrays, **kwargs):
+    """Run a per-(batch, head) oracle over leading (B, heads) dims of numpy arrays."""
+    b, heads = arrays[0].shape[:2]
+    outs = [[fn(*(a[bi, hi] for a in arrays), **kwargs) for hi in range(heads)] for bi in range(b)]
+    return np.stack([np.stack(o) for o in outs])
