@@ -54,8 +54,6 @@ ARCH_ZOO: Dict[str, dict] = {
     **dict.fromkeys(['s', 'small'], _SMALL),
     **dict.fromkeys(['b', 'base'], _BASE),
 }
-#: Recommended stochastic-depth rates of the release recipes (configs set ``drop_path_rate`` from these).
-DROP_PATH_RATES = {'tiny': 0.1, 'small': 0.15, 'base': 0.4}
 
 REQUIRED_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'attn_types')
 OPTIONAL_KEYS = ('layer_scales', 'layer_scale_init_value', 'heads_ranges')
