@@ -22,8 +22,11 @@ WHOLE_FORMS = ('release', 'paper', 'v2h', 'h2v')
 CRISS_CROSS_ORDERS = ('both', 'row_col', 'col_row')
 TRITON_OPS: Tuple[str, ...] = ()  # filled in when kernels register (mmppma.ops.triton)
 
-# elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the torch path
+# elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the blockwise path
 BLOCK_ELEMENTS = 1 << 23
+# up to this many (B * heads * N * N) score elements, whole attention keeps its probabilities for the
+# backward (plain autograd, fastest); above it, the blockwise path recomputes them (memory O(N^1.5))
+SMALL_ELEMENTS = 1 << 22
 
 
 def _flatten(t: torch.Tensor) -> torch.Tensor:
@@ -132,8 +135,25 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
         return dq, dk, dv, dsa, dsb, None, None
 
 
+def _whole_torch_small(q, k, v, sa, sb, scale, paths):
+    """Plain autograd with the bias broadcast from the tables: fastest while N x N is small."""
+    s = (q @ k.transpose(-1, -2)) * scale
+    m = v2h_log_mask(sa, sb)
+    out = 0
+    for path, weight in paths:
+        # weighting the (N, d) output, not the (N, N) probabilities, keeps one saved N x N per path
+        out = out + weight * ((s + (m if path == 'v2h' else m.transpose(-1, -2))).softmax(-1) @ v)
+    return out
+
+
 def _whole_torch(q, k, v, sa, sb, scale, paths):
     dtype = table_dtype(q, k, v, sa, sb)
+    b, heads, h, w, _ = q.shape
+    if b * heads * (h * w)**2 <= SMALL_ELEMENTS:
+        out = _whole_torch_small(
+            _flatten(q).to(dtype), _flatten(k).to(dtype), _flatten(v).to(dtype), sa.to(dtype).expand(b, -1, -1, -1, -1),
+            sb.to(dtype).expand(b, -1, -1, -1, -1), float(scale), paths)
+        return out.reshape(*v.shape).to(v.dtype)
     out = _MaskedSoftmaxAttention.apply(
         _flatten(q).to(dtype), _flatten(k).to(dtype), _flatten(v).to(dtype), sa.to(dtype), sb.to(dtype),
         float(scale), tuple(paths))

@@ -24,8 +24,19 @@ def qkv(b, heads, h, w, d, seed=0, dtype=torch.float64, dv=None):
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """Force the torch path of whole attention through several query blocks (and a ragged last one)."""
+    """Force the torch path of whole attention onto its blockwise (recomputing) branch, one image row
+    of queries per block."""
+    monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
     monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 1)
+
+
+@pytest.fixture(params=['plain', 'blockwise'])
+def whole_path(request, monkeypatch):
+    """Run a test on both branches of the torch path of whole attention."""
+    if request.param == 'blockwise':
+        monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
+        monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 1)
+    return request.param
 
 
 @pytest.mark.parametrize('impl', IMPLS)
@@ -135,7 +146,7 @@ def _leaf(*ts):
 
 
 @pytest.mark.parametrize('form', ['release', 'v2h', 'h2v', 'paper'])
-def test_whole_attention_gradcheck(form, small_blocks):
+def test_whole_attention_gradcheck(form, whole_path):
     q, k, v = qkv(1, 2, 3, 4, 2, seed=3)
     la, lb = decays(1, 2, 3, 4, seed=4)
     for impl in IMPLS:
@@ -153,17 +164,17 @@ def test_criss_cross_gradcheck(order):
                                         _leaf(q, k, v, la, lb))
 
 
-def test_rmt_and_linear_gradcheck():
+def test_rmt_and_linear_gradcheck(whole_path):
     q, k, v = qkv(1, 2, 3, 4, 3, seed=3)
     la, lb = decays(1, 2, 3, 4, seed=4)
     gamma = torch.tensor([-0.3, -0.6], dtype=torch.float64)
     assert torch.autograd.gradcheck(lambda *a: manhattan_attention(*a, gamma, impl='torch'), _leaf(q, k, v))
     assert torch.autograd.gradcheck(lambda *a: rmt_criss_cross_attention(*a, gamma, impl='torch'), _leaf(q, k, v))
     assert torch.autograd.gradcheck(lambda *a: ppma_linear_attention(*a, impl='torch', chunk=2),
-                                    _leaf(q, k, v, la, lb))
+                                    _leaf(q, k, v, la, lb), fast_mode=True)
 
 
-def test_torch_and_reference_gradients_agree_on_a_larger_map(small_blocks):
+def test_torch_and_reference_gradients_agree_on_a_larger_map(whole_path):
     q, k, v = qkv(2, 2, 6, 9, 4, seed=8)
     la, lb = decays(2, 2, 6, 9, seed=9)
     grads = {}
@@ -186,7 +197,7 @@ OPS = {
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize('op', sorted(OPS))
-def test_half_inputs_are_finite_and_close_to_float32(op, dtype):
+def test_half_inputs_are_finite_and_close_to_float32(op, dtype, whole_path):
     q, k, v = qkv(2, 2, 7, 9, 16, seed=1, dtype=torch.float32)
     la, lb = decays(2, 2, 7, 9, seed=2, dtype=torch.float32)
     want = OPS[op](q, k, v, la, lb)
@@ -198,7 +209,7 @@ def test_half_inputs_are_finite_and_close_to_float32(op, dtype):
 
 @pytest.mark.parametrize('op', sorted(OPS))
 @pytest.mark.parametrize('hw', [(1, 1), (1, 9), (9, 1), (13, 17)])
-def test_extreme_decays_give_finite_values_and_gradients(op, hw):
+def test_extreme_decays_give_finite_values_and_gradients(op, hw, whole_path):
     h, w = hw
     q, k, v = qkv(1, 2, h, w, 4, dtype=torch.float32)
     la, lb = decays(1, 2, h, w, offset=1e4, dtype=torch.float32)
