@@ -9,13 +9,9 @@ import torch.nn as nn
 
 from mmppma.models import PPMA, RMT, PPMAClsHead
 
+from .conftest import SMALL_ARCH
+
 FIXTURES = Path('/work/shared/fixtures')
-SMALL_ARCH = dict(
-    embed_dims=[16, 32, 32, 64],
-    depths=[1, 1, 2, 1],
-    num_heads=[2, 2, 4, 4],
-    mlp_ratios=[2, 2, 2, 2],
-    attn_types=['criss_cross', 'criss_cross', 'whole', 'whole'])
 # REFERENCE 5: parameter counts with the 1000-class head
 PARAM_COUNTS = {
     (PPMA, 'tiny'): 14_335_272, (PPMA, 'small'): 26_969_472, (PPMA, 'base'): 54_158_524,

@@ -16,7 +16,8 @@ none       softmax(q k^T) v                         criss_cross_attention(0, 0, 
 
 (``Aw(Ah v)`` mixes a key (k, l) down its column to row i, then along row i: the V2H path M of REFERENCE 2.)
 """
-from typing import Optional
+import contextlib
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -31,6 +32,46 @@ from .rope import PositionTables, apply_rope
 ATTN_TYPES = ('criss_cross', 'whole')
 MASKS = ('polyline', 'shared', 'v2h', 'none', 'rmt')
 ATTN_FORMS = ('release', 'paper')
+
+
+_COUNTING_FLOPS = False
+
+
+@contextlib.contextmanager
+def whole_attention_as_one_op() -> Iterator[None]:
+    """While active, whole attention runs inside :class:`WholeAttentionForFlops`, so a jit trace (mmengine's
+    FLOP counter) records it as one node however the op computes it internally (blockwise, dense, ...)."""
+    global _COUNTING_FLOPS
+    previous, _COUNTING_FLOPS = _COUNTING_FLOPS, True
+    try:
+        yield
+    finally:
+        _COUNTING_FLOPS = previous
+
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]],
+                  torch.Tensor]
+
+
+class WholeAttentionForFlops(torch.autograd.Function):
+    """Forward-only wrapper used by :func:`whole_attention_as_one_op`: traced as
+    ``prim::PythonOp.WholeAttentionForFlops`` with inputs q, k, v (B, heads, H, W, d) first. Every tensor the op
+    reads is an input (a traced closure over tensors breaks the jit tracer)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Optional[torch.Tensor],
+                b: Optional[torch.Tensor], attend: Attend) -> torch.Tensor:
+        return attend(q, k, v, a, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError('WholeAttentionForFlops is for FLOP counting only (no backward)')
+
+
+def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T) v over all H*W tokens (no mask; k pre-scaled): (B, n, H, W, d) -> (B, n, H, W, d_v)."""
+    out = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), scale=1.0)
+    return out.unflatten(2, q.shape[2:4])
 
 
 def check_choice(name: str, value: str, choices: tuple) -> None:
@@ -100,29 +141,36 @@ class PolylinePathAttention(nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
                 pos: PositionTables) -> torch.Tensor:
-        b, n, h, w, d = q.shape
-        whole = self.attn_type == 'whole'
+        """q, k, v (B, n, H, W, d) -> (B, n, H, W, d); decays from the normalized tokens x (B, H, W, C)."""
+        impl = self.impl
+        if self.attn_type == 'criss_cross':
+            if self.path_embed is not None:
+                la, lb = self.path_embed(x)
+                order = 'col_row' if self.mask == 'v2h' else 'both'
+                return criss_cross_attention(q, k, v, la, lb, scale=1.0, order=order, impl=impl)
+            if self.mask == 'rmt':
+                # == criss_cross_attention(q, k, v, g, g, order='row_col') with g the decay broadcast to
+                # (B, n, H, W); this op builds the constant biases once per head instead of per position.
+                return rmt_criss_cross_attention(q, k, v, pos.log_decay, scale=1.0, impl=impl)
+            zero = q.new_zeros((), dtype=torch.float32).expand(q.shape[:-1])
+            return criss_cross_attention(q, k, v, zero, zero, scale=1.0, order='both', impl=impl)
+
+        # attend(q, k, v, la, lb): the decays are arguments, not closed over, for WholeAttentionForFlops
+        attend: Attend
+        la = lb = None
         if self.path_embed is not None:
             la, lb = self.path_embed(x)
-            if whole:
-                form = 'v2h' if self.mask == 'v2h' else self.attn_form
-                return ppma_attention(q, k, v, la, lb, scale=1.0, form=form, impl=self.impl)
-            order = 'col_row' if self.mask == 'v2h' else 'both'
-            return criss_cross_attention(q, k, v, la, lb, scale=1.0, order=order, impl=self.impl)
-        if self.mask == 'rmt':
-            if pos.log_decay is None:
-                raise ValueError("mask='rmt' needs the stage's fixed decays (RasterRoPE2D(heads_range=...))")
-            if whole:
-                return manhattan_attention(q, k, v, pos.log_decay, scale=1.0, impl=self.impl)
-            # == criss_cross_attention(q, k, v, g, g, order='row_col') with g the decay broadcast to
-            # (B, n, H, W); this op builds the constant biases once per head instead of per position.
-            return rmt_criss_cross_attention(q, k, v, pos.log_decay, scale=1.0, impl=self.impl)
-        # mask == 'none'
-        if whole:
-            out = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), scale=1.0)
-            return out.view(b, n, h, w, -1)
-        zero = q.new_zeros((), dtype=torch.float32).expand(b, n, h, w)
-        return criss_cross_attention(q, k, v, zero, zero, scale=1.0, order='both', impl=self.impl)
+            form = 'v2h' if self.mask == 'v2h' else self.attn_form
+            attend = lambda q, k, v, la, lb: ppma_attention(  # noqa: E731
+                q, k, v, la, lb, scale=1.0, form=form, impl=impl)
+        elif self.mask == 'rmt':
+            la = pos.log_decay
+            attend = lambda q, k, v, g, _: manhattan_attention(q, k, v, g, scale=1.0, impl=impl)  # noqa: E731
+        else:
+            attend = lambda q, k, v, _a, _b: plain_attention(q, k, v)  # noqa: E731
+        if _COUNTING_FLOPS:
+            return WholeAttentionForFlops.apply(q, k, v, la, lb, attend)
+        return attend(q, k, v, la, lb)
 
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, attn_type={self.attn_type!r}, '

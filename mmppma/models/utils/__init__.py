@@ -1,8 +1,9 @@
-"""Model utilities (checkpoint conversion)."""
-from .checkpoint_convert import (CheckpointMismatchError, detect_arch, detect_mask, extract_state_dict,
-                                 mmppma_to_official, official_to_mmppma)
+"""Model utilities: release checkpoint conversion, FLOP counting."""
+from .checkpoint_convert import (CheckpointMismatchError, detect_mask, extract_state_dict, inspect_backbone,
+                                 match_arch, mmppma_to_official, official_to_mmppma)
+from .flops import attention_flop_jit, count_flops
 
 __all__ = [
-    'CheckpointMismatchError', 'detect_arch', 'detect_mask', 'extract_state_dict', 'mmppma_to_official',
-    'official_to_mmppma'
+    'CheckpointMismatchError', 'detect_mask', 'extract_state_dict', 'inspect_backbone', 'match_arch',
+    'mmppma_to_official', 'official_to_mmppma', 'attention_flop_jit', 'count_flops'
 ]

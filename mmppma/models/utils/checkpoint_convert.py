@@ -65,11 +65,11 @@ def detect_mask(backbone: Mapping[str, torch.Tensor]) -> str:
     return 'shared' if rows == {1} else 'polyline'
 
 
-def detect_arch(backbone: Mapping[str, torch.Tensor]) -> Tuple[str, dict, Tuple[int, ...]]:
-    """Infer (family 'PPMA' | 'RMT', dict(name=arch), outnorm indices) from a backbone state dict.
+def inspect_backbone(backbone: Mapping[str, torch.Tensor]) -> Tuple[str, dict, Tuple[int, ...]]:
+    """(family 'PPMA' | 'RMT', the settings visible in shapes, outnorm indices) of a backbone state dict.
 
-    Widths, depths, heads, mlp ratios and layer scales are read from shapes; the attention type per stage
-    is not visible in weights, so the rest is matched against ``ARCH_ZOO`` (pass ``arch`` for custom ones).
+    Widths, depths, heads, mlp ratios and layer scales are read from shapes; the attention type per stage is
+    not visible in weights.
     """
     if 'patch_embed.proj.9.weight' not in backbone:
         raise CheckpointMismatchError('not a PPMA/RMT backbone: no patch_embed.proj.9.weight; keys start with '
@@ -81,25 +81,27 @@ def detect_arch(backbone: Mapping[str, torch.Tensor]) -> Tuple[str, dict, Tuple[
         depths.append(max(blocks) + 1 if blocks else 0)
     family = 'RMT' if any(k.endswith('Relpos.decay') for k in backbone) else 'PPMA'
     dims, heads, mlps, scales = [], [], [], []
-    for s, depth in enumerate(depths):
+    for s in range(len(depths)):
         p = f'layers.{s}.blocks.0.'
         dims.append(backbone[p + 'retention.q_proj.weight'].shape[0])
-        head_dims = backbone[f'layers.{s}.Relpos.angle'].shape[0]
-        heads.append(dims[-1] // head_dims)
+        heads.append(dims[-1] // backbone[f'layers.{s}.Relpos.angle'].shape[0])
         mlps.append(backbone[p + 'ffn.fc1.weight'].shape[0] / dims[-1])
         scales.append(p + 'gamma_1' in backbone)
     mlps = [int(m) if float(m).is_integer() else m for m in mlps]
     outnorms = tuple(sorted(int(k[len('outnorm'):].split('.')[0]) for k in backbone if k.startswith('outnorm')
                             and k.endswith('.weight')))
+    measured = dict(embed_dims=dims, depths=depths, num_heads=heads, mlp_ratios=mlps, layer_scales=scales)
+    return family, measured, outnorms
+
+
+def match_arch(measured: dict) -> str:
+    """The ARCH_ZOO name whose settings equal ``measured`` (from :func:`inspect_backbone`)."""
     for name in ('tiny', 'small', 'base'):
-        a = ARCH_ZOO[name]
-        if (a['embed_dims'], a['depths'], a['num_heads'], a['mlp_ratios'], a['layer_scales']) == \
-                (dims, depths, heads, mlps, scales):
-            return family, dict(name=name), outnorms
+        if all(ARCH_ZOO[name][k] == v for k, v in measured.items()):
+            return name
     raise CheckpointMismatchError(
-        f'backbone (embed_dims={dims}, depths={depths}, num_heads={heads}, mlp_ratios={mlps}, '
-        f'layer_scales={scales}) matches no arch in ARCH_ZOO (tiny, small, base); pass arch=dict(...) with '
-        f'attn_types (converter --arch-json)')
+        f'backbone ({", ".join(f"{k}={v}" for k, v in measured.items())}) matches no arch in ARCH_ZOO (tiny, small, '
+        f'base); pass arch=dict(...) with attn_types (converter --arch-json)')
 
 
 def build_reference_backbone(family: str, arch: Union[str, dict], out_indices: Tuple[int, ...],
@@ -140,8 +142,8 @@ def official_to_mmppma(state: Mapping[str, torch.Tensor],
     """
     downstream = any(k.startswith('backbone.') for k in state)
     backbone, rest = split_backbone(state)
-    family, detected, outnorms = detect_arch(backbone)
-    arch = arch if arch is not None else detected['name']
+    family, measured, outnorms = inspect_backbone(backbone)
+    arch = arch if arch is not None else match_arch(measured)
     mask = detect_mask(backbone)
     info = dict(family=family, arch=arch, mask=mask, out_indices=outnorms, downstream=downstream, passthrough=[])
     if check:

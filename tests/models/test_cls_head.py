@@ -1,0 +1,96 @@
+"""PPMAClsHead: the release head's structure, and mmpretrain ClsHead behaviour (loss, accuracy, predict)."""
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+from mmppma.models import PPMAClsHead
+
+
+def test_structure_and_shapes():
+    head = PPMAClsHead(10, in_channels=32, hidden_channels=24, loss=nn.Identity())
+    assert [k for k in head.state_dict() if not k.startswith('norm.')] == [
+        'proj.weight', 'proj.bias', 'fc.weight', 'fc.bias']
+    assert isinstance(head.norm, nn.BatchNorm2d) and head.norm.num_features == 24
+    feats = (torch.randn(3, 16, 8, 8), torch.randn(3, 32, 5, 7))
+    head.eval()
+    assert head.pre_logits(feats).shape == (3, 24)
+    assert head(feats).shape == (3, 10)
+
+
+def test_matches_written_out_release_head():
+    """Linear per position -> BatchNorm -> Swish -> global average pool -> Linear (REFERENCE 5)."""
+    torch.manual_seed(0)
+    head = PPMAClsHead(7, in_channels=12, hidden_channels=20, loss=nn.Identity()).eval()
+    head.norm.running_mean.normal_()
+    head.norm.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 12, 3, 5)
+    h = torch.einsum('bchw,oc->bohw', x, head.proj.weight) + head.proj.bias[:, None, None]
+    h = (h - head.norm.running_mean[:, None, None]) / torch.sqrt(head.norm.running_var[:, None, None] + 1e-5)
+    h = h * head.norm.weight[:, None, None] + head.norm.bias[:, None, None]
+    h = h * torch.sigmoid(h)
+    want = h.mean((2, 3)) @ head.fc.weight.T + head.fc.bias
+    torch.testing.assert_close(head((x, )), want, rtol=1e-5, atol=1e-5)
+
+
+def test_wrong_in_channels_is_a_clear_error():
+    head = PPMAClsHead(5, in_channels=64, loss=nn.Identity())
+    with pytest.raises(ValueError, match='in_channels'):
+        head((torch.randn(1, 32, 2, 2), ))
+    with pytest.raises(ValueError, match='num_classes'):
+        PPMAClsHead(0, loss=nn.Identity())
+
+
+def test_importing_mmppma_imports_no_downstream_library():
+    code = ('import sys, mmppma, mmppma.models, mmppma.engine; '
+            'bad = [m for m in ("mmpretrain", "mmdet", "mmseg") if m in sys.modules]; '
+            'assert not bad, bad')
+    subprocess.run([sys.executable, '-c', code], check=True)
+
+
+# ---------------------------------------------------------------- with mmpretrain
+@pytest.fixture
+def mmpretrain_structures(mmpretrain_ready):
+    from mmpretrain.structures import DataSample
+    return DataSample
+
+
+def test_loss_hard_labels_with_accuracy(mmpretrain_structures):
+    DataSample = mmpretrain_structures
+    head = PPMAClsHead(4, in_channels=8, loss=dict(type='CrossEntropyLoss'), topk=(1, 2), cal_acc=True)
+    feats = (torch.randn(3, 8, 2, 2), )
+    samples = [DataSample().set_gt_label(i) for i in (0, 3, 1)]
+    losses = head.loss(feats, samples)
+    logits = head(feats)
+    want = nn.functional.cross_entropy(logits, torch.tensor([0, 3, 1]))
+    torch.testing.assert_close(losses['loss'], want)
+    assert set(losses) == {'loss', 'accuracy_top-1', 'accuracy_top-2'}
+
+
+def test_loss_soft_labels_label_smoothing(mmpretrain_structures):
+    DataSample = mmpretrain_structures
+    head = PPMAClsHead(
+        4, in_channels=8, loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'), cal_acc=True)
+    feats = (torch.randn(2, 8, 3, 3), )
+    scores = torch.tensor([[0.7, 0.3, 0.0, 0.0], [0.0, 0.0, 0.4, 0.6]])  # mixup-style soft targets
+    samples = [DataSample().set_gt_score(s) for s in scores]
+    losses = head.loss(feats, samples)
+    assert set(losses) == {'loss'}  # no accuracy for soft targets
+    smoothed = scores * 0.9 + 0.1 / 4
+    want = -(smoothed * head(feats).log_softmax(1)).sum(1).mean()
+    torch.testing.assert_close(losses['loss'], want)
+
+
+def test_predict(mmpretrain_structures):
+    DataSample = mmpretrain_structures
+    head = PPMAClsHead(6, in_channels=8).eval()
+    feats = (torch.randn(2, 8, 2, 2), )
+    out = head.predict(feats)
+    probs = head(feats).softmax(1)
+    assert len(out) == 2 and isinstance(out[0], DataSample)
+    torch.testing.assert_close(out[1].pred_score, probs[1])
+    assert out[1].pred_label.item() == probs[1].argmax().item()
+    given = [DataSample().set_gt_label(1), DataSample().set_gt_label(2)]
+    assert head.predict(feats, given)[0] is given[0]
