@@ -21,7 +21,8 @@ from .polyline_mask import (column_segment_sums, line_distance, manhattan_decay_
 WHOLE_FORMS = ('release', 'paper', 'v2h', 'h2v')
 CRISS_CROSS_ORDERS = ('both', 'row_col', 'col_row')
 # ops with a Triton kernel in mmppma.ops.triton ('auto' picks it for CUDA tensors)
-TRITON_OPS: Tuple[str, ...] = ('ppma_attention', 'manhattan_attention')
+TRITON_OPS: Tuple[str, ...] = ('ppma_attention', 'manhattan_attention', 'criss_cross_attention',
+                               'rmt_criss_cross_attention')
 
 # elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the blockwise path
 BLOCK_ELEMENTS = 1 << 23

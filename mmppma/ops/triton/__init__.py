@@ -30,3 +30,16 @@ def manhattan_attention_triton(q, k, v, log_decay, scale: float = 1.0):
     g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)
     ca, cb = decay_tables(g, g)
     return whole_attention_triton(q, k, v, ca, cb, scale, True, False)
+
+
+def criss_cross_attention_triton(q, k, v, la, lb, scale: float = 1.0, order: str = 'both'):
+    from .line_attention import criss_cross_attention_triton as run
+    ca, cb = decay_tables(la, lb)
+    return run(q, k, v, ca, cb, scale, order)
+
+
+def rmt_criss_cross_attention_triton(q, k, v, log_decay, scale: float = 1.0):
+    b, heads, h, w, _ = q.shape
+    g = log_decay.float()
+    g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)
+    return criss_cross_attention_triton(q, k, v, g, g, scale, 'row_col')
