@@ -21,7 +21,7 @@ def test_bare_and_prefixed_names_build_in_every_scope(mmdet_ready, mmseg_ready):
     from mmseg.registry import MODELS as SEG
     for registry in (DET, SEG):
         for name in ('PPMA', 'mmppma.PPMA', 'RMT', 'mmppma.RMT'):
-            model = registry.build(dict(type=name, arch=SMALL_ARCH, out_indices=(3, )))
+            model = registry.build(dict(type=name, arch=SMALL_ARCH, out_indices=(3, ))).eval()
             assert model(torch.randn(1, 3, 32, 32))[0].shape == (1, 64, 1, 1)
 
 
