@@ -42,7 +42,7 @@ def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tenso
     """
     check_choice('mask', mask, MASK_FORMS)
     _check(s1, s2, v, la, lb)
-    impl = resolve_impl(impl, 'ppma_decomposed_attention', (s1, s2, v))
+    impl = resolve_impl(impl, 'ppma_decomposed_attention', (s1, s2, v), ('ppma_decomposed_attention', ))
     dtype = table_dtype(s1, s2, v, la, lb)
     s1f, s2f, vf = s1.to(dtype), s2.to(dtype), v.to(dtype)
     b, heads, h, w, r = s1.shape
@@ -52,7 +52,7 @@ def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tenso
         return (attn @ vf.reshape(b, heads, h * w, -1)).reshape(*v.shape).to(v.dtype)
     dv = v.shape[-1]
     kv = (s2f.unsqueeze(-1) * vf.unsqueeze(-2)).reshape(b, heads, h, w, r * dv)  # per-token s2 (x) v
-    z = polyline_mask_matvec(kv, la, lb, order=mask, chunk=chunk).reshape(b, heads, h, w, r, dv)
+    z = polyline_mask_matvec(kv, la, lb, order=mask, chunk=chunk, impl=impl).reshape(b, heads, h, w, r, dv)
     return (s1f.unsqueeze(-2) @ z).squeeze(-2).to(v.dtype)
 
 

@@ -10,9 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_choice, check_decays, table_dtype
-from .polyline_mask import segment_sum
+from .dispatch import resolve_impl
+from .polyline_mask import polyline_mask, polyline_mask_3d, segment_sum
 
 DEFAULT_CHUNK = 64
+# ops with a Triton kernel ('auto' picks it for CUDA tensors); the matvecs run on the 1D scan kernel
+TRITON_OPS = ('decay_scan_1d', 'polyline_mask_matvec', 'polyline_mask_matvec_3d')
 
 
 def _causal_chunked_scan(x: torch.Tensor, a: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -42,15 +45,23 @@ def _causal_chunked_scan(x: torch.Tensor, a: torch.Tensor, chunk: int) -> torch.
     return y[..., :length, :]
 
 
-def decay_scan_1d(x: torch.Tensor, a: torch.Tensor, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+def decay_scan_1d(x: torch.Tensor, a: torch.Tensor, chunk: int = DEFAULT_CHUNK, impl: str = 'auto') -> torch.Tensor:
     """Bidirectional 1D decay scan ``y_t = sum_s exp(segsum(t, s)) x_s`` along the second-last dim of x.
 
     x: (..., L, D); a: (..., L) log-decays (<= 0). Computed in float32 at least; returns x's dtype.
-    Lines up to ``chunk`` long use one dense tile; longer ones the O(L) chunkwise scan.
+    ``torch``: lines up to ``chunk`` long use one dense tile, longer ones the O(L) chunkwise scan;
+    ``reference``: the dense L x L mask; ``triton``: a tiled kernel.
     """
+    if x.dim() < 2 or a.shape != x.shape[:-1]:
+        raise ValueError(f'decay_scan_1d: expected x (..., L, D) and a (..., L); got x {tuple(x.shape)}, '
+                         f'a {tuple(a.shape)}')
+    impl = resolve_impl(impl, 'decay_scan_1d', (x, a), TRITON_OPS)
+    if impl == 'triton':
+        from .triton.decay_scan import decay_scan_triton
+        return decay_scan_triton(x, a)
     dtype = table_dtype(x, a)
     xf, af = x.to(dtype), a.to(dtype)
-    if a.shape[-1] <= chunk:
+    if impl == 'reference' or a.shape[-1] <= chunk:
         y = segment_sum(af.cumsum(-1)).exp() @ xf
     else:
         forward = _causal_chunked_scan(xf, af, chunk)
@@ -62,20 +73,21 @@ def decay_scan_1d(x: torch.Tensor, a: torch.Tensor, chunk: int = DEFAULT_CHUNK) 
     return y.to(x.dtype)
 
 
-def _scan_rows(x: torch.Tensor, la: torch.Tensor, chunk: int) -> torch.Tensor:
-    return decay_scan_1d(x, la, chunk)
+def _scan_rows(x: torch.Tensor, la: torch.Tensor, chunk: int, impl: str) -> torch.Tensor:
+    return decay_scan_1d(x, la, chunk, impl)
 
 
-def _scan_columns(x: torch.Tensor, lb: torch.Tensor, chunk: int) -> torch.Tensor:
-    return decay_scan_1d(x.transpose(-3, -2), lb.transpose(-1, -2), chunk).transpose(-3, -2)
+def _scan_columns(x: torch.Tensor, lb: torch.Tensor, chunk: int, impl: str) -> torch.Tensor:
+    return decay_scan_1d(x.transpose(-3, -2), lb.transpose(-1, -2), chunk, impl).transpose(-3, -2)
 
 
 def polyline_mask_matvec(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, order: str = 'v2h',
-                         chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+                         chunk: int = DEFAULT_CHUNK, impl: str = 'auto') -> torch.Tensor:
     """``L @ x`` for the polyline path mask, without forming L (Algorithm 1).
 
     x: (B, heads, H, W, D); la, lb: (B, heads, H, W). order ``'v2h'``: L = exp(M) (column scan, then
     row scan); ``'h2v'``: L^T (row scan, then column scan); ``'2d'``: L2D = L + L^T.
+    ``impl``: ``'reference'`` forms the dense mask; the others choose the 1D scans' implementation.
     """
     check_choice('order', order, ('v2h', 'h2v', '2d'))
     check_decays(la, lb)
@@ -83,14 +95,19 @@ def polyline_mask_matvec(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, or
         raise ValueError(f'x: expected (B, heads, H, W, D) matching la, lb (B, heads, H, W) = '
                          f'{tuple(la.shape)}; got x {tuple(x.shape)}')
     if order == '2d':
-        return (polyline_mask_matvec(x, la, lb, 'v2h', chunk) + polyline_mask_matvec(x, la, lb, 'h2v', chunk))
+        return (polyline_mask_matvec(x, la, lb, 'v2h', chunk, impl) +
+                polyline_mask_matvec(x, la, lb, 'h2v', chunk, impl))
+    if resolve_impl(impl, 'polyline_mask_matvec', (x, la, lb), TRITON_OPS) == 'reference':
+        b, heads, h, w, d = x.shape
+        lmask = polyline_mask(la, lb, order, space='linear')
+        return (lmask @ x.to(lmask.dtype).reshape(b, heads, h * w, d)).reshape(x.shape).to(x.dtype)
     if order == 'v2h':
-        return _scan_rows(_scan_columns(x, lb, chunk), la, chunk)
-    return _scan_columns(_scan_rows(x, la, chunk), lb, chunk)
+        return _scan_rows(_scan_columns(x, lb, chunk, impl), la, chunk, impl)
+    return _scan_columns(_scan_rows(x, la, chunk, impl), lb, chunk, impl)
 
 
 def polyline_mask_matvec_3d(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor,
-                            chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+                            chunk: int = DEFAULT_CHUNK, impl: str = 'auto') -> torch.Tensor:
     """``L3D @ x`` for the 3D polyline path mask (Appendix C.2) without forming it: a depth scan
     (``lc``), then a vertical scan (``lb``), then a horizontal scan (``la``).
 
@@ -99,6 +116,10 @@ def polyline_mask_matvec_3d(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor,
     if not (la.dim() == 5 and la.shape == lb.shape == lc.shape and x.dim() == 6 and x.shape[:-1] == la.shape):
         raise ValueError('expected x (B, heads, D, H, W, C) and la, lb, lc (B, heads, D, H, W); got '
                          f'x {tuple(x.shape)}, la {tuple(la.shape)}, lb {tuple(lb.shape)}, lc {tuple(lc.shape)}')
-    y = decay_scan_1d(x.movedim(2, 4), lc.movedim(2, 4), chunk).movedim(4, 2)  # along D
-    y = decay_scan_1d(y.transpose(-3, -2), lb.transpose(-1, -2), chunk).transpose(-3, -2)  # along H
-    return decay_scan_1d(y, la, chunk)  # along W
+    if resolve_impl(impl, 'polyline_mask_matvec_3d', (x, la, lb, lc), TRITON_OPS) == 'reference':
+        lmask = polyline_mask_3d(la, lb, lc, space='linear')
+        flat = x.to(lmask.dtype).reshape(*x.shape[:2], -1, x.shape[-1])
+        return (lmask @ flat).reshape(x.shape).to(x.dtype)
+    y = decay_scan_1d(x.movedim(2, 4), lc.movedim(2, 4), chunk, impl).movedim(4, 2)  # along D
+    y = decay_scan_1d(y.transpose(-3, -2), lb.transpose(-1, -2), chunk, impl).transpose(-3, -2)  # along H
+    return decay_scan_1d(y, la, chunk, impl)  # along W

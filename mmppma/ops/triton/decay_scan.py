@@ -1,0 +1,76 @@
+"""Bidirectional 1D decay scan ``y_t = sum_s exp(seg(C; t, s)) x_s`` (Algorithm 1's building block).
+
+Tiled as a masked matrix product along each line (tensor cores, O(L^2 D) per line - lines are image
+rows/columns, so O(N^1.5) in total). The mask is symmetric, so the input gradient is the same scan of
+the output gradient; the decay gradient comes from two *signed* scans (weights +w below the diagonal,
+-w above, 0 on it): ``dC = dy . signed(x) + x . signed(dy)``.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from .whole_attention import _blocks, _pow2, _precision
+
+
+@triton.jit
+def _scan_kernel(x_ptr, c_ptr, y_ptr, L, D, SIGNED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    line = tl.program_id(1)
+    pid_d = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_m = offs_m < L
+    mask_d = offs_d < D
+    c_m = tl.load(c_ptr + line * L + offs_m, mask=mask_m, other=0.0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, L, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < L
+        c_n = tl.load(c_ptr + line * L + offs_n, mask=mask_n, other=0.0)
+        x = tl.load(x_ptr + (line * L + offs_n[:, None]) * D + offs_d[None, :],
+                    mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        ge = offs_m[:, None] >= offs_n[None, :]
+        w = tl.exp(tl.where(ge, c_m[:, None] - c_n[None, :], c_n[None, :] - c_m[:, None]))
+        if SIGNED:
+            w = tl.where(offs_m[:, None] > offs_n[None, :], w, tl.where(ge, 0.0, -w))
+        w = tl.where(mask_n[None, :], w, 0.0)
+        acc += tl.dot(w.to(x.dtype), x, input_precision=PRECISION)
+    tl.store(y_ptr + (line * L + offs_m[:, None]) * D + offs_d[None, :], acc, mask=mask_m[:, None] & mask_d[None, :])
+
+
+def _scan(x: torch.Tensor, c: torch.Tensor, signed: bool) -> torch.Tensor:
+    """x: (lines, L, D), c: (lines, L) float32 -> float32 (lines, L, D)."""
+    lines, length, d = x.shape
+    y = torch.empty(lines, length, d, device=x.device, dtype=torch.float32)
+    block_m, block_n = _blocks(length)
+    block_d = min(_pow2(d), 64)
+    _scan_kernel[(triton.cdiv(length, block_m), lines, triton.cdiv(d, block_d))](
+        x, c, y, length, d, signed, block_m, block_n, block_d, _precision(x.dtype))
+    return y
+
+
+class DecayScanFunction(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x, c):
+        ctx.save_for_backward(x, c)
+        return _scan(x, c, False).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, c = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx = _scan(dy, c, False).to(x.dtype) if ctx.needs_input_grad[0] else None
+        dc = None
+        if ctx.needs_input_grad[1]:
+            dc = (dy.float() * _scan(x, c, True)).sum(-1) + (x.float() * _scan(dy, c, True)).sum(-1)
+        return dx, dc
+
+
+def decay_scan_triton(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """x: (..., L, D); a: (..., L) log-decays -> (..., L, D), like :func:`mmppma.ops.decay_scan_1d`."""
+    *lead, length, d = x.shape
+    c = a.float().cumsum(-1).reshape(-1, length).contiguous()
+    y = DecayScanFunction.apply(x.reshape(-1, length, d).contiguous(), c)
+    return y.reshape(*lead, length, d)

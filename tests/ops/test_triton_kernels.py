@@ -1,0 +1,153 @@
+"""Every Triton kernel against the dense reference, outputs and all gradients, float32.
+
+On a machine without a GPU (CI) the kernels run under ``TRITON_INTERPRET=1`` (see conftest.py); with a GPU
+they run compiled on CUDA. Shapes cover N = 49 and 196, a 13 x 17 map, 1 x N and N x 1 maps, and
+lengths that leave a ragged last block.
+"""
+import pytest
+import torch
+
+import mmppma.ops.attention as attention_module
+from mmppma.ops import (criss_cross_attention, decay_scan_1d, manhattan_attention, polyline_mask_matvec,
+                        polyline_mask_matvec_3d, ppma_attention, ppma_linear_attention, rmt_criss_cross_attention)
+from mmppma.ops.dispatch import resolve_impl
+
+pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
+
+DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+TOL = dict(rtol=2e-4, atol=2e-5)
+
+
+def make(b, heads, h, w, d, dv=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(b, heads, h, w, d, generator=g) for _ in range(2))
+    v = torch.randn(b, heads, h, w, dv or d, generator=g)
+    la, lb = (-torch.rand(b, heads, h, w, generator=g) for _ in range(2))
+    return [t.to(DEVICE).requires_grad_() for t in (q, k, v, la, lb)]
+
+
+def outputs_and_grads(fn, inputs, seed=1):
+    out = fn(*inputs)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device)
+    grads = torch.autograd.grad(out, [t for t in inputs if t.requires_grad], g, allow_unused=True)
+    return [out] + [torch.zeros_like(t) if gr is None else gr for t, gr in zip(inputs, grads)]
+
+
+def assert_same(fn_triton, fn_ref, inputs):
+    got = outputs_and_grads(fn_triton, inputs)
+    want = outputs_and_grads(fn_ref, inputs)
+    names = ['out'] + [f'grad[{i}]' for i in range(len(inputs))]
+    for name, a, b in zip(names, got, want):
+        torch.testing.assert_close(a, b, **TOL, msg=lambda m: f'{name}: {m}')
+
+
+WHOLE_SHAPES = [(2, 2, 7, 7, 16, 16), (1, 1, 14, 14, 32, 32), (1, 1, 13, 17, 16, 8), (1, 1, 1, 9, 16, 16),
+                (1, 1, 9, 1, 64, 16), (1, 1, 3, 5, 4, 3)]
+
+
+@pytest.mark.parametrize('form', ['release', 'v2h', 'h2v'])
+@pytest.mark.parametrize('shape', WHOLE_SHAPES, ids=lambda s: 'x'.join(map(str, s)))
+def test_whole_attention_kernel(shape, form):
+    b, heads, h, w, d, dv = shape
+    inputs = make(b, heads, h, w, d, dv, seed=h * w)
+    scale = d**-0.5
+    assert_same(lambda *a: ppma_attention(*a, scale=scale, form=form, impl='triton'),
+                lambda *a: ppma_attention(*a, scale=scale, form=form, impl='reference'), inputs)
+
+
+def test_manhattan_kernel():
+    q, k, v, _, _ = make(2, 3, 5, 6, 16)
+    gamma = torch.tensor([-0.1, -0.4, -1.2], device=DEVICE)
+    assert_same(lambda *a: manhattan_attention(*a, gamma, scale=0.25, impl='triton'),
+                lambda *a: manhattan_attention(*a, gamma, scale=0.25, impl='reference'), [q, k, v])
+    assert_same(lambda *a: rmt_criss_cross_attention(*a, gamma, scale=0.25, impl='triton'),
+                lambda *a: rmt_criss_cross_attention(*a, gamma, scale=0.25, impl='reference'), [q, k, v])
+
+
+@pytest.mark.parametrize('order', ['both', 'row_col', 'col_row'])
+@pytest.mark.parametrize('shape', [(1, 2, 7, 7, 16, 16), (1, 1, 13, 17, 16, 8), (1, 1, 1, 9, 16, 16),
+                                   (1, 1, 9, 1, 32, 16), (1, 1, 5, 20, 16, 16)],
+                         ids=lambda s: 'x'.join(map(str, s)))
+def test_criss_cross_kernel(shape, order):
+    b, heads, h, w, d, dv = shape
+    inputs = make(b, heads, h, w, d, dv, seed=h + w)
+    assert_same(lambda *a: criss_cross_attention(*a, scale=0.3, order=order, impl='triton'),
+                lambda *a: criss_cross_attention(*a, scale=0.3, order=order, impl='reference'), inputs)
+
+
+@pytest.mark.parametrize('length', [1, 5, 16, 17, 49])
+def test_decay_scan_kernel(length):
+    g = torch.Generator().manual_seed(length)
+    x = torch.randn(3, length, 5, generator=g).to(DEVICE).requires_grad_()
+    a = (-torch.rand(3, length, generator=g)).to(DEVICE).requires_grad_()
+    assert_same(lambda *t: decay_scan_1d(*t, impl='triton'), lambda *t: decay_scan_1d(*t, impl='reference'),
+                [x, a])
+
+
+@pytest.mark.parametrize('order', ['v2h', 'h2v', '2d'])
+def test_matvec_and_linear_attention_on_the_scan_kernel(order):
+    q, k, v, la, lb = make(1, 2, 7, 7, 4, seed=3)
+    assert_same(lambda x, a, b: polyline_mask_matvec(x, a, b, order, impl='triton'),
+                lambda x, a, b: polyline_mask_matvec(x, a, b, order, impl='reference'), [v, la, lb])
+    if order == '2d':
+        assert_same(lambda *t: ppma_linear_attention(*t, feature_map='elu', normalize=True, impl='triton'),
+                    lambda *t: ppma_linear_attention(*t, feature_map='elu', normalize=True, impl='reference'),
+                    [q, k, v, la, lb])
+
+
+def test_3d_matvec_on_the_scan_kernel():
+    g = torch.Generator().manual_seed(0)
+    la, lb, lc = ((-torch.rand(1, 2, 2, 3, 4, generator=g)).to(DEVICE).requires_grad_() for _ in range(3))
+    x = torch.randn(1, 2, 2, 3, 4, 3, generator=g).to(DEVICE).requires_grad_()
+    assert_same(lambda *t: polyline_mask_matvec_3d(*t, impl='triton'),
+                lambda *t: polyline_mask_matvec_3d(*t, impl='reference'), [x, la, lb, lc])
+
+
+def test_extreme_decays_in_kernels_stay_finite():
+    q, k, v, la, lb = make(1, 2, 5, 9, 16)
+    with torch.no_grad():
+        la -= 1e4
+        lb -= 1e4
+    for fn in (lambda *a: ppma_attention(*a, impl='triton'), lambda *a: criss_cross_attention(*a, impl='triton')):
+        out, *grads = outputs_and_grads(fn, [q, k, v, la, lb])
+        assert torch.isfinite(out).all() and all(torch.isfinite(g_).all() for g_ in grads)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='half-precision kernels are checked on a GPU; '
+                    'the interpreter computes in numpy')
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_half_precision_kernels_close_to_float32(dtype):
+    q, k, v, la, lb = make(2, 4, 14, 14, 32)
+    want = ppma_attention(q, k, v, la, lb, scale=32**-0.5, impl='triton')
+    got = ppma_attention(q.to(dtype), k.to(dtype), v.to(dtype), la, lb, scale=32**-0.5, impl='triton')
+    assert ((got.float() - want).norm() / want.norm()) < 1e-2
+
+
+# ----------------------------------------------------------------------------------------------- dispatch
+def test_triton_on_cpu_without_interpreter_names_the_alternatives(monkeypatch):
+    monkeypatch.setenv('TRITON_INTERPRET', '0')
+    q, k, v, la, lb = (t.detach().cpu() for t in make(1, 1, 2, 2, 4))
+    with pytest.raises(RuntimeError, match="impl='torch'"):
+        ppma_attention(q, k, v, la, lb, impl='triton')
+
+
+def test_paper_form_has_no_kernel():
+    with pytest.raises(NotImplementedError, match="impl='torch'"):
+        ppma_attention(*make(1, 1, 2, 2, 4), form='paper', impl='triton')
+
+
+def test_auto_resolution_and_environment_override(monkeypatch):
+    cpu = torch.zeros(1)
+    assert resolve_impl('auto', 'ppma_attention', [cpu], attention_module.TRITON_OPS) == 'torch'
+    monkeypatch.setenv('MMPPMA_IMPL', 'reference')
+    assert resolve_impl('auto', 'ppma_attention', [cpu], attention_module.TRITON_OPS) == 'reference'
+    calls = []
+    original = attention_module._whole_reference
+    monkeypatch.setattr(attention_module, '_whole_reference', lambda *a: calls.append(1) or original(*a))
+    ppma_attention(*(t.detach().cpu() for t in make(1, 1, 2, 3, 4)))
+    assert calls, 'MMPPMA_IMPL=reference did not route auto to the reference implementation'
+    monkeypatch.setenv('MMPPMA_IMPL', 'fast')
+    with pytest.raises(ValueError, match='MMPPMA_IMPL'):
+        resolve_impl('auto', 'ppma_attention', [cpu])
+    with pytest.raises(ValueError, match="'auto', 'torch', 'triton', 'reference'"):
+        resolve_impl('cuda', 'ppma_attention', [cpu])
