@@ -1,0 +1,64 @@
+"""Shared test setup: thread count, seeds, and a helper for running Python in a fresh subprocess."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# CI has 2 cores; on a big machine more threads only add overhead for the tiny tensors used here.
+torch.set_num_threads(int(os.environ.get('MMPPMA_TEST_THREADS', min(4, os.cpu_count() or 1))))
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    """Every test starts from the same RNG state, so a failure reproduces when run alone."""
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope='session')
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+def subprocess_env(extra_pythonpath: Sequence[str] = (), **env: str) -> Dict[str, str]:
+    """The current environment plus ``extra_pythonpath`` and ``env``; single-threaded, quiet."""
+    merged = dict(os.environ)
+    paths = [str(p) for p in extra_pythonpath] + [merged.get('PYTHONPATH', '')]
+    merged['PYTHONPATH'] = os.pathsep.join(p for p in paths if p)
+    merged.setdefault('OMP_NUM_THREADS', '1')
+    merged.update(env)
+    return merged
+
+
+@pytest.fixture
+def run_python() -> Callable[..., subprocess.CompletedProcess]:
+    """Run ``python ARGS`` (the interpreter running the tests) in a fresh process.
+
+    Returns the CompletedProcess; with ``check=True`` (default) a non-zero exit fails the test and shows
+    the tail of the output.
+    """
+
+    def run(args: Sequence[str],
+            *,
+            check: bool = True,
+            cwd: Optional[Path] = None,
+            timeout: float = 300,
+            extra_pythonpath: Sequence[str] = (),
+            **env: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, *map(str, args)],
+                              cwd=str(cwd or REPO_ROOT),
+                              env=subprocess_env(extra_pythonpath, **env),
+                              capture_output=True,
+                              text=True,
+                              timeout=timeout)
+        if check and proc.returncode != 0:
+            pytest.fail(f'`python {" ".join(map(str, args))}` exited with {proc.returncode}\n'
+                        f'--- stdout (tail) ---\n{proc.stdout[-4000:]}\n--- stderr (tail) ---\n{proc.stderr[-4000:]}')
+        return proc
+
+    return run

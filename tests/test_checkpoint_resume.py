@@ -1,0 +1,260 @@
+"""Saving, resuming and loading mmengine checkpoints under torch >= 2.6 (``weights_only=True`` default).
+
+A tiny regression model trains for 2 epochs on CPU. A run that crashes after epoch 1 and is resumed must
+end with exactly the state of a run that was never interrupted, both in-process (mmengine ``Runner``) and
+through ``tools/train.py --resume``; ``tools/test.py`` must evaluate the saved checkpoint. The toy
+classes below are referenced from configs by their import path (mmengine resolves ``'module.Class'``),
+so the test-only classes never enter a registry.
+"""
+import pickle
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from mmengine.config import Config
+from mmengine.evaluator import BaseMetric
+from mmengine.hooks import Hook
+from mmengine.logging.history_buffer import HistoryBuffer
+from mmengine.model import BaseModel
+from torch import nn
+from torch.utils.data import Dataset
+
+import mmppma  # noqa: F401  (allowlists the checkpoint globals)
+from mmppma.utils.checkpoint import history_buffer_getattr
+
+# Directory that makes this module importable under its own __name__ in a subprocess.
+IMPORT_ROOT = Path(__file__).resolve().parents[len(__name__.split('.')) - 1]
+TORCH_DEFAULTS_TO_WEIGHTS_ONLY = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2]) >= (2, 6)
+
+SAMPLES, BATCH, EPOCHS = 8, 2, 2
+ITERS_PER_EPOCH = SAMPLES // BATCH
+
+
+class ToyRegressor(BaseModel):
+    """y = w.x + b; ``mode='predict'`` returns per-sample dicts for the metric and DumpResults."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, inputs: List[torch.Tensor], targets: List[torch.Tensor], mode: str = 'tensor'):
+        pred = self.fc(torch.stack(inputs)).squeeze(-1)
+        target = torch.stack(targets)
+        if mode == 'loss':
+            return dict(loss=F.mse_loss(pred, target))
+        if mode == 'predict':
+            return [dict(pred=p, target=t) for p, t in zip(pred.detach(), target)]
+        return pred
+
+
+class ToyDataset(Dataset):
+    """Fixed random samples of a noisy linear function."""
+
+    metainfo: Dict = dict(name='toy')
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
+        gen = torch.Generator().manual_seed(index)
+        x = torch.randn(4, generator=gen)
+        return dict(inputs=x, targets=x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn((), generator=gen))
+
+
+class ToyMSE(BaseMetric):
+
+    def process(self, data_batch, data_samples) -> None:
+        self.results.extend(float((s['pred'] - s['target'])**2) for s in data_samples)
+
+    def compute_metrics(self, results: list) -> Dict[str, float]:
+        return dict(mse=sum(results) / len(results))
+
+
+class SimulatedCrash(RuntimeError):
+    pass
+
+
+class CrashAfterEpoch(Hook):
+    """Raises once the checkpoint of ``epoch`` is written, unless the run resumed at or after it.
+
+    Also records where the run started, which shows whether it resumed.
+    """
+    priority = 'LOWEST'  # after CheckpointHook (VERY_LOW) has saved the epoch
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.start_epoch: Optional[int] = None
+        self.start_iter: Optional[int] = None
+
+    def before_train(self, runner) -> None:
+        self.start_epoch, self.start_iter = runner.epoch, runner.iter
+
+    def after_train_epoch(self, runner) -> None:
+        if runner.epoch + 1 == self.epoch and self.start_epoch < self.epoch:
+            raise SimulatedCrash(f'simulated crash after epoch {self.epoch}')
+
+
+def toy_config(work_dir: Path, crash_after: Optional[int], name: str) -> Config:
+    here = __name__
+    return Config(
+        dict(
+            default_scope='mmengine',
+            experiment_name=name,
+            work_dir=str(work_dir),
+            model=dict(type=f'{here}.ToyRegressor'),
+            train_dataloader=dict(
+                dataset=dict(type=f'{here}.ToyDataset'),
+                sampler=dict(type='DefaultSampler', shuffle=True, seed=0),
+                batch_size=BATCH,
+                num_workers=0),
+            train_cfg=dict(by_epoch=True, max_epochs=EPOCHS),
+            optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.05, momentum=0.9)),
+            param_scheduler=dict(type='MultiStepLR', milestones=[1], by_epoch=True),
+            test_dataloader=dict(
+                dataset=dict(type=f'{here}.ToyDataset'),
+                sampler=dict(type='DefaultSampler', shuffle=False),
+                batch_size=BATCH,
+                num_workers=0),
+            test_cfg=dict(),
+            test_evaluator=dict(type=f'{here}.ToyMSE'),
+            default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1), logger=dict(type='LoggerHook', interval=1)),
+            custom_hooks=[] if crash_after is None else [dict(type=f'{here}.CrashAfterEpoch', epoch=crash_after)],
+            randomness=dict(seed=0),
+            log_level='INFO'))
+
+
+def run_training(work_dir: Path, name: str, crash_after: Optional[int] = None, resume_from: Optional[Path] = None):
+    from mmengine.runner import Runner
+    cfg = toy_config(work_dir, crash_after, name)
+    if resume_from is not None:
+        cfg.resume, cfg.load_from = True, str(resume_from)
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    return runner
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory) -> Dict[str, torch.Tensor]:
+    """State dict after an uninterrupted 2-epoch run."""
+    runner = run_training(tmp_path_factory.mktemp('reference'), 'ckpt_reference')
+    assert runner.iter == EPOCHS * ITERS_PER_EPOCH
+    return {k: v.clone() for k, v in runner.model.state_dict().items()}
+
+
+@pytest.fixture(scope='module')
+def interrupted_work_dir(tmp_path_factory) -> Path:
+    """A work dir holding ``epoch_1.pth`` of a run that crashed right after saving it."""
+    work_dir = tmp_path_factory.mktemp('interrupted')
+    with pytest.raises(SimulatedCrash):
+        run_training(work_dir, 'ckpt_interrupted', crash_after=1)
+    assert (work_dir / 'epoch_1.pth').is_file()
+    return work_dir
+
+
+def test_runner_resume_continues_exactly(interrupted_work_dir, reference, tmp_path):
+    runner = run_training(tmp_path, 'ckpt_resumed', crash_after=1, resume_from=interrupted_work_dir / 'epoch_1.pth')
+    crash_hook = next(h for h in runner.hooks if isinstance(h, CrashAfterEpoch))
+    assert (crash_hook.start_epoch, crash_hook.start_iter) == (1, ITERS_PER_EPOCH), 'did not resume'
+    assert (runner.epoch, runner.iter) == (EPOCHS, EPOCHS * ITERS_PER_EPOCH)
+    # scheduler state came back too: milestone 1 divided the lr by 10
+    assert runner.optim_wrapper.get_lr()['lr'] == [pytest.approx(0.005)]
+    for key, value in runner.model.state_dict().items():
+        torch.testing.assert_close(value, reference[key], msg=f'{key} differs from the uninterrupted run')
+
+
+def test_default_torch_load_reads_mmengine_checkpoint(interrupted_work_dir):
+    checkpoint = torch.load(interrupted_work_dir / 'epoch_1.pth')  # torch's default weights_only
+    assert checkpoint['meta']['epoch'] == 1 and checkpoint['meta']['iter'] == ITERS_PER_EPOCH
+    loss = checkpoint['message_hub']['log_scalars']['train/loss']
+    assert isinstance(loss, HistoryBuffer)
+    assert len(loss.data[0]) == ITERS_PER_EPOCH
+    assert np.isfinite(loss.mean()) and loss.current() == pytest.approx(float(loss.data[0][-1]))
+    assert torch.is_tensor(checkpoint['state_dict']['fc.weight'])
+
+
+@pytest.mark.skipif(not TORCH_DEFAULTS_TO_WEIGHTS_ONLY, reason='torch < 2.6 loads with weights_only=False')
+def test_without_mmppma_plain_torch_load_fails(interrupted_work_dir, run_python):
+    """Shows the allowlist is what makes the load work (torch refuses the file on its own)."""
+    code = ('import pickle, sys, torch\n'
+            'try:\n'
+            f'    torch.load({str(interrupted_work_dir / "epoch_1.pth")!r})\n'
+            'except pickle.UnpicklingError as err:\n'
+            '    print("REFUSED", err)\n'
+            'assert "mmppma" not in sys.modules\n')
+    proc = run_python(['-c', code])
+    assert 'REFUSED' in proc.stdout and 'HistoryBuffer' in proc.stdout
+
+
+class _GetattrPayload:
+    """Pickles as ``getattr(numpy.ndarray, 'tofile')``, which the allowlist must refuse."""
+
+    def __reduce__(self):
+        return getattr, (np.ndarray, 'tofile')
+
+
+def test_weights_only_stays_restrictive(tmp_path):
+    assert history_buffer_getattr(HistoryBuffer, 'mean') is HistoryBuffer.mean
+    for target, name in [(HistoryBuffer, '__init__'), (HistoryBuffer, '_statistics_methods'), (np, 'save')]:
+        with pytest.raises(pickle.UnpicklingError):
+            history_buffer_getattr(target, name)
+
+    path = tmp_path / 'payload.pth'
+    torch.save({'x': _GetattrPayload()}, path)
+    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
+        torch.load(path, weights_only=True)
+    torch.save({'x': np.array([object()], dtype=object)}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)
+
+
+@pytest.mark.slow
+def test_train_py_resume_and_test_py(tmp_path, reference, run_python, repo_root):
+    """tools/train.py crashes after epoch 1, ``--resume`` finishes; tools/test.py evaluates the result."""
+    config = tmp_path / 'toy_config.py'
+    work_dir = tmp_path / 'work'
+    toy_config(work_dir, crash_after=1, name='ckpt_cli').dump(str(config))
+    train = [repo_root / 'tools' / 'train.py', config, '--work-dir', work_dir]
+
+    first = run_python(train, check=False, extra_pythonpath=[IMPORT_ROOT])
+    assert first.returncode != 0 and 'SimulatedCrash' in first.stderr, first.stderr[-3000:]
+    assert (work_dir / 'epoch_1.pth').is_file() and not (work_dir / 'epoch_2.pth').exists()
+
+    second = run_python([*train, '--resume'], extra_pythonpath=[IMPORT_ROOT])
+    assert f'resumed epoch: 1, iter: {ITERS_PER_EPOCH}' in second.stdout + second.stderr
+    checkpoint = torch.load(work_dir / 'epoch_2.pth')
+    assert (checkpoint['meta']['epoch'], checkpoint['meta']['iter']) == (EPOCHS, EPOCHS * ITERS_PER_EPOCH)
+    for key, value in checkpoint['state_dict'].items():
+        torch.testing.assert_close(value, reference[key], msg=f'{key} differs from the uninterrupted run')
+
+    out = tmp_path / 'predictions.pkl'
+    run_python([repo_root / 'tools' / 'test.py', config, work_dir / 'epoch_2.pth', '--work-dir', tmp_path / 'test',
+                '--out', out], extra_pythonpath=[IMPORT_ROOT])
+    with open(out, 'rb') as f:
+        predictions = pickle.load(f)
+    model = ToyRegressor()
+    model.load_state_dict(reference)
+    samples = [ToyDataset()[i] for i in range(SAMPLES)]
+    expected = model([s['inputs'] for s in samples], [s['targets'] for s in samples], mode='tensor')
+    assert len(predictions) == SAMPLES
+    torch.testing.assert_close(torch.stack([p['pred'] for p in predictions]), expected.detach())
+
+
+@pytest.mark.slow
+def test_train_py_cpu_distributed_uses_gloo(tmp_path, run_python, repo_root):
+    """torchrun with 2 CPU processes: gloo instead of nccl, DDP without device_ids, data split in two."""
+    config = tmp_path / 'toy_config.py'
+    work_dir = tmp_path / 'work'
+    toy_config(work_dir, crash_after=None, name='ckpt_ddp').dump(str(config))
+    proc = run_python([
+        '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', repo_root / 'tools' / 'train.py', config,
+        '--work-dir', work_dir, '--launcher', 'pytorch'
+    ],
+                      extra_pythonpath=[IMPORT_ROOT],
+                      CUDA_VISIBLE_DEVICES='')
+    assert 'using the gloo dist backend' in proc.stdout + proc.stderr
+    checkpoint = torch.load(work_dir / f'epoch_{EPOCHS}.pth')
+    # each of the 2 ranks sees half of the samples per epoch
+    assert checkpoint['meta']['iter'] == EPOCHS * ITERS_PER_EPOCH // 2
