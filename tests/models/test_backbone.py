@@ -298,3 +298,16 @@ def test_get_layer_depth():
     for name, _ in model.named_parameters():
         layer_id, _ = model.get_layer_depth(name)
         assert 0 <= layer_id < n
+
+
+@pytest.mark.parametrize('cls', [PPMA, RMT])
+def test_autocast_bfloat16(cls):
+    """Mixed precision (the recipe trains with AMP): finite outputs and gradients; decays stay float32."""
+    model = cls(SMALL_ARCH)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(2, 3, 40, 56))
+        if cls is PPMA:
+            la, _ = model.layers[0].blocks[0].retention.path_embed(torch.randn(1, 3, 3, 16))
+            assert la.dtype == torch.float32
+    sum(o.float().sum() for o in outs).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
