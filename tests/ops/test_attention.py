@@ -250,3 +250,16 @@ def test_linear_attention_shape_error():
     la, lb = decays(1, 2, 3, 4)
     with pytest.raises(ValueError, match=r'\(B, heads, H, W, r\)'):
         ppma_linear_attention(q, k[:, :1], v, la, lb)
+
+
+@pytest.mark.parametrize('order', ['v2h', 'h2v'])
+def test_matvec_and_decomposed_gradcheck(order):
+    from mmppma.ops import polyline_mask_matvec
+    q, k, v = qkv(1, 2, 3, 5, 2, seed=6)
+    la, lb = decays(1, 2, 3, 5, seed=7)
+    # chunk=2 runs the chunkwise scan on the length-3 and length-5 lines
+    assert torch.autograd.gradcheck(lambda x, a, b: polyline_mask_matvec(x, a, b, order, chunk=2, impl='torch'),
+                                    _leaf(v, la, lb))
+    assert torch.autograd.gradcheck(
+        lambda *a: ppma_decomposed_attention(*a, mask=order, impl='torch', chunk=2), _leaf(q, k, v, la, lb),
+        fast_mode=True)
