@@ -29,7 +29,10 @@ CASES = {
     'linear_56x56': ('linear', 2, 4, 56, 56, 16),
     'matvec_128x192': ('matvec', 1, 4, 128, 192, 16),
 }
-IMPLS = ('reference', 'torch', 'triton')
+IMPLS = ('reference', 'torch', 'triton', 'sdpa_bias', 'flex')
+# baselines for whole attention only: torch's fused attention with the dense N x N bias passed as
+# attn_mask (two calls, release form), and FlexAttention computing the bias in a score_mod from the tables
+BASELINES = ('sdpa_bias', 'flex')
 
 
 def make_inputs(op, b, heads, h, w, d, device, dtype):
@@ -44,9 +47,45 @@ def make_inputs(op, b, heads, h, w, d, device, dtype):
     return q, k, v, la, lb
 
 
+def whole_baseline(impl, q, k, v, la, lb, scale):
+    from mmppma import ops
+    b, heads, h, w, d = q.shape
+    qf, kf, vf = (t.flatten(2, 3) for t in (q, k, v))
+    if impl == 'sdpa_bias':
+        def run():
+            m = ops.polyline_mask(la, lb, 'v2h').to(q.dtype)
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            out = 0.5 * sdpa(qf, kf, vf, attn_mask=m, scale=scale) + \
+                0.5 * sdpa(qf, kf, vf, attn_mask=m.transpose(-1, -2), scale=scale)
+            return out.unflatten(2, (h, w))
+        return run
+    from torch.nn.attention.flex_attention import flex_attention  # torch >= 2.5
+    ca, cb = ops.decay_tables(la, lb)
+    ca, cb = ca.flatten(2), cb.flatten(2)
+
+    def seg(c_hi, c_lo, ge):
+        return torch.where(ge, c_hi - c_lo, c_lo - c_hi)
+
+    def v2h(score, bi, hi, qi, ki):
+        i, j, kr, lc = qi // w, qi % w, ki // w, ki % w
+        return (score + seg(ca[bi, hi, qi], ca[bi, hi, i * w + lc], j >= lc) +
+                seg(cb[bi, hi, i * w + lc], cb[bi, hi, ki], i >= kr))
+
+    def h2v(score, bi, hi, qi, ki):
+        return v2h(score, bi, hi, ki, qi)
+
+    flex = torch.compile(flex_attention)
+    return lambda: (0.5 * flex(qf, kf, vf, score_mod=v2h, scale=scale) +
+                    0.5 * flex(qf, kf, vf, score_mod=h2v, scale=scale)).unflatten(2, (h, w))
+
+
 def make_fn(op, impl, q, k, v, la, lb):
     from mmppma import ops
     scale = q.shape[-1]**-0.5
+    if impl in BASELINES:
+        if op != 'whole':
+            raise NotImplementedError(f'{impl} is a baseline for whole attention only')
+        return whole_baseline(impl, q, k, v, la, lb, scale)
     if op == 'whole':
         return lambda: ops.ppma_attention(q, k, v, la, lb, scale=scale, impl=impl)
     if op == 'criss_cross':
@@ -132,7 +171,7 @@ def main():
           f'median of {args.repeat} fwd+bwd')
     print(f'{"device":6} {"case":16} {"impl":10} {"time ms":>10} {"peak MB":>10} {"time/ref":>9} {"mem/ref":>8}')
     for device in devices:
-        impls = args.impls or (['reference', 'torch'] + (['triton'] if device == 'cuda' else []))
+        impls = args.impls or (['reference', 'torch'] + (['triton', *BASELINES] if device == 'cuda' else []))
         for case in args.cases:
             ref = None
             for impl in impls:
@@ -141,6 +180,8 @@ def main():
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 lines = [ln for ln in out.stdout.splitlines() if ln.startswith('RESULT ')]
                 res = json.loads(lines[-1][7:]) if lines else {'error': out.stderr.strip()[-200:]}
+                if 'error' in res and impl in BASELINES and res['error'].startswith('NotImplementedError'):
+                    continue
                 if 'error' in res:
                     print(f'{device:6} {case:16} {impl:10} {res["error"]}')
                     continue
