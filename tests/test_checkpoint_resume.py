@@ -258,3 +258,52 @@ def test_train_py_cpu_distributed_uses_gloo(tmp_path, run_python, repo_root):
     checkpoint = torch.load(work_dir / f'epoch_{EPOCHS}.pth')
     # each of the 2 ranks sees half of the samples per epoch
     assert checkpoint['meta']['iter'] == EPOCHS * ITERS_PER_EPOCH // 2
+
+
+def load_tool(name: str):
+    """Import ``tools/<name>.py`` as a module (tools/ is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f'mmppma_tools_{name}', IMPORT_ROOT / 'tools' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_py_options(tmp_path):
+    train = load_tool('train')
+    assert train.parse_args(['c.py', '--resume']).resume == 'auto'
+    assert train.parse_args(['c.py', '--resume', 'x.pth', '--local-rank', '1']).resume == 'x.pth'
+    assert train.parse_args(['c.py']).resume is None
+
+    cfg = Config(dict(optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1))))
+    train.apply_resume(cfg, 'auto')
+    assert cfg.resume is True and cfg.load_from is None
+    with pytest.raises(SystemExit, match='no such checkpoint'):
+        train.apply_resume(cfg, str(tmp_path / 'missing.pth'))
+    if torch.cuda.is_available():
+        train.apply_amp(cfg)
+        assert cfg.optim_wrapper.type == 'AmpOptimWrapper' and cfg.optim_wrapper.loss_scale == 'dynamic'
+    else:
+        with pytest.raises(SystemExit, match='--amp needs a CUDA device'):
+            train.apply_amp(cfg)
+
+
+def test_test_py_out_adds_dump_results():
+    test = load_tool('test')
+    cfg = Config(dict(test_evaluator=dict(type='ToyMSE')))
+    test.add_dump_results(cfg, 'preds.pkl')
+    assert [m['type'] for m in cfg.test_evaluator] == ['ToyMSE', 'DumpResults']
+    with pytest.raises(SystemExit, match='.pkl'):
+        test.add_dump_results(cfg, 'preds.json')
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU fallback only applies without CUDA')
+def test_cpu_distributed_fallback_rules():
+    from mmppma.utils import setup_cpu_distributed
+    cfg = Config(dict(launcher='none'))
+    setup_cpu_distributed(cfg)
+    assert 'env_cfg' not in cfg  # single process: untouched
+    cfg = Config(dict(launcher='slurm', env_cfg=dict(dist_cfg=dict(backend='nccl'))))
+    with pytest.raises(RuntimeError, match='torchrun'):
+        setup_cpu_distributed(cfg)
+    assert cfg.env_cfg.dist_cfg.backend == 'gloo'
