@@ -139,7 +139,7 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
 
 def _whole_torch_small(q, k, v, sa, sb, scale, paths):
     """Plain autograd with the bias broadcast from the tables: fastest while N x N is small."""
-    s = (q @ k.transpose(-1, -2)) * scale
+    s = (q * scale if scale != 1.0 else q) @ k.transpose(-1, -2)
     m = v2h_log_mask(sa, sb)
     out = 0
     for path, weight in paths:
@@ -251,9 +251,11 @@ def _criss_cross_core(q, k, v, sa, sb, scale, order):
     """sa: (B|1, heads, H|1, W, W) row bias [i, j, l]; sb: (B|1, heads, W|1, H, H) column bias [l, i, k]."""
     dtype = table_dtype(q, k, v, sa, sb)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    rows = ((q @ k.transpose(-1, -2)) * scale + sa).softmax(-1)  # (B, heads, H, W, W)
+    if scale != 1.0:  # the models fold the scale into k
+        q = q * scale
+    rows = (q @ k.transpose(-1, -2) + sa).softmax(-1)  # (B, heads, H, W, W)
     qc, kc = q.transpose(2, 3), k.transpose(2, 3)  # (B, heads, W, H, d)
-    cols = ((qc @ kc.transpose(-1, -2)) * scale + sb).softmax(-1)  # (B, heads, W, H, H)
+    cols = (qc @ kc.transpose(-1, -2) + sb).softmax(-1)  # (B, heads, W, H, H)
 
     def along_rows(x):
         return rows @ x

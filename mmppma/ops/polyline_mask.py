@@ -26,10 +26,10 @@ def decay_tables(la: torch.Tensor, lb: torch.Tensor) -> Tuple[torch.Tensor, torc
 
 def segment_sum(c: torch.Tensor) -> torch.Tensor:
     """``out[..., t, s] = c[..., max(t,s)] - c[..., min(t,s)]`` for a cumsum ``c`` (..., L) -> (..., L, L)."""
-    diff = c.unsqueeze(-1) - c.unsqueeze(-2)
     n = c.shape[-1]
-    lower = torch.ones(n, n, dtype=torch.bool, device=c.device).tril()
-    return torch.where(lower, diff, -diff)
+    # +1 on and below the diagonal, -1 above: one multiply by a small (L, L) table
+    sign = torch.ones(n, n, dtype=c.dtype, device=c.device).tril().mul_(2).sub_(1)
+    return (c.unsqueeze(-1) - c.unsqueeze(-2)) * sign
 
 
 def row_segment_sums(la: torch.Tensor) -> torch.Tensor:
