@@ -137,6 +137,20 @@ def test_readme_example_config():
     assert list(cfg.model.neck.in_channels) == backbone.embed_dims
 
 
+def test_readme_versions_match_requirements():
+    """The README's "Supported versions" table states the versions requirements.txt pins."""
+    pins = dict(re.findall(r'^([A-Za-z0-9_.-]+)==(\S+)', (REPO / 'requirements.txt').read_text(), re.M))
+    readme = (REPO / 'README.md').read_text()
+    table = readme[readme.index('## Supported versions'):].split('\n## ')[0]
+    rows = dict(re.findall(r'^\| ([A-Za-z0-9_.-]+) \| (\S+?)[,\s|]', table, re.M))
+    rows.pop('package', None)  # the header
+    for name in ('torch', 'mmengine', 'mmcv', 'mmpretrain', 'mmdet', 'mmsegmentation', 'numpy', 'setuptools'):
+        assert name in rows, f'README "Supported versions" lacks {name}'
+    for name, version in rows.items():
+        assert name in pins, f'README lists {name}, which requirements.txt does not pin'
+        assert version == pins[name], f'README says {name} {version}, requirements.txt pins {pins[name]}'
+
+
 @pytest.mark.parametrize('scope', ['mmengine', *DOWNSTREAM])
 def test_bare_name_after_import(scope):
     """mmppma registers into mmengine's root registry, the parent of every downstream registry."""
