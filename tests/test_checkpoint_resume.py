@@ -307,3 +307,10 @@ def test_cpu_distributed_fallback_rules():
     with pytest.raises(RuntimeError, match='torchrun'):
         setup_cpu_distributed(cfg)
     assert cfg.env_cfg.dist_cfg.backend == 'gloo'
+
+
+def test_unknown_default_scope_names_the_fix():
+    from mmppma.utils import register_scope_modules
+    register_scope_modules('mmengine')  # nothing beyond mmppma
+    with pytest.raises(ImportError, match="default_scope='no_such_library'.*pip install no_such_library"):
+        register_scope_modules('no_such_library')

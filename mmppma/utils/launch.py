@@ -42,7 +42,9 @@ def register_scope_modules(default_scope: Optional[str]) -> None:
                           'or run bash tools/setup_env.sh) or fix default_scope in the config.') from err
     try:
         utils = importlib.import_module(f'{package}.utils')
-    except ImportError:
+    except ModuleNotFoundError as err:
+        if err.name != f'{package}.utils':
+            raise  # a real missing dependency, not a library without a utils module
         return
     register = getattr(utils, 'register_all_modules', None)
     if register is not None:
