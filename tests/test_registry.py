@@ -139,7 +139,7 @@ def test_readme_example_config():
 
 def test_readme_versions_match_requirements():
     """The README's "Supported versions" table states the versions requirements.txt pins."""
-    pins = dict(re.findall(r'^([A-Za-z0-9_.-]+)==(\S+)', (REPO / 'requirements.txt').read_text(), re.M))
+    pins = dict(re.findall(r'^([A-Za-z0-9_.-]+)==([^\s,;]+)', (REPO / 'requirements.txt').read_text(), re.M))
     readme = (REPO / 'README.md').read_text()
     table = readme[readme.index('## Supported versions'):].split('\n## ')[0]
     rows = dict(re.findall(r'^\| ([A-Za-z0-9_.-]+) \| (\S+?)[,\s|]', table, re.M))
