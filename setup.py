@@ -11,7 +11,7 @@ from setuptools import find_packages, setup
 ROOT = Path(__file__).resolve().parent
 # torch and triton are pinned for the verified CPU stack; a CUDA user brings their own build, so the
 # installed package only asks for a compatible range (README "Supported versions").
-RANGES = {'torch': 'torch>=2.1', 'triton': 'triton>=3.6'}
+RANGES = {'torch': 'torch>=2.1', 'torchvision': 'torchvision', 'triton': 'triton>=3.6'}
 
 
 def read_groups(path):

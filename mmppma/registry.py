@@ -25,8 +25,9 @@ OPTIM_WRAPPER_CONSTRUCTORS = Registry(
 def _register_twice(child: Registry, root: Registry):
 
     def decorator(cls):
-        child.register_module(module=cls)
+        # the root first: a name it already holds raises before the child has seen the class
         root.register_module(module=cls)
+        child.register_module(module=cls)
         return cls
 
     return decorator

@@ -170,7 +170,6 @@ def test_name_owned_by_root_registry_is_refused():
     assert ROOT_MODELS.get('BaseDataPreprocessor') is BaseDataPreprocessor
 
 
-@pytest.mark.xfail(strict=True, reason='mmppma/registry.py registers into the child before the root raises')
 def test_refused_name_leaves_no_trace():
     """A refused registration must not leave a half-registered class in mmppma's registry."""
     clash = type('BaseDataPreprocessor', (nn.Module, ), {})

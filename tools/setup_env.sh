@@ -45,40 +45,60 @@ pin() { grep -E "^$1([=<>! ]|$)" "$REQ" | head -n1; }
 log "step 1/4: build tools ($(pin setuptools), wheel, ninja)"
 "${PIP[@]}" install "$(pin setuptools)" "$(pin wheel)" "$(pin ninja)"
 
-log "step 2/4: torch, numpy, mmengine ($(pin torch))"
-if "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] else 1)' 2>/dev/null \
-    && [[ -n "${MMPPMA_KEEP_TORCH:-}" ]]; then
-    log "MMPPMA_KEEP_TORCH set: keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
+log "step 2/4: torch, torchvision, numpy, mmengine ($(pin torch), $(pin torchvision))"
+if [[ -n "${MMPPMA_KEEP_TORCH:-}" ]] && "$PY" -c 'import torch, torchvision' 2>/dev/null; then
+    log "MMPPMA_KEEP_TORCH set: keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
 else
-    "${PIP[@]}" install "$(pin torch)"
+    "${PIP[@]}" install "$(pin torch)" "$(pin torchvision)"
 fi
 "${PIP[@]}" install "$(pin numpy)" "$(pin mmengine)"
 
-log "step 3/4: $(pin mmcv) with compiled ops (first time on a machine: ~20 min on 2 cores; cached afterwards)"
-if "$PY" -c 'import mmcv, sys; from mmcv.ops import nms; sys.exit(0 if mmcv.__version__ == "2.1.0" else 1)' 2>/dev/null; then
-    log "mmcv 2.1.0 with ops already present"
+# mmcv's compiled ops are tied to the torch they were built against, and pip's own wheel cache does not
+# key on that: build the wheel into a folder named after the torch version and install from there.
+TORCH_TAG="$("$PY" -c 'import sys, torch; print(f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")')"
+WHEELHOUSE="${MMPPMA_WHEELHOUSE:-$HOME/.cache/mmppma/wheels}/$TORCH_TAG"
+MMCV_PIN="$(pin mmcv)"
+MMCV_VERSION="${MMCV_PIN#*==}"
+log "step 3/4: $MMCV_PIN with compiled ops for $TORCH_TAG"
+MMCV_BUILT_FOR="$VENV/.mmcv-built-for"
+if [[ "$(cat "$MMCV_BUILT_FOR" 2>/dev/null)" == "$TORCH_TAG" ]] \
+    && "$PY" -c "import mmcv, sys; from mmcv.ops import nms; sys.exit(0 if mmcv.__version__ == '$MMCV_VERSION' else 1)" 2>/dev/null; then
+    log "mmcv $MMCV_VERSION with ops already installed"
 else
-    MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
-        "${PIP[@]}" install --no-build-isolation --progress-bar off -v "$(pin mmcv)" 2>&1 \
-        | grep --line-buffered -E 'Building wheel|Created wheel|Successfully|Using cached|ERROR|error:|\[[0-9]+/[0-9]+\]' \
-        | sed -u -E 's/^ *(\[[0-9]+\/[0-9]+\]) .*-c ([^ ]+\/)?([^/ ]+\.(cpp|cu)) .*/  \1 compiling \3/' \
-        || true
+    if ! ls "$WHEELHOUSE"/mmcv-"$MMCV_VERSION"-*.whl >/dev/null 2>&1; then
+        log "building the mmcv wheel into $WHEELHOUSE (first time for this torch: ~20 min on 2 cores)"
+        mkdir -p "$WHEELHOUSE"
+        MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+            "${PIP[@]}" wheel --no-build-isolation --no-deps --no-cache-dir --progress-bar off -v \
+            -w "$WHEELHOUSE" "$MMCV_PIN" 2>&1 \
+            | grep --line-buffered -E 'Building wheel|Created wheel|Successfully|ERROR|error:|\[[0-9]+/[0-9]+\]' \
+            | sed -u -E 's/^ *(\[[0-9]+\/[0-9]+\]) .*-c ([^ ]+\/)?([^/ ]+\.(cpp|cu)) .*/  \1 compiling \3/' \
+            || true
+        ls "$WHEELHOUSE"/mmcv-"$MMCV_VERSION"-*.whl >/dev/null 2>&1 \
+            || fail "building mmcv failed. Re-run with the full log: MMCV_WITH_OPS=1 $PY -m pip wheel --no-build-isolation --no-deps -v -w $WHEELHOUSE $MMCV_PIN"
+    else
+        log "using the cached wheel in $WHEELHOUSE"
+    fi
+    "${PIP[@]}" install --force-reinstall --no-deps "$WHEELHOUSE"/mmcv-"$MMCV_VERSION"-*.whl
+    "${PIP[@]}" install "$WHEELHOUSE"/mmcv-"$MMCV_VERSION"-*.whl  # its dependencies
     "$PY" -c 'from mmcv.ops import nms, RoIAlign' \
-        || fail "mmcv's compiled ops do not import. Re-run with the full log: MMCV_WITH_OPS=1 $PY -m pip install --no-build-isolation -v $(pin mmcv)"
+        || fail "mmcv's compiled ops do not import; delete $WHEELHOUSE and re-run to rebuild them"
+    echo "$TORCH_TAG" > "$MMCV_BUILT_FOR"
 fi
 
 log "step 4/4: downstream libraries, triton, test tools, and mmppma (editable)"
-mapfile -t rest < <(grep -vE '^\s*(#|$)' "$REQ" | grep -vE '^(setuptools|wheel|ninja|torch|numpy|mmengine|mmcv)([=<>! ]|$)')
+mapfile -t rest < <(grep -vE '^\s*(#|$)' "$REQ" | grep -vE '^(setuptools|wheel|ninja|torch|torchvision|numpy|mmengine|mmcv)([=<>! ]|$)')
 "${PIP[@]}" install "${rest[@]}"
 "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
 
 log "checking the stack imports"
 "$PY" - <<'PYEOF'
 import importlib
-for name in ['torch', 'mmengine', 'mmcv', 'mmpretrain', 'mmdet', 'mmseg', 'triton', 'mmppma']:
+for name in ['torch', 'torchvision', 'mmengine', 'mmcv', 'mmpretrain', 'mmdet', 'mmseg', 'triton', 'mmppma']:
     mod = importlib.import_module(name)
     print(f'  {name:<12} {getattr(mod, "__version__", "?")}')
 from mmcv.ops import nms  # noqa: F401  (compiled ops)
+import mmpretrain.models, mmdet.models, mmseg.models  # noqa: F401,E401  (their optional imports)
 PYEOF
 echo "$want" > "$STAMP"
 log "done: $VENV is ready (activate with: source $VENV/bin/activate)"
