@@ -39,31 +39,37 @@ def _flatten(t: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 # whole attention, torch path
 # --------------------------------------------------------------------------------------------------
-def _block_bias(sa: torch.Tensor, sb: torch.Tensor, path: str, r0: int, r1: int) -> torch.Tensor:
-    """Log-mask rows for query image rows [r0, r1): (B, heads, (r1-r0)*W, N).
+def _add_block_bias_(x: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, path: str, r0: int,
+                     r1: int) -> torch.Tensor:
+    """Add the log-mask for query image rows [r0, r1) to scores ``x`` (B, heads, (r1-r0)*W, N), in place.
 
     sa: (B|1, heads, H, W, W) row segment sums [i, j, l]; sb: (B|1, heads, W, H, H) column ones [l, i, k].
+    The bias is broadcast from the tables straight into x: no block-sized temporary.
     """
-    b = max(sa.shape[0], sb.shape[0])
-    heads, w, h = sa.shape[1], sa.shape[3], sb.shape[3]
+    b, heads = x.shape[:2]
+    w, h = sa.shape[-1], sb.shape[-1]
+    x6 = x.view(b, heads, r1 - r0, w, h, w)  # [i, j, k, l]
     if path == 'v2h':  # M[i, j, k, l] = Sa[i, j, l] + Sb[l, i, k]
-        m = sa[:, :, r0:r1].unsqueeze(-2) + sb[:, :, :, r0:r1].permute(0, 1, 3, 4, 2).unsqueeze(3)
+        x6 += sa[:, :, r0:r1].unsqueeze(-2)
+        x6 += sb[:, :, :, r0:r1].permute(0, 1, 3, 4, 2).unsqueeze(3)
     else:  # M^T[i, j, k, l] = Sa[k, l, j] + Sb[j, k, i]
-        m = sa.permute(0, 1, 4, 2, 3).unsqueeze(2) + sb[..., r0:r1].permute(0, 1, 4, 2, 3).unsqueeze(-1)
-    return m.expand(b, heads, r1 - r0, w, h, w).reshape(b, heads, (r1 - r0) * w, h * w)
+        x6 += sa.permute(0, 1, 4, 2, 3).unsqueeze(2)
+        x6 += sb[..., r0:r1].permute(0, 1, 4, 2, 3).unsqueeze(-1)
+    return x
 
 
 def _reduce_block_bias_grad(dm: torch.Tensor, path: str, r0: int, r1: int, dsa: torch.Tensor,
-                            dsb: torch.Tensor, h: int, w: int) -> None:
-    """Adjoint of :func:`_block_bias`: add d(bias block) into the table gradients in place."""
+                            dsb: torch.Tensor, scale: float) -> None:
+    """Adjoint of :func:`_add_block_bias_`: add ``scale`` * d(bias block) into the table gradients."""
     b, heads = dm.shape[:2]
-    dm = dm.reshape(b, heads, r1 - r0, w, h, w)  # [i, j, k, l]
+    w, h = dsa.shape[-1], dsb.shape[-1]
+    dm = dm.view(b, heads, r1 - r0, w, h, w)  # [i, j, k, l]
     if path == 'v2h':
-        dsa[:, :, r0:r1] += dm.sum(4)  # -> [i, j, l]
-        dsb[:, :, :, r0:r1] += dm.sum(3).permute(0, 1, 4, 2, 3)  # [i, k, l] -> [l, i, k]
+        dsa[:, :, r0:r1].add_(dm.sum(4), alpha=scale)  # -> [i, j, l]
+        dsb[:, :, :, r0:r1].add_(dm.sum(3).permute(0, 1, 4, 2, 3), alpha=scale)  # [i, k, l] -> [l, i, k]
     else:
-        dsa += dm.sum(2).permute(0, 1, 3, 4, 2)  # [j, k, l] -> [k, l, j]
-        dsb[..., r0:r1] += dm.sum(5).permute(0, 1, 3, 4, 2)  # [i, j, k] -> [j, k, i]
+        dsa.add_(dm.sum(2).permute(0, 1, 3, 4, 2), alpha=scale)  # [j, k, l] -> [k, l, j]
+        dsb[..., r0:r1].add_(dm.sum(5).permute(0, 1, 3, 4, 2), alpha=scale)  # [i, j, k] -> [j, k, i]
 
 
 def _rows_per_block(b: int, heads: int, h: int, w: int) -> int:
@@ -71,75 +77,78 @@ def _rows_per_block(b: int, heads: int, h: int, w: int) -> int:
 
 
 class _MaskedSoftmaxAttention(torch.autograd.Function):
-    """sum_p weight_p * softmax(scale * q k^T + M_p) v over paths p in {'v2h', 'h2v'}, blockwise."""
+    """sum_p weight_p * softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'}, blockwise over query rows.
+
+    q is pre-scaled. Saves only q, k, v, the tables and one log-sum-exp per path and query; each block's
+    scores are recomputed in the backward. Block-sized tensors are updated in place.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, sa, sb, scale: float, paths: Tuple[Tuple[str, float], ...]):
+    def forward(ctx, q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]):
         b, heads, n, _ = q.shape
         h, w = sb.shape[-1], sa.shape[-1]
-        out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
+        out = torch.zeros(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
         lses = torch.empty(len(paths), b, heads, n, dtype=q.dtype, device=q.device)
         step = _rows_per_block(b, heads, h, w)
         kt = k.transpose(-1, -2)
         for r0 in range(0, h, step):
             r1 = min(h, r0 + step)
             rows = slice(r0 * w, r1 * w)
-            s = (q[:, :, rows] @ kt) * scale
-            probs = 0
+            s = q[:, :, rows] @ kt
             for idx, (path, weight) in enumerate(paths):
-                logits = s + _block_bias(sa, sb, path, r0, r1)
-                lse = logits.logsumexp(-1, keepdim=True)
+                x = _add_block_bias_(s if idx == len(paths) - 1 else s.clone(), sa, sb, path, r0, r1)
+                lse = x.logsumexp(-1, keepdim=True)
                 lses[idx, :, :, rows] = lse.squeeze(-1)
-                probs = probs + weight * (logits - lse).exp()
-            out[:, :, rows] = probs @ v
+                out[:, :, rows] += weight * (x.sub_(lse).exp_() @ v)
         ctx.save_for_backward(q, k, v, sa, sb, lses)
-        ctx.scale, ctx.paths = scale, paths
+        ctx.paths = paths
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, sa, sb, lses = ctx.saved_tensors
-        scale, paths = ctx.scale, ctx.paths
+        paths = ctx.paths
         b, heads, n, _ = q.shape
         h, w = sb.shape[-1], sa.shape[-1]
         need_tables = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
-        dq = torch.empty_like(q)
+        dq = torch.zeros_like(q)
         dk = torch.zeros_like(k)
         dv = torch.zeros_like(v)
         dsa = torch.zeros(b, *sa.shape[1:], dtype=sa.dtype, device=sa.device) if need_tables else None
         dsb = torch.zeros(b, *sb.shape[1:], dtype=sb.dtype, device=sb.device) if need_tables else None
         step = _rows_per_block(b, heads, h, w)
         kt = k.transpose(-1, -2)
+        vt = v.transpose(-1, -2)
         for r0 in range(0, h, step):
             r1 = min(h, r0 + step)
             rows = slice(r0 * w, r1 * w)
             qb, db = q[:, :, rows], dout[:, :, rows]
-            s = (qb @ kt) * scale
-            dprobs = db @ v.transpose(-1, -2)  # d(loss)/d(sum_p weight_p P_p)
-            ds_total = 0
-            probs_total = 0
+            s = qb @ kt
+            dprobs = db @ vt  # d(loss) / d(probabilities), before the path weights
             for idx, (path, weight) in enumerate(paths):
-                p = (s + _block_bias(sa, sb, path, r0, r1) - lses[idx, :, :, rows].unsqueeze(-1)).exp()
-                probs_total = probs_total + weight * p
-                ds = weight * p * (dprobs - (p * dprobs).sum(-1, keepdim=True))
+                p = _add_block_bias_(s if idx == len(paths) - 1 else s.clone(), sa, sb, path, r0, r1)
+                p.sub_(lses[idx, :, :, rows].unsqueeze(-1)).exp_()
+                dv += weight * (p.transpose(-1, -2) @ db)
+                # softmax backward, unweighted: ds = p * (dprobs - rowsum(p * dprobs))
+                ds = p * dprobs
+                ds.addcmul_(p, ds.sum(-1, keepdim=True), value=-1.0)
+                del p
                 if need_tables:
-                    _reduce_block_bias_grad(ds, path, r0, r1, dsa, dsb, h, w)
-                ds_total = ds_total + ds
-            dv += probs_total.transpose(-1, -2) @ db
-            dq[:, :, rows] = (ds_total @ k) * scale
-            dk += (ds_total.transpose(-1, -2) @ qb) * scale
+                    _reduce_block_bias_grad(ds, path, r0, r1, dsa, dsb, weight)
+                dq[:, :, rows] += weight * (ds @ k)
+                dk += weight * (ds.transpose(-1, -2) @ qb)
         if need_tables:
             # the tables may have been broadcast over the batch (shared decays)
             if sa.shape[0] != b:
                 dsa = dsa.sum(0, keepdim=True)
             if sb.shape[0] != b:
                 dsb = dsb.sum(0, keepdim=True)
-        return dq, dk, dv, dsa, dsb, None, None
+        return dq, dk, dv, dsa, dsb, None
 
 
-def _whole_torch_small(q, k, v, sa, sb, scale, paths):
-    """Plain autograd with the bias broadcast from the tables: fastest while N x N is small."""
-    s = (q * scale if scale != 1.0 else q) @ k.transpose(-1, -2)
+def _whole_torch_small(q, k, v, sa, sb, paths):
+    """Plain autograd with the bias broadcast from the tables: fastest while N x N is small. q pre-scaled."""
+    s = q @ k.transpose(-1, -2)
     m = v2h_log_mask(sa, sb)
     out = 0
     for path, weight in paths:
@@ -151,14 +160,14 @@ def _whole_torch_small(q, k, v, sa, sb, scale, paths):
 def _whole_torch(q, k, v, sa, sb, scale, paths):
     dtype = table_dtype(q, k, v, sa, sb)
     b, heads, h, w, _ = q.shape
+    qf, kf, vf = _flatten(q).to(dtype), _flatten(k).to(dtype), _flatten(v).to(dtype)
+    if scale != 1.0:  # the models fold the scale into k
+        qf = qf * scale
+    sa, sb = sa.to(dtype), sb.to(dtype)
     if b * heads * (h * w)**2 <= SMALL_ELEMENTS:
-        out = _whole_torch_small(
-            _flatten(q).to(dtype), _flatten(k).to(dtype), _flatten(v).to(dtype), sa.to(dtype).expand(b, -1, -1, -1, -1),
-            sb.to(dtype).expand(b, -1, -1, -1, -1), float(scale), paths)
-        return out.reshape(*v.shape).to(v.dtype)
-    out = _MaskedSoftmaxAttention.apply(
-        _flatten(q).to(dtype), _flatten(k).to(dtype), _flatten(v).to(dtype), sa.to(dtype), sb.to(dtype),
-        float(scale), tuple(paths))
+        out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1), paths)
+    else:
+        out = _MaskedSoftmaxAttention.apply(qf, kf, vf, sa, sb, tuple(paths))
     return out.reshape(*v.shape).to(v.dtype)
 
 
