@@ -179,7 +179,11 @@ def main():
                        '--dtype', args.dtype, '--repeat', str(args.repeat), '--threads', str(args.threads)]
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 lines = [ln for ln in out.stdout.splitlines() if ln.startswith('RESULT ')]
-                res = json.loads(lines[-1][7:]) if lines else {'error': out.stderr.strip()[-200:]}
+                if lines:
+                    res = json.loads(lines[-1][7:])
+                else:  # the worker died: -9 is the kernel's out-of-memory killer on Linux
+                    why = 'killed, likely out of memory' if out.returncode == -9 else out.stderr.strip()[-160:]
+                    res = {'error': f'failed (exit code {out.returncode}): {why}'}
                 if 'error' in res and impl in BASELINES and res['error'].startswith('NotImplementedError'):
                     continue
                 if 'error' in res:
