@@ -61,8 +61,33 @@ def worker(args: argparse.Namespace) -> dict:
         step()
         times.append(time.perf_counter() - start)
     return dict(model=args.worker, time_s=statistics.median(times), times_s=times, peak_bytes=peak,
+                stage_s=stage_times(model, x, device, max(1, args.iters)),
                 threads=torch.get_num_threads(), torch=torch.__version__,
                 device=torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu')
+
+
+def stage_times(model, x, device, iters: int) -> list:
+    """Forward+backward time of each stage alone on its real input (min of ``iters`` runs), to show where
+    the time goes. Stage i's input is the previous stages' output computed without gradients."""
+    import torch
+    with torch.no_grad():
+        h = model.patch_embed(x)
+    result = []
+    for layer in model.layers:
+        inp = h.detach().requires_grad_()
+        runs = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            out, _ = layer(inp)
+            out.float().sum().backward()
+            if device.type == 'cuda':
+                torch.cuda.synchronize()
+            runs.append(time.perf_counter() - start)
+        result.append(min(runs))
+        with torch.no_grad():
+            h = layer(inp)[1]
+    model.zero_grad(set_to_none=True)
+    return result
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -99,6 +124,8 @@ def main(argv=None) -> int:
     print(f'{"model":6s} {"median time (s)":>16s} {"peak memory (MiB)":>18s}')
     for name, res in results.items():
         print(f'{name:6s} {res["time_s"]:16.3f} {res["peak_bytes"] / 2**20:18.1f}')
+    for i, (ps, rs) in enumerate(zip(p['stage_s'], r['stage_s'])):
+        print(f'  stage {i + 1}: PPMA {ps:.3f} s, RMT {rs:.3f} s (fwd+bwd of the stage alone)')
     print(f'PPMA / RMT: time {p["time_s"] / r["time_s"]:.2f}x, peak memory '
           f'{p["peak_bytes"] / max(r["peak_bytes"], 1):.2f}x')
     return 0

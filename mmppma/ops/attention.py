@@ -15,8 +15,8 @@ import torch
 
 from ._checks import check_choice, check_qkv, table_dtype
 from .dispatch import resolve_impl
-from .polyline_mask import (column_segment_sums, line_distance, manhattan_decay_mask, polyline_mask,
-                            row_segment_sums, v2h_log_mask)
+from .polyline_mask import (column_segment_sums, decay_tables, line_distance, manhattan_decay_mask,
+                            polyline_mask, row_segment_sums, v2h_log_mask)
 
 WHOLE_FORMS = ('release', 'paper', 'v2h', 'h2v')
 CRISS_CROSS_ORDERS = ('both', 'row_col', 'col_row')
@@ -256,15 +256,47 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
 # --------------------------------------------------------------------------------------------------
 # criss-cross attention
 # --------------------------------------------------------------------------------------------------
-def _criss_cross_core(q, k, v, sa, sb, scale, order):
-    """sa: (B|1, heads, H|1, W, W) row bias [i, j, l]; sb: (B|1, heads, W|1, H, H) column bias [l, i, k]."""
-    dtype = table_dtype(q, k, v, sa, sb)
-    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+class _SegmentMaskedSoftmax(torch.autograd.Function):
+    """``softmax(scores + seg(c))`` along the last dim, with ``seg(c)[t, s] = c[max] - c[min]``.
+
+    scores: (..., L, L) (consumed: a fresh matmul output); c: (..., L), a cumsum along the line. The bias
+    is added in place from the O(L) table and only the probabilities are saved; the backward reduces the
+    bias gradient straight into ``c`` (``+sign * ds`` at the later index, ``-`` at the earlier one).
+    """
+
+    @staticmethod
+    def forward(ctx, scores, c):
+        sign = _sign_table(c.shape[-1], c.dtype, c.device)
+        x = torch.addcmul(scores, c.unsqueeze(-1), sign)
+        x.addcmul_(c.unsqueeze(-2), sign, value=-1.0)
+        probs = x.softmax(-1)
+        ctx.save_for_backward(probs, c)
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad):
+        probs, c = ctx.saved_tensors
+        ds = torch._softmax_backward_data(grad, probs, -1, probs.dtype)
+        dc = None
+        if ctx.needs_input_grad[1]:
+            signed = ds * _sign_table(c.shape[-1], c.dtype, c.device)
+            dc = signed.sum(-1) - signed.sum(-2)
+        return ds, dc
+
+
+def _sign_table(n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """+1 on and below the diagonal, -1 above: (n, n)."""
+    return torch.ones(n, n, dtype=dtype, device=device).tril().mul_(2).sub_(1)
+
+
+def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
+    """Compose row and column attention. ``row_probs(scores)`` maps (B, heads, H, W, W) scores to
+    probabilities, ``col_probs`` likewise for (B, heads, W, H, H) column scores."""
     if scale != 1.0:  # the models fold the scale into k
         q = q * scale
-    rows = (q @ k.transpose(-1, -2) + sa).softmax(-1)  # (B, heads, H, W, W)
+    rows = row_probs(q @ k.transpose(-1, -2))  # (B, heads, H, W, W)
     qc, kc = q.transpose(2, 3), k.transpose(2, 3)  # (B, heads, W, H, d)
-    cols = (qc @ kc.transpose(-1, -2) + sb).softmax(-1)  # (B, heads, W, H, H)
+    cols = col_probs(qc @ kc.transpose(-1, -2))  # (B, heads, W, H, H)
 
     def along_rows(x):
         return rows @ x
@@ -322,7 +354,12 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         return criss_cross_attention_triton(q, k, v, la, lb, scale=scale, order=order)
     if impl == 'reference':
         return _criss_cross_reference(q, k, v, la, lb, scale, order).to(v.dtype)
-    return _criss_cross_core(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, order).to(v.dtype)
+    dtype = table_dtype(q, k, v, la, lb)
+    ca, cb = decay_tables(la, lb)
+    return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype),
+                             lambda s: _SegmentMaskedSoftmax.apply(s, ca),
+                             lambda s: _SegmentMaskedSoftmax.apply(s, cb.transpose(-1, -2)), scale,
+                             order).to(v.dtype)
 
 
 def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
@@ -343,4 +380,6 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)
         return criss_cross_attention(q, k, v, g, g, scale, 'row_col', 'reference')
     sa, sb = _manhattan_tables(log_decay, h, w, heads, dtype)
-    return _criss_cross_core(q, k, v, sa[:, :, :1], sb[:, :, :1], scale, 'row_col').to(v.dtype)
+    sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
+    return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype), lambda s: s.add_(sa).softmax(-1),
+                             lambda s: s.add_(sb).softmax(-1), scale, 'row_col').to(v.dtype)
