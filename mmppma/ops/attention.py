@@ -72,6 +72,10 @@ def _reduce_block_bias_grad(dm: torch.Tensor, path: str, r0: int, r1: int, dsa: 
         dsb[..., r0:r1].add_(dm.sum(5).permute(0, 1, 3, 4, 2), alpha=scale)  # [i, j, k] -> [j, k, i]
 
 
+def _scaled(t: torch.Tensor, weight: float) -> torch.Tensor:
+    return t if weight == 1.0 else t.mul_(weight)
+
+
 def _rows_per_block(b: int, heads: int, h: int, w: int) -> int:
     return max(1, min(h, BLOCK_ELEMENTS // max(1, b * heads * w * h * w)))
 
@@ -87,7 +91,7 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]):
         b, heads, n, _ = q.shape
         h, w = sb.shape[-1], sa.shape[-1]
-        out = torch.zeros(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
+        out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
         lses = torch.empty(len(paths), b, heads, n, dtype=q.dtype, device=q.device)
         step = _rows_per_block(b, heads, h, w)
         kt = k.transpose(-1, -2)
@@ -95,11 +99,15 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
             r1 = min(h, r0 + step)
             rows = slice(r0 * w, r1 * w)
             s = q[:, :, rows] @ kt
+            p_sum = None
             for idx, (path, weight) in enumerate(paths):
                 x = _add_block_bias_(s if idx == len(paths) - 1 else s.clone(), sa, sb, path, r0, r1)
                 lse = x.logsumexp(-1, keepdim=True)
                 lses[idx, :, :, rows] = lse.squeeze(-1)
-                out[:, :, rows] += weight * (x.sub_(lse).exp_() @ v)
+                p = x.sub_(lse).exp_()
+                p_sum = _scaled(p, weight) if p_sum is None else p_sum.add_(p, alpha=weight)
+                del x, p
+            out[:, :, rows] = p_sum @ v
         ctx.save_for_backward(q, k, v, sa, sb, lses)
         ctx.paths = paths
         return out
@@ -125,18 +133,21 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
             qb, db = q[:, :, rows], dout[:, :, rows]
             s = qb @ kt
             dprobs = db @ vt  # d(loss) / d(probabilities), before the path weights
+            p_sum = ds_sum = None  # weighted sums over the paths: one product each with v, k, q
             for idx, (path, weight) in enumerate(paths):
                 p = _add_block_bias_(s if idx == len(paths) - 1 else s.clone(), sa, sb, path, r0, r1)
                 p.sub_(lses[idx, :, :, rows].unsqueeze(-1)).exp_()
-                dv += weight * (p.transpose(-1, -2) @ db)
                 # softmax backward, unweighted: ds = p * (dprobs - rowsum(p * dprobs))
                 ds = p * dprobs
                 ds.addcmul_(p, ds.sum(-1, keepdim=True), value=-1.0)
-                del p
                 if need_tables:
                     _reduce_block_bias_grad(ds, path, r0, r1, dsa, dsb, weight)
-                dq[:, :, rows] += weight * (ds @ k)
-                dk += weight * (ds.transpose(-1, -2) @ qb)
+                p_sum = _scaled(p, weight) if p_sum is None else p_sum.add_(p, alpha=weight)
+                ds_sum = _scaled(ds, weight) if ds_sum is None else ds_sum.add_(ds, alpha=weight)
+                del p, ds
+            dv += p_sum.transpose(-1, -2) @ db
+            dq[:, :, rows] += ds_sum @ k
+            dk += ds_sum.transpose(-1, -2) @ qb
         if need_tables:
             # the tables may have been broadcast over the batch (shared decays)
             if sa.shape[0] != b:
