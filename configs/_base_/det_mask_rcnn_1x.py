@@ -1,0 +1,33 @@
+# Mask R-CNN 1x on COCO with a PPMA-family backbone: the release's detection recipe (REFERENCE 7), the one
+# place for its numbers. Everything else is mmdet's own R50-FPN 1x config (FPN, RPN/RoI heads, 1333x800
+# single-scale training with flip, warmup 500 iters, steps at epochs 8 and 11, CocoMetric bbox + segm).
+# Per-arch configs (configs/mask_rcnn_{ppma,rmt}_{t,s,b}_1x_coco.py) set only the backbone type/arch,
+# drop_path_rate, pretrained weights and the FPN's in_channels.
+_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
+
+model = dict(
+    backbone=dict(
+        _delete_=True,  # drop ResNet's keys
+        type='mmppma.PPMA',
+        arch='tiny',
+        out_indices=(0, 1, 2, 3),
+        out_norm=True,  # per-stage LayerNorm, as the release's dense-prediction backbones
+        drop_path_rate=0.1),  # no init_cfg: per-arch configs set their pretrained weights
+    neck=dict(in_channels=[64, 128, 256, 512]))
+
+# 12 epochs (inherited), batch 16 = 8 GPUs x 2 images (inherited batch_size=2).
+# AdamW 1e-4, wd 0.05, no weight decay on normalization layers (norm_decay_mult) nor on the learned decay
+# parameters A_log / dt_bias (custom_keys); mixed precision as in the release (fp16 = dict()). On CPU
+# use --cfg-options optim_wrapper.type=OptimWrapper (AMP needs CUDA).
+optim_wrapper = dict(
+    _delete_=True,
+    type='AmpOptimWrapper',
+    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0, custom_keys={
+            '.A_log': dict(decay_mult=0.0),
+            '.dt_bias': dict(decay_mult=0.0)
+        }))
+
+# lr is for 16 images per step; `--cfg-options auto_scale_lr.enable=True` rescales it to other batch sizes.
+auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -1,0 +1,49 @@
+# UPerNet on ADE20K, 512x512 crops, 160k iterations, with a PPMA-family backbone: the release's
+# segmentation recipe (REFERENCE 7), the one place for its numbers. Everything else is mmseg's own
+# UPerNet R50 160k config (UPerHead + auxiliary FCNHead on stage 3, SyncBN in the heads, ADE20K pipeline
+# with 0.5-2.0 random resize, crop 512, flip, photometric distortion; mIoU). Per-arch configs
+# (configs/upernet_{ppma,rmt}_{t,s,b}_512x512_160k_ade20k.py) set only the backbone type/arch,
+# drop_path_rate, pretrained weights and the heads' in_channels.
+_base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
+
+model = dict(
+    pretrained=None,  # mmseg hands model.pretrained to the backbone, which takes init_cfg instead
+    backbone=dict(
+        _delete_=True,  # drop ResNet's keys
+        type='mmppma.PPMA',
+        arch='tiny',
+        out_indices=(0, 1, 2, 3),
+        out_norm=True,  # per-stage LayerNorm, as the release's dense-prediction backbones
+        drop_path_rate=0.1),  # no init_cfg: per-arch configs set their pretrained weights
+    decode_head=dict(in_channels=[64, 128, 256, 512]),
+    auxiliary_head=dict(in_channels=256))
+
+# batch 16 = 8 GPUs x 2 images
+train_dataloader = dict(batch_size=2)
+val_dataloader = dict(batch_size=1)
+test_dataloader = val_dataloader
+
+# AdamW 6e-5, wd 0.05, no weight decay on normalization layers (norm_decay_mult) nor on the learned decay
+# parameters A_log / dt_bias (custom_keys); mixed precision as in the release. On CPU use
+# --cfg-options optim_wrapper.type=OptimWrapper (AMP needs CUDA).
+optim_wrapper = dict(
+    _delete_=True,
+    type='AmpOptimWrapper',
+    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.05),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0, custom_keys={
+            '.A_log': dict(decay_mult=0.0),
+            '.dt_bias': dict(decay_mult=0.0)
+        }))
+
+# 1500 iterations of linear warmup from 1e-6 x lr, then poly (power 1) to 0 at 160k (as the release / RMT).
+max_iters = 160000
+warmup_iters = 1500
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=warmup_iters),
+    dict(type='PolyLR', eta_min=0.0, power=1.0, by_epoch=False, begin=warmup_iters, end=max_iters),
+]
+train_cfg = dict(max_iters=max_iters)
+
+# lr is for 16 images per step; `--cfg-options auto_scale_lr.enable=True` rescales it to other batch sizes.
+auto_scale_lr = dict(enable=False, base_batch_size=16)
