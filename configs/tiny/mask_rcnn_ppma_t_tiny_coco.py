@@ -13,7 +13,10 @@ val_interval = 100
 
 model = dict(
     backbone=dict(init_cfg=None),  # no ImageNet weights here
-    roi_head=dict(bbox_head=dict(num_classes=num_classes), mask_head=dict(num_classes=num_classes)))
+    roi_head=dict(bbox_head=dict(num_classes=num_classes), mask_head=dict(num_classes=num_classes)),
+    # at most 4 objects per image: fewer proposals and RoI samples (RoIAlign dominates a CPU step)
+    train_cfg=dict(rpn_proposal=dict(nms_pre=1000, max_per_img=300), rcnn=dict(sampler=dict(num=128))),
+    test_cfg=dict(rpn=dict(nms_pre=500, max_per_img=300), rcnn=dict(max_per_img=50)))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
