@@ -1,0 +1,223 @@
+#!/usr/bin/env python
+"""Draw a PPMA backbone's learned decay factors and its masked attention for one query (paper Figs. 7, 12).
+
+    python tools/visualize_polyline_mask.py CONFIG CHECKPOINT IMAGE --out DIR
+        [--stage S] [--block B] [--query I J] [--size PX] [--heads N]
+
+CONFIG is any mmppma config (classification, detection or segmentation); its backbone is built and, unless
+CHECKPOINT is ``none`` (random init), loaded from CHECKPOINT. The image is resized so its short side is
+``--size`` (default 224). For block B of stage S (default: the first block of stage 2) it writes to DIR:
+
+* ``decay_s{S}b{B}.png``: per head, alpha = exp(la) (horizontal) and beta = exp(lb) (vertical) on the
+  stage's token grid (Fig. 7); RMT backbones have one fixed decay per head instead;
+* ``attention_s{S}b{B}_q{I}_{J}.png``: per head, for the query token (I, J) of the stage's grid (default: the
+  centre): softmax(q k^T) without a mask, the polyline path mask L2D = exp(M) + exp(M^T) (the V2H path and
+  its transpose, REFERENCE 2), and the block's actual attention weights over all keys (Fig. 12). The actual
+  weights come from the block's own attention op applied to one-hot values, so they are exact for every
+  attention type (whole, criss-cross) and mask variant;
+* ``maps_s{S}b{B}_q{I}_{J}.npz``: the arrays behind both figures.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+from typing import Dict, Tuple
+
+# Runs as a script from a checkout: make the checkout's mmppma importable without installing it.
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+IMAGENET_MEAN = (123.675, 116.28, 103.53)
+IMAGENET_STD = (58.395, 57.12, 57.375)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('config', help='an mmppma config (classification, detection or segmentation)')
+    parser.add_argument('checkpoint', help="checkpoint file, or 'none' for the random initialization")
+    parser.add_argument('image', help='input image')
+    parser.add_argument('--out', required=True, help='output folder for the PNGs')
+    parser.add_argument('--stage', type=int, default=2, help='stage index (default 2)')
+    parser.add_argument('--block', type=int, default=0, help='block index within the stage (default 0)')
+    parser.add_argument('--query', type=int, nargs=2, metavar=('I', 'J'),
+                        help="query token (row, column) on the stage's grid (default: the centre)")
+    parser.add_argument('--size', type=int, default=224, help='short side of the resized image (default 224)')
+    parser.add_argument('--heads', type=int, default=8, help='draw at most this many heads (default 8)')
+    return parser.parse_args(argv)
+
+
+def build_backbone(config: str, checkpoint: str) -> Tuple[torch.nn.Module, Tuple[tuple, tuple]]:
+    """The config's backbone (eval mode, weights from ``checkpoint`` unless 'none') and its (mean, std)."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, DefaultScope
+
+    from mmppma.utils import register_scope_modules
+    cfg = Config.fromfile(config)
+    scope = cfg.get('default_scope', None)
+    register_scope_modules(scope)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = MODELS.build(cfg.model)
+    if checkpoint.lower() != 'none':
+        from mmengine.runner import load_checkpoint
+        if not osp.isfile(checkpoint) and '://' not in checkpoint:
+            raise SystemExit(f'checkpoint {checkpoint}: no such file (pass none for a random initialization)')
+        load_checkpoint(model, checkpoint, map_location='cpu', revise_keys=[(r'^module\.', '')])
+    backbone = getattr(model, 'backbone', model)
+    if not hasattr(backbone, 'layers') or not hasattr(backbone, 'arch_settings'):
+        raise SystemExit(f'{config}: the backbone is {type(backbone).__name__}, not an mmppma PPMA/RMT backbone')
+    preprocessor = cfg.model.get('data_preprocessor', None) or cfg.get('data_preprocessor', None) or {}
+    mean = tuple(preprocessor.get('mean', IMAGENET_MEAN))
+    std = tuple(preprocessor.get('std', IMAGENET_STD))
+    return backbone.eval(), (mean, std)
+
+
+def load_image(path: str, size: int, mean, std) -> Tuple[np.ndarray, torch.Tensor]:
+    """-> (RGB uint8 resized image, normalized (1, 3, H, W) tensor); short side ``size``, sides multiples of 32."""
+    import cv2
+    bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+    if bgr is None:
+        raise SystemExit(f'image {path}: cannot be read')
+    h, w = bgr.shape[:2]
+    scale = size / min(h, w)
+    new_h, new_w = (max(32, int(round(v * scale / 32)) * 32) for v in (h, w))
+    rgb = cv2.cvtColor(cv2.resize(bgr, (new_w, new_h), interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB)
+    x = (torch.from_numpy(rgb).float() - torch.tensor(mean)) / torch.tensor(std)
+    return rgb, x.permute(2, 0, 1)[None]
+
+
+def capture_attention_inputs(backbone, x: torch.Tensor, stage: int, block: int) -> Tuple[torch.nn.Module, Dict]:
+    """Run the backbone once and return block (stage, block)'s attention module and the q, k, v, x, pos it
+    attended with (captured by wrapping its ``_attend`` for this one call)."""
+    num_stages = len(backbone.layers)
+    if not 0 <= stage < num_stages:
+        raise SystemExit(f'--stage {stage}: the backbone has stages 0..{num_stages - 1}')
+    blocks = backbone.layers[stage].blocks
+    if not 0 <= block < len(blocks):
+        raise SystemExit(f'--block {block}: stage {stage} has blocks 0..{len(blocks) - 1}')
+    attn = blocks[block].retention
+    captured: Dict = {}
+    original = attn._attend
+
+    def recording_attend(q, k, v, tokens, pos):
+        captured.update(q=q, k=k, v=v, x=tokens, pos=pos)
+        return original(q, k, v, tokens, pos)
+
+    attn._attend = recording_attend
+    try:
+        with torch.no_grad():
+            backbone(x)
+    finally:
+        del attn._attend  # back to the class's method
+    return attn, captured
+
+
+def query_mask_row(la: torch.Tensor, lb: torch.Tensor, i: int, j: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Log-masks from query (i, j) to every key: V2H row ``M[(i,j), :]`` and H2V row ``M^T[(i,j), :]``, each
+    (heads, H, W), from the O(N) decay tables (REFERENCE 2) instead of the N x N mask.
+
+    V2H: ``M[(i,j),(k,l)] = -|Ca[i,j] - Ca[i,l]| - |Cb[i,l] - Cb[k,l]|`` (along row i, then column l);
+    H2V: ``M[(k,l),(i,j)] = -|Ca[k,l] - Ca[k,j]| - |Cb[k,j] - Cb[i,j]|`` (along column j, then row k).
+    """
+    from mmppma.ops import decay_tables
+    ca, cb = decay_tables(la, lb)  # (B, heads, H, W)
+    ca, cb = ca[0], cb[0]
+    v2h = -(ca[:, i, j, None, None] - ca[:, i, None, :]).abs() - (cb[:, i, None, :] - cb).abs()
+    h2v = -(ca - ca[:, :, j, None]).abs() - (cb[:, :, j, None] - cb[:, i, j, None, None]).abs()
+    return v2h, h2v
+
+
+def attention_maps(attn, captured: Dict, i: int, j: int) -> Dict[str, np.ndarray]:
+    q, k, tokens, pos = captured['q'], captured['k'], captured['x'], captured['pos']
+    _, heads, h, w, _ = q.shape
+    n = h * w
+    maps: Dict[str, np.ndarray] = {}
+    with torch.no_grad():
+        if attn.path_embed is not None:
+            la, lb = attn.path_embed(tokens)
+        else:  # RMT (fixed per-head decay, Manhattan distance) or no mask
+            decay = pos.log_decay if attn.mask == 'rmt' else torch.zeros(heads)
+            la = lb = decay.float().reshape(1, heads, 1, 1).expand(1, heads, h, w)
+        maps['alpha'], maps['beta'] = la[0].exp().numpy(), lb[0].exp().numpy()
+        v2h, h2v = query_mask_row(la, lb, i, j)
+        maps['mask_l2d'] = (v2h.exp() + h2v.exp()).numpy()
+        scores = torch.einsum('hd,hxyd->hxy', q[0, :, i, j].float(), k[0].float())
+        maps['attention_unmasked'] = scores.flatten(1).softmax(-1).view(heads, h, w).numpy()
+        # the block's attention is linear in v: one-hot values give its weights over every key
+        one_hot = torch.eye(n, dtype=q.dtype).view(1, 1, h, w, n).expand(1, heads, h, w, n).contiguous()
+        weights = attn._attend(q, k, one_hot, tokens, pos)[0, :, i, j]  # (heads, N)
+        maps['attention_masked'] = weights.float().view(heads, h, w).numpy()
+    return maps
+
+
+def draw(maps: Dict[str, np.ndarray], image: np.ndarray, query: Tuple[int, int], out_dir: str, tag: str,
+         max_heads: int, title: str) -> Tuple[str, str]:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    heads = min(max_heads, maps['alpha'].shape[0])
+    h, w = maps['alpha'].shape[1:]
+    i, j = query
+
+    fig, axes = plt.subplots(2, heads + 1, figsize=(2.2 * (heads + 1), 4.6), squeeze=False)
+    for row, (key, name) in enumerate((('alpha', 'alpha (horizontal)'), ('beta', 'beta (vertical)'))):
+        axes[row, 0].imshow(image)
+        axes[row, 0].set_title(name, fontsize=9)
+        for hd in range(heads):
+            im = axes[row, hd + 1].imshow(maps[key][hd], cmap='viridis', vmin=0.0, vmax=1.0)
+            axes[row, hd + 1].set_title(f'head {hd}: {maps[key][hd].mean():.3f}', fontsize=8)
+    for ax in axes.flat:
+        ax.axis('off')
+    fig.colorbar(im, ax=axes, shrink=0.8)
+    fig.suptitle(f'{title}: decay factors, {h}x{w} tokens', fontsize=10)
+    decay_path = osp.join(out_dir, f'decay_{tag}.png')
+    fig.savefig(decay_path, dpi=110)
+    plt.close(fig)
+
+    rows = (('attention_unmasked', 'softmax(q k^T)'), ('mask_l2d', 'mask L2D'),
+            ('attention_masked', 'masked attention'))
+    fig, axes = plt.subplots(len(rows), heads + 1, figsize=(2.2 * (heads + 1), 2.2 * len(rows) + 0.4), squeeze=False)
+    ih, iw = image.shape[:2]
+    for row, (key, name) in enumerate(rows):
+        axes[row, 0].imshow(image)
+        axes[row, 0].scatter([(j + 0.5) * iw / w], [(i + 0.5) * ih / h], c='red', s=30, marker='x')
+        axes[row, 0].set_title(name, fontsize=9)
+        for hd in range(heads):
+            axes[row, hd + 1].imshow(maps[key][hd], cmap='magma')
+            axes[row, hd + 1].scatter([j], [i], c='cyan', s=12, marker='x')
+            axes[row, hd + 1].set_title(f'head {hd}', fontsize=8)
+    for ax in axes.flat:
+        ax.axis('off')
+    fig.suptitle(f'{title}: query ({i}, {j}) of {h}x{w}', fontsize=10)
+    attention_path = osp.join(out_dir, f'attention_{tag}_q{i}_{j}.png')
+    fig.savefig(attention_path, dpi=110)
+    plt.close(fig)
+    return decay_path, attention_path
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    backbone, (mean, std) = build_backbone(args.config, args.checkpoint)
+    image, x = load_image(args.image, args.size, mean, std)
+    attn, captured = capture_attention_inputs(backbone, x, args.stage, args.block)
+    h, w = captured['q'].shape[2:4]
+    i, j = args.query if args.query is not None else (h // 2, w // 2)
+    if not (0 <= i < h and 0 <= j < w):
+        raise SystemExit(f'--query {i} {j}: stage {args.stage} has a {h}x{w} token grid at --size {args.size}; '
+                         f'use 0 <= I < {h}, 0 <= J < {w}')
+    maps = attention_maps(attn, captured, i, j)
+    os.makedirs(args.out, exist_ok=True)
+    tag = f's{args.stage}b{args.block}'
+    title = (f'{type(backbone).__name__} stage {args.stage} block {args.block} ({attn.attn_type}, '
+             f'mask={attn.mask}, {"random init" if args.checkpoint.lower() == "none" else "trained"})')
+    paths = draw(maps, image, (i, j), args.out, tag, args.heads, title)
+    npz = osp.join(args.out, f'maps_{tag}_q{i}_{j}.npz')
+    np.savez_compressed(npz, query=np.array([i, j]), **maps)
+    for path in (*paths, npz):
+        print(path)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
