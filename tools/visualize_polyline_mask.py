@@ -165,12 +165,13 @@ def draw(maps: Dict[str, np.ndarray], image: np.ndarray, query: Tuple[int, int],
         axes[row, 0].imshow(image)
         axes[row, 0].set_title(name, fontsize=9)
         for hd in range(heads):
-            im = axes[row, hd + 1].imshow(maps[key][hd], cmap='viridis', vmin=0.0, vmax=1.0)
-            axes[row, hd + 1].set_title(f'head {hd}: {maps[key][hd].mean():.3f}', fontsize=8)
+            # each map on its own range: the spatial structure (object edges) lies in small differences
+            values = maps[key][hd]
+            axes[row, hd + 1].imshow(values, cmap='viridis')
+            axes[row, hd + 1].set_title(f'head {hd}: {values.min():.3f}-{values.max():.3f}', fontsize=7)
     for ax in axes.flat:
         ax.axis('off')
-    fig.colorbar(im, ax=axes, shrink=0.8)
-    fig.suptitle(f'{title}: decay factors, {h}x{w} tokens', fontsize=10)
+    fig.suptitle(f'{title}: decay factors (each map on its own color range), {h}x{w} tokens', fontsize=10)
     decay_path = osp.join(out_dir, f'decay_{tag}.png')
     fig.savefig(decay_path, dpi=110)
     plt.close(fig)
