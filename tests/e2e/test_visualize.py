@@ -1,5 +1,7 @@
 """tools/visualize_polyline_mask.py: the CLI writes its figures; the maps equal the dense-mask definitions."""
 import importlib.util
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -35,8 +37,6 @@ def test_cli_writes_figures_and_maps(tiny_env, image, tmp_path):
     assert maps['alpha'].shape == maps['attention_masked'].shape
     assert maps['alpha'].shape[:2] == (heads, 12)  # short side 96 px / stride 8
     assert ((maps['alpha'] > 0) & (maps['alpha'] <= 1)).all() and ((maps['beta'] > 0) & (maps['beta'] <= 1)).all()
-    import subprocess
-    import sys
     proc = subprocess.run([sys.executable, str(TOOLS / 'visualize_polyline_mask.py'), str(TINY_SEG), 'none', str(image),
                            '--out', str(tmp_path), '--stage', '1', '--query', '12', '0', '--size', '96'],
                           env=tiny_env, capture_output=True, text=True, timeout=120)
