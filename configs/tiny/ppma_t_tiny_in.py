@@ -50,6 +50,8 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=1e-2, by_epoch=False, begin=0, end=20),
     dict(type='CosineAnnealingLR', eta_min=1e-5, by_epoch=False, begin=20, end=max_iters),
 ]
+# the recipe's EMA (momentum 1e-4) would hardly leave the initialization in 200 steps, and validation uses it
+custom_hooks = [dict(type='EMAHook', momentum=0.02, priority='ABOVE_NORMAL')]
 default_hooks = dict(
     logger=dict(interval=10),
     checkpoint=dict(by_epoch=False, interval=val_interval, max_keep_ckpts=2))
