@@ -11,8 +11,9 @@ from mmppma.models.backbones import ARCH_ZOO
 from .conftest import CONFIGS, TINY_DET
 
 ALL_CONFIGS = sorted(p for p in CONFIGS.rglob('*.py') if '_base_' not in p.parts)
-DET = sorted(CONFIGS.glob('mask_rcnn_*_coco.py'))
-SEG = sorted(CONFIGS.glob('upernet_*_ade20k.py'))
+# the PPMA/RMT recipe checks; other families (MLLA, VMINet) carry their own config tests
+DET = sorted(p for f in ('ppma', 'rmt') for p in CONFIGS.glob(f'mask_rcnn_{f}_*_coco.py'))
+SEG = sorted(p for f in ('ppma', 'rmt') for p in CONFIGS.glob(f'upernet_{f}_*_ade20k.py'))
 DROP_PATH = {'tiny': 0.1, 'small': 0.15, 'base': 0.4}
 ARCH = {'t': 'tiny', 's': 'small', 'b': 'base'}
 
