@@ -3,6 +3,8 @@
 Imports neither mmpretrain, mmdet nor mmseg: a user may have only one of them.
 """
 from .backbones import PPMA, RMT
+from .backbones import MLLA
 from .heads import PPMAClsHead
 
 __all__ = ['PPMA', 'RMT', 'PPMAClsHead']
+__all__ += ['MLLA']

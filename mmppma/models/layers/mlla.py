@@ -1,0 +1,290 @@
+"""Layers of MLLA, Mamba-Like Linear Attention (Han et al., "Demystify Mamba in Vision: A Linear Attention
+Perspective", NeurIPS 2024), and of its polyline-path-masked variant PPMLA; channels-last tokens (B, H, W, C).
+
+Structure and attribute names follow the public release (LeapLabTHU/MLLA, ``models/mlla.py``), so that its
+state dicts map one to one (``cpe1``, ``norm1``, ``in_proj``, ``act_proj``, ``dwc``, ``attn.qk``,
+``attn.lepe``, ``out_proj``, ``cpe2``, ``norm2``, ``mlp.fc1``/``fc2``; stem ``conv1``-``conv3``; downsample
+``conv.0``-``conv.2``). Differences, all for inputs of any size (none changes a parameter):
+
+* RoPE is computed for the actual (H, W) at forward time (the release's classification model stores a
+  table for the 224x224 training size as a buffer ``attn.rope.rotations``; its dense-prediction model
+  recomputes it per input, as here). We keep no buffer: that release key is simply not loaded.
+* The stem pads the image to a multiple of 4 and each downsample pads an odd map to even (bottom/right,
+  zeros), as the release's dense-prediction model does; at sizes divisible by 32 nothing is padded.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+
+from mmppma.ops import ppma_decomposed_attention
+
+from .block import DropPath
+from .path_embed import PathEmbed
+from .rope import apply_rope
+
+MLLA_ATTNS = ('mlla', 'ppmla')
+
+
+def mlla_rope_tables(height: int, width: int, channels: int, device=None,
+                     base: float = 10000.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The release's 2D RoPE over all C channels (before the head split): (sin, cos), each (H, W, C) float32.
+
+    Channel pair m (channels 2m, 2m+1) turns by ``i * theta_m`` (row i) for m < C/4 and by
+    ``j * theta_(m - C/4)`` (column j) for m >= C/4, with ``theta_t = base^(-t / (C/4))``. Use with
+    :func:`~mmppma.models.layers.rope.apply_rope` (``x*cos + rot(x)*sin``, the complex product of each pair).
+    """
+    if channels % 4:
+        raise ValueError(f'MLLA RoPE needs channels divisible by 4 (pairs turned by row and by column); got '
+                         f'{channels}')
+    quarter = channels // 4
+    theta = 1.0 / base**(torch.arange(quarter, device=device, dtype=torch.float64) / quarter)
+    rows = torch.arange(height, device=device, dtype=torch.float64)[:, None, None] * theta  # (H, 1, C/4)
+    cols = torch.arange(width, device=device, dtype=torch.float64)[None, :, None] * theta  # (1, W, C/4)
+    angles = torch.cat([rows.expand(height, width, quarter), cols.expand(height, width, quarter)], dim=-1)
+    angles = angles.repeat_interleave(2, dim=-1).float()  # (H, W, C): one angle per channel pair
+    return angles.sin(), angles.cos()
+
+
+def dwconv_cl(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """Apply an NCHW conv to channels-last tokens (B, H, W, C) -> (B, H', W', C')."""
+    return conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+
+
+def depthwise_conv3x3(channels: int) -> nn.Conv2d:
+    return nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+
+
+class MLLAAttention(nn.Module):
+    """MLLA's linear attention with RoPE and LePE (``attn`` in the release), or PPMLA.
+
+    ``q, k = elu(qk(x)) + 1`` (one Linear(C, 2C)); ``v = x`` (no v projection: the block's ``in_proj`` is it).
+
+    * ``attn='mlla'`` (release): ``out_i = sum_j (q~_i . k~_j) v_j / (N * (q_i . mean_j k_j + 1e-6))`` per head,
+      with ``q~, k~`` the RoPE'd q, k and the normalizer from the un-rotated ones; O(N d^2).
+    * ``attn='ppmla'``: the same attention map multiplied by the polyline path mask L2D = L + L^T (paper
+      Appendix A.7, Eq. 34), normalized by the masked mass, all in O(N) without an N x N tensor::
+
+          out_i = sum_j (q~_i . k~_j) L2D_ij v_j / (sum_j (q_i . k_j) L2D_ij + eps)
+
+      With all decays 0 (L2D = 2 everywhere) this is MLLA's attention (up to eps). The per-head, per-token
+      log-decays come from PPMA's :class:`PathEmbed` (``A_log``/``dt_bias`` parametrization, REFERENCE 1) on
+      the attention input x, which is also what q, k, v come from.
+
+    ``+ lepe(v)`` (depthwise 3x3) in both. ``impl`` is the ops' implementation for PPMLA.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, attn: str = 'mlla', impl: str = 'auto',
+                 eps: float = 1e-6) -> None:
+        super().__init__()
+        if attn not in MLLA_ATTNS:
+            raise ValueError(f'attn={attn!r} is not supported; choose one of {", ".join(map(repr, MLLA_ATTNS))}')
+        if embed_dims % num_heads:
+            raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
+        self.embed_dims, self.num_heads, self.head_dims = embed_dims, num_heads, embed_dims // num_heads
+        self.attn, self.impl, self.eps = attn, impl, eps
+        self.qk = nn.Linear(embed_dims, embed_dims * 2)
+        self.lepe = depthwise_conv3x3(embed_dims)
+        self.path_embed = PathEmbed(num_heads, self.head_dims) if attn == 'ppmla' else None
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, H, W, C) -> (B, n, H, W, d)."""
+        b, h, w, _ = t.shape
+        return t.view(b, h, w, self.num_heads, self.head_dims).permute(0, 3, 1, 2, 4)
+
+    def forward(self, x: torch.Tensor, rope: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x: (B, H, W, C); rope: (sin, cos) from :func:`mlla_rope_tables` for this (H, W, C)."""
+        b, h, w, c = x.shape
+        q, k = (F.elu(t) + 1.0 for t in self.qk(x).chunk(2, dim=-1))
+        sin, cos = (t.to(q.dtype) for t in rope)
+        q_rope, k_rope = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+        q, k, v, q_rope, k_rope = map(self._heads, (q, k, x, q_rope, k_rope))
+        if self.attn == 'mlla':
+            out = self._linear_attention(q, k, v, q_rope, k_rope)
+        else:
+            la, lb = self.path_embed(x)
+            out = self._masked_linear_attention(q, k, v, q_rope, k_rope, la, lb)
+        out = out.permute(0, 2, 3, 1, 4).reshape(b, h, w, c)
+        return out + dwconv_cl(self.lepe, x)
+
+    def _linear_attention(self, q, k, v, q_rope, k_rope) -> torch.Tensor:
+        """The release's normalized linear attention on (B, n, H, W, d) tensors, in its order of products
+        (its 1/sqrt(N) scalings keep k~^T v small in half precision)."""
+        shape = v.shape
+        q, k, v, q_rope, k_rope = (t.flatten(2, 3) for t in (q, k, v, q_rope, k_rope))  # (B, n, N, d)
+        n = q.shape[2]
+        z = 1.0 / (q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) + self.eps)  # (B, n, N, 1)
+        kv = (k_rope.transpose(-2, -1) * n**-0.5) @ (v * n**-0.5)  # (B, n, d, d)
+        return ((q_rope @ kv) * z).view(shape)
+
+    def _masked_linear_attention(self, q, k, v, q_rope, k_rope, la, lb) -> torch.Tensor:
+        """PPMLA on (B, n, H, W, d): numerator and masked mass are two O(N) PPMDA calls (Theorem 3); the
+        numerator's feature maps are the RoPE'd ones, the mass's the un-rotated (non-negative) ones, as in MLLA."""
+        num = ppma_decomposed_attention(q_rope, k_rope, v, la, lb, mask='2d', impl=self.impl)
+        ones = v.new_ones(*v.shape[:-1], 1)
+        mass = ppma_decomposed_attention(q, k, ones, la, lb, mask='2d', impl=self.impl)
+        return num / (mass + self.eps)
+
+    def extra_repr(self) -> str:
+        return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, attn={self.attn!r}'
+
+
+class MLLAMlp(nn.Module):
+    """``fc2(gelu(fc1 x))`` (the release's ``Mlp``, dropout 0)."""
+
+    def __init__(self, embed_dims: int, hidden_dims: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(embed_dims, hidden_dims)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_dims, embed_dims)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class MLLABlock(nn.Module):
+    """One MLLA block on (B, H, W, C) (LayerNorms eps 1e-5, as the release)::
+
+        x = x + cpe1(x)
+        h = norm1(x);  gate = silu(act_proj h);  h = silu(dwc(in_proj h))
+        x = x + drop_path(out_proj(attn(h) * gate))
+        x = x + cpe2(x)
+        x = x + drop_path(mlp(norm2 x))
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 mlp_ratio: float = 4.0,
+                 attn: str = 'mlla',
+                 impl: str = 'auto',
+                 drop_path: float = 0.0) -> None:
+        super().__init__()
+        self.cpe1 = depthwise_conv3x3(embed_dims)
+        self.norm1 = nn.LayerNorm(embed_dims)
+        self.in_proj = nn.Linear(embed_dims, embed_dims)
+        self.act_proj = nn.Linear(embed_dims, embed_dims)
+        self.dwc = depthwise_conv3x3(embed_dims)
+        self.act = nn.SiLU()
+        self.attn = MLLAAttention(embed_dims, num_heads, attn, impl)
+        self.out_proj = nn.Linear(embed_dims, embed_dims)
+        self.drop_path = DropPath(drop_path)
+        self.cpe2 = depthwise_conv3x3(embed_dims)
+        self.norm2 = nn.LayerNorm(embed_dims)
+        self.mlp = MLLAMlp(embed_dims, int(embed_dims * mlp_ratio))
+
+    def forward(self, x: torch.Tensor, rope: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = x + dwconv_cl(self.cpe1, x)
+        h = self.norm1(x)
+        gate = self.act(self.act_proj(h))
+        h = self.act(dwconv_cl(self.dwc, self.in_proj(h)))
+        x = x + self.drop_path(self.out_proj(self.attn(h, rope) * gate))
+        x = x + dwconv_cl(self.cpe2, x)
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class ConvLayer(nn.Module):
+    """Conv2d, then optionally BatchNorm (``norm``) and ReLU (``act``): the release's ``ConvLayer``."""
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: int,
+                 kernel_size: int = 3,
+                 stride: int = 1,
+                 padding: int = 0,
+                 groups: int = 1,
+                 bias: bool = True,
+                 norm: bool = True,
+                 act: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, groups=groups, bias=bias)
+        self.norm = nn.BatchNorm2d(out_channels) if norm else None
+        self.act = nn.ReLU() if act else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.act(x) if self.act is not None else x
+
+
+class MLLAStem(nn.Module):
+    """(B, in, H, W) -> (B, ceil(H/4), ceil(W/4), C) channels-last.
+
+    ``conv1``: 3x3 s2 -> C/2 (BN, ReLU); ``conv2``: two 3x3 C/2 convs (BN; ReLU after the first) as a
+    residual; ``conv3``: 3x3 s2 -> 4C (BN, ReLU), then 1x1 -> C (BN). Convs without bias. The image is padded
+    (bottom/right, zeros) to a multiple of 4 first, as the release's dense-prediction model does.
+    """
+
+    def __init__(self, in_channels: int, embed_dims: int) -> None:
+        super().__init__()
+        half = embed_dims // 2
+        self.conv1 = ConvLayer(in_channels, half, 3, stride=2, padding=1, bias=False)
+        self.conv2 = nn.Sequential(
+            ConvLayer(half, half, 3, padding=1, bias=False), ConvLayer(half, half, 3, padding=1, bias=False,
+                                                                      act=False))
+        self.conv3 = nn.Sequential(
+            ConvLayer(half, embed_dims * 4, 3, stride=2, padding=1, bias=False),
+            ConvLayer(embed_dims * 4, embed_dims, 1, bias=False, act=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = x.shape[-2:]
+        x = F.pad(x, (0, -w % 4, 0, -h % 4))
+        x = self.conv1(x)
+        x = self.conv2(x) + x
+        return self.conv3(x).permute(0, 2, 3, 1)
+
+
+class MLLADownsample(nn.Module):
+    """The release's ``PatchMerging``, an inverted residual without the residual:
+    1x1 C -> r*C' (ReLU), 3x3 depthwise stride 2 (ReLU), 1x1 -> C' (BN); ``r`` = 4, C' the next stage's dims.
+    (B, H, W, C) -> (B, ceil(H/2), ceil(W/2), C'); an odd map is padded to even first (bottom/right, zeros).
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, ratio: float = 4.0) -> None:
+        super().__init__()
+        hidden = int(out_channels * ratio)
+        self.conv = nn.Sequential(
+            ConvLayer(in_channels, hidden, 1, norm=False),
+            ConvLayer(hidden, hidden, 3, stride=2, padding=1, groups=hidden, norm=False),
+            ConvLayer(hidden, out_channels, 1, act=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = x.shape[1:3]
+        x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+        return dwconv_cl(self.conv, x)
+
+
+class MLLAStage(nn.Module):
+    """MLLA blocks sharing one RoPE table (computed for the input's H, W), then an optional downsample.
+
+    forward: (B, H, W, C) -> (stage output before downsample (B, H, W, C), next stage input).
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 depth: int,
+                 num_heads: int,
+                 mlp_ratio: float = 4.0,
+                 attn: str = 'mlla',
+                 impl: str = 'auto',
+                 drop_paths: Tuple[float, ...] = (),
+                 out_channels: Optional[int] = None,
+                 with_cp: bool = False) -> None:
+        super().__init__()
+        drop_paths = tuple(drop_paths) or (0.0, ) * depth
+        self.embed_dims, self.with_cp = embed_dims, with_cp
+        self.blocks = nn.ModuleList(
+            [MLLABlock(embed_dims, num_heads, mlp_ratio, attn, impl, drop_paths[i]) for i in range(depth)])
+        self.downsample = MLLADownsample(embed_dims, out_channels) if out_channels is not None else None
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        rope = mlla_rope_tables(x.shape[1], x.shape[2], self.embed_dims, device=x.device)
+        for block in self.blocks:
+            if self.with_cp and torch.is_grad_enabled():
+                x = cp.checkpoint(block, x, rope, use_reentrant=False)
+            else:
+                x = block(x, rope)
+        return x, (self.downsample(x) if self.downsample is not None else x)
