@@ -4,7 +4,9 @@ Imports neither mmpretrain, mmdet nor mmseg: a user may have only one of them.
 """
 from .backbones import PPMA, RMT
 from .backbones import MLLA
+from .backbones import VMINet
 from .heads import PPMAClsHead
 
 __all__ = ['PPMA', 'RMT', 'PPMAClsHead']
 __all__ += ['MLLA']
+__all__ += ['VMINet']

@@ -1,0 +1,276 @@
+"""VMINet backbone (Vision Mamba Inspired Separable Self-Attention; REFERENCE 8, seeds/vminet_paper.txt),
+registered once for mmpretrain, mmdet and mmseg.
+
+Image (B, in_channels, H, W) -> stem (3x3 stride-2 ConvBN, 32 channels, ReLU6) -> four stages, each a 3x3
+stride-2 ConvBN downsample then VMI-SA blocks (:class:`~mmppma.models.layers.vminet.VMISABlock`) -> per
+``out_indices`` the stage output, normalized (``outnorm{i}``) when ``out_norm``, NCHW at strides 4..32.
+
+From the release (github.com/yws-wxs/VMINet, ``vminet.py``): the stem, blocks, downsampling, widths
+``base_dim * 2^i``, depths 2-2-18-2 for every size, expansion r and the classifier (BatchNorm2d over the last
+map, global average pool, Linear). Parameter counts with the 1000-class classifier (``out_norm='BN'`` on the
+last stage + Linear): Ti 2,036,938, XS 7,440,370, S 13,347,442, B 28,387,138 (release 2.04/7.44/13.35/28.39 M).
+
+Two release revisions differ in the block; both are selectable:
+
+* ``proj_norm``: BatchNorm after the output projection ``g`` (revision 6b11d4a, whose counts are the figures
+  above; default) or none (revision 7c2632c: 2,032,426 / 7,431,346 / 13,338,418 / 28,369,090).
+* ``context_mask``: 'tril' (default), the lower-triangular mask matrix of the paper's matrix form (Eq. 10,
+  Table 4: the XS result 78.6 is the mask model, 76.5 without), as revision 7c2632c applies it, or 'none'
+  (revision 6b11d4a's plain learned weighted sum).
+
+Any input size (our choice; the release only runs at 224 x 224): each block's context-vector weights are a
+table fixed to the stage's token grid at ``img_size`` (56/28/14/7 at 224, the release's ``nn.Linear(S*S, 1)``).
+At another size the table is resized bilinearly and scaled by trained / actual token count
+(:class:`~mmppma.models.layers.vminet.TokenWeights`), so odd sizes, 1-pixel-wide late stages and batch 1 work
+and the table is used as trained at the trained size. The 'tril' mask is defined on raster token indices at
+any size.
+
+Dense outputs (our choice; the release publishes no dense-prediction code): a per-output norm, 'LN' (channel
+LayerNorm, eps 1e-6, as mmdet/mmseg's ConvNeXt/Swin) by default or 'BN' (BatchNorm2d, the release's
+classification norm: ``outnorm3`` is the release's ``norm``).
+"""
+import copy
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmppma.registry import register_model
+
+from ..layers.vminet import CONTEXT_MASKS, ConvBN, VMIStage, stage_sizes
+
+_DEPTHS = [2, 2, 18, 2]  # the release: every size has 24 blocks, as Vim's 24 Mamba blocks
+
+
+def _size(base_dim: int, mlp_ratio: int) -> dict:
+    return dict(
+        embed_dims=[base_dim * 2**i for i in range(4)], depths=list(_DEPTHS), mlp_ratios=[mlp_ratio] * 4)
+
+
+#: The one architecture table (release ``vminet_{Ti,XS,S,B}``: base_dim, mlp_ratio; paper Table 1: C, k).
+ARCH_ZOO: Dict[str, dict] = {
+    **dict.fromkeys(['ti', 'tiny'], _size(24, 2)),
+    **dict.fromkeys(['xs', 'xsmall'], _size(48, 2)),
+    **dict.fromkeys(['s', 'small'], _size(48, 4)),
+    **dict.fromkeys(['b', 'base'], _size(96, 2)),
+}
+
+REQUIRED_KEYS = ('embed_dims', 'depths', 'mlp_ratios')
+OPTIONAL_KEYS = ('stem_channels', 'kernel_size')
+DEFAULTS = dict(stem_channels=32, kernel_size=7)
+OUT_NORMS = ('LN', 'BN')
+
+
+def resolve_arch(arch: Union[str, dict]) -> dict:
+    """A named arch ('ti'/'tiny', 'xs'/'xsmall', 's'/'small', 'b'/'base', any case) or a custom dict -> a
+    full, checked settings dict (a copy). Raises ``ValueError``/``TypeError`` naming the valid choices."""
+    if isinstance(arch, str):
+        key = arch.lower()
+        if key not in ARCH_ZOO:
+            raise ValueError(f'arch={arch!r} is not a known VMINet arch; choose one of '
+                             f'{", ".join(sorted(ARCH_ZOO))} or pass a dict with keys {", ".join(REQUIRED_KEYS)} '
+                             f'(optional: {", ".join(OPTIONAL_KEYS)})')
+        arch = ARCH_ZOO[key]
+    elif not isinstance(arch, dict):
+        raise TypeError(f'arch must be a str ({", ".join(sorted(ARCH_ZOO))}) or a dict; got {type(arch).__name__}')
+    unknown = sorted(set(arch) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
+    missing = [k for k in REQUIRED_KEYS if k not in arch]
+    if unknown or missing:
+        raise ValueError(f'custom VMINet arch dict: unknown keys {unknown}, missing keys {missing}; valid keys are '
+                         f'{", ".join(REQUIRED_KEYS)} (required) and {", ".join(OPTIONAL_KEYS)} (optional)')
+    arch = {**DEFAULTS, **copy.deepcopy(dict(arch))}
+    num_stages = len(arch['depths'])
+    for key in REQUIRED_KEYS:
+        arch[key] = list(arch[key])
+        if len(arch[key]) != num_stages:
+            raise ValueError(f'custom VMINet arch dict: every per-stage list needs {num_stages} entries '
+                             f'(len(depths)); {key} has {len(arch[key])}')
+    if num_stages < 1 or min(arch['depths']) < 0:
+        raise ValueError(f'custom VMINet arch dict: depths must be non-negative, one per stage; got {arch["depths"]}')
+    if arch['kernel_size'] % 2 == 0:
+        raise ValueError(f'custom VMINet arch dict: kernel_size must be odd; got {arch["kernel_size"]}')
+    return arch
+
+
+class ChannelLayerNorm(nn.LayerNorm):
+    """LayerNorm over the channels of an NCHW map."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2).contiguous()
+
+
+@register_model
+class VMINet(BaseModule):
+    """VMINet (Vision Mamba Inspired Separable Self-Attention network), for classification and dense prediction.
+
+    Args:
+        arch: 'ti' | 'xs' | 's' | 'b' (or 'tiny' | 'xsmall' | 'small' | 'base'), or a dict with keys
+            embed_dims, depths, mlp_ratios (per stage) and optionally stem_channels (32), kernel_size (7).
+        in_channels: image channels.
+        img_size: the (pre)training image size; fixes the size of the context weight tables (224 -> 56, 28,
+            14, 7 tokens). Other input sizes resize the tables (see the module docstring).
+        context_mask: 'tril' (paper Eq. 10, default) or 'none'.
+        proj_norm: BatchNorm after each block's output projection (release revision 6b11d4a; default True).
+        drop_path_rate: stochastic depth, linear from 0 to this over all blocks.
+        out_indices: stages whose outputs are returned (negative counts from the end).
+        out_norm: per-output norm ``outnorm{i}``: 'LN' (channel LayerNorm, eps 1e-6; also ``True``), 'BN'
+            (BatchNorm2d: the release classifier's norm), or None / False.
+        frozen_stages: -1 none; 0 the stem; k >= 1 the stem and stages 0..k-1 (with their outnorm). Frozen
+            parts stay in eval mode with ``requires_grad=False``, also after ``train()``.
+        norm_eval: keep every BatchNorm in eval mode during training (frozen statistics).
+        with_cp: gradient checkpointing per block (``use_reentrant=False``). BatchNorm statistics inside a
+            checkpointed block are updated again on recomputation, as in mmcv's ResNet ``with_cp``.
+        init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
+            Without one the release init applies at construction (Linear-style context weights trunc_normal
+            .02, BatchNorm 1 / 0, ``stack`` 1, convs PyTorch default).
+
+    Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
+    """
+    arch_zoo = ARCH_ZOO
+
+    def __init__(self,
+                 arch: Union[str, dict] = 'xs',
+                 in_channels: int = 3,
+                 img_size: Union[int, Sequence[int]] = 224,
+                 context_mask: str = 'tril',
+                 proj_norm: bool = True,
+                 drop_path_rate: float = 0.0,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 out_norm: Union[str, bool, None] = 'LN',
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if context_mask not in CONTEXT_MASKS:
+            raise ValueError(f'context_mask={context_mask!r} is not supported; choose one of '
+                             f'{", ".join(map(repr, CONTEXT_MASKS))}')
+        if not isinstance(in_channels, int) or in_channels < 1:
+            raise ValueError(f'in_channels must be a positive int (3 for RGB); got {in_channels!r}')
+        self.out_norm = self._check_out_norm(out_norm)
+        self.arch_settings = resolve_arch(arch)
+        s = self.arch_settings
+        self.embed_dims: List[int] = s['embed_dims']
+        self.depths: List[int] = s['depths']
+        self.num_stages = len(self.depths)
+        self.num_layers = sum(self.depths) + 2  # stem, blocks, everything after the last block
+        self.in_channels, self.context_mask, self.proj_norm = in_channels, context_mask, proj_norm
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.out_indices = self._check_out_indices(out_indices)
+        self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
+        if not -1 <= frozen_stages <= self.num_stages:
+            raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}]; got {frozen_stages}')
+
+        stem_channels = s['stem_channels']
+        self.stem = nn.Sequential(ConvBN(in_channels, stem_channels, 3, stride=2), nn.ReLU6())
+        dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
+        sizes = stage_sizes(self.img_size, self.num_stages)
+        self.stages = nn.ModuleList()
+        for i in range(self.num_stages):
+            first = sum(self.depths[:i])
+            self.stages.append(
+                VMIStage(
+                    in_channels=self.embed_dims[i - 1] if i else stem_channels,
+                    dim=self.embed_dims[i],
+                    depth=self.depths[i],
+                    mlp_ratio=s['mlp_ratios'][i],
+                    base_size=sizes[i],
+                    context_mask=context_mask,
+                    proj_norm=proj_norm,
+                    kernel_size=s['kernel_size'],
+                    drop_paths=dpr[first:first + self.depths[i]],
+                    with_cp=with_cp))
+        if self.out_norm is not None:
+            for i in self.out_indices:
+                norm = (nn.BatchNorm2d(self.embed_dims[i]) if self.out_norm == 'BN' else ChannelLayerNorm(
+                    self.embed_dims[i], eps=1e-6))
+                self.add_module(f'outnorm{i}', norm)
+        self._freeze_stages()
+
+    @staticmethod
+    def _check_out_norm(out_norm: Union[str, bool, None]) -> Optional[str]:
+        if out_norm is True:
+            return 'LN'
+        if out_norm is None or out_norm is False:
+            return None
+        if isinstance(out_norm, str) and out_norm.upper() in OUT_NORMS:
+            return out_norm.upper()
+        raise ValueError(f'out_norm={out_norm!r}; choose one of {", ".join(map(repr, OUT_NORMS))}, True (= \'LN\') '
+                         f'or None / False')
+
+    def _check_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+        if isinstance(out_indices, int):
+            out_indices = (out_indices, )
+        result = []
+        for i in out_indices:
+            j = i + self.num_stages if i < 0 else i
+            if not 0 <= j < self.num_stages:
+                raise ValueError(f'out_indices entry {i} is out of range for {self.num_stages} stages; use '
+                                 f'0..{self.num_stages - 1} (or negative indices from the end)')
+            result.append(j)
+        return tuple(sorted(set(result)))
+
+    def init_weights(self) -> None:
+        """Apply ``init_cfg`` (e.g. Pretrained with a prefix); without one, keep the release init."""
+        if self.init_cfg is None:
+            return
+        super().init_weights()
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages < 0:
+            return
+        frozen = [self.stem]
+        for i in range(self.frozen_stages):
+            frozen.append(self.stages[i])
+            if i in self.out_indices and self.out_norm is not None:
+                frozen.append(getattr(self, f'outnorm{i}'))
+        for m in frozen:
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True) -> 'VMINet':
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{type(self).__name__} expects images (B, {self.in_channels}, H, W); got '
+                             f'{tuple(x.shape)}. Set the backbone\'s in_channels to your data\'s channel count.')
+        x = self.stem(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            x = stage(x)
+            if i in self.out_indices:
+                out = getattr(self, f'outnorm{i}')(x) if self.out_norm is not None else x
+                outs.append(out)
+        return tuple(outs)
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """Layer id of a parameter for layer-wise lr decay: (layer_id, num_layers).
+
+        Stem 0; block b of stage s (``stages.s.{b+1}``): 1 + sum(depths[:s]) + b; a stage's downsample
+        (``stages.s.0``) goes with its first block; outnorms and anything outside the backbone (no ``prefix``)
+        num_layers - 1.
+        """
+        num_layers = self.num_layers
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        parts = param_name[len(prefix):].split('.')
+        if parts[0] == 'stem':
+            return 0, num_layers
+        if parts[0] == 'stages' and len(parts) > 2:
+            stage, index = int(parts[1]), int(parts[2])
+            first = 1 + sum(self.depths[:stage])
+            return first + max(index - 1, 0), num_layers
+        return num_layers - 1, num_layers

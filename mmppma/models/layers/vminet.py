@@ -1,0 +1,180 @@
+"""VMINet's pieces (Vision Mamba Inspired Separable Self-Attention), on NCHW feature maps.
+
+Attribute names (``conv``/``bn`` inside :class:`ConvBN`, ``dwconv``, ``f1``, ``f2``, ``sum``, ``g``,
+``stack``; a stage is ``[downsample, block, block, ...]``) follow the release's module layout
+(github.com/yws-wxs/VMINet, ``vminet.py``), so its state dicts map onto ours with identity keys inside the
+stages.
+"""
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+
+from .block import DropPath
+
+#: Context-vector masks: 'none' (plain per-token weighted sum) or 'tril' (the release's lower-triangular
+#: mask on the (tokens x channels) matrix: channel c sums only over raster tokens n >= c).
+CONTEXT_MASKS = ('none', 'tril')
+
+
+class ConvBN(nn.Sequential):
+    """``conv`` (k x k, stride, padding k // 2, groups, with bias) optionally followed by ``bn``
+    (BatchNorm2d, weight 1 / bias 0). (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))."""
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: int,
+                 kernel_size: int = 1,
+                 stride: int = 1,
+                 groups: int = 1,
+                 with_bn: bool = True) -> None:
+        super().__init__()
+        self.add_module('conv', nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
+                                          groups=groups))
+        if with_bn:
+            self.add_module('bn', nn.BatchNorm2d(out_channels))
+
+
+class TokenWeights(nn.Module):
+    """The learned per-token weights of the context vector, a table for one feature size (``base_size``).
+
+    ``weight``: (1, S_h * S_w), the release's ``nn.Linear(S*S, 1, bias=False)`` weight (same key).
+
+    The release fixes the table to the 224 x 224 token grid. At another (h, w) the table is resized
+    bilinearly to (h, w) and scaled by ``S_h * S_w / (h * w)``, so that the weights' total (and the context
+    vector's magnitude) stays what training saw: the sum over tokens becomes a resolution-independent
+    weighted average times the trained token count. At the trained size it is the table itself.
+    """
+
+    def __init__(self, base_size: Sequence[int]) -> None:
+        super().__init__()
+        self.base_size = (int(base_size[0]), int(base_size[1]))
+        self.weight = nn.Parameter(torch.empty(1, self.base_size[0] * self.base_size[1]))
+        nn.init.trunc_normal_(self.weight, std=0.02)
+
+    def resized(self, h: int, w: int) -> torch.Tensor:
+        """(h * w, 1) column of token weights for an (h, w) map, raster order."""
+        if (h, w) == self.base_size:
+            return self.weight.t()
+        table = self.weight.view(1, 1, *self.base_size)
+        table = F.interpolate(table, size=(h, w), mode='bilinear', align_corners=False)
+        scale = self.base_size[0] * self.base_size[1] / (h * w)
+        return (table * scale).reshape(h * w, 1)
+
+    def extra_repr(self) -> str:
+        return f'base_size={self.base_size}'
+
+
+class VMISABlock(nn.Module):
+    """One VMI-SA block (paper Fig. 1 / Eq. 10, release ``Block``), residual, NCHW in and out.
+
+    ``y = relu6(f1(u)) * f2(u)`` with ``u = BN(dwconv7x7(x))`` and f1, f2 1x1 convs C -> r C;
+    context vector ``s = sum_n w_n mask(y)_n`` (B, rC, 1, 1), learned token weights w (:class:`TokenWeights`);
+    ``x + drop_path(BN(g(relu6(stack_0 s + stack_1 y))))`` with g a 1x1 conv rC -> C.
+
+    Args:
+        dim: channels C.
+        mlp_ratio: expansion r of the two branches.
+        base_size: the token grid the weight table is trained at (stage size at 224 x 224).
+        context_mask: 'none' or 'tril' (see :data:`CONTEXT_MASKS`).
+        proj_norm: BatchNorm after ``g`` (release revision 6b11d4a: yes; 7c2632c: no).
+        kernel_size: depthwise kernel (7).
+        drop_path: stochastic depth probability of the residual branch.
+    """
+
+    def __init__(self,
+                 dim: int,
+                 mlp_ratio: int,
+                 base_size: Sequence[int],
+                 context_mask: str = 'tril',
+                 proj_norm: bool = True,
+                 kernel_size: int = 7,
+                 drop_path: float = 0.0) -> None:
+        super().__init__()
+        if context_mask not in CONTEXT_MASKS:
+            raise ValueError(f'context_mask={context_mask!r}; choose one of {", ".join(map(repr, CONTEXT_MASKS))}')
+        hidden = int(mlp_ratio * dim)
+        self.context_mask = context_mask
+        self.dwconv = ConvBN(dim, dim, kernel_size, groups=dim, with_bn=True)
+        self.f1 = ConvBN(dim, hidden, 1, with_bn=False)
+        self.f2 = ConvBN(dim, hidden, 1, with_bn=False)
+        self.sum = TokenWeights(base_size)
+        self.g = ConvBN(hidden, dim, 1, with_bn=proj_norm)
+        self.stack = nn.Parameter(torch.ones(2))
+        self.act = nn.ReLU6()
+        self.drop_path = DropPath(drop_path)
+
+    def context(self, y: torch.Tensor) -> torch.Tensor:
+        """y: (B, C, H, W) -> context vector (B, C, 1, 1)."""
+        b, c, h, w = y.shape
+        tokens = y.reshape(b, c, h * w)
+        if self.context_mask == 'tril':
+            # release: tril of the (N, C) matrix keeps (n, c) with c <= n, i.e. triu of our (C, N) view
+            tokens = tokens.triu()
+        weights = self.sum.resized(h, w).to(tokens.dtype)
+        return torch.matmul(tokens, weights).unsqueeze(-1)  # (B, C, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = self.dwconv(x)
+        y = self.act(self.f1(u)) * self.f2(u)
+        mixed = self.stack[0] * self.context(y) + self.stack[1] * y  # the context broadcasts over H, W
+        return x + self.drop_path(self.g(self.act(mixed)))
+
+
+class VMIStage(nn.Sequential):
+    """``[0]`` the stride-2 3x3 ConvBN downsample (no activation), ``[1:]`` the VMI-SA blocks.
+
+    forward: (B, C_in, H, W) -> (B, C, ceil(H/2), ceil(W/2)); with ``with_cp`` each block runs under
+    ``torch.utils.checkpoint`` (non-reentrant) while grad mode is on.
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 dim: int,
+                 depth: int,
+                 mlp_ratio: int,
+                 base_size: Sequence[int],
+                 context_mask: str = 'tril',
+                 proj_norm: bool = True,
+                 kernel_size: int = 7,
+                 drop_paths: Optional[Sequence[float]] = None,
+                 with_cp: bool = False) -> None:
+        drop_paths = list(drop_paths) if drop_paths is not None else [0.0] * depth
+        blocks = [
+            VMISABlock(dim, mlp_ratio, base_size, context_mask, proj_norm, kernel_size, drop_paths[i])
+            for i in range(depth)
+        ]
+        super().__init__(ConvBN(in_channels, dim, 3, stride=2), *blocks)
+        self.with_cp = with_cp
+
+    @property
+    def downsample(self) -> ConvBN:
+        return self[0]
+
+    @property
+    def blocks(self) -> Sequence[VMISABlock]:
+        return list(self)[1:]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self[0](x)
+        for block in list(self)[1:]:
+            if self.with_cp and torch.is_grad_enabled():
+                x = cp.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x
+
+
+def stage_sizes(img_size: Sequence[int], num_stages: int) -> list:
+    """Token grid of each stage for an (H, W) image: stem and downsamples are 3x3 stride-2 convs
+    (224 -> 56, 28, 14, 7)."""
+    h, w = img_size
+    sizes = []
+    h, w = math.ceil(h / 2), math.ceil(w / 2)  # stem
+    for _ in range(num_stages):
+        h, w = math.ceil(h / 2), math.ceil(w / 2)
+        sizes.append((h, w))
+    return sizes
