@@ -39,28 +39,44 @@ def _flatten(t: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 # whole attention, torch path
 # --------------------------------------------------------------------------------------------------
-def _add_block_bias_(x: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, path: str, r0: int,
-                     r1: int) -> torch.Tensor:
-    """Add the log-mask for query image rows [r0, r1) to scores ``x`` (B, heads, (r1-r0)*W, N), in place.
+def _with_block_bias(s: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, path: str, r0: int, r1: int,
+                     inplace: bool) -> torch.Tensor:
+    """Scores ``s`` (B, heads, (r1-r0)*W, N) of query image rows [r0, r1) plus their log-mask: in place, or
+    into a fresh tensor (one pass either way: the first add reads s and writes the result).
 
     sa: (B|1, heads, H, W, W) row segment sums [i, j, l]; sb: (B|1, heads, W, H, H) column ones [l, i, k].
-    The bias is broadcast from the tables straight into x: no block-sized temporary.
+    The bias is broadcast from the tables straight into the result: no block-sized temporary.
     """
-    b, heads = x.shape[:2]
+    b, heads = s.shape[:2]
     w, h = sa.shape[-1], sb.shape[-1]
-    x6 = x.view(b, heads, r1 - r0, w, h, w)  # [i, j, k, l]
+    s6 = s.view(b, heads, r1 - r0, w, h, w)  # [i, j, k, l]
     if path == 'v2h':  # M[i, j, k, l] = Sa[i, j, l] + Sb[l, i, k]
-        x6 += sa[:, :, r0:r1].unsqueeze(-2)
-        x6 += sb[:, :, :, r0:r1].permute(0, 1, 3, 4, 2).unsqueeze(3)
+        first, second = sa[:, :, r0:r1].unsqueeze(-2), sb[:, :, :, r0:r1].permute(0, 1, 3, 4, 2).unsqueeze(3)
     else:  # M^T[i, j, k, l] = Sa[k, l, j] + Sb[j, k, i]
-        x6 += sa.permute(0, 1, 4, 2, 3).unsqueeze(2)
-        x6 += sb[..., r0:r1].permute(0, 1, 4, 2, 3).unsqueeze(-1)
-    return x
+        first, second = sa.permute(0, 1, 4, 2, 3).unsqueeze(2), sb[..., r0:r1].permute(0, 1, 4, 2, 3).unsqueeze(-1)
+    x6 = s6.add_(first) if inplace else torch.add(s6, first)
+    x6 += second
+    return x6.view(s.shape)
+
+
+def _softmax_(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim, in place where the kernel allows it (CPU: row by row, same index)."""
+    if x.device.type == 'cpu':
+        return torch.ops.aten._softmax.out(x, -1, False, out=x)
+    return x.softmax(-1)
+
+
+def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """``probs * (grad - rowsum(probs * grad))`` (the softmax backward), into ``probs``'s storage on CPU."""
+    if probs.device.type == 'cpu':
+        return torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=probs)
+    return torch._softmax_backward_data(grad, probs, -1, probs.dtype)
 
 
 def _reduce_block_bias_grad(dm: torch.Tensor, path: str, r0: int, r1: int, dsa: torch.Tensor,
                             dsb: torch.Tensor, scale: float) -> None:
-    """Adjoint of :func:`_add_block_bias_`: add ``scale`` * d(bias block) into the table gradients."""
+    """Adjoint of the bias in :func:`_with_block_bias`: add ``scale`` * d(bias block) into the table
+    gradients."""
     b, heads = dm.shape[:2]
     w, h = dsa.shape[-1], dsb.shape[-1]
     dm = dm.view(b, heads, r1 - r0, w, h, w)  # [i, j, k, l]
@@ -72,27 +88,34 @@ def _reduce_block_bias_grad(dm: torch.Tensor, path: str, r0: int, r1: int, dsa: 
         dsb[..., r0:r1].add_(dm.sum(5).permute(0, 1, 3, 4, 2), alpha=scale)  # [i, j, k] -> [j, k, i]
 
 
-def _scaled(t: torch.Tensor, weight: float) -> torch.Tensor:
-    return t if weight == 1.0 else t.mul_(weight)
-
-
 def _rows_per_block(b: int, heads: int, h: int, w: int) -> int:
     return max(1, min(h, BLOCK_ELEMENTS // max(1, b * heads * w * h * w)))
 
 
-class _MaskedSoftmaxAttention(torch.autograd.Function):
-    """sum_p weight_p * softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'}, blockwise over query rows.
+def _common_weight(paths: Tuple[Tuple[str, float], ...]) -> float:
+    """The paths' weights are all equal in every form (0.5, 0.5 or a single 1.0): block sums are then taken
+    unweighted and the weight is applied to the (N, d) products, saving a pass over each block."""
+    weights = {weight for _, weight in paths}
+    if len(weights) != 1:
+        raise ValueError(f'paths must share one weight; got {paths}')
+    return weights.pop()
 
-    q is pre-scaled. Saves only q, k, v, the tables and one log-sum-exp per path and query; each block's
-    scores are recomputed in the backward. Block-sized tensors are updated in place.
+
+class _MaskedSoftmaxAttention(torch.autograd.Function):
+    """c * sum_p softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'} (one weight c), blockwise over query
+    rows.
+
+    q is pre-scaled. Saves only q, k, v and the tables; each block's probabilities are recomputed in the
+    backward (one fused softmax per path costs no more than re-reading a saved log-sum-exp). Block-sized
+    tensors are updated in place; the last path reuses the score block itself.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]):
         b, heads, n, _ = q.shape
         h, w = sb.shape[-1], sa.shape[-1]
+        weight = _common_weight(paths)
         out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
-        lses = torch.empty(len(paths), b, heads, n, dtype=q.dtype, device=q.device)
         step = _rows_per_block(b, heads, h, w)
         kt = k.transpose(-1, -2)
         for r0 in range(0, h, step):
@@ -100,26 +123,27 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
             rows = slice(r0 * w, r1 * w)
             s = q[:, :, rows] @ kt
             p_sum = None
-            for idx, (path, weight) in enumerate(paths):
-                x = _add_block_bias_(s if idx == len(paths) - 1 else s.clone(), sa, sb, path, r0, r1)
-                lse = x.logsumexp(-1, keepdim=True)
-                lses[idx, :, :, rows] = lse.squeeze(-1)
-                p = x.sub_(lse).exp_()
-                p_sum = _scaled(p, weight) if p_sum is None else p_sum.add_(p, alpha=weight)
-                del x, p
+            for idx, (path, _) in enumerate(paths):
+                p = _softmax_(_with_block_bias(s, sa, sb, path, r0, r1, inplace=idx == len(paths) - 1))
+                p_sum = p if p_sum is None else p_sum.add_(p)
+                del p
             out[:, :, rows] = p_sum @ v
-        ctx.save_for_backward(q, k, v, sa, sb, lses)
+            del s, p_sum
+        if weight != 1.0:
+            out.mul_(weight)
+        ctx.save_for_backward(q, k, v, sa, sb)
         ctx.paths = paths
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, sa, sb, lses = ctx.saved_tensors
+        q, k, v, sa, sb = ctx.saved_tensors
         paths = ctx.paths
+        weight = _common_weight(paths)
         b, heads, n, _ = q.shape
         h, w = sb.shape[-1], sa.shape[-1]
         need_tables = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
-        dq = torch.zeros_like(q)
+        dq = torch.empty_like(q)
         dk = torch.zeros_like(k)
         dv = torch.zeros_like(v)
         dsa = torch.zeros(b, *sa.shape[1:], dtype=sa.dtype, device=sa.device) if need_tables else None
@@ -132,22 +156,22 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
             rows = slice(r0 * w, r1 * w)
             qb, db = q[:, :, rows], dout[:, :, rows]
             s = qb @ kt
-            dprobs = db @ vt  # d(loss) / d(probabilities), before the path weights
-            p_sum = ds_sum = None  # weighted sums over the paths: one product each with v, k, q
-            for idx, (path, weight) in enumerate(paths):
-                p = _add_block_bias_(s if idx == len(paths) - 1 else s.clone(), sa, sb, path, r0, r1)
-                p.sub_(lses[idx, :, :, rows].unsqueeze(-1)).exp_()
-                # softmax backward, unweighted: ds = p * (dprobs - rowsum(p * dprobs))
-                ds = p * dprobs
-                ds.addcmul_(p, ds.sum(-1, keepdim=True), value=-1.0)
+            dprobs = db @ vt  # d(loss) / d(probabilities), before the weight
+            ds_sum = None  # unweighted sum over the paths of the score gradients
+            for idx, (path, _) in enumerate(paths):
+                p = _softmax_(_with_block_bias(s, sa, sb, path, r0, r1, inplace=idx == len(paths) - 1))
+                dv += p.transpose(-1, -2) @ db
+                ds = _softmax_backward_(dprobs, p)  # p's storage on CPU
                 if need_tables:
                     _reduce_block_bias_grad(ds, path, r0, r1, dsa, dsb, weight)
-                p_sum = _scaled(p, weight) if p_sum is None else p_sum.add_(p, alpha=weight)
-                ds_sum = _scaled(ds, weight) if ds_sum is None else ds_sum.add_(ds, alpha=weight)
+                ds_sum = ds if ds_sum is None else ds_sum.add_(ds)
                 del p, ds
-            dv += p_sum.transpose(-1, -2) @ db
-            dq[:, :, rows] += ds_sum @ k
+            dq[:, :, rows] = ds_sum @ k
             dk += ds_sum.transpose(-1, -2) @ qb
+            del s, dprobs, ds_sum
+        if weight != 1.0:
+            for t in (dq, dk, dv):
+                t.mul_(weight)
         if need_tables:
             # the tables may have been broadcast over the batch (shared decays)
             if sa.shape[0] != b:
