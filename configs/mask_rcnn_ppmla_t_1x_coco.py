@@ -1,0 +1,13 @@
+# Mask R-CNN 1x on COCO with MLLA-T whose linear attention is masked by the polyline path mask (PPMLA,
+# O(N); attn='ppmla'), otherwise the MLLA-T recipe (./mask_rcnn_mlla_t_1x_coco.py). The learned decays'
+# A_log / dt_bias get no weight decay (the detection base's custom_keys).
+_base_ = './mask_rcnn_mlla_t_1x_coco.py'
+
+# ImageNet-1K weights of a PPMLA-T classifier (configs/mlla_t_8xb128_in1k.py with
+# model.backbone.attn='ppmla'). None trains from scratch.
+pretrained = 'checkpoints/ppmla_t_in1k.pth'
+
+model = dict(
+    backbone=dict(
+        attn='ppmla',
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.') if pretrained else None))
