@@ -121,7 +121,9 @@ class MLLAAttention(nn.Module):
 
     def _masked_linear_attention(self, q, k, v, q_rope, k_rope, la, lb) -> torch.Tensor:
         """PPMLA on (B, n, H, W, d): numerator and masked mass are two O(N) PPMDA calls (Theorem 3); the
-        numerator's feature maps are the RoPE'd ones, the mass's the un-rotated (non-negative) ones, as in MLLA."""
+        numerator's feature maps are the RoPE'd ones, the mass's the un-rotated (non-negative) ones, as in MLLA.
+        (``ppma_linear_attention(normalize=True)`` would take both from the same features: the RoPE'd ones can
+        be negative, so their masked mass can vanish.)"""
         num = ppma_decomposed_attention(q_rope, k_rope, v, la, lb, mask='2d', impl=self.impl)
         ones = v.new_ones(*v.shape[:-1], 1)
         mass = ppma_decomposed_attention(q, k, ones, la, lb, mask='2d', impl=self.impl)
