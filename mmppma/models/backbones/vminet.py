@@ -3,12 +3,17 @@ registered once for mmpretrain, mmdet and mmseg.
 
 Image (B, in_channels, H, W) -> stem (3x3 stride-2 ConvBN, 32 channels, ReLU6) -> four stages, each a 3x3
 stride-2 ConvBN downsample then VMI-SA blocks (:class:`~mmppma.models.layers.vminet.VMISABlock`) -> per
-``out_indices`` the stage output, normalized (``outnorm{i}``) when ``out_norm``, NCHW at strides 4..32.
+``out_indices`` the stage output, normalized (``outnorm{i}`` / ``norm{i}``) when ``out_norm``, NCHW at
+strides 4..32.
 
 From the release (github.com/yws-wxs/VMINet, ``vminet.py``): the stem, blocks, downsampling, widths
 ``base_dim * 2^i``, depths 2-2-18-2 for every size, expansion r and the classifier (BatchNorm2d over the last
 map, global average pool, Linear). Parameter counts with the 1000-class classifier (``out_norm='BN'`` on the
 last stage + Linear): Ti 2,036,938, XS 7,440,370, S 13,347,442, B 28,387,138 (release 2.04/7.44/13.35/28.39 M).
+
+Module names follow the release (``stem.0``, ``stages.{i}.0`` the downsample, ``stages.{i}.{j+1}`` block j), so
+a release classification state dict loads with identity keys, plus ``norm`` -> ``backbone.norm3`` and
+``head`` -> ``head.fc`` for mmpretrain's ImageClassifier (configs/vminet_*_in1k.py).
 
 Two release revisions differ in the block; both are selectable:
 
@@ -27,7 +32,7 @@ any size.
 
 Dense outputs (our choice; the release publishes no dense-prediction code): a per-output norm, 'LN' (channel
 LayerNorm, eps 1e-6, as mmdet/mmseg's ConvNeXt/Swin) by default or 'BN' (BatchNorm2d, the release's
-classification norm: ``outnorm3`` is the release's ``norm``).
+classification norm: ``norm3`` is the release's ``norm``).
 """
 import copy
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -117,9 +122,9 @@ class VMINet(BaseModule):
         proj_norm: BatchNorm after each block's output projection (release revision 6b11d4a; default True).
         drop_path_rate: stochastic depth, linear from 0 to this over all blocks.
         out_indices: stages whose outputs are returned (negative counts from the end).
-        out_norm: per-output norm ``outnorm{i}``: 'LN' (channel LayerNorm, eps 1e-6; also ``True``), 'BN'
-            (BatchNorm2d: the release classifier's norm), or None / False.
-        frozen_stages: -1 none; 0 the stem; k >= 1 the stem and stages 0..k-1 (with their outnorm). Frozen
+        out_norm: per-output norm: 'LN' (``outnorm{i}``, channel LayerNorm, eps 1e-6; also ``True``), 'BN'
+            (``norm{i}``, BatchNorm2d: the release classifier's norm), or None / False.
+        frozen_stages: -1 none; 0 the stem; k >= 1 the stem and stages 0..k-1 (with their output norms). Frozen
             parts stay in eval mode with ``requires_grad=False``, also after ``train()``.
         norm_eval: keep every BatchNorm in eval mode during training (frozen statistics).
         with_cp: gradient checkpointing per block (``use_reentrant=False``). BatchNorm statistics inside a
@@ -188,8 +193,13 @@ class VMINet(BaseModule):
             for i in self.out_indices:
                 norm = (nn.BatchNorm2d(self.embed_dims[i]) if self.out_norm == 'BN' else ChannelLayerNorm(
                     self.embed_dims[i], eps=1e-6))
-                self.add_module(f'outnorm{i}', norm)
+                self.add_module(self.out_norm_name(i), norm)
         self._freeze_stages()
+
+    def out_norm_name(self, i: int) -> str:
+        """``norm{i}`` (BatchNorm) or ``outnorm{i}`` (LayerNorm): different names for different layers, so a
+        classification checkpoint's ``norm3`` never loads into a dense backbone's LayerNorm."""
+        return f'norm{i}' if self.out_norm == 'BN' else f'outnorm{i}'
 
     @staticmethod
     def _check_out_norm(out_norm: Union[str, bool, None]) -> Optional[str]:
@@ -227,7 +237,7 @@ class VMINet(BaseModule):
         for i in range(self.frozen_stages):
             frozen.append(self.stages[i])
             if i in self.out_indices and self.out_norm is not None:
-                frozen.append(getattr(self, f'outnorm{i}'))
+                frozen.append(getattr(self, self.out_norm_name(i)))
         for m in frozen:
             m.eval()
             for p in m.parameters():
@@ -252,7 +262,7 @@ class VMINet(BaseModule):
         for i, stage in enumerate(self.stages):
             x = stage(x)
             if i in self.out_indices:
-                out = getattr(self, f'outnorm{i}')(x) if self.out_norm is not None else x
+                out = getattr(self, self.out_norm_name(i))(x) if self.out_norm is not None else x
                 outs.append(out)
         return tuple(outs)
 
@@ -260,7 +270,7 @@ class VMINet(BaseModule):
         """Layer id of a parameter for layer-wise lr decay: (layer_id, num_layers).
 
         Stem 0; block b of stage s (``stages.s.{b+1}``): 1 + sum(depths[:s]) + b; a stage's downsample
-        (``stages.s.0``) goes with its first block; outnorms and anything outside the backbone (no ``prefix``)
+        (``stages.s.0``) goes with its first block; output norms and anything outside the backbone (no ``prefix``)
         num_layers - 1.
         """
         num_layers = self.num_layers

@@ -1,0 +1,4 @@
+# VMINet-XS on ImageNet-1K; the release's recipe in ./_base_/vminet_in1k_recipe.py.
+_base_ = ['./_base_/vminet_in1k_recipe.py']
+
+model = dict(backbone=dict(arch='xs'), head=dict(in_channels=384))
