@@ -39,24 +39,69 @@ def _flatten(t: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 # whole attention, torch path
 # --------------------------------------------------------------------------------------------------
-def _with_block_bias(s: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, path: str, r0: int, r1: int,
-                     inplace: bool) -> torch.Tensor:
-    """Scores ``s`` (B, heads, (r1-r0)*W, N) of query image rows [r0, r1) plus their log-mask: in place, or
-    into a fresh tensor (one pass either way: the first add reads s and writes the result).
+class _BlockTables:
+    """The O(N^1.5) segment-sum tables of the V2H mask, laid out so that each block's bias broadcasts with a
+    contiguous innermost dim, and the matching gradient accumulators.
 
     sa: (B|1, heads, H, W, W) row segment sums [i, j, l]; sb: (B|1, heads, W, H, H) column ones [l, i, k].
-    The bias is broadcast from the tables straight into the result: no block-sized temporary.
+    Scores of query image rows [r0, r1) are viewed as [i, j, k, l] (query (i, j), key (k, l)); then
+    M[i, j, k, l] = Sa[i, j, l] + Sb[l, i, k] ('v2h') and M^T[i, j, k, l] = Sa[k, l, j] + Sb[j, k, i] ('h2v').
     """
-    b, heads = s.shape[:2]
-    w, h = sa.shape[-1], sb.shape[-1]
-    s6 = s.view(b, heads, r1 - r0, w, h, w)  # [i, j, k, l]
-    if path == 'v2h':  # M[i, j, k, l] = Sa[i, j, l] + Sb[l, i, k]
-        first, second = sa[:, :, r0:r1].unsqueeze(-2), sb[:, :, :, r0:r1].permute(0, 1, 3, 4, 2).unsqueeze(3)
-    else:  # M^T[i, j, k, l] = Sa[k, l, j] + Sb[j, k, i]
-        first, second = sa.permute(0, 1, 4, 2, 3).unsqueeze(2), sb[..., r0:r1].permute(0, 1, 4, 2, 3).unsqueeze(-1)
-    x6 = s6.add_(first) if inplace else torch.add(s6, first)
-    x6 += second
-    return x6.view(s.shape)
+
+    def __init__(self, sa: torch.Tensor, sb: torch.Tensor, paths: Sequence[str]):
+        self.w, self.h = sa.shape[-1], sb.shape[-1]
+        self.paths = tuple(paths)
+        self.tables = {}
+        if 'v2h' in paths:  # [i, j, l] and [i, k, l]
+            self.tables['v2h'] = (sa, sb.permute(0, 1, 3, 4, 2).contiguous())
+        if 'h2v' in paths:  # [j, k, l] and [i, j, k]
+            self.tables['h2v'] = (sa.permute(0, 1, 4, 2, 3).contiguous(), sb.permute(0, 1, 4, 2, 3).contiguous())
+        self.grads = None
+
+    def with_bias(self, s: torch.Tensor, path: str, r0: int, r1: int, inplace: bool) -> torch.Tensor:
+        """Scores ``s`` (B, heads, (r1-r0)*W, N) plus the block's log-mask, in place or into a fresh tensor
+        (one pass either way: the first add reads s and writes the result). No bias-sized temporary."""
+        b, heads = s.shape[:2]
+        s6 = s.view(b, heads, r1 - r0, self.w, self.h, self.w)  # [i, j, k, l]
+        ta, tb = self.tables[path]
+        if path == 'v2h':
+            first, second = ta[:, :, r0:r1].unsqueeze(-2), tb[:, :, r0:r1].unsqueeze(3)
+        else:
+            first, second = ta.unsqueeze(2), tb[:, :, r0:r1].unsqueeze(-1)
+        x6 = s6.add_(first) if inplace else torch.add(s6, first)
+        x6 += second
+        return x6.view(s.shape)
+
+    def reduce_grad(self, ds: torch.Tensor, path: str, r0: int, r1: int) -> None:
+        """Adjoint of :meth:`with_bias`: add the bias gradient of the block into the tables' gradients."""
+        b, heads = ds.shape[:2]
+        if self.grads is None:
+            self.grads = {p: tuple(ds.new_zeros(b, *t.shape[1:]) for t in self.tables[p]) for p in self.paths}
+        ga, gb = self.grads[path]
+        ds6 = ds.view(b, heads, r1 - r0, self.w, self.h, self.w)  # [i, j, k, l]
+        if path == 'v2h':
+            ga[:, :, r0:r1] += ds6.sum(4)  # [i, j, l]
+            gb[:, :, r0:r1] += ds6.sum(3)  # [i, k, l]
+        else:
+            ga += ds6.sum(2)  # [j, k, l]
+            gb[:, :, r0:r1] += ds6.sum(5)  # [i, j, k]
+
+    def table_grads(self, shape_a: torch.Size, shape_b: torch.Size, scale: float):
+        """``scale`` * the gradients of sa and sb in their own layouts, summed over the batch where the
+        tables were broadcast over it."""
+        dsa = dsb = None
+        for path, (ga, gb) in self.grads.items():
+            if path == 'v2h':
+                ga, gb = ga, gb.permute(0, 1, 4, 2, 3)
+            else:
+                ga, gb = ga.permute(0, 1, 3, 4, 2), gb.permute(0, 1, 3, 4, 2)
+            dsa = ga if dsa is None else dsa + ga
+            dsb = gb if dsb is None else dsb + gb
+        if shape_a[0] != dsa.shape[0]:
+            dsa = dsa.sum(0, keepdim=True)
+        if shape_b[0] != dsb.shape[0]:
+            dsb = dsb.sum(0, keepdim=True)
+        return (dsa * scale).contiguous(), (dsb * scale).contiguous()
 
 
 def _softmax_(x: torch.Tensor) -> torch.Tensor:
@@ -71,21 +116,6 @@ def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     if probs.device.type == 'cpu':
         return torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=probs)
     return torch._softmax_backward_data(grad, probs, -1, probs.dtype)
-
-
-def _reduce_block_bias_grad(dm: torch.Tensor, path: str, r0: int, r1: int, dsa: torch.Tensor,
-                            dsb: torch.Tensor, scale: float) -> None:
-    """Adjoint of the bias in :func:`_with_block_bias`: add ``scale`` * d(bias block) into the table
-    gradients."""
-    b, heads = dm.shape[:2]
-    w, h = dsa.shape[-1], dsb.shape[-1]
-    dm = dm.view(b, heads, r1 - r0, w, h, w)  # [i, j, k, l]
-    if path == 'v2h':
-        dsa[:, :, r0:r1].add_(dm.sum(4), alpha=scale)  # -> [i, j, l]
-        dsb[:, :, :, r0:r1].add_(dm.sum(3).permute(0, 1, 4, 2, 3), alpha=scale)  # [i, k, l] -> [l, i, k]
-    else:
-        dsa.add_(dm.sum(2).permute(0, 1, 3, 4, 2), alpha=scale)  # [j, k, l] -> [k, l, j]
-        dsb[..., r0:r1].add_(dm.sum(5).permute(0, 1, 3, 4, 2), alpha=scale)  # [i, j, k] -> [j, k, i]
 
 
 def _rows_per_block(b: int, heads: int, h: int, w: int) -> int:
@@ -116,6 +146,7 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
         h, w = sb.shape[-1], sa.shape[-1]
         weight = _common_weight(paths)
         out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
+        tables = _BlockTables(sa, sb, [path for path, _ in paths])
         step = _rows_per_block(b, heads, h, w)
         kt = k.transpose(-1, -2)
         for r0 in range(0, h, step):
@@ -124,7 +155,7 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
             s = q[:, :, rows] @ kt
             p_sum = None
             for idx, (path, _) in enumerate(paths):
-                p = _softmax_(_with_block_bias(s, sa, sb, path, r0, r1, inplace=idx == len(paths) - 1))
+                p = _softmax_(tables.with_bias(s, path, r0, r1, inplace=idx == len(paths) - 1))
                 p_sum = p if p_sum is None else p_sum.add_(p)
                 del p
             out[:, :, rows] = p_sum @ v
@@ -146,8 +177,7 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
         dq = torch.empty_like(q)
         dk = torch.zeros_like(k)
         dv = torch.zeros_like(v)
-        dsa = torch.zeros(b, *sa.shape[1:], dtype=sa.dtype, device=sa.device) if need_tables else None
-        dsb = torch.zeros(b, *sb.shape[1:], dtype=sb.dtype, device=sb.device) if need_tables else None
+        tables = _BlockTables(sa, sb, [path for path, _ in paths])
         step = _rows_per_block(b, heads, h, w)
         kt = k.transpose(-1, -2)
         vt = v.transpose(-1, -2)
@@ -159,11 +189,11 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
             dprobs = db @ vt  # d(loss) / d(probabilities), before the weight
             ds_sum = None  # unweighted sum over the paths of the score gradients
             for idx, (path, _) in enumerate(paths):
-                p = _softmax_(_with_block_bias(s, sa, sb, path, r0, r1, inplace=idx == len(paths) - 1))
+                p = _softmax_(tables.with_bias(s, path, r0, r1, inplace=idx == len(paths) - 1))
                 dv += p.transpose(-1, -2) @ db
                 ds = _softmax_backward_(dprobs, p)  # p's storage on CPU
                 if need_tables:
-                    _reduce_block_bias_grad(ds, path, r0, r1, dsa, dsb, weight)
+                    tables.reduce_grad(ds, path, r0, r1)
                 ds_sum = ds if ds_sum is None else ds_sum.add_(ds)
                 del p, ds
             dq[:, :, rows] = ds_sum @ k
@@ -172,12 +202,9 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
         if weight != 1.0:
             for t in (dq, dk, dv):
                 t.mul_(weight)
+        dsa = dsb = None
         if need_tables:
-            # the tables may have been broadcast over the batch (shared decays)
-            if sa.shape[0] != b:
-                dsa = dsa.sum(0, keepdim=True)
-            if sb.shape[0] != b:
-                dsb = dsb.sum(0, keepdim=True)
+            dsa, dsb = tables.table_grads(sa.shape, sb.shape, weight)
         return dq, dk, dv, dsa, dsb, None
 
 
@@ -294,7 +321,7 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
 class _SegmentMaskedSoftmax(torch.autograd.Function):
     """``softmax(scores + seg(c))`` along the last dim, with ``seg(c)[t, s] = c[max] - c[min]``.
 
-    scores: (..., L, L) (consumed: a fresh matmul output); c: (..., L), a cumsum along the line. The bias
+    scores: (..., L, L) (consumed, on CPU overwritten: a fresh matmul output); c: (..., L), a cumsum along the line. The bias
     is added in place from the O(L) table and only the probabilities are saved; the backward reduces the
     bias gradient straight into ``c`` (``+sign * ds`` at the later index, ``-`` at the earlier one).
     """
@@ -302,16 +329,19 @@ class _SegmentMaskedSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, c):
         sign = _sign_table(c.shape[-1], c.dtype, c.device)
-        x = torch.addcmul(scores, c.unsqueeze(-1), sign)
-        x.addcmul_(c.unsqueeze(-2), sign, value=-1.0)
-        probs = x.softmax(-1)
+        if scores.device.type == 'cpu':  # all in place: the probabilities take the scores' storage
+            probs = _softmax_(scores.addcmul_(c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0))
+            ctx.mark_dirty(scores)
+        else:
+            probs = torch.addcmul(scores, c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0)
+            probs = probs.softmax(-1)
         ctx.save_for_backward(probs, c)
         return probs
 
     @staticmethod
     def backward(ctx, grad):
         probs, c = ctx.saved_tensors
-        ds = torch._softmax_backward_data(grad, probs, -1, probs.dtype)
+        ds = torch._softmax_backward_data(grad, probs, -1, probs.dtype)  # probs may be needed again
         dc = None
         if ctx.needs_input_grad[1]:
             signed = ds * _sign_table(c.shape[-1], c.dtype, c.device)

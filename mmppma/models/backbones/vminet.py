@@ -10,6 +10,9 @@ From the release (github.com/yws-wxs/VMINet, ``vminet.py``): the stem, blocks, d
 ``base_dim * 2^i``, depths 2-2-18-2 for every size, expansion r and the classifier (BatchNorm2d over the last
 map, global average pool, Linear). Parameter counts with the 1000-class classifier (``out_norm='BN'`` on the
 last stage + Linear): Ti 2,036,938, XS 7,440,370, S 13,347,442, B 28,387,138 (release 2.04/7.44/13.35/28.39 M).
+FLOPs at 224 x 224 (:func:`mmppma.models.utils.count_flops`, mmengine's counter, multiply-add = 1): Ti 0.350,
+XS 1.258, S 2.301, B 4.781 G; the paper says 0.3 / 1.4 / 2.3 / 4.8. S and B agree; XS's 1.4 does not follow
+from the release's XS (XS and S differ only in r, and S agrees), and Ti's 0.3 only by rounding down.
 
 Module names follow the release (``stem.0``, ``stages.{i}.0`` the downsample, ``stages.{i}.{j+1}`` block j), so
 a release classification state dict loads with identity keys, plus ``norm`` -> ``backbone.norm3`` and
