@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Mask R-CNN with a PPMA-T backbone, trained from scratch on CPU on the tiny COCO-style shapes set, then
+# The main job (README). Sets up .venv/ (tools/setup_env.sh: fast once done; skipped when $PYTHON is given),
+# then: Mask R-CNN with a PPMA-T backbone, trained from scratch on CPU on the tiny COCO-style shapes set, then
 # evaluated with mmdet's CocoMetric; prints bbox and segm mAP. About 10 minutes on 2 idle cores (docs/tiny_runs.md).
 #
 #   bash tools/tiny_coco_demo.sh [--iters N] [--work-dir DIR] [--data DIR] [--config CONFIG]
@@ -19,12 +20,15 @@ while [[ $# -gt 0 ]]; do
         --work-dir) WORK_DIR="$2"; shift 2 ;;
         --data) DATA="$2"; shift 2 ;;
         --config) CONFIG="$2"; shift 2 ;;
-        -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
         *) echo "tiny_coco_demo.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac
 done
 if ! [[ "$ITERS" =~ ^[1-9][0-9]*$ ]]; then
     echo "tiny_coco_demo.sh: --iters needs a positive integer, got '$ITERS'" >&2; exit 2
+fi
+if [[ -z "${PYTHON:-}" ]]; then
+    bash "$ROOT/tools/setup_env.sh"
 fi
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
 if [[ ! -x "$PYTHON" ]]; then
