@@ -58,19 +58,19 @@ class _BlockTables:
             self.tables['h2v'] = (sa.permute(0, 1, 4, 2, 3).contiguous(), sb.permute(0, 1, 4, 2, 3).contiguous())
         self.grads = None
 
-    def with_bias(self, s: torch.Tensor, path: str, r0: int, r1: int, inplace: bool) -> torch.Tensor:
-        """Scores ``s`` (B, heads, (r1-r0)*W, N) plus the block's log-mask, in place or into a fresh tensor
-        (one pass either way: the first add reads s and writes the result). No bias-sized temporary."""
+    def with_bias(self, s: torch.Tensor, path: str, r0: int, r1: int, out: torch.Tensor) -> torch.Tensor:
+        """Scores ``s`` (B, heads, (r1-r0)*W, N) plus the block's log-mask, written to ``out`` (which may be
+        ``s``): one pass, no bias-sized temporary."""
         b, heads = s.shape[:2]
-        s6 = s.view(b, heads, r1 - r0, self.w, self.h, self.w)  # [i, j, k, l]
+        shape6 = (b, heads, r1 - r0, self.w, self.h, self.w)  # [i, j, k, l]
         ta, tb = self.tables[path]
         if path == 'v2h':
             first, second = ta[:, :, r0:r1].unsqueeze(-2), tb[:, :, r0:r1].unsqueeze(3)
         else:
             first, second = ta.unsqueeze(2), tb[:, :, r0:r1].unsqueeze(-1)
-        x6 = s6.add_(first) if inplace else torch.add(s6, first)
+        x6 = torch.add(s.view(shape6), first, out=out.view(shape6))
         x6 += second
-        return x6.view(s.shape)
+        return out
 
     def reduce_grad(self, ds: torch.Tensor, path: str, r0: int, r1: int) -> None:
         """Adjoint of :meth:`with_bias`: add the bias gradient of the block into the tables' gradients."""
@@ -131,13 +131,34 @@ def _common_weight(paths: Tuple[Tuple[str, float], ...]) -> float:
     return weights.pop()
 
 
+class _BlockBuffers:
+    """Block-sized work tensors allocated once per call and reused by every block (fresh multi-MB tensors
+    per block cost page faults that are dearer than the arithmetic on them); the last, shorter block
+    takes a contiguous leading part of each."""
+
+    def __init__(self, like: torch.Tensor, count: int, numel: int):
+        self.flat = [like.new_empty(numel) for _ in range(count)]
+
+    def get(self, *shape: int) -> List[torch.Tensor]:
+        numel = math.prod(shape)
+        return [f[:numel].view(shape) for f in self.flat]
+
+
+def _blocks(b: int, heads: int, h: int, w: int):
+    """(r0, r1, rows): query image rows [r0, r1) per block and their token slice."""
+    step = _rows_per_block(b, heads, h, w)
+    for r0 in range(0, h, step):
+        r1 = min(h, r0 + step)
+        yield r0, r1, slice(r0 * w, r1 * w)
+
+
 class _MaskedSoftmaxAttention(torch.autograd.Function):
     """c * sum_p softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'} (one weight c), blockwise over query
     rows.
 
     q is pre-scaled. Saves only q, k, v and the tables; each block's probabilities are recomputed in the
-    backward (one fused softmax per path costs no more than re-reading a saved log-sum-exp). Block-sized
-    tensors are updated in place; the last path reuses the score block itself.
+    backward (one fused softmax per path costs no more than re-reading a saved log-sum-exp). Block tensors
+    live in buffers reused across blocks and are updated in place.
     """
 
     @staticmethod
@@ -148,18 +169,16 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
         out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
         tables = _BlockTables(sa, sb, [path for path, _ in paths])
         step = _rows_per_block(b, heads, h, w)
+        buffers = _BlockBuffers(q, len(paths), b * heads * step * w * n)
         kt = k.transpose(-1, -2)
-        for r0 in range(0, h, step):
-            r1 = min(h, r0 + step)
-            rows = slice(r0 * w, r1 * w)
-            s = q[:, :, rows] @ kt
-            p_sum = None
-            for idx, (path, _) in enumerate(paths):
-                p = _softmax_(tables.with_bias(s, path, r0, r1, inplace=idx == len(paths) - 1))
-                p_sum = p if p_sum is None else p_sum.add_(p)
-                del p
-            out[:, :, rows] = p_sum @ v
-            del s, p_sum
+        for r0, r1, rows in _blocks(b, heads, h, w):
+            bufs = buffers.get(b, heads, (r1 - r0) * w, n)
+            s = torch.matmul(q[:, :, rows], kt, out=bufs[-1])
+            for idx, (path, _) in enumerate(paths):  # the last path overwrites the scores themselves
+                _softmax_(tables.with_bias(s, path, r0, r1, out=bufs[idx]))
+            for p in bufs[:-1]:
+                s.add_(p)
+            out[:, :, rows] = s @ v
         if weight != 1.0:
             out.mul_(weight)
         ctx.save_for_backward(q, k, v, sa, sb)
@@ -179,26 +198,36 @@ class _MaskedSoftmaxAttention(torch.autograd.Function):
         dv = torch.zeros_like(v)
         tables = _BlockTables(sa, sb, [path for path, _ in paths])
         step = _rows_per_block(b, heads, h, w)
+        # scores (then the last path's probabilities / score gradient), dprobs, one per further path,
+        # and the probability sum when there are several paths
+        multi = len(paths) > 1
+        buffers = _BlockBuffers(q, 2 + (len(paths) - 1) + multi, b * heads * step * w * n)
         kt = k.transpose(-1, -2)
         vt = v.transpose(-1, -2)
-        for r0 in range(0, h, step):
-            r1 = min(h, r0 + step)
-            rows = slice(r0 * w, r1 * w)
+        for r0, r1, rows in _blocks(b, heads, h, w):
+            s, dprobs, *bufs = buffers.get(b, heads, (r1 - r0) * w, n)
+            p_sum = bufs.pop() if multi else None
+            outs = bufs + [s]  # the last path works in the score buffer
             qb, db = q[:, :, rows], dout[:, :, rows]
-            s = qb @ kt
-            dprobs = db @ vt  # d(loss) / d(probabilities), before the weight
-            ds_sum = None  # unweighted sum over the paths of the score gradients
+            torch.matmul(qb, kt, out=s)
+            torch.matmul(db, vt, out=dprobs)  # d(loss) / d(probabilities), before the weight
             for idx, (path, _) in enumerate(paths):
-                p = _softmax_(tables.with_bias(s, path, r0, r1, inplace=idx == len(paths) - 1))
-                dv += p.transpose(-1, -2) @ db
-                ds = _softmax_backward_(dprobs, p)  # p's storage on CPU
+                p = _softmax_(tables.with_bias(s, path, r0, r1, out=outs[idx]))
+                if multi:
+                    p_sum.copy_(p) if idx == 0 else p_sum.add_(p)
+                else:
+                    dv += p.transpose(-1, -2) @ db
+                ds = _softmax_backward_(dprobs, p)  # into p's storage on CPU
                 if need_tables:
                     tables.reduce_grad(ds, path, r0, r1)
-                ds_sum = ds if ds_sum is None else ds_sum.add_(ds)
-                del p, ds
+                outs[idx] = ds
+            if multi:
+                dv += p_sum.transpose(-1, -2) @ db
+            ds_sum = outs[-1]
+            for ds in outs[:-1]:
+                ds_sum = ds_sum.add_(ds)
             dq[:, :, rows] = ds_sum @ k
             dk += ds_sum.transpose(-1, -2) @ qb
-            del s, dprobs, ds_sum
         if weight != 1.0:
             for t in (dq, dk, dv):
                 t.mul_(weight)
