@@ -447,6 +447,12 @@ def test_mask_rcnn_config_losses(mmdet_ready):
     from mmengine.structures import InstanceData
     cfg = Config.fromfile(str(CONFIGS / 'mask_rcnn_vminet_s_1x_coco.py'))
     cfg.model.backbone.init_cfg = None
+    # the config's backbone and FPN inputs; narrower heads keep the test fast
+    cfg.merge_from_dict({
+        'model.neck.out_channels': 32, 'model.rpn_head.in_channels': 32, 'model.rpn_head.feat_channels': 32,
+        'model.roi_head.bbox_roi_extractor.out_channels': 32, 'model.roi_head.bbox_head.in_channels': 32,
+        'model.roi_head.bbox_head.fc_out_channels': 64, 'model.roi_head.mask_roi_extractor.out_channels': 32,
+        'model.roi_head.mask_head.in_channels': 32, 'model.roi_head.mask_head.conv_out_channels': 32})
     init_default_scope('mmdet')
     model = MODELS.build(cfg.model)
     model.init_weights()
