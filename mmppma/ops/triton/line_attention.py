@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._tiles import load_tile, store_tile
 from .whole_attention import _blocks, _pow2, _precision
 
 
@@ -35,8 +36,7 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale, H, W, L, n_line
     offs_x = tl.arange(0, BLOCK_X)
     mask_m = offs_m < L
     tok_m = base + offs_m * step
-    q = tl.load(q_ptr + tok_m[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & (offs_d[None, :] < D),
-                other=0.0)
+    q = load_tile(q_ptr, tok_m, mask_m, offs_d, D)
     c_m = tl.load(c_ptr + tok_m, mask=mask_m, other=0.0)
     m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -45,10 +45,8 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale, H, W, L, n_line
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < L
         tok_n = base + offs_n * step
-        k = tl.load(k_ptr + tok_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & (offs_d[None, :] < D),
-                    other=0.0)
-        x = tl.load(x_ptr + tok_n[:, None] * DX + offs_x[None, :], mask=mask_n[:, None] & (offs_x[None, :] < DX),
-                    other=0.0)
+        k = load_tile(k_ptr, tok_n, mask_n, offs_d, D)
+        x = load_tile(x_ptr, tok_n, mask_n, offs_x, DX)
         c_n = tl.load(c_ptr + tok_n, mask=mask_n, other=0.0)
         ge = offs_m[:, None] >= offs_n[None, :]
         bias = tl.where(ge, c_m[:, None] - c_n[None, :], c_n[None, :] - c_m[:, None])
@@ -86,10 +84,8 @@ def _line_bwd_kv(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr,
     offs_x = tl.arange(0, BLOCK_X)
     mask_n = offs_n < L
     tok_n = base + offs_n * step
-    k = tl.load(k_ptr + tok_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & (offs_d[None, :] < D),
-                other=0.0)
-    x = tl.load(x_ptr + tok_n[:, None] * DX + offs_x[None, :], mask=mask_n[:, None] & (offs_x[None, :] < DX),
-                other=0.0)
+    k = load_tile(k_ptr, tok_n, mask_n, offs_d, D)
+    x = load_tile(x_ptr, tok_n, mask_n, offs_x, DX)
     c_n = tl.load(c_ptr + tok_n, mask=mask_n, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dx = tl.zeros([BLOCK_N, BLOCK_X], tl.float32)
@@ -98,10 +94,8 @@ def _line_bwd_kv(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr,
         offs_m = start_m + tl.arange(0, BLOCK_M)
         mask_m = offs_m < L
         tok_m = base + offs_m * step
-        q = tl.load(q_ptr + tok_m[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & (offs_d[None, :] < D),
-                    other=0.0)
-        do = tl.load(do_ptr + tok_m[:, None] * DX + offs_x[None, :],
-                     mask=mask_m[:, None] & (offs_x[None, :] < DX), other=0.0)
+        q = load_tile(q_ptr, tok_m, mask_m, offs_d, D)
+        do = load_tile(do_ptr, tok_m, mask_m, offs_x, DX)
         c_m = tl.load(c_ptr + tok_m, mask=mask_m, other=0.0)
         lse = tl.load(lse_ptr + tok_m, mask=mask_m, other=0.0)
         delta = tl.load(delta_ptr + tok_m, mask=mask_m, other=0.0)
@@ -112,8 +106,8 @@ def _line_bwd_kv(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr,
         ds = p * (dp - delta[:, None])
         gk += tl.sum(ds * sign, 0)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    tl.store(dk_ptr + tok_n[:, None] * D + offs_d[None, :], dk * scale, mask=mask_n[:, None] & (offs_d[None, :] < D))
-    tl.store(dx_ptr + tok_n[:, None] * DX + offs_x[None, :], dx, mask=mask_n[:, None] & (offs_x[None, :] < DX))
+    store_tile(dk_ptr, tok_n, mask_n, offs_d, D, dk * scale)
+    store_tile(dx_ptr, tok_n, mask_n, offs_x, DX, dx)
     tl.store(gk_ptr + tok_n, gk, mask=mask_n)
 
 
@@ -129,10 +123,8 @@ def _line_bwd_q(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
     offs_x = tl.arange(0, BLOCK_X)
     mask_m = offs_m < L
     tok_m = base + offs_m * step
-    q = tl.load(q_ptr + tok_m[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & (offs_d[None, :] < D),
-                other=0.0)
-    do = tl.load(do_ptr + tok_m[:, None] * DX + offs_x[None, :], mask=mask_m[:, None] & (offs_x[None, :] < DX),
-                 other=0.0)
+    q = load_tile(q_ptr, tok_m, mask_m, offs_d, D)
+    do = load_tile(do_ptr, tok_m, mask_m, offs_x, DX)
     c_m = tl.load(c_ptr + tok_m, mask=mask_m, other=0.0)
     lse = tl.load(lse_ptr + tok_m, mask=mask_m, other=0.0)
     delta = tl.load(delta_ptr + tok_m, mask=mask_m, other=0.0)
@@ -142,10 +134,8 @@ def _line_bwd_q(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < L
         tok_n = base + offs_n * step
-        k = tl.load(k_ptr + tok_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & (offs_d[None, :] < D),
-                    other=0.0)
-        x = tl.load(x_ptr + tok_n[:, None] * DX + offs_x[None, :], mask=mask_n[:, None] & (offs_x[None, :] < DX),
-                    other=0.0)
+        k = load_tile(k_ptr, tok_n, mask_n, offs_d, D)
+        x = load_tile(x_ptr, tok_n, mask_n, offs_x, DX)
         c_n = tl.load(c_ptr + tok_n, mask=mask_n, other=0.0)
         p, sign = _line_tile(q, k, c_m, c_n, offs_m, offs_n, lse, mask_m[:, None] & mask_n[None, :], scale,
                              PRECISION)
@@ -153,7 +143,7 @@ def _line_bwd_q(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
         ds = p * (dp - delta[:, None])
         gq += tl.sum(ds * sign, 1)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    tl.store(dq_ptr + tok_m[:, None] * D + offs_d[None, :], dq * scale, mask=mask_m[:, None] & (offs_d[None, :] < D))
+    store_tile(dq_ptr, tok_m, mask_m, offs_d, D, dq * scale)
     tl.store(gq_ptr + tok_m, gq, mask=mask_m)
 
 

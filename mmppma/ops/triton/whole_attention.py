@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ..dispatch import triton_interpreted
+from ._tiles import load_tile, store_tile
 
 
 @triton.jit
@@ -51,8 +52,7 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
     mask_m = offs_m < N
     i_q = offs_m // W
     j_q = offs_m % W
-    q = tl.load(q_ptr + bh * N * D + offs_m[:, None] * D + offs_d[None, :],
-                mask=mask_m[:, None] & (offs_d[None, :] < D), other=0.0)
+    q = load_tile(q_ptr + bh * N * D, offs_m, mask_m, offs_d, D)
     ca_q = tl.load(ca_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
     cb_q = tl.load(cb_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
     m1 = tl.full([BLOCK_M], float('-inf'), tl.float32)
@@ -67,10 +67,8 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
         valid = mask_m[:, None] & mask_n[None, :]
         k_r = offs_n // W
         l_c = offs_n % W
-        k = tl.load(k_ptr + bh * N * D + offs_n[:, None] * D + offs_d[None, :],
-                    mask=mask_n[:, None] & (offs_d[None, :] < D), other=0.0)
-        v = tl.load(v_ptr + bh * N * DV + offs_n[:, None] * DV + offs_dv[None, :],
-                    mask=mask_n[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        k = load_tile(k_ptr + bh * N * D, offs_n, mask_n, offs_d, D)
+        v = load_tile(v_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV)
         ca_k = tl.load(ca_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
         cb_k = tl.load(cb_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
@@ -132,10 +130,8 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
     mask_n = offs_n < N
     k_r = offs_n // W
     l_c = offs_n % W
-    k = tl.load(k_ptr + bh * N * D + offs_n[:, None] * D + offs_d[None, :],
-                mask=mask_n[:, None] & (offs_d[None, :] < D), other=0.0)
-    v = tl.load(v_ptr + bh * N * DV + offs_n[:, None] * DV + offs_dv[None, :],
-                mask=mask_n[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    k = load_tile(k_ptr + bh * N * D, offs_n, mask_n, offs_d, D)
+    v = load_tile(v_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV)
     ca_k = tl.load(ca_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
     cb_k = tl.load(cb_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -148,10 +144,8 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
         valid = mask_m[:, None] & mask_n[None, :]
         i_q = offs_m // W
         j_q = offs_m % W
-        q = tl.load(q_ptr + bh * N * D + offs_m[:, None] * D + offs_d[None, :],
-                    mask=mask_m[:, None] & (offs_d[None, :] < D), other=0.0)
-        do = tl.load(do_ptr + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :],
-                     mask=mask_m[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        q = load_tile(q_ptr + bh * N * D, offs_m, mask_m, offs_d, D)
+        do = load_tile(do_ptr + bh * N * DV, offs_m, mask_m, offs_dv, DV)
         ca_q = tl.load(ca_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
         cb_q = tl.load(cb_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
@@ -181,10 +175,8 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
             onehot_j = (j_q[:, None] == offs_w[None, :]).to(tl.float32)  # (BLOCK_M, BLOCK_W)
             ga += tl.dot(tl.trans(onehot_j), ds2, input_precision='ieee')
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    tl.store(dk_ptr + bh * N * D + offs_n[:, None] * D + offs_d[None, :], dk * scale,
-             mask=mask_n[:, None] & (offs_d[None, :] < D))
-    tl.store(dv_ptr + bh * N * DV + offs_n[:, None] * DV + offs_dv[None, :], dv,
-             mask=mask_n[:, None] & (offs_dv[None, :] < DV))
+    store_tile(dk_ptr + bh * N * D, offs_n, mask_n, offs_d, D, dk * scale)
+    store_tile(dv_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV, dv)
     if V2H:
         tl.store(gb_ptr + bh * N * H + offs_n[None, :] * H + offs_h[:, None], gb,
                  mask=mask_n[None, :] & (offs_h[:, None] < H))
@@ -212,10 +204,8 @@ def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr
     mask_m = offs_m < N
     i_q = offs_m // W
     j_q = offs_m % W
-    q = tl.load(q_ptr + bh * N * D + offs_m[:, None] * D + offs_d[None, :],
-                mask=mask_m[:, None] & (offs_d[None, :] < D), other=0.0)
-    do = tl.load(do_ptr + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :],
-                 mask=mask_m[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    q = load_tile(q_ptr + bh * N * D, offs_m, mask_m, offs_d, D)
+    do = load_tile(do_ptr + bh * N * DV, offs_m, mask_m, offs_dv, DV)
     ca_q = tl.load(ca_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
     cb_q = tl.load(cb_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
     lse1 = tl.load(lse_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
@@ -232,10 +222,8 @@ def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr
         valid = mask_m[:, None] & mask_n[None, :]
         k_r = offs_n // W
         l_c = offs_n % W
-        k = tl.load(k_ptr + bh * N * D + offs_n[:, None] * D + offs_d[None, :],
-                    mask=mask_n[:, None] & (offs_d[None, :] < D), other=0.0)
-        v = tl.load(v_ptr + bh * N * DV + offs_n[:, None] * DV + offs_dv[None, :],
-                    mask=mask_n[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        k = load_tile(k_ptr + bh * N * D, offs_n, mask_n, offs_d, D)
+        v = load_tile(v_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV)
         ca_k = tl.load(ca_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
         cb_k = tl.load(cb_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
@@ -256,14 +244,11 @@ def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr
             onehot_k = (k_r[:, None] == offs_h[None, :]).to(tl.float32)  # (BLOCK_N, BLOCK_H)
             gb += tl.dot(ds2, onehot_k, input_precision='ieee')
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    tl.store(dq_ptr + bh * N * D + offs_m[:, None] * D + offs_d[None, :], dq * scale,
-             mask=mask_m[:, None] & (offs_d[None, :] < D))
+    store_tile(dq_ptr + bh * N * D, offs_m, mask_m, offs_d, D, dq * scale)
     if V2H:
-        tl.store(ga_ptr + bh * N * W + offs_m[:, None] * W + offs_w[None, :], ga,
-                 mask=mask_m[:, None] & (offs_w[None, :] < W))
+        store_tile(ga_ptr + bh * N * W, offs_m, mask_m, offs_w, W, ga)
     if H2V:
-        tl.store(gb_ptr + bh * N * H + offs_m[:, None] * H + offs_h[None, :], gb,
-                 mask=mask_m[:, None] & (offs_h[None, :] < H))
+        store_tile(gb_ptr + bh * N * H, offs_m, mask_m, offs_h, H, gb)
 
 
 def _pow2(x: int, least: int = 16) -> int:
