@@ -2,6 +2,10 @@
 """PPMA vs RMT backbone: forward+backward time and peak memory, in one run.
 
     python tools/benchmark_model.py [--arch tiny] [--shape 512 768] [--batch 1] [--iters 3] [--device cpu]
+                                    [--impl auto] [--mode train|infer] [--amp fp16|bf16]
+
+``--mode infer`` times inference (``eval()``, ``torch.inference_mode``) instead of a training step and
+prints images per second as well; ``--amp`` runs under ``torch.autocast`` with that dtype (CUDA for fp16).
 
 Each model runs in its own fresh subprocess, one after the other, so that neither sees the other's
 allocations or caches. Per model: build the backbone (out_indices 0-3, release dense layout), make the input,
@@ -35,13 +39,20 @@ def worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     device = torch.device(args.device)
     cls = {'PPMA': PPMA, 'RMT': RMT}[args.worker]
-    model = cls(args.arch, impl=args.impl).to(device).train()
+    train = args.mode == 'train'
+    model = cls(args.arch, impl=args.impl).to(device).train(train)
     x = torch.randn(args.batch, 3, *args.shape, device=device)
+    amp_dtype = {None: None, 'fp16': torch.float16, 'bf16': torch.bfloat16}[args.amp]
 
     def step():
-        outs = model(x)
-        sum(o.float().sum() for o in outs).backward()
-        model.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            if train:
+                outs = model(x)
+                sum(o.float().sum() for o in outs).backward()
+                model.zero_grad(set_to_none=True)
+            else:
+                with torch.inference_mode():
+                    model(x)
         if device.type == 'cuda':
             torch.cuda.synchronize()
 
@@ -61,7 +72,7 @@ def worker(args: argparse.Namespace) -> dict:
         step()
         times.append(time.perf_counter() - start)
     return dict(model=args.worker, time_s=statistics.median(times), times_s=times, peak_bytes=peak,
-                stage_s=stage_times(model, x, device, max(1, args.iters)),
+                stage_s=stage_times(model, x, device, max(1, args.iters)) if train else [],
                 threads=torch.get_num_threads(), torch=torch.__version__,
                 device=torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu')
 
@@ -97,7 +108,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--batch', type=int, default=1)
     parser.add_argument('--iters', type=int, default=3, help='timed runs after the first')
     parser.add_argument('--device', default='cpu')
-    parser.add_argument('--impl', default='auto', help='attention implementation passed to the ops')
+    parser.add_argument('--impl', default='auto', choices=['auto', 'torch', 'triton', 'reference'],
+                        help='attention implementation passed to the ops')
+    parser.add_argument('--mode', default='train', choices=['train', 'infer'],
+                        help='time a training step (forward + backward) or inference')
+    parser.add_argument('--amp', choices=['fp16', 'bf16'], help='run under torch.autocast with this dtype')
     parser.add_argument('--worker', choices=['PPMA', 'RMT'], help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -111,7 +126,7 @@ def main(argv=None) -> int:
     for name in ('PPMA', 'RMT'):
         cmd = [sys.executable, osp.abspath(__file__), '--worker', name, '--arch', args.arch, '--shape',
                *map(str, args.shape), '--batch', str(args.batch), '--iters', str(args.iters), '--device',
-               args.device, '--impl', args.impl]
+               args.device, '--impl', args.impl, '--mode', args.mode] + (['--amp', args.amp] if args.amp else [])
         out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if out.returncode:
             sys.stderr.write(out.stderr)
@@ -119,11 +134,12 @@ def main(argv=None) -> int:
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     p, r = results['PPMA'], results['RMT']
     h, w = args.shape
-    print(f'{args.arch} backbones, input {args.batch}x3x{h}x{w}, forward+backward, device {p["device"]}, '
-          f'{p["threads"]} threads, torch {p["torch"]}, impl={args.impl}')
-    print(f'{"model":6s} {"median time (s)":>16s} {"peak memory (MiB)":>18s}')
+    what = 'forward+backward' if args.mode == 'train' else 'inference'
+    print(f'{args.arch} backbones, input {args.batch}x3x{h}x{w}, {what}, device {p["device"]}, '
+          f'{p["threads"]} threads, torch {p["torch"]}, impl={args.impl}, amp={args.amp or "off"}')
+    print(f'{"model":6s} {"median time (s)":>16s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
     for name, res in results.items():
-        print(f'{name:6s} {res["time_s"]:16.3f} {res["peak_bytes"] / 2**20:18.1f}')
+        print(f'{name:6s} {res["time_s"]:16.3f} {args.batch / res["time_s"]:10.1f} {res["peak_bytes"] / 2**20:18.1f}')
     for i, (ps, rs) in enumerate(zip(p['stage_s'], r['stage_s'])):
         print(f'  stage {i + 1}: PPMA {ps:.3f} s, RMT {rs:.3f} s (fwd+bwd of the stage alone)')
     print(f'PPMA / RMT: time {p["time_s"] / r["time_s"]:.2f}x, peak memory '
