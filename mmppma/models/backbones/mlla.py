@@ -14,17 +14,15 @@ The release's ``attn.rope.rotations`` buffers are not kept (RoPE is computed per
 ``attn='ppmla'`` multiplies every block's linear attention by the polyline path mask (PPMA paper, Appendix
 A.7), O(N); see :class:`~mmppma.models.layers.mlla.MLLAAttention`.
 """
-import copy
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-from mmengine.model import BaseModule
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmppma.registry import register_model
 
 from ..layers.mlla import MLLA_ATTNS, MLLAStage, MLLAStem
+from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 _TINY = dict(embed_dims=[64, 128, 256, 512], depths=[2, 4, 8, 4], num_heads=[2, 4, 8, 16], mlp_ratio=4.0)
 _SMALL = dict(embed_dims=[64, 128, 256, 512], depths=[3, 6, 21, 6], num_heads=[2, 4, 8, 16], mlp_ratio=4.0)
@@ -44,31 +42,11 @@ OPTIONAL_KEYS = ('mlp_ratio', )
 def resolve_mlla_arch(arch: Union[str, dict]) -> dict:
     """A named arch (``'tiny' | 'small' | 'base'`` or ``t | s | b``) or a custom dict -> a full, checked
     settings dict (a copy). Raises ``ValueError``/``TypeError`` naming the valid choices."""
-    if isinstance(arch, str):
-        key = arch.lower()
-        if key not in MLLA_ARCH_ZOO:
-            raise ValueError(f'arch={arch!r} is not a known MLLA arch; choose one of '
-                             f'{", ".join(sorted(MLLA_ARCH_ZOO))} or pass a dict with keys '
-                             f'{", ".join(REQUIRED_KEYS)} (optional: {", ".join(OPTIONAL_KEYS)})')
-        return copy.deepcopy(MLLA_ARCH_ZOO[key])
-    if not isinstance(arch, dict):
-        raise TypeError(f'arch must be a str ({", ".join(sorted(MLLA_ARCH_ZOO))}) or a dict; got '
-                        f'{type(arch).__name__}')
-    unknown = sorted(set(arch) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
-    missing = [k for k in REQUIRED_KEYS if k not in arch]
-    if unknown or missing:
-        raise ValueError(f'custom MLLA arch dict: unknown keys {unknown}, missing keys {missing}; valid keys are '
-                         f'{", ".join(REQUIRED_KEYS)} (required) and {", ".join(OPTIONAL_KEYS)} (optional)')
-    arch = copy.deepcopy(dict(arch))
-    arch.setdefault('mlp_ratio', 4.0)
-    num_stages = len(arch['depths'])
-    for key in REQUIRED_KEYS:
-        arch[key] = list(arch[key])
-        if len(arch[key]) != num_stages:
-            raise ValueError(f'custom MLLA arch dict: every per-stage list needs {num_stages} entries '
-                             f'(len(depths)); {key} has {len(arch[key])}')
-    if num_stages < 1 or min(arch['depths']) < 0:
-        raise ValueError(f'custom MLLA arch dict: depths must be non-negative, one per stage; got {arch["depths"]}')
+    named = isinstance(arch, str)
+    arch = resolve_arch_settings(arch, MLLA_ARCH_ZOO, 'MLLA', REQUIRED_KEYS, OPTIONAL_KEYS,
+                                 defaults=lambda _: dict(mlp_ratio=4.0))
+    if named:
+        return arch
     for i, (dims, heads) in enumerate(zip(arch['embed_dims'], arch['num_heads'])):
         if dims % heads or dims % 4:
             raise ValueError(f'custom MLLA arch dict: stage {i} embed_dims={dims} must be divisible by '
@@ -77,7 +55,7 @@ def resolve_mlla_arch(arch: Union[str, dict]) -> dict:
 
 
 @register_model
-class MLLA(BaseModule):
+class MLLA(StagedBackbone):
     """MLLA backbone (Han et al., NeurIPS 2024), for classification and dense prediction; optionally PPMLA.
 
     Args:
@@ -116,21 +94,12 @@ class MLLA(BaseModule):
                  with_cp: bool = False,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
         super().__init__(init_cfg=init_cfg)
-        if attn not in MLLA_ATTNS:
-            raise ValueError(f'attn={attn!r} is not supported; choose one of {", ".join(map(repr, MLLA_ATTNS))}')
-        if not isinstance(in_channels, int) or in_channels < 1:
-            raise ValueError(f'in_channels must be a positive int (3 for RGB); got {in_channels!r}')
+        check_choice('attn', attn, MLLA_ATTNS)
         self.arch_settings = resolve_mlla_arch(arch)
         s = self.arch_settings
+        self._init_common(in_channels, s['depths'], out_indices, frozen_stages, norm_eval)
         self.embed_dims: List[int] = s['embed_dims']
-        self.depths: List[int] = s['depths']
-        self.num_stages = len(self.depths)
-        self.num_layers = sum(self.depths) + 2  # stem, blocks, everything after the last block
-        self.in_channels, self.attn, self.impl = in_channels, attn, impl
-        self.out_indices = self._check_out_indices(out_indices)
-        self.out_norm, self.frozen_stages, self.norm_eval = out_norm, frozen_stages, norm_eval
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}]; got {frozen_stages}')
+        self.attn, self.impl, self.out_norm = attn, impl, out_norm
 
         self.patch_embed = MLLAStem(in_channels, self.embed_dims[0])
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
@@ -154,64 +123,17 @@ class MLLA(BaseModule):
         self._release_init()
         self._freeze_stages()
 
-    def _check_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
-        if isinstance(out_indices, int):
-            out_indices = (out_indices, )
-        result = []
-        for i in out_indices:
-            j = i + self.num_stages if i < 0 else i
-            if not 0 <= j < self.num_stages:
-                raise ValueError(f'out_indices entry {i} is out of range for {self.num_stages} stages; use '
-                                 f'0..{self.num_stages - 1} (or negative indices from the end)')
-            result.append(j)
-        return tuple(sorted(set(result)))
+    def out_norm_module(self, i: int) -> Optional[nn.Module]:
+        return getattr(self, f'norm{i}', None)
 
-    @torch.no_grad()
     def _release_init(self) -> None:
         """Every Linear trunc_normal(std .02) and bias 0; LayerNorm weight 1, bias 0. Convs, BatchNorms and
         PPMLA's decay parameters keep their own initialization (PyTorch default; REFERENCE 1)."""
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-
-    def init_weights(self) -> None:
-        """Apply ``init_cfg`` (e.g. Pretrained with a prefix); without one, keep the release init."""
-        if self.init_cfg is None:
-            return
-        super().init_weights()
-
-    def _freeze_stages(self) -> None:
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed]
-        for i in range(self.frozen_stages):
-            frozen.append(self.layers[i])
-            if i in self.out_indices and self.out_norm:
-                frozen.append(getattr(self, f'norm{i}'))
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True) -> 'MLLA':
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
+        self._trunc_normal_init()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{type(self).__name__} expects images (B, {self.in_channels}, H, W); got '
-                             f'{tuple(x.shape)}. Set the backbone\'s in_channels to your data\'s channel count.')
+        self._check_input(x)
         x = self.patch_embed(x)
         outs = []
         for i, layer in enumerate(self.layers):
@@ -221,26 +143,6 @@ class MLLA(BaseModule):
                     out = getattr(self, f'norm{i}')(out)
                 outs.append(out.permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
-
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """Layer id of a parameter for layer-wise lr decay: (layer_id, num_layers).
-
-        Stem 0; block b of stage s: 1 + sum(depths[:s]) + b; a stage's downsample goes with its last block;
-        output norms and anything outside the backbone (no ``prefix``) num_layers - 1.
-        """
-        num_layers = self.num_layers
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        parts = param_name[len(prefix):].split('.')
-        if parts[0] == 'patch_embed':
-            return 0, num_layers
-        if parts[0] == 'layers' and len(parts) > 2:
-            stage = int(parts[1])
-            first = 1 + sum(self.depths[:stage])
-            if parts[2] == 'blocks':
-                return first + int(parts[3]), num_layers
-            return first + max(self.depths[stage] - 1, 0), num_layers
-        return num_layers - 1, num_layers
 
     def extra_repr(self) -> str:
         return f'attn={self.attn!r}, out_indices={self.out_indices}'

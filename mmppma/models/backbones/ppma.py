@@ -7,17 +7,15 @@ LayerNorm'ed (eps 1e-5, ``outnorm{i}``) when ``out_norm``, as NCHW.
 Module names follow the release's checkpoint layout (REFERENCE 6), so official weights load with an
 identity key mapping (see :mod:`mmppma.models.utils.checkpoint_convert`).
 """
-import copy
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-from mmengine.model import BaseModule
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmppma.registry import register_model
 
 from ..layers import ATTN_FORMS, ATTN_TYPES, MASKS, ConvStem, PPMAStage
+from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 CC, WHOLE = 'criss_cross', 'whole'
 _TINY = dict(
@@ -61,47 +59,31 @@ PER_STAGE_KEYS = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios', 'attn_types
                   'heads_ranges')
 
 
+def _ppma_defaults(num_stages: int) -> dict:
+    return dict(layer_scales=[False] * num_stages, layer_scale_init_value=1e-6,
+                heads_ranges=[4 if i < 2 else 6 for i in range(num_stages)])
+
+
 def resolve_arch(arch: Union[str, dict]) -> dict:
     """A named arch (``'tiny' | 'small' | 'base'`` or ``t | s | b``) or a custom dict -> a full, checked
     settings dict (a copy). Raises ``ValueError``/``TypeError`` naming the valid choices."""
-    if isinstance(arch, str):
-        key = arch.lower()
-        if key not in ARCH_ZOO:
-            raise ValueError(f'arch={arch!r} is not a known PPMA arch; choose one of '
-                             f'{", ".join(sorted(ARCH_ZOO))} or pass a dict with keys {", ".join(REQUIRED_KEYS)} '
-                             f'(optional: {", ".join(OPTIONAL_KEYS)})')
-        return copy.deepcopy(ARCH_ZOO[key])
-    if not isinstance(arch, dict):
-        raise TypeError(f'arch must be a str ({", ".join(sorted(ARCH_ZOO))}) or a dict; got {type(arch).__name__}')
-    unknown = sorted(set(arch) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
-    missing = [k for k in REQUIRED_KEYS if k not in arch]
-    if unknown or missing:
-        raise ValueError(f'custom arch dict: unknown keys {unknown}, missing keys {missing}; valid keys are '
-                         f'{", ".join(REQUIRED_KEYS)} (required) and {", ".join(OPTIONAL_KEYS)} (optional)')
-    arch = copy.deepcopy(dict(arch))
-    num_stages = len(arch['depths'])
-    arch.setdefault('layer_scales', [False] * num_stages)
-    arch.setdefault('layer_scale_init_value', 1e-6)
-    arch.setdefault('heads_ranges', [4 if i < 2 else 6 for i in range(num_stages)])
-    for key in PER_STAGE_KEYS:
-        arch[key] = list(arch[key])
-        if len(arch[key]) != num_stages:
-            raise ValueError(f'custom arch dict: every per-stage list needs {num_stages} entries (len(depths)); '
-                             f'{key} has {len(arch[key])}')
+    named = isinstance(arch, str)
+    arch = resolve_arch_settings(arch, ARCH_ZOO, 'PPMA', REQUIRED_KEYS, OPTIONAL_KEYS, PER_STAGE_KEYS,
+                                 _ppma_defaults)
+    if named:
+        return arch
     for i, (dims, heads) in enumerate(zip(arch['embed_dims'], arch['num_heads'])):
         if dims % heads or (dims // heads) % 2:
-            raise ValueError(f'custom arch dict: stage {i} embed_dims={dims} must be num_heads={heads} times an '
-                             f'even head dimension (RoPE rotates channel pairs)')
+            raise ValueError(f'custom PPMA arch dict: stage {i} embed_dims={dims} must be num_heads={heads} times '
+                             f'an even head dimension (RoPE rotates channel pairs)')
     for t in arch['attn_types']:
         if t not in ATTN_TYPES:
-            raise ValueError(f'custom arch dict: attn_types entry {t!r}; choose from {", ".join(ATTN_TYPES)}')
-    if num_stages < 1 or min(arch['depths']) < 0:
-        raise ValueError(f'custom arch dict: depths must be non-negative, one per stage; got {arch["depths"]}')
+            raise ValueError(f'custom PPMA arch dict: attn_types entry {t!r}; choose from {", ".join(ATTN_TYPES)}')
     return arch
 
 
 @register_model
-class PPMA(BaseModule):
+class PPMA(StagedBackbone):
     """Polyline Path Masked Attention backbone (NeurIPS 2025), for classification and dense prediction.
 
     Args:
@@ -144,24 +126,13 @@ class PPMA(BaseModule):
                  with_cp: bool = False,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
         super().__init__(init_cfg=init_cfg)
-        if mask not in MASKS:
-            raise ValueError(f'mask={mask!r} is not supported; choose one of {", ".join(map(repr, MASKS))}')
-        if attn_form not in ATTN_FORMS:
-            raise ValueError(f'attn_form={attn_form!r} is not supported; choose one of '
-                             f'{", ".join(map(repr, ATTN_FORMS))}')
-        if not isinstance(in_channels, int) or in_channels < 1:
-            raise ValueError(f'in_channels must be a positive int (3 for RGB); got {in_channels!r}')
+        check_choice('mask', mask, MASKS)
+        check_choice('attn_form', attn_form, ATTN_FORMS)
         self.arch_settings = resolve_arch(arch)
         s = self.arch_settings
+        self._init_common(in_channels, s['depths'], out_indices, frozen_stages, norm_eval)
         self.embed_dims: List[int] = s['embed_dims']
-        self.depths: List[int] = s['depths']
-        self.num_stages = len(self.depths)
-        self.num_layers = sum(self.depths) + 2  # stem, blocks, everything after the last block
-        self.in_channels, self.mask, self.attn_form, self.impl = in_channels, mask, attn_form, impl
-        self.out_indices = self._check_out_indices(out_indices)
-        self.out_norm, self.frozen_stages, self.norm_eval = out_norm, frozen_stages, norm_eval
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}]; got {frozen_stages}')
+        self.mask, self.attn_form, self.impl, self.out_norm = mask, attn_form, impl, out_norm
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0])
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
@@ -189,64 +160,14 @@ class PPMA(BaseModule):
         self._release_init()
         self._freeze_stages()
 
-    def _check_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
-        if isinstance(out_indices, int):
-            out_indices = (out_indices, )
-        result = []
-        for i in out_indices:
-            j = i + self.num_stages if i < 0 else i
-            if not 0 <= j < self.num_stages:
-                raise ValueError(f'out_indices entry {i} is out of range for {self.num_stages} stages; use '
-                                 f'0..{self.num_stages - 1} (or negative indices from the end)')
-            result.append(j)
-        return tuple(sorted(set(result)))
-
-    @torch.no_grad()
     def _release_init(self) -> None:
         """Every Linear trunc_normal(std .02) and bias 0; LayerNorm weight 1, bias 0. Convs, BatchNorms and
         the decay parameters keep their own initialization (PyTorch default; REFERENCE 1)."""
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-
-    def init_weights(self) -> None:
-        """Apply ``init_cfg`` (e.g. Pretrained with a prefix); without one, keep the release init."""
-        if self.init_cfg is None:
-            return
-        super().init_weights()
-
-    def _freeze_stages(self) -> None:
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.patch_embed]
-        for i in range(self.frozen_stages):
-            frozen.append(self.layers[i])
-            if i in self.out_indices and self.out_norm:
-                frozen.append(getattr(self, f'outnorm{i}'))
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True) -> 'PPMA':
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
+        self._trunc_normal_init()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{type(self).__name__} expects images (B, {self.in_channels}, H, W); got '
-                             f'{tuple(x.shape)}. Set the backbone\'s in_channels to your data\'s channel count.')
+        self._check_input(x)
         x = self.patch_embed(x)
         outs = []
         for i, layer in enumerate(self.layers):
@@ -257,28 +178,18 @@ class PPMA(BaseModule):
                 outs.append(out.permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
 
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """Layer id of a parameter for layer-wise lr decay: (layer_id, num_layers).
-
-        Stem 0; block b of stage s: 1 + sum(depths[:s]) + b; a stage's Relpos/downsample go with its first/last
-        block; outnorms and anything outside the backbone (no ``prefix``) num_layers - 1.
-        """
-        num_layers = self.num_layers
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        name = param_name[len(prefix):]
-        parts = name.split('.')
-        if parts[0] == 'patch_embed':
-            return 0, num_layers
-        if parts[0] == 'layers' and len(parts) > 2:
-            stage = int(parts[1])
-            first = 1 + sum(self.depths[:stage])
-            if parts[2] == 'blocks':
-                return first + int(parts[3]), num_layers
-            if parts[2] == 'downsample':
-                return first + self.depths[stage] - 1, num_layers
-            return first, num_layers
-        return num_layers - 1, num_layers
+    def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
+        """Block b of stage s: 1 + sum(depths[:s]) + b; a stage's Relpos goes with its first block, its
+        downsample with its last."""
+        if parts[0] != 'layers' or len(parts) <= 2:
+            return None
+        stage = int(parts[1])
+        first = 1 + sum(self.depths[:stage])
+        if parts[2] == 'blocks':
+            return stage, first + int(parts[3])
+        if parts[2] == 'downsample':
+            return stage, first + self.depths[stage] - 1
+        return stage, first
 
 
 @register_model

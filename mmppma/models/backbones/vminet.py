@@ -37,18 +37,16 @@ Dense outputs (our choice; the release publishes no dense-prediction code): a pe
 LayerNorm, eps 1e-6, as mmdet/mmseg's ConvNeXt/Swin) by default or 'BN' (BatchNorm2d, the release's
 classification norm: ``norm3`` is the release's ``norm``).
 """
-import copy
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.model import BaseModule
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmppma.registry import register_model
 
 from ..layers.vminet import CONTEXT_MASKS, ConvBN, VMIStage, stage_sizes
+from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 _DEPTHS = [2, 2, 18, 2]  # the release: every size has 24 blocks, as Vim's 24 Mamba blocks
 
@@ -75,29 +73,7 @@ OUT_NORMS = ('LN', 'BN')
 def resolve_arch(arch: Union[str, dict]) -> dict:
     """A named arch ('ti'/'tiny', 'xs'/'xsmall', 's'/'small', 'b'/'base', any case) or a custom dict -> a
     full, checked settings dict (a copy). Raises ``ValueError``/``TypeError`` naming the valid choices."""
-    if isinstance(arch, str):
-        key = arch.lower()
-        if key not in ARCH_ZOO:
-            raise ValueError(f'arch={arch!r} is not a known VMINet arch; choose one of '
-                             f'{", ".join(sorted(ARCH_ZOO))} or pass a dict with keys {", ".join(REQUIRED_KEYS)} '
-                             f'(optional: {", ".join(OPTIONAL_KEYS)})')
-        arch = ARCH_ZOO[key]
-    elif not isinstance(arch, dict):
-        raise TypeError(f'arch must be a str ({", ".join(sorted(ARCH_ZOO))}) or a dict; got {type(arch).__name__}')
-    unknown = sorted(set(arch) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
-    missing = [k for k in REQUIRED_KEYS if k not in arch]
-    if unknown or missing:
-        raise ValueError(f'custom VMINet arch dict: unknown keys {unknown}, missing keys {missing}; valid keys are '
-                         f'{", ".join(REQUIRED_KEYS)} (required) and {", ".join(OPTIONAL_KEYS)} (optional)')
-    arch = {**DEFAULTS, **copy.deepcopy(dict(arch))}
-    num_stages = len(arch['depths'])
-    for key in REQUIRED_KEYS:
-        arch[key] = list(arch[key])
-        if len(arch[key]) != num_stages:
-            raise ValueError(f'custom VMINet arch dict: every per-stage list needs {num_stages} entries '
-                             f'(len(depths)); {key} has {len(arch[key])}')
-    if num_stages < 1 or min(arch['depths']) < 0:
-        raise ValueError(f'custom VMINet arch dict: depths must be non-negative, one per stage; got {arch["depths"]}')
+    arch = {**DEFAULTS, **resolve_arch_settings(arch, ARCH_ZOO, 'VMINet', REQUIRED_KEYS, OPTIONAL_KEYS)}
     if arch['kernel_size'] % 2 == 0:
         raise ValueError(f'custom VMINet arch dict: kernel_size must be odd; got {arch["kernel_size"]}')
     return arch
@@ -112,7 +88,7 @@ class ChannelLayerNorm(nn.LayerNorm):
 
 
 @register_model
-class VMINet(BaseModule):
+class VMINet(StagedBackbone):
     """VMINet (Vision Mamba Inspired Separable Self-Attention network), for classification and dense prediction.
 
     Args:
@@ -139,6 +115,8 @@ class VMINet(BaseModule):
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
     arch_zoo = ARCH_ZOO
+    stem_name = 'stem'
+    stages_name = 'stages'
 
     def __init__(self,
                  arch: Union[str, dict] = 'xs',
@@ -154,24 +132,14 @@ class VMINet(BaseModule):
                  with_cp: bool = False,
                  init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
         super().__init__(init_cfg=init_cfg)
-        if context_mask not in CONTEXT_MASKS:
-            raise ValueError(f'context_mask={context_mask!r} is not supported; choose one of '
-                             f'{", ".join(map(repr, CONTEXT_MASKS))}')
-        if not isinstance(in_channels, int) or in_channels < 1:
-            raise ValueError(f'in_channels must be a positive int (3 for RGB); got {in_channels!r}')
+        check_choice('context_mask', context_mask, CONTEXT_MASKS)
         self.out_norm = self._check_out_norm(out_norm)
         self.arch_settings = resolve_arch(arch)
         s = self.arch_settings
+        self._init_common(in_channels, s['depths'], out_indices, frozen_stages, norm_eval)
         self.embed_dims: List[int] = s['embed_dims']
-        self.depths: List[int] = s['depths']
-        self.num_stages = len(self.depths)
-        self.num_layers = sum(self.depths) + 2  # stem, blocks, everything after the last block
-        self.in_channels, self.context_mask, self.proj_norm = in_channels, context_mask, proj_norm
+        self.context_mask, self.proj_norm = context_mask, proj_norm
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-        self.out_indices = self._check_out_indices(out_indices)
-        self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}]; got {frozen_stages}')
 
         stem_channels = s['stem_channels']
         self.stem = nn.Sequential(ConvBN(in_channels, stem_channels, 3, stride=2), nn.ReLU6())
@@ -215,51 +183,12 @@ class VMINet(BaseModule):
         raise ValueError(f'out_norm={out_norm!r}; choose one of {", ".join(map(repr, OUT_NORMS))}, True (= \'LN\') '
                          f'or None / False')
 
-    def _check_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
-        if isinstance(out_indices, int):
-            out_indices = (out_indices, )
-        result = []
-        for i in out_indices:
-            j = i + self.num_stages if i < 0 else i
-            if not 0 <= j < self.num_stages:
-                raise ValueError(f'out_indices entry {i} is out of range for {self.num_stages} stages; use '
-                                 f'0..{self.num_stages - 1} (or negative indices from the end)')
-            result.append(j)
-        return tuple(sorted(set(result)))
-
-    def init_weights(self) -> None:
-        """Apply ``init_cfg`` (e.g. Pretrained with a prefix); without one, keep the release init."""
-        if self.init_cfg is None:
-            return
-        super().init_weights()
-
-    def _freeze_stages(self) -> None:
-        if self.frozen_stages < 0:
-            return
-        frozen = [self.stem]
-        for i in range(self.frozen_stages):
-            frozen.append(self.stages[i])
-            if i in self.out_indices and self.out_norm is not None:
-                frozen.append(getattr(self, self.out_norm_name(i)))
-        for m in frozen:
-            m.eval()
-            for p in m.parameters():
-                p.requires_grad = False
-
-    def train(self, mode: bool = True) -> 'VMINet':
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
+    def out_norm_module(self, i: int) -> Optional[nn.Module]:
+        return getattr(self, self.out_norm_name(i)) if self.out_norm is not None else None
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f'{type(self).__name__} expects images (B, {self.in_channels}, H, W); got '
-                             f'{tuple(x.shape)}. Set the backbone\'s in_channels to your data\'s channel count.')
+        self._check_input(x)
         x = self.stem(x)
         outs = []
         for i, stage in enumerate(self.stages):
@@ -269,21 +198,10 @@ class VMINet(BaseModule):
                 outs.append(out)
         return tuple(outs)
 
-    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
-        """Layer id of a parameter for layer-wise lr decay: (layer_id, num_layers).
-
-        Stem 0; block b of stage s (``stages.s.{b+1}``): 1 + sum(depths[:s]) + b; a stage's downsample
-        (``stages.s.0``) goes with its first block; output norms and anything outside the backbone (no ``prefix``)
-        num_layers - 1.
-        """
-        num_layers = self.num_layers
-        if not param_name.startswith(prefix):
-            return num_layers - 1, num_layers
-        parts = param_name[len(prefix):].split('.')
-        if parts[0] == 'stem':
-            return 0, num_layers
-        if parts[0] == 'stages' and len(parts) > 2:
-            stage, index = int(parts[1]), int(parts[2])
-            first = 1 + sum(self.depths[:stage])
-            return first + max(index - 1, 0), num_layers
-        return num_layers - 1, num_layers
+    def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
+        """Block b of stage s (``stages.s.{b+1}``): 1 + sum(depths[:s]) + b; a stage's downsample
+        (``stages.s.0``) goes with its first block."""
+        if parts[0] != 'stages' or len(parts) <= 2:
+            return None
+        stage, index = int(parts[1]), int(parts[2])
+        return stage, 1 + sum(self.depths[:stage]) + max(index - 1, 0)

@@ -1,0 +1,177 @@
+"""What mmppma's backbones (PPMA/RMT, MLLA, VMINet) share: resolving ``arch`` against an architecture table,
+and the standard OpenMMLab backbone fields (``out_indices``, ``frozen_stages``, ``norm_eval``, ``init_cfg``),
+input checks and layer ids for layer-wise lr decay.
+
+A backbone is a stem (``stem_name``) followed by ``num_stages`` stages (the ModuleList ``stages_name``),
+with an optional norm per returned stage (:meth:`StagedBackbone.out_norm_module`).
+"""
+import copy
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+def resolve_arch_settings(arch: Union[str, dict],
+                          zoo: Mapping[str, dict],
+                          family: str,
+                          required: Sequence[str],
+                          optional: Sequence[str] = (),
+                          per_stage: Optional[Sequence[str]] = None,
+                          defaults: Optional[Callable[[int], dict]] = None) -> dict:
+    """A named arch (a key of ``zoo``, any case) or a custom dict -> a full settings dict (a copy).
+
+    For a dict: unknown and missing keys are errors that list the valid ones; ``defaults(num_stages)`` fills
+    the optional keys it names; every ``per_stage`` key (default: ``required``) becomes a list with one entry
+    per stage (``len(depths)``); depths must be non-negative. Family-specific checks stay with the caller.
+    """
+    optional_note = f' (optional: {", ".join(optional)})' if optional else ''
+    if isinstance(arch, str):
+        key = arch.lower()
+        if key not in zoo:
+            raise ValueError(f'arch={arch!r} is not a known {family} arch; choose one of {", ".join(sorted(zoo))} '
+                             f'or pass a dict with keys {", ".join(required)}{optional_note}')
+        return copy.deepcopy(dict(zoo[key]))
+    if not isinstance(arch, dict):
+        raise TypeError(f'arch must be a str ({", ".join(sorted(zoo))}) or a dict; got {type(arch).__name__}')
+    unknown = sorted(set(arch) - set(required) - set(optional))
+    missing = [k for k in required if k not in arch]
+    if unknown or missing:
+        raise ValueError(f'custom {family} arch dict: unknown keys {unknown}, missing keys {missing}; valid keys '
+                         f'are {", ".join(required)} (required){" and " + ", ".join(optional) if optional else ""}'
+                         f'{" (optional)" if optional else ""}')
+    arch = copy.deepcopy(dict(arch))
+    num_stages = len(arch['depths'])
+    for key, value in (defaults(num_stages) if defaults else {}).items():
+        arch.setdefault(key, value)
+    for key in (required if per_stage is None else per_stage):
+        arch[key] = list(arch[key])
+        if len(arch[key]) != num_stages:
+            raise ValueError(f'custom {family} arch dict: every per-stage list needs {num_stages} entries '
+                             f'(len(depths)); {key} has {len(arch[key])}')
+    if num_stages < 1 or min(arch['depths']) < 0:
+        raise ValueError(f'custom {family} arch dict: depths must be non-negative, one per stage; got '
+                         f'{arch["depths"]}')
+    return arch
+
+
+def check_choice(name: str, value, choices: Sequence) -> None:
+    if value not in choices:
+        raise ValueError(f'{name}={value!r} is not supported; choose one of {", ".join(map(repr, choices))}')
+
+
+class StagedBackbone(BaseModule):
+    """Base class: the standard fields of an OpenMMLab backbone over a stem and stages.
+
+    Subclasses call :meth:`_init_common` early in ``__init__`` (after ``num_stages`` is known), build
+    ``self.<stem_name>`` and ``self.<stages_name>``, and call :meth:`_freeze_stages` at the end.
+    """
+    stem_name = 'patch_embed'
+    stages_name = 'layers'
+
+    def _init_common(self, in_channels: int, depths: Sequence[int], out_indices: Union[int, Sequence[int]],
+                     frozen_stages: int, norm_eval: bool) -> None:
+        if not isinstance(in_channels, int) or in_channels < 1:
+            raise ValueError(f'in_channels must be a positive int (3 for RGB); got {in_channels!r}')
+        self.in_channels = in_channels
+        self.depths: List[int] = list(depths)
+        self.num_stages = len(self.depths)
+        self.num_layers = sum(self.depths) + 2  # stem, blocks, everything after the last block
+        self.out_indices = self._check_out_indices(out_indices)
+        if not -1 <= frozen_stages <= self.num_stages:
+            raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}]; got {frozen_stages}')
+        self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
+
+    def _check_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+        if isinstance(out_indices, int):
+            out_indices = (out_indices, )
+        result = []
+        for i in out_indices:
+            j = i + self.num_stages if i < 0 else i
+            if not 0 <= j < self.num_stages:
+                raise ValueError(f'out_indices entry {i} is out of range for {self.num_stages} stages; use '
+                                 f'0..{self.num_stages - 1} (or negative indices from the end)')
+            result.append(j)
+        return tuple(sorted(set(result)))
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'{type(self).__name__} expects images (B, {self.in_channels}, H, W); got '
+                             f'{tuple(x.shape)}. Set the backbone\'s in_channels to your data\'s channel count.')
+
+    def out_norm_module(self, i: int) -> Optional[nn.Module]:
+        """The norm applied to stage i's output, if any (default: an attribute ``outnorm{i}``)."""
+        return getattr(self, f'outnorm{i}', None)
+
+    @torch.no_grad()
+    def _trunc_normal_init(self) -> None:
+        """Every Linear trunc_normal(std .02) and bias 0; LayerNorm weight 1, bias 0 (the releases' init)."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def init_weights(self) -> None:
+        """Apply ``init_cfg`` (e.g. Pretrained with a prefix); without one, keep the release init done at
+        construction."""
+        if self.init_cfg is None:
+            return
+        super().init_weights()
+
+    def _freeze_stages(self) -> None:
+        """frozen_stages k >= 0: the stem; k >= 1 also stages 0..k-1 and their output norms, in eval mode with
+        ``requires_grad=False``."""
+        if self.frozen_stages < 0:
+            return
+        frozen = [getattr(self, self.stem_name)]
+        stages = getattr(self, self.stages_name)
+        for i in range(self.frozen_stages):
+            frozen.append(stages[i])
+            norm = self.out_norm_module(i) if i in self.out_indices else None
+            if norm is not None:
+                frozen.append(norm)
+        for m in frozen:
+            m.eval()
+            for p in m.parameters():
+                p.requires_grad = False
+
+    def train(self, mode: bool = True) -> 'StagedBackbone':
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
+        """(stage, layer id) of a parameter inside ``stages_name`` (names split on '.'), or None. Default
+        layout ``layers.{s}.blocks.{b}``: block b of stage s is 1 + sum(depths[:s]) + b; anything else of the
+        stage (its downsample) goes with the stage's last block."""
+        if parts[0] != self.stages_name or len(parts) <= 2:
+            return None
+        stage = int(parts[1])
+        first = 1 + sum(self.depths[:stage])
+        if parts[2] == 'blocks':
+            return stage, first + int(parts[3])
+        return stage, first + max(self.depths[stage] - 1, 0)
+
+    def get_layer_depth(self, param_name: str, prefix: str = '') -> Tuple[int, int]:
+        """Layer id of a parameter for layer-wise lr decay: (layer_id, num_layers). The stem is 0; blocks per
+        :meth:`_stage_block_name`; output norms and anything outside the backbone (no ``prefix``)
+        num_layers - 1."""
+        num_layers = self.num_layers
+        if not param_name.startswith(prefix):
+            return num_layers - 1, num_layers
+        parts = param_name[len(prefix):].split('.')
+        if parts[0] == self.stem_name:
+            return 0, num_layers
+        found = self._stage_block_name(parts)
+        return (found[1] if found else num_layers - 1), num_layers
+
