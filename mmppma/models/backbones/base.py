@@ -101,6 +101,21 @@ class StagedBackbone(BaseModule):
             raise ValueError(f'{type(self).__name__} expects images (B, {self.in_channels}, H, W); got '
                              f'{tuple(x.shape)}. Set the backbone\'s in_channels to your data\'s channel count.')
 
+    def _forward_channels_last(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Stem, then stages that map channels-last tokens x to ``(stage output, next stage input)``; the
+        outputs of ``out_indices`` go through their norm and come back NCHW."""
+        self._check_input(x)
+        x = getattr(self, self.stem_name)(x)
+        outs = []
+        for i, stage in enumerate(getattr(self, self.stages_name)):
+            out, x = stage(x)
+            if i in self.out_indices:
+                norm = self.out_norm_module(i)
+                if norm is not None:
+                    out = norm(out)
+                outs.append(out.permute(0, 3, 1, 2).contiguous())
+        return tuple(outs)
+
     def out_norm_module(self, i: int) -> Optional[nn.Module]:
         """The norm applied to stage i's output, if any (default: an attribute ``outnorm{i}``)."""
         return getattr(self, f'outnorm{i}', None)

@@ -133,16 +133,7 @@ class MLLA(StagedBackbone):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
-        self._check_input(x)
-        x = self.patch_embed(x)
-        outs = []
-        for i, layer in enumerate(self.layers):
-            out, x = layer(x)
-            if i in self.out_indices:
-                if self.out_norm:
-                    out = getattr(self, f'norm{i}')(out)
-                outs.append(out.permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
+        return self._forward_channels_last(x)
 
     def extra_repr(self) -> str:
         return f'attn={self.attn!r}, out_indices={self.out_indices}'

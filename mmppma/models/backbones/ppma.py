@@ -167,16 +167,7 @@ class PPMA(StagedBackbone):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
-        self._check_input(x)
-        x = self.patch_embed(x)
-        outs = []
-        for i, layer in enumerate(self.layers):
-            out, x = layer(x)
-            if i in self.out_indices:
-                if self.out_norm:
-                    out = getattr(self, f'outnorm{i}')(out)
-                outs.append(out.permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
+        return self._forward_channels_last(x)
 
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
         """Block b of stage s: 1 + sum(depths[:s]) + b; a stage's Relpos goes with its first block, its
