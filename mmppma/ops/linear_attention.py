@@ -4,7 +4,7 @@
 per token form ``S2 (x) v`` (r x d_v), apply the mask to it with Algorithm 1
 (:func:`polyline_mask_matvec`, both path orders), and contract with S1.
 """
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -59,14 +59,20 @@ def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tenso
 def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
                           lb: torch.Tensor, feature_map: Union[None, str, Callable] = None,
                           normalize: bool = False, eps: float = 1e-6, mask: str = '2d', impl: str = 'auto',
-                          chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+                          chunk: int = DEFAULT_CHUNK,
+                          normalizer: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """PPMLA (paper Eq. 34): ``((phi(q) phi(k)^T) * L2D) v`` in O(N), never forming N x N.
 
     q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); la, lb: (B, heads, H, W).
     feature_map: None / ``'identity'`` (Eq. 34 as written), ``'elu'`` (elu + 1, as MLLA), ``'relu'``, or a
     callable. normalize: divide each output by its masked attention mass ``phi(q_p) . (L2D phi(k))_p``
     (+ eps), as normalized linear attention does; only meaningful for non-negative feature maps.
+    normalizer: ``(q', k')`` to take that mass from instead of ``(q, k)`` (same shapes; the feature map
+    applies to them too), e.g. MLLA's un-rotated features when q, k carry RoPE, whose products can be
+    negative. Only with ``normalize=True``.
     """
+    if normalizer is not None and not normalize:
+        raise ValueError('normalizer=(q, k) is only used with normalize=True; pass normalize=True or drop it')
     if feature_map is None:
         feature_map = 'identity'
     if isinstance(feature_map, str):
@@ -76,6 +82,12 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     out = ppma_decomposed_attention(fq, fk, v, la, lb, mask=mask, impl=impl, chunk=chunk)
     if not normalize:
         return out
+    if normalizer is not None:
+        nq, nk = normalizer
+        if nq.shape != q.shape or nk.shape != k.shape:
+            raise ValueError(f'normalizer: expected tensors shaped like q {tuple(q.shape)} and k {tuple(k.shape)}; '
+                             f'got {tuple(nq.shape)} and {tuple(nk.shape)}')
+        fq, fk = feature_map(nq), feature_map(nk)
     ones = v.new_ones(*v.shape[:-1], 1)
     mass = ppma_decomposed_attention(fq, fk, ones, la, lb, mask=mask, impl=impl, chunk=chunk)
     return out / (mass + eps)

@@ -138,6 +138,18 @@ def test_decomposed_attention_and_feature_maps(mask):
                               mask)
     got = ppma_linear_attention(q, k, v, la, lb, feature_map='elu', normalize=True, eps=0.0, mask=mask)
     np.testing.assert_allclose(got.numpy(), num / den, rtol=1e-9)
+    # the mass from other features (MLLA: the un-rotated ones), the numerator from q, k
+    nq, nk = qkv(2, 2, 5, 6, 3, seed=6)[:2]
+    fnq, fnk = torch.nn.functional.elu(nq) + 1, torch.nn.functional.elu(nk) + 1
+    den2 = dense_masked_linear(fnq.numpy(), fnk.numpy(), np.ones_like(v.numpy()[..., :1]), la.numpy(),
+                               lb.numpy(), mask)
+    got = ppma_linear_attention(q, k, v, la, lb, feature_map='elu', normalize=True, eps=0.0, mask=mask,
+                                normalizer=(nq, nk))
+    np.testing.assert_allclose(got.numpy(), num / den2, rtol=1e-9)
+    with pytest.raises(ValueError, match='normalize=True'):
+        ppma_linear_attention(q, k, v, la, lb, normalizer=(nq, nk))
+    with pytest.raises(ValueError, match='shaped like q'):
+        ppma_linear_attention(q, k, v, la, lb, normalize=True, normalizer=(nq[:, :1], nk))
 
 
 # ---------------------------------------------------------------------------------------------- gradients

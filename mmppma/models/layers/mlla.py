@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 
-from mmppma.ops import ppma_decomposed_attention
+from mmppma.ops import ppma_linear_attention
 
 from .block import DropPath
 from .path_embed import PathEmbed
@@ -120,14 +120,12 @@ class MLLAAttention(nn.Module):
         return ((q_rope @ kv) * z).view(shape)
 
     def _masked_linear_attention(self, q, k, v, q_rope, k_rope, la, lb) -> torch.Tensor:
-        """PPMLA on (B, n, H, W, d): numerator and masked mass are two O(N) PPMDA calls (Theorem 3); the
-        numerator's feature maps are the RoPE'd ones, the mass's the un-rotated (non-negative) ones, as in MLLA.
-        (``ppma_linear_attention(normalize=True)`` would take both from the same features: the RoPE'd ones can
-        be negative, so their masked mass can vanish.)"""
-        num = ppma_decomposed_attention(q_rope, k_rope, v, la, lb, mask='2d', impl=self.impl)
-        ones = v.new_ones(*v.shape[:-1], 1)
-        mass = ppma_decomposed_attention(q, k, ones, la, lb, mask='2d', impl=self.impl)
-        return num / (mass + self.eps)
+        """PPMLA on (B, n, H, W, d) through :func:`~mmppma.ops.ppma_linear_attention`: numerator and masked
+        mass are two O(N) PPMDA calls (Theorem 3); the numerator's features are the RoPE'd ones, the mass's the
+        un-rotated (non-negative) ones, as in MLLA (``normalizer``: the RoPE'd ones can be negative, so their
+        masked mass can vanish)."""
+        return ppma_linear_attention(q_rope, k_rope, v, la, lb, normalize=True, eps=self.eps, mask='2d',
+                                     impl=self.impl, normalizer=(q, k))
 
     def extra_repr(self) -> str:
         return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, attn={self.attn!r}'
