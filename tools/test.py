@@ -10,28 +10,18 @@ import sys
 # Runs as a script from a checkout: make the checkout's mmppma importable without installing it.
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.config import Config  # noqa: E402
 
-from mmppma.utils import (build_runner, register_scope_modules, set_local_rank,  # noqa: E402
-                          setup_cpu_distributed, setup_work_dir)
+from mmppma.utils import (build_runner, launcher_parser, load_launch_config,  # noqa: E402
+                          parse_launcher_args, setup_cpu_distributed)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description='Test a checkpoint (mmppma launcher for OpenMMLab 2.0 configs)')
-    parser.add_argument('config', help='config file path')
+    parser = launcher_parser('Test a checkpoint (mmppma launcher for OpenMMLab 2.0 configs)',
+                             'where logs and metrics go (default: config or ./work_dirs/NAME)')
     parser.add_argument('checkpoint', help='checkpoint file (path or URL)')
-    parser.add_argument('--work-dir', help='where logs and metrics go (default: config or ./work_dirs/NAME)')
     parser.add_argument('--out', help='also dump the raw predictions to this pickle file')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config entries, e.g. test_dataloader.batch_size=2')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    set_local_rank(args.local_rank)
-    return args
+    return parse_launcher_args(parser, argv)
 
 
 def add_dump_results(cfg: Config, out: str) -> None:
@@ -51,12 +41,7 @@ def add_dump_results(cfg: Config, out: str) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    cfg.launcher = args.launcher
-    register_scope_modules(cfg.get('default_scope', None))
-    setup_work_dir(cfg, args.work_dir, args.config)
+    cfg = load_launch_config(args)
     cfg.load_from = args.checkpoint
     cfg.resume = False
     if args.out is not None:

@@ -7,24 +7,22 @@ imported, so ``type='mmppma.PPMA'`` and resuming full checkpoints under torch >=
     torchrun --nproc_per_node=N tools/train.py CONFIG --launcher pytorch
 """
 import argparse
-import os
 import os.path as osp
 import sys
 
 # Runs as a script from a checkout: make the checkout's mmppma importable without installing it.
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.config import Config  # noqa: E402
 from mmengine.logging import print_log  # noqa: E402
 
-from mmppma.utils import (build_runner, register_scope_modules, set_local_rank,  # noqa: E402
-                          setup_cpu_distributed, setup_work_dir)
+from mmppma.utils import (build_runner, launcher_parser, load_launch_config,  # noqa: E402
+                          parse_launcher_args, setup_cpu_distributed)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description='Train a model (mmppma launcher for OpenMMLab 2.0 configs)')
-    parser.add_argument('config', help='config file path')
-    parser.add_argument('--work-dir', help='where logs and checkpoints go (default: config or ./work_dirs/NAME)')
+    parser = launcher_parser('Train a model (mmppma launcher for OpenMMLab 2.0 configs)',
+                             'where logs and checkpoints go (default: config or ./work_dirs/NAME)')
     parser.add_argument(
         '--resume',
         nargs='?',
@@ -32,17 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         const='auto',
         help='resume from CKPT; without a path, from the latest checkpoint in the work dir')
     parser.add_argument('--amp', action='store_true', help='automatic mixed precision (needs CUDA)')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override config entries, e.g. train_cfg.max_epochs=12 "model.backbone.arch=small"')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
-    # torch.distributed.launch passes --local-rank (torch >= 2.0) or --local_rank.
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    set_local_rank(args.local_rank)
-    return args
+    return parse_launcher_args(parser, argv)
 
 
 def apply_amp(cfg: Config) -> None:
@@ -74,12 +62,7 @@ def apply_resume(cfg: Config, resume: str) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-    cfg.launcher = args.launcher
-    register_scope_modules(cfg.get('default_scope', None))
-    setup_work_dir(cfg, args.work_dir, args.config)
+    cfg = load_launch_config(args)
     if args.amp:
         apply_amp(cfg)
     if args.resume is not None:

@@ -4,6 +4,7 @@ The config's ``default_scope`` (``mmdet``, ``mmseg``, ``mmpretrain``, ...) decid
 modules get registered; mmppma itself is always imported. Downstream libraries are imported here only
 when a config asks for them, so ``import mmppma`` stays free of them.
 """
+import argparse
 import datetime
 import importlib
 import os
@@ -15,7 +16,7 @@ from mmengine.config import Config
 from mmengine.logging import print_log
 
 __all__ = ['register_scope_modules', 'build_runner', 'setup_work_dir', 'setup_cpu_distributed',
-           'set_local_rank']
+           'set_local_rank', 'launcher_parser', 'parse_launcher_args', 'load_launch_config']
 
 # default_scope -> the package that owns it (the scope and package names differ only for mmseg).
 _SCOPE_PACKAGES = {'mmdet': 'mmdet', 'mmseg': 'mmseg', 'mmpretrain': 'mmpretrain', 'mmdet3d': 'mmdet3d'}
@@ -108,3 +109,39 @@ def set_local_rank(local_rank: int) -> None:
     """Export ``LOCAL_RANK`` for launchers that pass ``--local_rank`` instead of setting it."""
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(local_rank)
+
+
+def launcher_parser(description: str, work_dir_help: str) -> argparse.ArgumentParser:
+    """The arguments tools/train.py and tools/test.py share: CONFIG, --work-dir, --cfg-options, --launcher
+    and the --local_rank that older launchers pass. Each tool adds its own before parsing."""
+    from mmengine.config import DictAction
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument('config', help='config file path')
+    parser.add_argument('--work-dir', help=work_dir_help)
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override config entries, e.g. train_cfg.max_epochs=12 "model.backbone.arch=small"')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'], default='none')
+    # torch.distributed.launch passes --local-rank (torch >= 2.0) or --local_rank.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    return parser
+
+
+def parse_launcher_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    args = parser.parse_args(argv)
+    set_local_rank(args.local_rank)
+    return args
+
+
+def load_launch_config(args: argparse.Namespace) -> Config:
+    """The config with ``--cfg-options`` merged, the launcher set, its scope's modules registered and the
+    work dir decided."""
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    cfg.launcher = args.launcher
+    register_scope_modules(cfg.get('default_scope', None))
+    setup_work_dir(cfg, args.work_dir, args.config)
+    return cfg
