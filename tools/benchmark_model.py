@@ -1,19 +1,28 @@
 #!/usr/bin/env python
-"""PPMA vs RMT backbone: forward+backward time and peak memory, in one run.
+"""PPMA vs RMT: training-step (or inference) time and peak memory, every model and impl in one run.
 
     python tools/benchmark_model.py [--arch tiny] [--shape 512 768] [--batch 1] [--iters 3] [--device cpu]
-                                    [--impl auto] [--mode train|infer] [--amp fp16|bf16]
+                                    [--impl auto [torch reference ...]] [--models PPMA RMT]
+                                    [--task backbone|mask_rcnn] [--mode train|infer] [--amp fp16|bf16]
+
+``--task backbone`` (default) times the backbone alone (out_indices 0-3, release dense layout; the loss is the
+sum of its outputs). ``--task mask_rcnn`` times a whole Mask R-CNN training step from our configs
+(``configs/mask_rcnn_{ppma,rmt}_{t,s,b}_1x_coco.py``, no pretrained weights): data preprocessor, backbone,
+FPN, RPN and RoI heads with their losses, on a synthetic batch (random images, three boxes with masks each).
+
+``--impl`` takes one or more attention implementations; every model runs once per impl, and the summary
+gives PPMA / RMT per impl and, when ``reference`` is among them, each impl's PPMA against PPMA's
+``reference`` path (the #5 targets: time ratio and peak-memory share).
 
 ``--mode infer`` times inference (``eval()``, ``torch.inference_mode``) instead of a training step and
 prints images per second as well; ``--amp`` runs under ``torch.autocast`` with that dtype (CUDA for fp16).
 
-Each model runs in its own fresh subprocess, one after the other, so that neither sees the other's
-allocations or caches. Per model: build the backbone (out_indices 0-3, release dense layout), make the input,
-then run forward + backward (sum of the outputs) ``1 + iters`` times.
+Each (model, impl) runs in its own fresh subprocess, one after the other, so that none sees another's
+allocations or caches. Per run: build the model, make the input, then run the step ``1 + iters`` times.
 
 * time: median wall time of the ``iters`` runs after the first (the first includes one-off costs).
 * peak memory on CPU: the increase of the process's peak resident set size (``getrusage(RUSAGE_SELF)
-  .ru_maxrss``) from just before the first forward to just after its backward. This is the extra resident
+  .ru_maxrss``) from just before the first step to just after it. This is the extra resident
   memory the step needed (activations, saved tensors, gradients, temporaries) on top of the model and input;
   allocator reuse can only make it smaller than the sum of all allocations, never larger. On CUDA:
   ``torch.cuda.max_memory_allocated`` over the same step, minus the memory allocated before it.
@@ -28,31 +37,92 @@ import subprocess
 import sys
 import time
 
+IMPLS = ['auto', 'torch', 'triton', 'reference']
 ROOT = osp.join(osp.dirname(osp.abspath(__file__)), '..')
+
+
+def build_backbone(args, device):
+    """The backbone alone; the step's loss is the sum of its four outputs."""
+    import torch
+
+    from mmppma.models import PPMA, RMT
+    model = {'PPMA': PPMA, 'RMT': RMT}[args.worker](args.arch, impl=args.impl).to(device)
+    x = torch.randn(args.batch, 3, *args.shape, device=device)
+
+    def loss(train: bool):
+        outs = model(x)
+        return sum(o.float().sum() for o in outs) if train else None
+
+    return model, x, loss
+
+
+def build_mask_rcnn(args, device):
+    """Mask R-CNN from our 1x config for the model and arch, on a synthetic batch of ``args.batch`` images of
+    ``args.shape`` with three boxes (and box-shaped masks) each; the step's loss is the detector's."""
+    import numpy as np
+    import torch
+    from mmdet.structures import DetDataSample
+    from mmdet.structures.mask import BitmapMasks
+    from mmdet.utils import register_all_modules
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, init_default_scope
+    from mmengine.structures import InstanceData
+
+    import mmppma  # noqa: F401  (registers the backbones)
+    register_all_modules(init_default_scope=False)
+    init_default_scope('mmdet')
+    path = osp.join(ROOT, 'configs', f'mask_rcnn_{args.worker.lower()}_{args.arch[0].lower()}_1x_coco.py')
+    cfg = Config.fromfile(path)
+    cfg.model.backbone.update(impl=args.impl, init_cfg=None)
+    model = MODELS.build(cfg.model).to(device)
+    h, w = args.shape
+    gen = np.random.default_rng(0)
+    images, samples = [], []
+    for _ in range(args.batch):
+        images.append(torch.from_numpy(gen.integers(0, 256, (3, h, w), dtype=np.uint8)).to(device))
+        boxes, masks = [], np.zeros((3, h, w), dtype=np.uint8)
+        for j in range(3):
+            x0, y0 = gen.integers(0, w // 2), gen.integers(0, h // 2)
+            x1, y1 = x0 + gen.integers(w // 8 + 1, w // 2), y0 + gen.integers(h // 8 + 1, h // 2)
+            boxes.append([x0, y0, x1, y1])
+            masks[j, y0:y1, x0:x1] = 1
+        sample = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), scale_factor=(1.0, 1.0)))
+        sample.gt_instances = InstanceData(
+            bboxes=torch.tensor(boxes, dtype=torch.float32, device=device),
+            labels=torch.tensor([1, 2, 3], device=device),
+            masks=BitmapMasks(masks, h, w))
+        samples.append(sample)
+    data = model.data_preprocessor(dict(inputs=images, data_samples=samples), training=True)
+
+    def loss(train: bool):
+        if train:
+            losses = model(data['inputs'], data['data_samples'], mode='loss')
+            return model.parse_losses(losses)[0]
+        model(data['inputs'], data['data_samples'], mode='predict')
+        return None
+
+    return model, data['inputs'], loss
 
 
 def worker(args: argparse.Namespace) -> dict:
     sys.path.insert(0, ROOT)
     import torch
-
-    from mmppma.models import PPMA, RMT
     torch.manual_seed(0)
     device = torch.device(args.device)
-    cls = {'PPMA': PPMA, 'RMT': RMT}[args.worker]
     train = args.mode == 'train'
-    model = cls(args.arch, impl=args.impl).to(device).train(train)
-    x = torch.randn(args.batch, 3, *args.shape, device=device)
+    build = {'backbone': build_backbone, 'mask_rcnn': build_mask_rcnn}[args.task]
+    model, x, loss = build(args, device)
+    model.train(train)
     amp_dtype = {None: None, 'fp16': torch.float16, 'bf16': torch.bfloat16}[args.amp]
 
     def step():
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             if train:
-                outs = model(x)
-                sum(o.float().sum() for o in outs).backward()
+                loss(True).backward()
                 model.zero_grad(set_to_none=True)
             else:
                 with torch.inference_mode():
-                    model(x)
+                    loss(False)
         if device.type == 'cuda':
             torch.cuda.synchronize()
 
@@ -71,9 +141,10 @@ def worker(args: argparse.Namespace) -> dict:
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    return dict(model=args.worker, time_s=statistics.median(times), times_s=times, peak_bytes=peak,
-                stage_s=stage_times(model, x, device, max(1, args.iters)) if train else [],
-                threads=torch.get_num_threads(), torch=torch.__version__,
+    backbone = model if args.task == 'backbone' else model.backbone
+    stages = stage_times(backbone, x, device, max(1, args.iters)) if train and args.stages else []
+    return dict(model=args.worker, impl=args.impl, time_s=statistics.median(times), times_s=times,
+                peak_bytes=peak, stage_s=stages, threads=torch.get_num_threads(), torch=torch.__version__,
                 device=torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu')
 
 
@@ -103,18 +174,40 @@ def stage_times(model, x, device, iters: int) -> list:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--arch', default='tiny')
+    parser.add_argument('--arch', default='tiny', choices=['tiny', 'small', 'base', 't', 's', 'b'])
     parser.add_argument('--shape', type=int, nargs=2, default=[512, 768], metavar=('H', 'W'))
     parser.add_argument('--batch', type=int, default=1)
     parser.add_argument('--iters', type=int, default=3, help='timed runs after the first')
     parser.add_argument('--device', default='cpu')
-    parser.add_argument('--impl', default='auto', choices=['auto', 'torch', 'triton', 'reference'],
-                        help='attention implementation passed to the ops')
+    parser.add_argument('--impl', '--impls', dest='impl', nargs='+', default=['auto'], choices=IMPLS,
+                        help='attention implementation(s) passed to the ops; each model runs once per impl')
+    parser.add_argument('--models', nargs='+', default=['PPMA', 'RMT'], choices=['PPMA', 'RMT'])
+    parser.add_argument('--task', default='backbone', choices=['backbone', 'mask_rcnn'],
+                        help='time the backbone alone or a whole Mask R-CNN step (configs/mask_rcnn_*_1x_coco.py)')
     parser.add_argument('--mode', default='train', choices=['train', 'infer'],
                         help='time a training step (forward + backward) or inference')
     parser.add_argument('--amp', choices=['fp16', 'bf16'], help='run under torch.autocast with this dtype')
+    parser.add_argument('--no-stages', dest='stages', action='store_false',
+                        help='skip the per-stage breakdown of the backbone (train mode)')
     parser.add_argument('--worker', choices=['PPMA', 'RMT'], help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.worker:
+        args.impl = args.impl[0]
+    elif len(set(args.impl)) != len(args.impl):
+        parser.error(f'--impl lists an implementation twice: {args.impl}')
+    return args
+
+
+def run_worker(args: argparse.Namespace, name: str, impl: str) -> dict:
+    cmd = [sys.executable, osp.abspath(__file__), '--worker', name, '--impl', impl, '--arch', args.arch,
+           '--shape', *map(str, args.shape), '--batch', str(args.batch), '--iters', str(args.iters),
+           '--device', args.device, '--task', args.task, '--mode', args.mode]
+    cmd += (['--amp', args.amp] if args.amp else []) + ([] if args.stages else ['--no-stages'])
+    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    if out.returncode:
+        sys.stderr.write(out.stderr)
+        raise SystemExit(f'{name} (impl={impl}) benchmark failed (exit {out.returncode})')
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
@@ -123,27 +216,33 @@ def main(argv=None) -> int:
         print(json.dumps(worker(args)))
         return 0
     results = {}
-    for name in ('PPMA', 'RMT'):
-        cmd = [sys.executable, osp.abspath(__file__), '--worker', name, '--arch', args.arch, '--shape',
-               *map(str, args.shape), '--batch', str(args.batch), '--iters', str(args.iters), '--device',
-               args.device, '--impl', args.impl, '--mode', args.mode] + (['--amp', args.amp] if args.amp else [])
-        out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
-        if out.returncode:
-            sys.stderr.write(out.stderr)
-            raise SystemExit(f'{name} benchmark failed (exit {out.returncode})')
-        results[name] = json.loads(out.stdout.strip().splitlines()[-1])
-    p, r = results['PPMA'], results['RMT']
+    for impl in args.impl:
+        for name in args.models:
+            results[name, impl] = res = run_worker(args, name, impl)
+            print(f'{name} impl={impl}: {res["time_s"]:.3f} s, {res["peak_bytes"] / 2**20:.1f} MiB', flush=True)
+    first = next(iter(results.values()))
     h, w = args.shape
-    what = 'forward+backward' if args.mode == 'train' else 'inference'
-    print(f'{args.arch} backbones, input {args.batch}x3x{h}x{w}, {what}, device {p["device"]}, '
-          f'{p["threads"]} threads, torch {p["torch"]}, impl={args.impl}, amp={args.amp or "off"}')
-    print(f'{"model":6s} {"median time (s)":>16s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
-    for name, res in results.items():
-        print(f'{name:6s} {res["time_s"]:16.3f} {args.batch / res["time_s"]:10.1f} {res["peak_bytes"] / 2**20:18.1f}')
-    for i, (ps, rs) in enumerate(zip(p['stage_s'], r['stage_s'])):
-        print(f'  stage {i + 1}: PPMA {ps:.3f} s, RMT {rs:.3f} s (fwd+bwd of the stage alone)')
-    print(f'PPMA / RMT: time {p["time_s"] / r["time_s"]:.2f}x, peak memory '
-          f'{p["peak_bytes"] / max(r["peak_bytes"], 1):.2f}x')
+    what = 'training step' if args.mode == 'train' else 'inference'
+    print(f'\n{args.task} ({args.arch}), input {args.batch}x3x{h}x{w}, {what}, device {first["device"]}, '
+          f'{first["threads"]} threads, torch {first["torch"]}, amp={args.amp or "off"}')
+    print(f'{"model":6s} {"impl":10s} {"median time (s)":>16s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
+    for (name, impl), res in results.items():
+        print(f'{name:6s} {impl:10s} {res["time_s"]:16.3f} {args.batch / res["time_s"]:10.1f} '
+              f'{res["peak_bytes"] / 2**20:18.1f}')
+        for i, t in enumerate(res['stage_s']):
+            print(f'    stage {i + 1}: {t:.3f} s (fwd+bwd of the stage alone)')
+    for impl in args.impl:
+        if ('PPMA', impl) in results and ('RMT', impl) in results:
+            p, r = results['PPMA', impl], results['RMT', impl]
+            print(f'PPMA / RMT, impl={impl}: time {p["time_s"] / r["time_s"]:.2f}x, peak memory '
+                  f'{p["peak_bytes"] / max(r["peak_bytes"], 1):.2f}x')
+    if ('PPMA', 'reference') in results:
+        ref = results['PPMA', 'reference']
+        for impl in args.impl:
+            if impl != 'reference' and ('PPMA', impl) in results:
+                p = results['PPMA', impl]
+                print(f'PPMA impl={impl} / impl=reference: time {p["time_s"] / ref["time_s"]:.2f}x, '
+                      f'peak memory {p["peak_bytes"] / max(ref["peak_bytes"], 1):.2f}x')
     return 0
 
 

@@ -1,0 +1,53 @@
+"""The benchmark tools run end to end at tiny sizes and print every row and ratio they promise.
+
+Speed and memory targets are checked by running these tools on the intended machines (docs/benchmarks.md);
+here only their plumbing is checked: each (model, impl) is measured in the same run and the ratios are the
+quotients of the printed rows.
+"""
+import math
+import re
+
+import pytest
+
+ROW = re.compile(r'^(PPMA|RMT)\s+(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$', re.M)
+
+
+def _rows(stdout):
+    rows = {(m, impl): (float(t), float(mem)) for m, impl, t, _, mem in ROW.findall(stdout)}
+    assert rows, stdout
+    for t, mem in rows.values():
+        assert t > 0 and math.isfinite(t) and mem >= 0, stdout
+    return rows
+
+
+def _ratio(stdout, prefix):
+    m = re.search(re.escape(prefix) + r': time ([\d.]+)x, peak memory ([\d.]+)x', stdout)
+    assert m, f'no "{prefix}" line in\n{stdout}'
+    return float(m.group(1)), float(m.group(2))
+
+
+def test_benchmark_model_backbone_every_model_and_impl(run_python):
+    out = run_python(['tools/benchmark_model.py', '--shape', '20', '36', '--iters', '1', '--impl', 'torch',
+                      'reference'], timeout=600).stdout
+    rows = _rows(out)
+    assert set(rows) == {(m, i) for m in ('PPMA', 'RMT') for i in ('torch', 'reference')}
+    assert out.count('stage 4:') == 4  # per-stage breakdown of every run
+    for impl in ('torch', 'reference'):
+        time_ratio, _ = _ratio(out, f'PPMA / RMT, impl={impl}')
+        assert time_ratio == pytest.approx(rows['PPMA', impl][0] / rows['RMT', impl][0], rel=0.02, abs=0.01)
+    time_ratio, _ = _ratio(out, 'PPMA impl=torch / impl=reference')
+    assert time_ratio == pytest.approx(rows['PPMA', 'torch'][0] / rows['PPMA', 'reference'][0], rel=0.02, abs=0.01)
+
+
+def test_benchmark_model_mask_rcnn_step(run_python, mmdet_ready):
+    out = run_python(['tools/benchmark_model.py', '--task', 'mask_rcnn', '--models', 'PPMA', '--shape', '64',
+                      '96', '--batch', '2', '--iters', '1', '--impl', 'torch', '--no-stages'],
+                     timeout=600).stdout
+    assert set(_rows(out)) == {('PPMA', 'torch')}
+    assert 'mask_rcnn (tiny), input 2x3x64x96, training step' in out
+    assert 'stage' not in out.split('mask_rcnn (tiny)')[1]
+
+
+def test_benchmark_model_rejects_a_repeated_impl(run_python):
+    proc = run_python(['tools/benchmark_model.py', '--impl', 'torch', 'torch'], check=False)
+    assert proc.returncode == 2 and 'twice' in proc.stderr
