@@ -324,6 +324,13 @@ def test_in1k_config_contents(size, arch, drop, dims, mmpretrain_ready):
     assert cfg.custom_hooks[0].type == 'EMAHook' and cfg.custom_hooks[0].momentum == 1e-4
 
 
+def test_ppmla_in1k_config_is_mlla_t_with_ppmla(mmpretrain_ready):
+    ppmla, mlla = _cfg('ppmla_t_8xb128_in1k.py'), _cfg('mlla_t_8xb128_in1k.py')
+    assert ppmla.model.backbone.pop('attn') == 'ppmla'
+    assert ppmla.model.to_dict() == mlla.model.to_dict()
+    assert ppmla.optim_wrapper.paramwise_cfg.no_decay_names == ['A_log', 'dt_bias']
+
+
 def test_in1k_classifier_builds_with_release_param_count(mmpretrain_ready):
     from mmpretrain.registry import MODELS
     from mmengine.registry import init_default_scope
@@ -353,13 +360,15 @@ def test_detection_config_contents(name, mmdet_ready):
     assert sorted(s[0] for s in choice.transforms[0][0].scales) == list(range(480, 801, 32))
 
 
-@pytest.mark.parametrize('size', ['t', 's', 'b'])
-def test_segmentation_config_contents(size, mmseg_ready):
-    cfg = _cfg(f'upernet_mlla_{size}_512x512_160k_ade20k.py')
+@pytest.mark.parametrize('family,size', [('mlla', 't'), ('mlla', 's'), ('mlla', 'b'), ('ppmla', 't')])
+def test_segmentation_config_contents(family, size, mmseg_ready):
+    cfg = _cfg(f'upernet_{family}_{size}_512x512_160k_ade20k.py')
     arch = {'t': 'tiny', 's': 'small', 'b': 'base'}[size]
     dims = MLLA_ARCH_ZOO[arch]['embed_dims']
     bb = cfg.model.backbone
     assert (bb.type, bb.arch, bb.drop_path_rate) == ('mmppma.MLLA', arch, {'t': 0.2, 's': 0.3, 'b': 0.5}[size])
+    assert bb.get('attn', 'mlla') == family
+    assert bb.init_cfg == dict(type='Pretrained', checkpoint=f'checkpoints/{family}_{size}_in1k.pth', prefix='backbone.')
     assert cfg.model.decode_head.in_channels == dims and cfg.model.auxiliary_head.in_channels == dims[2]
     opt = cfg.optim_wrapper
     assert (opt.optimizer.lr, opt.optimizer.weight_decay) == (6e-5, 0.01)

@@ -240,6 +240,11 @@ def release_to_mmppma(state: Mapping[str, torch.Tensor],
     """
     family = check_family(family)
     downstream, backbone, rest = split_state(family, state)
+    if not backbone:
+        article = 'an' if family == 'MLLA' else 'a'
+        raise CheckpointMismatchError(f'not {article} {family} backbone: no {"backbone." if downstream else ""}'
+                                      f'{"* / ".join(BACKBONE_ROOTS[family])}* keys; keys start with '
+                                      f'{sorted(state)[:5]}')
     measured = inspect_mlla(backbone) if family == 'MLLA' else inspect_vminet(backbone)
     if arch is not None:
         arch = canonical_arch(family, arch)
