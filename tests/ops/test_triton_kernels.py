@@ -113,14 +113,62 @@ def test_extreme_decays_in_kernels_stay_finite():
         assert torch.isfinite(out).all() and all(torch.isfinite(g_).all() for g_ in grads)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='half-precision kernels are checked on a GPU; '
-                    'the interpreter computes in numpy')
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
-def test_half_precision_kernels_close_to_float32(dtype):
-    q, k, v, la, lb = make(2, 4, 14, 14, 32)
-    want = ppma_attention(q, k, v, la, lb, scale=32**-0.5, impl='triton')
-    got = ppma_attention(q.to(dtype), k.to(dtype), v.to(dtype), la, lb, scale=32**-0.5, impl='triton')
-    assert ((got.float() - want).norm() / want.norm()) < 1e-2
+@pytest.fixture
+def interpreter_bf16_dot(monkeypatch):
+    """Give the interpreter's ``tl.dot`` the GPU's bfloat16 semantics; nothing is patched on CUDA.
+
+    Under ``TRITON_INTERPRET=1`` triton stores bfloat16 as uint16 and its ``tl.dot`` multiplies those bit
+    patterns (triton-lang/triton#11584, answered "not supported yet"); loads, stores and casts of bfloat16 are
+    exact, and the kernels do no other bfloat16 arithmetic. Widening both operands to float32 exactly (what
+    the interpreter's own cast does) and accumulating in float32 is what the tensor cores compute.
+    """
+    if DEVICE == 'cuda':
+        return
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def widened(handle):
+        if handle.dtype.scalar != tl.bfloat16:
+            return handle
+        data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
+        return interpreter.TensorHandle(data, tl.float32)
+
+    def create_dot(self, a, b, *args, **kwargs):
+        return original(self, widened(a), widened(b), *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, 'create_dot', create_dot)
+
+
+def assert_half_close(fn, inputs, half_indices, dtype, bound=1e-2):
+    """``fn`` with the inputs at ``half_indices`` in ``dtype`` (log-decays stay float32, as the ops require)
+    against ``fn`` in float32 on the same rounded values: output and every gradient within ``bound`` in
+    relative norm, and the output keeps the half dtype."""
+    rounded = [t.detach().to(dtype).float() if i in half_indices else t.detach() for i, t in enumerate(inputs)]
+    want = outputs_and_grads(fn, [t.requires_grad_() for t in rounded])
+    half = [t.detach().to(dtype) if i in half_indices else t.detach() for i, t in enumerate(rounded)]
+    got = outputs_and_grads(fn, [t.requires_grad_() for t in half])
+    assert got[0].dtype == dtype
+    names = ['out'] + [f'grad[{i}]' for i in range(len(inputs))]
+    for name, a, b in zip(names, got, want):
+        assert torch.isfinite(a).all(), name
+        err = ((a.float() - b).norm() / b.norm().clamp_min(1e-30)).item()
+        assert err < bound, f'{name}: relative error {err:.2e} in {dtype} vs float32 (bound {bound})'
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
+def test_half_precision_kernels_close_to_float32(dtype, interpreter_bf16_dot):
+    """Every kernel family with fp16 / bf16 q, k, v (float32 decay tables, float32 accumulation), forward and
+    backward, against float32 - the issue's "relative error near 1e-2 at most"."""
+    whole = make(1, 2, 7, 9, 16, seed=5)
+    assert_half_close(lambda *a: ppma_attention(*a, scale=0.25, impl='triton'), whole, {0, 1, 2}, dtype)
+    assert_half_close(lambda *a: criss_cross_attention(*a, scale=0.25, impl='triton'), whole, {0, 1, 2}, dtype)
+    gamma = torch.tensor([-0.2, -0.9], device=DEVICE)
+    assert_half_close(lambda *a: manhattan_attention(*a, gamma, scale=0.25, impl='triton'), whole[:3],
+                      {0, 1, 2}, dtype)
+    assert_half_close(lambda x, a, b: polyline_mask_matvec(x, a, b, '2d', impl='triton'),
+                      [whole[2], whole[3], whole[4]], {0}, dtype)
 
 
 # ----------------------------------------------------------------------------------------------- dispatch
