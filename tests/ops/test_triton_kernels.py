@@ -1,4 +1,4 @@
-"""Every Triton kernel against the dense reference, outputs and all gradients, float32.
+"""Every Triton kernel against the dense reference, outputs and all gradients, float32; fp16 / bf16 vs float32.
 
 On a machine without a GPU (CI) the kernels run under ``TRITON_INTERPRET=1`` (see conftest.py); with a GPU
 they run compiled on CUDA. Shapes cover N = 49 and 196, a 13 x 17 map, 1 x N and N x 1 maps, and
