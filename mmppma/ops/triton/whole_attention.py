@@ -2,8 +2,12 @@
 
 Scores ``S = scale * q k^T`` are computed once per tile; each path's bias (V2H: M, H2V: M^T) is built in
 registers from the O(N) cumsum tables Ca (rows) and Cb (columns), and each path keeps its own online
-softmax. The backward recomputes the tiles; the bias gradient is reduced inside the loops into O(N^1.5)
-segment tables (one-hot reductions by ``tl.dot``), each owned by one program: no atomics, deterministic.
+softmax. The backward recomputes the tiles and reduces the bias gradient inside its loops straight onto the
+O(N) cumsum tables: every score's bias reads four table entries, two at the query's or key's own token (row
+sums of the score gradient, owned by that token's program) and two at a "corner" token (the query's row and
+the key's column for V2H, the reverse for H2V), reduced by one-hot ``tl.dot`` per image row of the owning
+block and stored in one slot per (row, block). The host sums the slots: no atomics, deterministic, and
+extra memory O(N) (a few floats per token).
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 Segment sum from index u to t along a line with cumsum C: C[max] - C[min] (index order).
@@ -112,20 +116,39 @@ def _probs(s, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
 
 
 @triton.jit
+def _sign(ge):
+    return tl.where(ge, 1.0, -1.0)
+
+
+@triton.jit
+def _store_corners(buf_ptr, corner, pid, offs_w, N, H, W,
+                   BLOCK: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """Store a block's (ROWS, BLOCK_W) partial sums over the image rows its tokens span: row ``first + r``
+    into slot ``pid - first_block(row)`` of a (H, SLOTS, W) buffer. Each (row, slot) has exactly one
+    owner program, so the sum over slots (on the host) is deterministic."""
+    first = (pid * BLOCK) // W
+    rows = first + tl.arange(0, ROWS)
+    end = tl.minimum((pid + 1) * BLOCK, N)
+    slot = pid - (rows * W) // BLOCK
+    mask = (rows * W < end)[:, None] & (offs_w[None, :] < W)
+    tl.store(buf_ptr + (rows[:, None] * SLOTS + slot[:, None]) * W + offs_w[None, :], corner, mask=mask)
+
+
+@triton.jit
 def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                  ga_ptr, gb_ptr, scale, w1, w2, N, H, W, D, DV,
+                  self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, w1, w2, N, H, W, D, DV,
                   V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    """One program per key block: dk, dv, and the key-owned table gradients
-    gb[s, i] = dSb[l_s, i, k_s] (V2H) and ga[s, j] = dSa[k_s, l_s, j] (H2V)."""
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr,
+                  SLOTS: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per key block: dk, dv, and the decay-table gradients the keys own:
+    V2H, Cb[k_s, l_s] (the key's own entry); H2V, Ca[k_s, l_s] and the corners Ca[k_s, j_p], Cb[k_s, j_p]
+    (key row, query column), reduced over the block's keys of each image row."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
     nbh = tl.num_programs(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    offs_h = tl.arange(0, BLOCK_H)
     offs_w = tl.arange(0, BLOCK_W)
     mask_n = offs_n < N
     k_r = offs_n // W
@@ -136,8 +159,9 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
     cb_k = tl.load(cb_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    gb = tl.zeros([BLOCK_H, BLOCK_N], tl.float32)
-    ga = tl.zeros([BLOCK_W, BLOCK_N], tl.float32)
+    self_b = tl.zeros([BLOCK_N], tl.float32)
+    acc_a = tl.zeros([BLOCK_W, BLOCK_N], tl.float32)  # sum over queries of column j of ds2
+    acc_b = tl.zeros([BLOCK_W, BLOCK_N], tl.float32)  # the same, signed by sgn(k_s >= i_p)
     for start_m in range(0, N, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         mask_m = offs_m < N
@@ -160,8 +184,7 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
             dv += tl.dot(tl.trans((w1 * p).to(do.dtype)), do, input_precision=PRECISION)
             ds1 = p * (w1 * dp - delta[:, None])
             ds += ds1
-            onehot_i = (i_q[:, None] == offs_h[None, :]).to(tl.float32)  # (BLOCK_M, BLOCK_H)
-            gb += tl.dot(tl.trans(onehot_i), ds1, input_precision='ieee')
+            self_b -= tl.sum(ds1 * _sign(i_q[:, None] >= k_r[None, :]), 0)
             path = 1
         if H2V:
             base = path * nbh * N
@@ -172,34 +195,43 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
             dv += tl.dot(tl.trans((w2 * p).to(do.dtype)), do, input_precision=PRECISION)
             ds2 = p * (w2 * dp - delta[:, None])
             ds += ds2
-            onehot_j = (j_q[:, None] == offs_w[None, :]).to(tl.float32)  # (BLOCK_M, BLOCK_W)
-            ga += tl.dot(tl.trans(onehot_j), ds2, input_precision='ieee')
+            onehot_j = tl.trans((j_q[:, None] == offs_w[None, :]).to(tl.float32))  # (BLOCK_W, BLOCK_M)
+            acc_a += tl.dot(onehot_j, ds2, input_precision='ieee')
+            acc_b += tl.dot(onehot_j, ds2 * _sign(k_r[None, :] >= i_q[:, None]), input_precision='ieee')
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
     store_tile(dk_ptr + bh * N * D, offs_n, mask_n, offs_d, D, dk * scale)
     store_tile(dv_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV, dv)
     if V2H:
-        tl.store(gb_ptr + bh * N * H + offs_n[None, :] * H + offs_h[:, None], gb,
-                 mask=mask_n[None, :] & (offs_h[:, None] < H))
+        tl.store(self_b_ptr + bh * N + offs_n, self_b, mask=mask_n)
     if H2V:
-        tl.store(ga_ptr + bh * N * W + offs_n[None, :] * W + offs_w[:, None], ga,
-                 mask=mask_n[None, :] & (offs_w[:, None] < W))
+        # Ca[k, l] - Ca[k, j] if l >= j else the reverse: the key's entry gets sgn, the corner -sgn
+        sgn = _sign(l_c[None, :] >= offs_w[:, None])  # (BLOCK_W, BLOCK_N)
+        tl.store(self_a_ptr + bh * N + offs_n, tl.sum(sgn * acc_a, 0), mask=mask_n)
+        onehot_rows = (k_r[:, None] - (pid_n * BLOCK_N) // W == tl.arange(0, ROWS)[None, :]).to(tl.float32)
+        onehot_rows = tl.where(mask_n[:, None], onehot_rows, 0.0)  # (BLOCK_N, ROWS)
+        corner_a = tl.dot(-sgn * acc_a, onehot_rows, input_precision='ieee')  # (BLOCK_W, ROWS)
+        corner_b = tl.dot(acc_b, onehot_rows, input_precision='ieee')
+        _store_corners(corner_a_ptr + bh * H * SLOTS * W, tl.trans(corner_a), pid_n, offs_w, N, H, W, BLOCK_N,
+                       ROWS, SLOTS)
+        _store_corners(corner_b_ptr + bh * H * SLOTS * W, tl.trans(corner_b), pid_n, offs_w, N, H, W, BLOCK_N,
+                       ROWS, SLOTS)
 
 
 @triton.jit
-def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, ga_ptr, gb_ptr,
-                 scale, w1, w2, N, H, W, D, DV,
+def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+                 self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, w1, w2, N, H, W, D, DV,
                  V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
-                 PRECISION: tl.constexpr):
-    """One program per query block: dq, and the query-owned table gradients
-    ga[p, l] = dSa[i_p, j_p, l] (V2H) and gb[p, k] = dSb[j_p, k, i_p] (H2V)."""
+                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr,
+                 SLOTS: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per query block: dq, and the decay-table gradients the queries own:
+    H2V, Cb[i_p, j_p] (the query's own entry); V2H, Ca[i_p, j_p] and the corners Ca[i_p, l_s], Cb[i_p, l_s]
+    (query row, key column), reduced over the block's queries of each image row."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     nbh = tl.num_programs(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    offs_h = tl.arange(0, BLOCK_H)
     offs_w = tl.arange(0, BLOCK_W)
     mask_m = offs_m < N
     i_q = offs_m // W
@@ -214,8 +246,9 @@ def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr
     lse2 = tl.load(lse_ptr + base2 + bh * N + offs_m, mask=mask_m, other=0.0)
     delta2 = tl.load(delta_ptr + base2 + bh * N + offs_m, mask=mask_m, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    ga = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)
-    gb = tl.zeros([BLOCK_M, BLOCK_H], tl.float32)
+    self_b = tl.zeros([BLOCK_M], tl.float32)
+    acc_a = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)  # sum over keys of column l of ds1
+    acc_b = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)  # the same, signed by sgn(i_p >= k_s)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
@@ -235,20 +268,28 @@ def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr
             ds1 = p * (w1 * dp - delta1[:, None])
             ds += ds1
             onehot_l = (l_c[:, None] == offs_w[None, :]).to(tl.float32)  # (BLOCK_N, BLOCK_W)
-            ga += tl.dot(ds1, onehot_l, input_precision='ieee')
+            acc_a += tl.dot(ds1, onehot_l, input_precision='ieee')
+            acc_b += tl.dot(ds1 * _sign(i_q[:, None] >= k_r[None, :]), onehot_l, input_precision='ieee')
         if H2V:
             p = _probs(s, ca_ptr + bh * N, cb_ptr + bh * N, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
                        lse2, W, True)
             ds2 = p * (w2 * dp - delta2[:, None])
             ds += ds2
-            onehot_k = (k_r[:, None] == offs_h[None, :]).to(tl.float32)  # (BLOCK_N, BLOCK_H)
-            gb += tl.dot(ds2, onehot_k, input_precision='ieee')
+            self_b -= tl.sum(ds2 * _sign(k_r[None, :] >= i_q[:, None]), 1)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     store_tile(dq_ptr + bh * N * D, offs_m, mask_m, offs_d, D, dq * scale)
     if V2H:
-        store_tile(ga_ptr + bh * N * W, offs_m, mask_m, offs_w, W, ga)
+        # Ca[i, j] - Ca[i, l] if j >= l else the reverse: the query's entry gets sgn, the corner -sgn
+        sgn = _sign(j_q[:, None] >= offs_w[None, :])  # (BLOCK_M, BLOCK_W)
+        tl.store(self_a_ptr + bh * N + offs_m, tl.sum(sgn * acc_a, 1), mask=mask_m)
+        onehot_rows = (i_q[None, :] - (pid_m * BLOCK_M) // W == tl.arange(0, ROWS)[:, None]).to(tl.float32)
+        onehot_rows = tl.where(mask_m[None, :], onehot_rows, 0.0)  # (ROWS, BLOCK_M)
+        corner_a = tl.dot(onehot_rows, -sgn * acc_a, input_precision='ieee')  # (ROWS, BLOCK_W)
+        corner_b = tl.dot(onehot_rows, acc_b, input_precision='ieee')
+        _store_corners(corner_a_ptr + bh * H * SLOTS * W, corner_a, pid_m, offs_w, N, H, W, BLOCK_M, ROWS, SLOTS)
+        _store_corners(corner_b_ptr + bh * H * SLOTS * W, corner_b, pid_m, offs_w, N, H, W, BLOCK_M, ROWS, SLOTS)
     if H2V:
-        store_tile(gb_ptr + bh * N * H, offs_m, mask_m, offs_h, H, gb)
+        tl.store(self_b_ptr + bh * N + offs_m, self_b, mask=mask_m)
 
 
 def _pow2(x: int, least: int = 16) -> int:
@@ -267,13 +308,10 @@ def _precision(dtype: torch.dtype):
     return 'ieee' if dtype == torch.float32 else None
 
 
-def segment_table_grad(dseg: torch.Tensor) -> torch.Tensor:
-    """Adjoint of ``seg[..., t, u] = C[max(t,u)] - C[min(t,u)]``: (..., L, L) -> dC (..., L)."""
-    length = dseg.shape[-1]
-    idx = torch.arange(length, device=dseg.device)
-    sign = torch.where(idx[:, None] >= idx[None, :], 1.0, -1.0).to(dseg.dtype)
-    signed = dseg * sign
-    return signed.sum(-1) - signed.sum(-2)
+def _row_span(block: int, width: int):
+    """(ROWS, SLOTS) for blocks of ``block`` consecutive tokens of rows ``width`` long: the image rows one block
+    can touch (a power of two, at least 16 for ``tl.dot``), and the blocks one row can touch."""
+    return _pow2((block - 1) // width + 2), (width - 1) // block + 2
 
 
 class WholeAttentionFunction(torch.autograd.Function):
@@ -311,24 +349,24 @@ class WholeAttentionFunction(torch.autograd.Function):
         dq = torch.empty_like(q, dtype=torch.float32)
         dk = torch.empty_like(k, dtype=torch.float32)
         dvv = torch.empty_like(v, dtype=torch.float32)
-        ga_q = torch.zeros(bh, n, ww, device=q.device, dtype=torch.float32)
-        gb_q = torch.zeros(bh, n, hh, device=q.device, dtype=torch.float32)
-        ga_k = torch.zeros(bh, n, ww, device=q.device, dtype=torch.float32)
-        gb_k = torch.zeros(bh, n, hh, device=q.device, dtype=torch.float32)
         block_m, block_n = _blocks(n)
+        rows_m, slots_m = _row_span(block_m, ww)
+        rows_n, slots_n = _row_span(block_n, ww)
+        # O(N) table gradients: each token's own entries, and per image row the "corner" entries (query row,
+        # key column for V2H; key row, query column for H2V) summed over one block's tokens in that row.
+        zeros = dict(device=q.device, dtype=torch.float32)
+        self_q, self_k = torch.zeros(2, bh, n, **zeros), torch.zeros(2, bh, n, **zeros)
+        corner_q = torch.zeros(2, bh, hh, slots_m, ww, **zeros)
+        corner_k = torch.zeros(2, bh, hh, slots_n, ww, **zeros)
         common = (float(scale), weight, weight, n, hh, ww, d, dv_, v2h, h2v)
-        tiles = (_pow2(d), _pow2(dv_), _pow2(hh), _pow2(ww), _precision(q.dtype))
-        _whole_bwd_kv[(triton.cdiv(n, block_n), bh)](q, k, v, ca, cb, dout, lse, delta, dk, dvv, ga_k, gb_k,
-                                                     *common, block_m, block_n, *tiles)
-        _whole_bwd_q[(triton.cdiv(n, block_m), bh)](q, k, v, ca, cb, dout, lse, delta, dq, ga_q, gb_q,
-                                                    *common, block_m, block_n, *tiles)
-        dca = dcb = None
-        if ctx.needs_input_grad[3] or ctx.needs_input_grad[4]:
-            # dSa[i, j, l] (row segment table) and dSb[l, i, k] (column segment table)
-            dsa = ga_q.reshape(bh, hh, ww, ww) + ga_k.reshape(bh, hh, ww, ww).transpose(-1, -2)
-            dsb = gb_k.reshape(bh, hh, ww, hh).permute(0, 2, 3, 1) + gb_q.reshape(bh, hh, ww, hh).transpose(1, 2)
-            dca = segment_table_grad(dsa)  # (bh, H, W)
-            dcb = segment_table_grad(dsb).transpose(-1, -2)  # (bh, W, H) -> (bh, H, W)
+        _whole_bwd_kv[(triton.cdiv(n, block_n), bh)](
+            q, k, v, ca, cb, dout, lse, delta, dk, dvv, self_k[0], self_k[1], corner_k[0], corner_k[1], *common,
+            block_m, block_n, _pow2(d), _pow2(dv_), _pow2(ww), rows_n, slots_n, _precision(q.dtype))
+        _whole_bwd_q[(triton.cdiv(n, block_m), bh)](
+            q, k, v, ca, cb, dout, lse, delta, dq, self_q[0], self_q[1], corner_q[0], corner_q[1], *common,
+            block_m, block_n, _pow2(d), _pow2(dv_), _pow2(ww), rows_m, slots_m, _precision(q.dtype))
+        tables = (self_q + self_k).reshape(2, bh, hh, ww) + corner_q.sum(3) + corner_k.sum(3)
+        dca, dcb = tables.unbind(0)
         return dq.to(q.dtype), dk.to(k.dtype), dvv.to(v.dtype), dca, dcb, None, None, None
 
 
