@@ -161,7 +161,7 @@ def assert_half_close(fn, inputs, half_indices, dtype, bound=1e-2):
 def test_half_precision_kernels_close_to_float32(dtype, interpreter_bf16_dot):
     """Every kernel family with fp16 / bf16 q, k, v (float32 decay tables, float32 accumulation), forward and
     backward, against float32 - the issue's "relative error near 1e-2 at most"."""
-    whole = make(1, 2, 7, 9, 16, seed=5)
+    whole = make(1, 2, 5, 7, 16, seed=5)
     assert_half_close(lambda *a: ppma_attention(*a, scale=0.25, impl='triton'), whole, {0, 1, 2}, dtype)
     assert_half_close(lambda *a: criss_cross_attention(*a, scale=0.25, impl='triton'), whole, {0, 1, 2}, dtype)
     gamma = torch.tensor([-0.2, -0.9], device=DEVICE)
