@@ -113,6 +113,30 @@ def test_extreme_decays_in_kernels_stay_finite():
         assert torch.isfinite(out).all() and all(torch.isfinite(g_).all() for g_ in grads)
 
 
+def test_whole_kernel_backward_extra_memory_is_linear_in_n():
+    """No tensor the backward allocates grows faster than N: the decay-table gradient is reduced onto the
+    H x W tables in-kernel (an N x W or N x H segment table - 12 N and 24 N floats here - would fail)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestFloatTensor(TorchDispatchMode):
+        largest = (0, None)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > self.largest[0]:
+                    self.largest = (t.numel(), str(func))
+            return out
+
+    h, w, d = 24, 12, 2
+    q, k, v, la, lb = make(1, 1, h, w, d, seed=4)
+    out = ppma_attention(q, k, v, la, lb, impl='triton')
+    with LargestFloatTensor() as mode:
+        torch.autograd.grad(out, [q, k, v, la, lb], torch.ones_like(out))
+    n = h * w
+    assert mode.largest[0] <= 4 * n * d, f'backward allocated {mode.largest[0]} floats ({mode.largest[1]}), N = {n}'
+
+
 @pytest.fixture
 def interpreter_bf16_dot(monkeypatch):
     """Give the interpreter's ``tl.dot`` the GPU's bfloat16 semantics; nothing is patched on CUDA.
