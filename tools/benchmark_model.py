@@ -143,9 +143,12 @@ def worker(args: argparse.Namespace) -> dict:
         times.append(time.perf_counter() - start)
     backbone = model if args.task == 'backbone' else model.backbone
     stages = stage_times(backbone, x, device, max(1, args.iters)) if train and args.stages else []
-    return dict(model=args.worker, impl=args.impl, time_s=statistics.median(times), times_s=times,
-                peak_bytes=peak, stage_s=stages, threads=torch.get_num_threads(), torch=torch.__version__,
-                device=torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu')
+    from mmppma.ops.attention import TRITON_OPS
+    from mmppma.ops.dispatch import resolve_impl
+    resolved = resolve_impl(args.impl, 'ppma_attention', [torch.empty(0, device=device)], TRITON_OPS)
+    return dict(model=args.worker, impl=args.impl, resolved=resolved, time_s=statistics.median(times),
+                times_s=times, peak_bytes=peak, stage_s=stages, threads=torch.get_num_threads(),
+                torch=torch.__version__, device=torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu')
 
 
 def stage_times(model, x, device, iters: int) -> list:
@@ -225,9 +228,10 @@ def main(argv=None) -> int:
     what = 'training step' if args.mode == 'train' else 'inference'
     print(f'\n{args.task} ({args.arch}), input {args.batch}x3x{h}x{w}, {what}, device {first["device"]}, '
           f'{first["threads"]} threads, torch {first["torch"]}, amp={args.amp or "off"}')
-    print(f'{"model":6s} {"impl":10s} {"median time (s)":>16s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
+    print(f'{"model":6s} {"impl":14s} {"median time (s)":>12s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
     for (name, impl), res in results.items():
-        print(f'{name:6s} {impl:10s} {res["time_s"]:16.3f} {args.batch / res["time_s"]:10.1f} '
+        shown = impl if res['resolved'] == impl else f'{impl}->{res["resolved"]}'
+        print(f'{name:6s} {shown:14s} {res["time_s"]:12.3f} {args.batch / res["time_s"]:10.1f} '
               f'{res["peak_bytes"] / 2**20:18.1f}')
         for i, t in enumerate(res['stage_s']):
             print(f'    stage {i + 1}: {t:.3f} s (fwd+bwd of the stage alone)')

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-ROW = re.compile(r'^(PPMA|RMT)\s+(\w+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$', re.M)
+ROW = re.compile(r'^(PPMA|RMT)\s+([\w>-]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$', re.M)
 
 
 def _rows(stdout):
@@ -27,16 +27,18 @@ def _ratio(stdout, prefix):
 
 
 def test_benchmark_model_backbone_every_model_and_impl(run_python):
-    out = run_python(['tools/benchmark_model.py', '--shape', '20', '36', '--iters', '1', '--impl', 'torch',
-                      'reference'], timeout=600).stdout
+    out = run_python(['tools/benchmark_model.py', '--shape', '20', '36', '--iters', '1', '--impl', 'auto',
+                      'reference'], timeout=600, MMPPMA_IMPL='').stdout
     rows = _rows(out)
-    assert set(rows) == {(m, i) for m in ('PPMA', 'RMT') for i in ('torch', 'reference')}
+    # the table names what 'auto' ran: torch on a CPU
+    assert set(rows) == {(m, i) for m in ('PPMA', 'RMT') for i in ('auto->torch', 'reference')}
     assert out.count('stage 4:') == 4  # per-stage breakdown of every run
-    for impl in ('torch', 'reference'):
+    for impl, row in (('auto', 'auto->torch'), ('reference', 'reference')):
         time_ratio, _ = _ratio(out, f'PPMA / RMT, impl={impl}')
-        assert time_ratio == pytest.approx(rows['PPMA', impl][0] / rows['RMT', impl][0], rel=0.02, abs=0.01)
-    time_ratio, _ = _ratio(out, 'PPMA impl=torch / impl=reference')
-    assert time_ratio == pytest.approx(rows['PPMA', 'torch'][0] / rows['PPMA', 'reference'][0], rel=0.02, abs=0.01)
+        assert time_ratio == pytest.approx(rows['PPMA', row][0] / rows['RMT', row][0], rel=0.02, abs=0.01)
+    time_ratio, _ = _ratio(out, 'PPMA impl=auto / impl=reference')
+    assert time_ratio == pytest.approx(rows['PPMA', 'auto->torch'][0] / rows['PPMA', 'reference'][0], rel=0.02,
+                                       abs=0.01)
 
 
 def test_benchmark_model_mask_rcnn_step(run_python, mmdet_ready):
