@@ -45,6 +45,17 @@ def _bias(ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid, W, 
 
 
 @triton.jit
+def _load_block(a_ptr, b_ptr, ca_ptr, cb_ptr, offs, mask, offs_d, offs_dv, W, D, DV):
+    """One (BH slice) block of tokens ``offs``: its (BLOCK, d) tile of a (q or k), (BLOCK, dv) tile of b (do or
+    v), cumsum-table entries, image row and column."""
+    a = load_tile(a_ptr, offs, mask, offs_d, D)
+    b = load_tile(b_ptr, offs, mask, offs_dv, DV)
+    ca = tl.load(ca_ptr + offs, mask=mask, other=0.0)
+    cb = tl.load(cb_ptr + offs, mask=mask, other=0.0)
+    return a, b, ca, cb, offs // W, offs % W
+
+
+@triton.jit
 def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV,
                V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
@@ -69,12 +80,8 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         valid = mask_m[:, None] & mask_n[None, :]
-        k_r = offs_n // W
-        l_c = offs_n % W
-        k = load_tile(k_ptr + bh * N * D, offs_n, mask_n, offs_d, D)
-        v = load_tile(v_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV)
-        ca_k = tl.load(ca_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
-        cb_k = tl.load(cb_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
+        k, v, ca_k, cb_k, k_r, l_c = _load_block(k_ptr + bh * N * D, v_ptr + bh * N * DV, ca_ptr + bh * N,
+                                                 cb_ptr + bh * N, offs_n, mask_n, offs_d, offs_dv, W, D, DV)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         if V2H:
             x = s + _bias(ca_ptr + bh * N, cb_ptr + bh * N, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
@@ -135,6 +142,38 @@ def _store_corners(buf_ptr, corner, pid, offs_w, N, H, W,
 
 
 @triton.jit
+def _score_grads(q, k, v, do, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
+                 lse1, delta1, lse2, delta2, scale, w1, w2, W,
+                 V2H: tl.constexpr, H2V: tl.constexpr, PRECISION: tl.constexpr):
+    """Recompute one (BLOCK_M, BLOCK_N) tile of each path's probabilities P and score gradients
+    dS = P * (w dP - delta); a disabled path gives zeros."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    p1 = tl.zeros_like(s)
+    ds1 = tl.zeros_like(s)
+    p2 = tl.zeros_like(s)
+    ds2 = tl.zeros_like(s)
+    if V2H:
+        p1 = _probs(s, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid, lse1, W, False)
+        ds1 = p1 * (w1 * dp - delta1[:, None])
+    if H2V:
+        p2 = _probs(s, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid, lse2, W, True)
+        ds2 = p2 * (w2 * dp - delta2[:, None])
+    return p1, ds1, p2, ds2
+
+
+@triton.jit
+def _path_stats(lse_ptr, delta_ptr, offs, mask, N, V2H: tl.constexpr):
+    """Log-sum-exp and delta of both paths for tokens ``offs`` (path 2 is stored first when V2H is off)."""
+    base2 = tl.num_programs(1) * N if V2H else 0
+    lse1 = tl.load(lse_ptr + offs, mask=mask, other=0.0)
+    delta1 = tl.load(delta_ptr + offs, mask=mask, other=0.0)
+    lse2 = tl.load(lse_ptr + base2 + offs, mask=mask, other=0.0)
+    delta2 = tl.load(delta_ptr + base2 + offs, mask=mask, other=0.0)
+    return lse1, delta1, lse2, delta2
+
+
+@triton.jit
 def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                   self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, w1, w2, N, H, W, D, DV,
                   V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -145,18 +184,19 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
     (key row, query column), reduced over the block's keys of each image row."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
-    nbh = tl.num_programs(1)
+    q_ptr += bh * N * D
+    k_ptr += bh * N * D
+    v_ptr += bh * N * DV
+    do_ptr += bh * N * DV
+    ca_ptr += bh * N
+    cb_ptr += bh * N
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_w = tl.arange(0, BLOCK_W)
     mask_n = offs_n < N
-    k_r = offs_n // W
-    l_c = offs_n % W
-    k = load_tile(k_ptr + bh * N * D, offs_n, mask_n, offs_d, D)
-    v = load_tile(v_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV)
-    ca_k = tl.load(ca_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
-    cb_k = tl.load(cb_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
+    k, v, ca_k, cb_k, k_r, l_c = _load_block(k_ptr, v_ptr, ca_ptr, cb_ptr, offs_n, mask_n, offs_d, offs_dv, W, D,
+                                             DV)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     self_b = tl.zeros([BLOCK_N], tl.float32)
@@ -165,40 +205,20 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
     for start_m in range(0, N, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         mask_m = offs_m < N
-        valid = mask_m[:, None] & mask_n[None, :]
-        i_q = offs_m // W
-        j_q = offs_m % W
-        q = load_tile(q_ptr + bh * N * D, offs_m, mask_m, offs_d, D)
-        do = load_tile(do_ptr + bh * N * DV, offs_m, mask_m, offs_dv, DV)
-        ca_q = tl.load(ca_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
-        cb_q = tl.load(cb_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        path = 0
+        q, do, ca_q, cb_q, i_q, j_q = _load_block(q_ptr, do_ptr, ca_ptr, cb_ptr, offs_m, mask_m, offs_d, offs_dv,
+                                                  W, D, DV)
+        lse1, delta1, lse2, delta2 = _path_stats(lse_ptr + bh * N, delta_ptr + bh * N, offs_m, mask_m, N, V2H)
+        p1, ds1, p2, ds2 = _score_grads(q, k, v, do, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k,
+                                        mask_m[:, None] & mask_n[None, :], lse1, delta1, lse2, delta2, scale,
+                                        w1, w2, W, V2H, H2V, PRECISION)
+        dv += tl.dot(tl.trans((w1 * p1 + w2 * p2).to(do.dtype)), do, input_precision=PRECISION)
+        dk += tl.dot(tl.trans((ds1 + ds2).to(q.dtype)), q, input_precision=PRECISION)
         if V2H:
-            lse = tl.load(lse_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
-            delta = tl.load(delta_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
-            p = _probs(s, ca_ptr + bh * N, cb_ptr + bh * N, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
-                       lse, W, False)
-            dv += tl.dot(tl.trans((w1 * p).to(do.dtype)), do, input_precision=PRECISION)
-            ds1 = p * (w1 * dp - delta[:, None])
-            ds += ds1
             self_b -= tl.sum(ds1 * _sign(i_q[:, None] >= k_r[None, :]), 0)
-            path = 1
         if H2V:
-            base = path * nbh * N
-            lse = tl.load(lse_ptr + base + bh * N + offs_m, mask=mask_m, other=0.0)
-            delta = tl.load(delta_ptr + base + bh * N + offs_m, mask=mask_m, other=0.0)
-            p = _probs(s, ca_ptr + bh * N, cb_ptr + bh * N, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
-                       lse, W, True)
-            dv += tl.dot(tl.trans((w2 * p).to(do.dtype)), do, input_precision=PRECISION)
-            ds2 = p * (w2 * dp - delta[:, None])
-            ds += ds2
             onehot_j = tl.trans((j_q[:, None] == offs_w[None, :]).to(tl.float32))  # (BLOCK_W, BLOCK_M)
             acc_a += tl.dot(onehot_j, ds2, input_precision='ieee')
             acc_b += tl.dot(onehot_j, ds2 * _sign(k_r[None, :] >= i_q[:, None]), input_precision='ieee')
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
     store_tile(dk_ptr + bh * N * D, offs_n, mask_n, offs_d, D, dk * scale)
     store_tile(dv_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV, dv)
     if V2H:
@@ -228,23 +248,20 @@ def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr
     (query row, key column), reduced over the block's queries of each image row."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
-    nbh = tl.num_programs(1)
+    q_ptr += bh * N * D
+    k_ptr += bh * N * D
+    v_ptr += bh * N * DV
+    do_ptr += bh * N * DV
+    ca_ptr += bh * N
+    cb_ptr += bh * N
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_w = tl.arange(0, BLOCK_W)
     mask_m = offs_m < N
-    i_q = offs_m // W
-    j_q = offs_m % W
-    q = load_tile(q_ptr + bh * N * D, offs_m, mask_m, offs_d, D)
-    do = load_tile(do_ptr + bh * N * DV, offs_m, mask_m, offs_dv, DV)
-    ca_q = tl.load(ca_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
-    cb_q = tl.load(cb_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
-    lse1 = tl.load(lse_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
-    delta1 = tl.load(delta_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
-    base2 = nbh * N if V2H else 0
-    lse2 = tl.load(lse_ptr + base2 + bh * N + offs_m, mask=mask_m, other=0.0)
-    delta2 = tl.load(delta_ptr + base2 + bh * N + offs_m, mask=mask_m, other=0.0)
+    q, do, ca_q, cb_q, i_q, j_q = _load_block(q_ptr, do_ptr, ca_ptr, cb_ptr, offs_m, mask_m, offs_d, offs_dv, W, D,
+                                              DV)
+    lse1, delta1, lse2, delta2 = _path_stats(lse_ptr + bh * N, delta_ptr + bh * N, offs_m, mask_m, N, V2H)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     self_b = tl.zeros([BLOCK_M], tl.float32)
     acc_a = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)  # sum over keys of column l of ds1
@@ -252,31 +269,18 @@ def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
-        valid = mask_m[:, None] & mask_n[None, :]
-        k_r = offs_n // W
-        l_c = offs_n % W
-        k = load_tile(k_ptr + bh * N * D, offs_n, mask_n, offs_d, D)
-        v = load_tile(v_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV)
-        ca_k = tl.load(ca_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
-        cb_k = tl.load(cb_ptr + bh * N + offs_n, mask=mask_n, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        k, v, ca_k, cb_k, k_r, l_c = _load_block(k_ptr, v_ptr, ca_ptr, cb_ptr, offs_n, mask_n, offs_d, offs_dv,
+                                                 W, D, DV)
+        p1, ds1, p2, ds2 = _score_grads(q, k, v, do, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k,
+                                        mask_m[:, None] & mask_n[None, :], lse1, delta1, lse2, delta2, scale,
+                                        w1, w2, W, V2H, H2V, PRECISION)
+        dq += tl.dot((ds1 + ds2).to(k.dtype), k, input_precision=PRECISION)
         if V2H:
-            p = _probs(s, ca_ptr + bh * N, cb_ptr + bh * N, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
-                       lse1, W, False)
-            ds1 = p * (w1 * dp - delta1[:, None])
-            ds += ds1
             onehot_l = (l_c[:, None] == offs_w[None, :]).to(tl.float32)  # (BLOCK_N, BLOCK_W)
             acc_a += tl.dot(ds1, onehot_l, input_precision='ieee')
             acc_b += tl.dot(ds1 * _sign(i_q[:, None] >= k_r[None, :]), onehot_l, input_precision='ieee')
         if H2V:
-            p = _probs(s, ca_ptr + bh * N, cb_ptr + bh * N, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
-                       lse2, W, True)
-            ds2 = p * (w2 * dp - delta2[:, None])
-            ds += ds2
             self_b -= tl.sum(ds2 * _sign(k_r[None, :] >= i_q[:, None]), 1)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     store_tile(dq_ptr + bh * N * D, offs_m, mask_m, offs_d, D, dq * scale)
     if V2H:
         # Ca[i, j] - Ca[i, l] if j >= l else the reverse: the query's entry gets sgn, the corner -sgn
