@@ -128,17 +128,25 @@ def _sign(ge):
 
 
 @triton.jit
-def _store_corners(buf_ptr, corner, pid, offs_w, N, H, W,
-                   BLOCK: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr):
-    """Store a block's (ROWS, BLOCK_W) partial sums over the image rows its tokens span: row ``first + r``
-    into slot ``pid - first_block(row)`` of a (H, SLOTS, W) buffer. Each (row, slot) has exactly one
-    owner program, so the sum over slots (on the host) is deterministic."""
+def _store_owned_table_grads(acc_a, acc_b, own_row, own_col, mask, pid, offs_w, self_ptr, corner_a_ptr,
+                             corner_b_ptr, N, W, BLOCK: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """Epilogue of a block's decay-table gradients. ``acc_a[t, c]``: the block token t's score gradients summed
+    over the other tokens in image column c; the Ca segment between t's column and c reads Ca at t itself
+    with sign sgn = +1 if own_col >= c else -1 and at the corner (own_row, c) with -sgn. ``acc_b[t, c]``: the
+    Cb corner sums at (own_row, c), already signed. Self entries go to ``self_ptr``; corners are summed over
+    the block's tokens of each image row and stored, row ``first + r``, into slot ``pid - first_block(row)`` of
+    a (H, SLOTS, W) buffer: each (row, slot) has exactly one owner program, so the host's sum over slots is
+    deterministic."""
+    sgn = _sign(own_col[:, None] >= offs_w[None, :])  # (BLOCK, BLOCK_W)
+    tl.store(self_ptr + pid * BLOCK + tl.arange(0, BLOCK), tl.sum(sgn * acc_a, 1), mask=mask)
     first = (pid * BLOCK) // W
     rows = first + tl.arange(0, ROWS)
-    end = tl.minimum((pid + 1) * BLOCK, N)
+    onehot_rows = ((own_row[None, :] == rows[:, None]) & mask[None, :]).to(tl.float32)  # (ROWS, BLOCK)
     slot = pid - (rows * W) // BLOCK
-    mask = (rows * W < end)[:, None] & (offs_w[None, :] < W)
-    tl.store(buf_ptr + (rows[:, None] * SLOTS + slot[:, None]) * W + offs_w[None, :], corner, mask=mask)
+    offsets = (rows[:, None] * SLOTS + slot[:, None]) * W + offs_w[None, :]
+    store = (rows * W < tl.minimum((pid + 1) * BLOCK, N))[:, None] & (offs_w[None, :] < W)
+    tl.store(corner_a_ptr + offsets, tl.dot(onehot_rows, -sgn * acc_a, input_precision='ieee'), mask=store)
+    tl.store(corner_b_ptr + offsets, tl.dot(onehot_rows, acc_b, input_precision='ieee'), mask=store)
 
 
 @triton.jit
@@ -200,8 +208,8 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     self_b = tl.zeros([BLOCK_N], tl.float32)
-    acc_a = tl.zeros([BLOCK_W, BLOCK_N], tl.float32)  # sum over queries of column j of ds2
-    acc_b = tl.zeros([BLOCK_W, BLOCK_N], tl.float32)  # the same, signed by sgn(k_s >= i_p)
+    acc_a = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)  # sum over queries of column j of ds2
+    acc_b = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)  # the same, signed by sgn(k_s >= i_p)
     for start_m in range(0, N, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         mask_m = offs_m < N
@@ -216,25 +224,17 @@ def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_pt
         if V2H:
             self_b -= tl.sum(ds1 * _sign(i_q[:, None] >= k_r[None, :]), 0)
         if H2V:
-            onehot_j = tl.trans((j_q[:, None] == offs_w[None, :]).to(tl.float32))  # (BLOCK_W, BLOCK_M)
-            acc_a += tl.dot(onehot_j, ds2, input_precision='ieee')
-            acc_b += tl.dot(onehot_j, ds2 * _sign(k_r[None, :] >= i_q[:, None]), input_precision='ieee')
+            onehot_j = (j_q[:, None] == offs_w[None, :]).to(tl.float32)  # (BLOCK_M, BLOCK_W)
+            acc_a += tl.dot(tl.trans(ds2), onehot_j, input_precision='ieee')
+            acc_b += tl.dot(tl.trans(ds2 * _sign(k_r[None, :] >= i_q[:, None])), onehot_j, input_precision='ieee')
     store_tile(dk_ptr + bh * N * D, offs_n, mask_n, offs_d, D, dk * scale)
     store_tile(dv_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV, dv)
     if V2H:
         tl.store(self_b_ptr + bh * N + offs_n, self_b, mask=mask_n)
-    if H2V:
-        # Ca[k, l] - Ca[k, j] if l >= j else the reverse: the key's entry gets sgn, the corner -sgn
-        sgn = _sign(l_c[None, :] >= offs_w[:, None])  # (BLOCK_W, BLOCK_N)
-        tl.store(self_a_ptr + bh * N + offs_n, tl.sum(sgn * acc_a, 0), mask=mask_n)
-        onehot_rows = (k_r[:, None] - (pid_n * BLOCK_N) // W == tl.arange(0, ROWS)[None, :]).to(tl.float32)
-        onehot_rows = tl.where(mask_n[:, None], onehot_rows, 0.0)  # (BLOCK_N, ROWS)
-        corner_a = tl.dot(-sgn * acc_a, onehot_rows, input_precision='ieee')  # (BLOCK_W, ROWS)
-        corner_b = tl.dot(acc_b, onehot_rows, input_precision='ieee')
-        _store_corners(corner_a_ptr + bh * H * SLOTS * W, tl.trans(corner_a), pid_n, offs_w, N, H, W, BLOCK_N,
-                       ROWS, SLOTS)
-        _store_corners(corner_b_ptr + bh * H * SLOTS * W, tl.trans(corner_b), pid_n, offs_w, N, H, W, BLOCK_N,
-                       ROWS, SLOTS)
+    if H2V:  # Ca[k, l] - Ca[k, j] if l >= j else the reverse; Cb corner (k_s, j_p)
+        _store_owned_table_grads(acc_a, acc_b, k_r, l_c, mask_n, pid_n, offs_w, self_a_ptr + bh * N,
+                                 corner_a_ptr + bh * H * SLOTS * W, corner_b_ptr + bh * H * SLOTS * W, N, W,
+                                 BLOCK_N, ROWS, SLOTS)
 
 
 @triton.jit
@@ -282,16 +282,10 @@ def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr
         if H2V:
             self_b -= tl.sum(ds2 * _sign(k_r[None, :] >= i_q[:, None]), 1)
     store_tile(dq_ptr + bh * N * D, offs_m, mask_m, offs_d, D, dq * scale)
-    if V2H:
-        # Ca[i, j] - Ca[i, l] if j >= l else the reverse: the query's entry gets sgn, the corner -sgn
-        sgn = _sign(j_q[:, None] >= offs_w[None, :])  # (BLOCK_M, BLOCK_W)
-        tl.store(self_a_ptr + bh * N + offs_m, tl.sum(sgn * acc_a, 1), mask=mask_m)
-        onehot_rows = (i_q[None, :] - (pid_m * BLOCK_M) // W == tl.arange(0, ROWS)[:, None]).to(tl.float32)
-        onehot_rows = tl.where(mask_m[None, :], onehot_rows, 0.0)  # (ROWS, BLOCK_M)
-        corner_a = tl.dot(onehot_rows, -sgn * acc_a, input_precision='ieee')  # (ROWS, BLOCK_W)
-        corner_b = tl.dot(onehot_rows, acc_b, input_precision='ieee')
-        _store_corners(corner_a_ptr + bh * H * SLOTS * W, corner_a, pid_m, offs_w, N, H, W, BLOCK_M, ROWS, SLOTS)
-        _store_corners(corner_b_ptr + bh * H * SLOTS * W, corner_b, pid_m, offs_w, N, H, W, BLOCK_M, ROWS, SLOTS)
+    if V2H:  # Ca[i, j] - Ca[i, l] if j >= l else the reverse; Cb corner (i_p, l_s)
+        _store_owned_table_grads(acc_a, acc_b, i_q, j_q, mask_m, pid_m, offs_w, self_a_ptr + bh * N,
+                                 corner_a_ptr + bh * H * SLOTS * W, corner_b_ptr + bh * H * SLOTS * W, N, W,
+                                 BLOCK_M, ROWS, SLOTS)
     if H2V:
         tl.store(self_b_ptr + bh * N + offs_m, self_b, mask=mask_m)
 
