@@ -4,9 +4,8 @@
 # pipeline of ./_base_/det_mask_rcnn_3x.py, which this config takes with the 1x schedule.
 _base_ = './_base_/det_mask_rcnn_3x.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/mlla_b_8xb128_in1k.py, or a release one converted
-# with tools/model_converters/mlla_official_to_mmppma.py). None trains from
-# scratch.
+# ImageNet-1K weights: an mmppma classification checkpoint (configs/mlla_b_8xb128_in1k.py), or a release
+# one converted with tools/model_converters/mlla_official_to_mmppma.py. None trains from scratch.
 pretrained = 'checkpoints/mlla_b_in1k.pth'
 
 model = dict(

@@ -4,9 +4,8 @@
 # map), per-stage LayerNorm outputs, BatchNorm statistics frozen (2 images per GPU), drop path 0.1.
 _base_ = './_base_/det_mask_rcnn_1x.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_b_8xb128_in1k.py, or a release one converted
-# with tools/model_converters/vminet_official_to_mmppma.py). None trains from
-# scratch.
+# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_b_8xb128_in1k.py), or a release
+# one converted with tools/model_converters/vminet_official_to_mmppma.py. None trains from scratch.
 pretrained = 'checkpoints/vminet_b_in1k.pth'
 
 model = dict(

@@ -2,9 +2,8 @@
 # paper reports detection for XS/S/B only) with Ti's stage widths 24/48/96/192.
 _base_ = './mask_rcnn_vminet_xs_1x_coco.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_ti_8xb128_in1k.py, or a release one converted
-# with tools/model_converters/vminet_official_to_mmppma.py). None trains from
-# scratch.
+# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_ti_8xb128_in1k.py), or a release
+# one converted with tools/model_converters/vminet_official_to_mmppma.py. None trains from scratch.
 pretrained = 'checkpoints/vminet_ti_in1k.pth'
 
 model = dict(

@@ -4,9 +4,8 @@
 # with their ImageNet drop path rates; B's 0.5 is its ImageNet rate too).
 _base_ = './_base_/seg_upernet_160k.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/mlla_b_8xb128_in1k.py, or a release one converted
-# with tools/model_converters/mlla_official_to_mmppma.py). None trains from
-# scratch.
+# ImageNet-1K weights: an mmppma classification checkpoint (configs/mlla_b_8xb128_in1k.py), or a release
+# one converted with tools/model_converters/mlla_official_to_mmppma.py. None trains from scratch.
 pretrained = 'checkpoints/mlla_b_in1k.pth'
 
 model = dict(

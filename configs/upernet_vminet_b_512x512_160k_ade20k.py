@@ -4,9 +4,8 @@
 # GPU), drop path 0.1, and the base's lr 6e-5 (the paper's value is not legible in its text).
 _base_ = './_base_/seg_upernet_160k.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_b_8xb128_in1k.py, or a release one converted
-# with tools/model_converters/vminet_official_to_mmppma.py). None trains from
-# scratch.
+# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_b_8xb128_in1k.py), or a release
+# one converted with tools/model_converters/vminet_official_to_mmppma.py. None trains from scratch.
 pretrained = 'checkpoints/vminet_b_in1k.pth'
 
 model = dict(

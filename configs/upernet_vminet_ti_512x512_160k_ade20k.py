@@ -3,9 +3,8 @@
 # widths 24/48/96/192.
 _base_ = './upernet_vminet_xs_512x512_160k_ade20k.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_ti_8xb128_in1k.py, or a release one converted
-# with tools/model_converters/vminet_official_to_mmppma.py). None trains from
-# scratch.
+# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_ti_8xb128_in1k.py), or a release
+# one converted with tools/model_converters/vminet_official_to_mmppma.py. None trains from scratch.
 pretrained = 'checkpoints/vminet_ti_in1k.pth'
 
 model = dict(
