@@ -408,11 +408,12 @@ def mmppma_to_release(state: Mapping[str, torch.Tensor],
                       family: str,
                       downstream: bool = False,
                       img_size: int = 224,
-                      revision: str = '6b11d4a') -> Dict[str, torch.Tensor]:
+                      revision: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """Inverse of :func:`release_to_mmppma` (classification, or downstream with ``downstream=True``).
 
     MLLA: the RoPE buffers are regenerated (:func:`mlla_rope_rotations`) for ``img_size`` (the releases use
-    224). VMINet: ``revision='7c2632c'`` writes that revision's block names (``conv`` for ``dwconv``).
+    224). VMINet: ``revision='7c2632c'`` writes that revision's block names (``conv`` for ``dwconv``); the
+    default is the revision the state records (:func:`with_release_record`), else '6b11d4a'.
     """
     family = check_family(family)
     backbone = {k[len('backbone.'):]: v for k, v in state.items() if k.startswith('backbone.')}
@@ -427,6 +428,9 @@ def mmppma_to_release(state: Mapping[str, torch.Tensor],
                 backbone[f'layers.{s}.blocks.{b}{ROPE_SUFFIX}'] = table
     else:
         stages = _stage_count(backbone, 'stages')
+        if revision is None:
+            record = (getattr(state, '_metadata', None) or {}).get('backbone', {}).get(RELEASE_RECORD)
+            revision = record['revision'] if record else '6b11d4a'
         if revision == '7c2632c':
             backbone = {VMINET_NEW_CONV.sub(r'\1conv.', k): v for k, v in backbone.items()}
         elif revision != '6b11d4a':
