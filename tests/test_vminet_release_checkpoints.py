@@ -205,8 +205,9 @@ def test_converter_names_the_revision_config_for_every_size(size, revision):
     assert converted._metadata['backbone']['mmppma_vminet_release'] == info['release']
     from mmengine.config import Config
     backbone = Config.fromfile(info['config']).model.backbone
-    assert (backbone.arch, backbone.context_mask, backbone.proj_norm) == (size, info['release']['context_mask'],
-                                                                         info['release']['proj_norm'])
+    release = info['release']
+    assert (backbone.arch, backbone.context_mask, backbone.proj_norm) == \
+        (size, release['context_mask'], release['proj_norm'])
 
 
 @pytest.mark.parametrize('size,revision', [
