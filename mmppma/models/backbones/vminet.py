@@ -18,13 +18,19 @@ Module names follow the release (``stem.0``, ``stages.{i}.0`` the downsample, ``
 a release classification state dict loads with identity keys, plus ``norm`` -> ``backbone.norm3`` and
 ``head`` -> ``head.fc`` for mmpretrain's ImageClassifier (configs/vminet_*_in1k.py).
 
-Two release revisions differ in the block; both are selectable:
+Two release revisions differ in the block (:data:`RELEASE_REVISIONS`); both are selectable, and the default
+(the paper's counts and equation) is a third combination:
 
 * ``proj_norm``: BatchNorm after the output projection ``g`` (revision 6b11d4a, whose counts are the figures
   above; default) or none (revision 7c2632c: 2,032,426 / 7,431,346 / 13,338,418 / 28,369,090).
 * ``context_mask``: 'tril' (default), the lower-triangular mask matrix of the paper's matrix form (Eq. 10,
   Table 4: the XS result 78.6 is the mask model, 76.5 without), as revision 7c2632c applies it, or 'none'
   (revision 6b11d4a's plain learned weighted sum).
+
+A checkpoint converted from a release (tools/model_converters/vminet_official_to_mmppma.py) records its
+revision and options; loading it into a backbone with other options is an error naming the option to set
+(:meth:`VMINet._load_from_state_dict`, and :meth:`VMINet.init_weights` for ``init_cfg`` Pretrained). Without
+that record, ``g.bn`` keys present / absent against ``proj_norm`` are an error as well.
 
 Any input size (our choice; the release only runs at 224 x 224): each block's context-vector weights are a
 table fixed to the stage's token grid at ``img_size`` (56/28/14/7 at 224, the release's ``nn.Linear(S*S, 1)``).
@@ -37,7 +43,8 @@ Dense outputs (our choice; the release publishes no dense-prediction code): a pe
 LayerNorm, eps 1e-6, as mmdet/mmseg's ConvNeXt/Swin) by default or 'BN' (BatchNorm2d, the release's
 classification norm: ``norm3`` is the release's ``norm``).
 """
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -68,6 +75,16 @@ REQUIRED_KEYS = ('embed_dims', 'depths', 'mlp_ratios')
 OPTIONAL_KEYS = ('stem_channels', 'kernel_size')
 DEFAULTS = dict(stem_channels=32, kernel_size=7)
 OUT_NORMS = ('LN', 'BN')
+
+#: The public release's revisions of ``vminet.py`` (github.com/yws-wxs/VMINet) -> the options reproducing each.
+RELEASE_REVISIONS: Dict[str, dict] = {
+    '6b11d4a': dict(context_mask='none', proj_norm=True),  # blocks' ``dwconv``, BatchNorm after ``g``, no mask
+    '7c2632c': dict(context_mask='tril', proj_norm=False),  # blocks' ``conv``, no BatchNorm after ``g``, mask
+}
+#: Where a converted checkpoint records its release revision and options: ``state_dict._metadata[prefix]``
+#: (torch's per-module load metadata, which mmengine's ``load_checkpoint`` keeps) and the checkpoint's ``meta``.
+RELEASE_RECORD = 'mmppma_vminet_release'
+_BLOCK_KEY = re.compile(r'stages\.\d+\.[1-9]\d*\.(conv|dwconv|g)\.(bn\.)?')
 
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
@@ -198,6 +215,57 @@ class VMINet(StagedBackbone):
                 outs.append(out)
         return tuple(outs)
 
+    def check_release_record(self, record: Mapping) -> None:
+        """record: a converted release checkpoint's ``RELEASE_RECORD`` (revision, context_mask, proj_norm).
+        Raises ``ValueError`` naming the options to set when they differ from this backbone's."""
+        wrong = [k for k in ('context_mask', 'proj_norm') if k in record and record[k] != getattr(self, k)]
+        if wrong:
+            revision = record.get('revision')
+            need = ', '.join(f'{k}={record[k]!r}' for k in wrong)
+            raise ValueError(f'this VMINet checkpoint was converted from the release revision {revision}, whose '
+                             f'blocks need {need}; this backbone has '
+                             f'{", ".join(f"{k}={getattr(self, k)!r}" for k in wrong)}. Set {need} in '
+                             f'model.backbone (configs/vminet_<arch>_release-{revision}_in1k.py does)')
+
+    def _check_block_keys(self, state_dict: Mapping, prefix: str) -> None:
+        """The block layout visible in the keys: release names (``conv``) and ``g.bn`` against ``proj_norm``."""
+        found = {m.group(1) + ('.bn' if m.group(2) else '') for k in state_dict if k.startswith(prefix)
+                 for m in [_BLOCK_KEY.match(k[len(prefix):])] if m}
+        if 'conv' in found or 'conv.bn' in found:
+            raise ValueError(f'{prefix}stages.*.conv.* keys: an unconverted VMINet release state dict (revision '
+                             f'7c2632c names the blocks\' 7x7 ConvBN conv); convert it with '
+                             f'tools/model_converters/vminet_official_to_mmppma.py')
+        if 'g' not in found:
+            return
+        if self.proj_norm and 'g.bn' not in found:
+            raise ValueError(f'the checkpoint has no {prefix}stages.*.g.bn.* keys (no BatchNorm after g, as the '
+                             f'release revision 7c2632c); this backbone has proj_norm=True. Set proj_norm=False '
+                             f'in model.backbone')
+        if not self.proj_norm and 'g.bn' in found:
+            raise ValueError(f'the checkpoint has {prefix}stages.*.g.bn.* keys (BatchNorm after g); this backbone '
+                             f'has proj_norm=False. Set proj_norm=True in model.backbone')
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        """Before loading: the release record in ``local_metadata`` (kept by mmengine's ``load_checkpoint``
+        and torch's ``load_state_dict``) and the block keys must fit this backbone's options."""
+        record = local_metadata.get(RELEASE_RECORD)
+        if record:
+            self.check_release_record(record)
+        self._check_block_keys(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def init_weights(self) -> None:
+        """Apply ``init_cfg``. A Pretrained checkpoint with a ``prefix`` loses torch's load metadata on mmengine's
+        prefix path, so its release record is read from the file here and checked first."""
+        for cfg in self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]:
+            if isinstance(cfg, Mapping) and cfg.get('type') == 'Pretrained' and cfg.get('prefix'):
+                record = read_release_record(cfg['checkpoint'], cfg['prefix'])
+                if record:
+                    self.check_release_record(record)
+        super().init_weights()
+
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
         """Block b of stage s (``stages.s.{b+1}``): 1 + sum(depths[:s]) + b; a stage's downsample
         (``stages.s.0``) goes with its first block."""
@@ -205,3 +273,16 @@ class VMINet(StagedBackbone):
             return None
         stage, index = int(parts[1]), int(parts[2])
         return stage, 1 + sum(self.depths[:stage]) + max(index - 1, 0)
+
+
+def read_release_record(filename: str, prefix: str = '') -> Optional[dict]:
+    """The ``RELEASE_RECORD`` of a checkpoint file (its state dict's metadata for ``prefix``, else its
+    ``meta``), or None."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+    checkpoint = _load_checkpoint(filename, map_location='cpu')
+    state = checkpoint.get('state_dict', checkpoint)
+    record = (getattr(state, '_metadata', None) or {}).get(prefix.rstrip('.'), {}).get(RELEASE_RECORD)
+    meta = checkpoint.get('meta')
+    if record is None and isinstance(meta, Mapping):
+        record = meta.get(RELEASE_RECORD)
+    return record
