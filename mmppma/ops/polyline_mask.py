@@ -14,6 +14,8 @@ from typing import Tuple
 
 import torch
 
+from mmppma.utils.deprecation import renamed_arguments
+
 from ._checks import check_choice, check_decays, table_dtype
 
 
@@ -53,7 +55,8 @@ def v2h_log_mask(sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
     return m.reshape(b, h, hh * ww, hh * ww)
 
 
-def polyline_mask(la: torch.Tensor, lb: torch.Tensor, form: str = 'v2h', space: str = 'log') -> torch.Tensor:
+@renamed_arguments(positional=('form', 'space'))
+def polyline_mask(la: torch.Tensor, lb: torch.Tensor, *, form: str = 'v2h', space: str = 'log') -> torch.Tensor:
     """The dense polyline path mask, (B, heads, H*W, H*W), raster order ``p = i*W + j``.
 
     form: ``'v2h'`` (M), ``'h2v'`` (M^T) or ``'2d'`` (both paths: L2D = exp(M) + exp(M^T)).
@@ -71,7 +74,8 @@ def polyline_mask(la: torch.Tensor, lb: torch.Tensor, form: str = 'v2h', space: 
     return m if space == 'log' else m.exp()
 
 
-def polyline_mask_3d(la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, space: str = 'log') -> torch.Tensor:
+@renamed_arguments(positional=('space', ))
+def polyline_mask_3d(la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, *, space: str = 'log') -> torch.Tensor:
     """Dense 3D polyline path mask (paper Appendix C.2, Eq. 40), (B, heads, N, N) with N = D*H*W.
 
     la (along W), lb (along H), lc (along D): (B, heads, D, H, W). Token (i, j, k) = (depth, row, column),

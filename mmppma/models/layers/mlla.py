@@ -124,7 +124,7 @@ class MLLAAttention(nn.Module):
         mass are two O(N) PPMDA calls (Theorem 3); the numerator's features are the RoPE'd ones, the mass's the
         un-rotated (non-negative) ones, as in MLLA (``normalizer``: the RoPE'd ones can be negative, so their
         masked mass can vanish)."""
-        return ppma_linear_attention(q_rope, k_rope, v, la, lb, normalize=True, eps=self.eps, mask='2d',
+        return ppma_linear_attention(q_rope, k_rope, v, la, lb, normalize=True, eps=self.eps, form='2d',
                                      impl=self.impl, normalizer=(q, k))
 
     def extra_repr(self) -> str:
