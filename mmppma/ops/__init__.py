@@ -26,7 +26,7 @@ ppma_decomposed_attention    (s1, s2, v, la, lb, *, form='2d', impl='auto', chun
 polyline_mask_matvec         (x, la, lb, *, form='v2h', impl='auto', chunk=64)
 polyline_mask_matvec_3d      (x, la, lb, lc, *, impl='auto', chunk=64)
 decay_scan_1d                (x, log_decay, *, impl='auto', chunk=64)
-polyline_mask                (la, lb, *, form='v2h', space='log')       dense N x N, tests and small maps
+polyline_mask                (la, lb, *, form='v2h', space='log', queries=None)  dense rows of the N x N mask
 polyline_mask_3d             (la, lb, lc, *, space='log')                dense
 manhattan_decay_mask         (log_decay, height, width)                  dense
 ============================ =========================================================================

@@ -372,9 +372,9 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
 class _SegmentMaskedSoftmax(torch.autograd.Function):
     """``softmax(scores + seg(c))`` along the last dim, with ``seg(c)[t, s] = c[max] - c[min]``.
 
-    scores: (..., L, L) (consumed, on CPU overwritten: a fresh matmul output); c: (..., L), a cumsum along the line. The bias
-    is added in place from the O(L) table and only the probabilities are saved; the backward reduces the
-    bias gradient straight into ``c`` (``+sign * ds`` at the later index, ``-`` at the earlier one).
+    scores: (..., L, L) (consumed, on CPU overwritten: a fresh matmul output); c: (..., L), a cumsum along the
+    line. The bias is added in place from the O(L) table and only the probabilities are saved; the backward
+    reduces the bias gradient straight into ``c`` (``+sign * ds`` at the later index, ``-`` at the earlier one).
     """
 
     @staticmethod

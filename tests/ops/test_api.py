@@ -15,7 +15,7 @@ from .test_attention import qkv
 from .test_masks_and_scans import decays
 
 # the options every op takes after its tensors, in the documented order
-ORDER = ('scale', 'form', 'feature_map', 'normalize', 'normalizer', 'eps', 'space', 'impl', 'chunk')
+ORDER = ('scale', 'form', 'feature_map', 'normalize', 'normalizer', 'eps', 'space', 'queries', 'impl', 'chunk')
 
 
 @pytest.mark.parametrize('name', ops.OPS)
@@ -87,6 +87,7 @@ def _new_and_old():
     la, lb = decays(1, 2, 3, 4, seed=2)
     lc = decays(1, 2, 3, 4, seed=3)[0]
     g = torch.tensor([-0.2, -0.5], dtype=torch.float64)
+    l3d = (la[:, :, None], lb[:, :, None], lc[:, :, None])
     x3, l3 = torch.randn(1, 2, 2, 3, 4, 3, dtype=torch.float64), -torch.rand(1, 2, 2, 3, 4, dtype=torch.float64)
     return [
         ('ppma_attention', lambda: ops.ppma_attention(q, k, v, la, lb, scale=0.5, form='v2h', impl='torch'),
@@ -106,8 +107,8 @@ def _new_and_old():
          lambda: ops.criss_cross_attention(q, k, v, la, lb, form='row_col')),
         ('polyline_mask', lambda: ops.polyline_mask(la, lb, form='h2v', space='linear'),
          lambda: ops.polyline_mask(la, lb, 'h2v', 'linear')),
-        ('polyline_mask_3d', lambda: ops.polyline_mask_3d(la[:, :, None], lb[:, :, None], lc[:, :, None], space='linear'),
-         lambda: ops.polyline_mask_3d(la[:, :, None], lb[:, :, None], lc[:, :, None], 'linear')),
+        ('polyline_mask_3d', lambda: ops.polyline_mask_3d(*l3d, space='linear'),
+         lambda: ops.polyline_mask_3d(*l3d, 'linear')),
         ('polyline_mask_matvec order=', lambda: ops.polyline_mask_matvec(v, la, lb, form='h2v', chunk=2),
          lambda: ops.polyline_mask_matvec(v, la, lb, order='h2v', chunk=2)),
         ('polyline_mask_matvec positional', lambda: ops.polyline_mask_matvec(v, la, lb, form='2d', chunk=2,

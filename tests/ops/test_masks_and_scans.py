@@ -150,3 +150,17 @@ def test_bad_choices_raise():
         polyline_mask(la, lb, form='vh')
     with pytest.raises(ValueError, match='form'):
         polyline_mask_matvec(torch.zeros(1, 1, 2, 2, 1, dtype=torch.float64), la, lb, form='x')
+
+
+@pytest.mark.parametrize('hw', [(1, 1), (1, 7), (5, 1), (4, 6)])
+def test_mask_rows_for_queries_equal_the_dense_rows(hw):
+    h, w = hw
+    la, lb = decays(2, 3, h, w, seed=11)
+    queries = sorted({0, h * w - 1, (h // 2) * w + w // 3})
+    for form in ('v2h', 'h2v', '2d'):
+        for space in ('log', 'linear'):
+            dense = polyline_mask(la, lb, form=form, space=space)
+            got = polyline_mask(la, lb, form=form, space=space, queries=queries)
+            torch.testing.assert_close(got, dense[:, :, queries], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match='queries'):
+        polyline_mask(la, lb, queries=[h * w])
