@@ -7,8 +7,8 @@ the log-decays strictly after the start and up to the end. This is the release's
 gradient; for log-decays <= 0 it equals ``-|C[t] - C[s]|``.
 
 V2H mask between query (i, j) and key (k, l): ``M = Sa(i; j, l) + Sb(l; i, k)`` (along the query's row,
-then the key's column). H2V is its transpose. Everything here is O(1) per entry from the O(N) tables;
-:func:`polyline_mask` materializes it densely for tests and small inputs only.
+then the key's column). H2V is its transpose. Every entry is O(1) from the O(N) cumsum tables;
+:func:`polyline_mask` materializes the mask densely (tests, small inputs) or the rows of given queries.
 """
 from typing import Optional, Sequence, Tuple, Union
 

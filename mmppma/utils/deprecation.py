@@ -2,11 +2,11 @@
 import functools
 import inspect
 import warnings
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 
-def renamed_arguments(keywords: Mapping[str, str] = {},
-                      values: Mapping[str, Mapping[str, str]] = {},
+def renamed_arguments(keywords: Optional[Mapping[str, str]] = None,
+                      values: Optional[Mapping[str, Mapping[str, str]]] = None,
                       positional: Sequence[str] = ()) -> Callable[[Callable], Callable]:
     """Decorator: accept the old spellings of a function's arguments, warn, and call it with the new ones.
 
@@ -17,6 +17,8 @@ def renamed_arguments(keywords: Mapping[str, str] = {},
     Each old spelling raises a ``DeprecationWarning`` that names the new one; passing an argument both ways is
     a ``TypeError``.
     """
+
+    keywords, values = dict(keywords or {}), dict(values or {})
 
     def decorate(func: Callable) -> Callable:
         params = inspect.signature(func).parameters.values()

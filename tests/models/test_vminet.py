@@ -481,3 +481,22 @@ def test_upernet_config_forward(mmseg_ready):
     with torch.no_grad():
         logits = model(torch.randn(1, 3, 50, 70), mode='tensor')
     assert logits.shape == (1, 150, 13, 18)
+
+
+def test_drop_path_linear_over_blocks_and_with_cp(monkeypatch):
+    model = VMINet(TINY_ARCH, drop_path_rate=0.3)
+    probs = [b.drop_path.drop_prob for stage in model.stages for b in stage.blocks]
+    n = sum(TINY_ARCH['depths'])
+    assert probs == pytest.approx([0.3 * i / (n - 1) for i in range(n)])
+    import torch.utils.checkpoint as cp
+    calls = []
+    original = cp.checkpoint
+    monkeypatch.setattr(cp, 'checkpoint', lambda *a, **k: calls.append(k.get('use_reentrant')) or original(*a, **k))
+    torch.manual_seed(0)
+    plain = VMINet(TINY_ARCH).eval()
+    ckpt = VMINet(TINY_ARCH, with_cp=True).eval()
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 3, 40, 36)
+    outs = [sum(o.sum() for o in m(x)) for m in (plain, ckpt)]
+    torch.testing.assert_close(outs[0], outs[1])
+    assert calls == [False] * n

@@ -166,3 +166,8 @@ def test_renamed_arguments_names_each_old_spelling():
     with pytest.warns(DeprecationWarning, match=r"f: new='before' \(use new='after'\)"):
         assert f(1, new='before') == (1, 'after')
     assert inspect.signature(f) == inspect.signature(f.__wrapped__)
+
+
+def test_public_names_are_exported():
+    assert set(ops.OPS) <= set(ops.__all__)
+    assert all(callable(getattr(ops, name)) for name in ops.__all__ if name not in ('OPS', 'IMPLS', 'IMPLEMENTATIONS'))

@@ -3,9 +3,10 @@
 mmengine counts ``aten::matmul``/``linear``/conv, but not ``aten::scaled_dot_product_attention`` nor autograd
 Functions (they trace as ``prim::PythonOp.<Name>``). While counting, every whole (N x N) attention of a
 :class:`~mmppma.models.layers.attention.PolylinePathAttention` runs as one traced node
-(:func:`whole_attention_as_one_op`), whatever path the op takes inside, and is counted as a dense implementation's two products ``q k^T`` and ``P v`` (one multiply-add = one
-FLOP, mmengine's / fvcore's convention; the release form's two masked softmaxes share one ``P v``, as in the
-paper's 2.71 G for PPMA-T). Criss-cross attention is plain matmuls and is counted as traced.
+(:func:`whole_attention_as_one_op`), whatever path the op takes inside, and is counted as a dense
+implementation's two products ``q k^T`` and ``P v`` (one multiply-add = one FLOP, mmengine's / fvcore's
+convention; the release form's two masked softmaxes share one ``P v``, as in the paper's 2.71 G for PPMA-T).
+Criss-cross attention is plain matmuls and is counted as traced.
 """
 import contextlib
 import functools
