@@ -79,6 +79,9 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         raise ValueError('normalizer=(q, k) is only used with normalize=True; pass normalize=True or drop it')
     check_choice('form', form, MATVEC_FORMS)
     _check(q, k, v, la, lb)
+    if normalizer is not None and (normalizer[0].shape != q.shape or normalizer[1].shape != k.shape):
+        raise ValueError(f'normalizer: expected tensors shaped like q {tuple(q.shape)} and k {tuple(k.shape)}; '
+                         f'got {tuple(normalizer[0].shape)} and {tuple(normalizer[1].shape)}')
     if feature_map is None:
         feature_map = 'identity'
     if isinstance(feature_map, str):
@@ -89,11 +92,7 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     if not normalize:
         return out
     if normalizer is not None:
-        nq, nk = normalizer
-        if nq.shape != q.shape or nk.shape != k.shape:
-            raise ValueError(f'normalizer: expected tensors shaped like q {tuple(q.shape)} and k {tuple(k.shape)}; '
-                             f'got {tuple(nq.shape)} and {tuple(nk.shape)}')
-        fq, fk = feature_map(nq), feature_map(nk)
+        fq, fk = feature_map(normalizer[0]), feature_map(normalizer[1])
     ones = v.new_ones(*v.shape[:-1], 1)
     mass = ppma_decomposed_attention(fq, fk, ones, la, lb, form=form, impl=impl, chunk=chunk)
     return out / (mass + eps)
