@@ -1,4 +1,5 @@
-"""Utilities: the weights_only checkpoint allowlist and the launcher helpers of tools/train.py and test.py."""
+"""Utilities: the weights_only checkpoint allowlist and the launcher helpers of tools/train.py and test.py
+(plus :mod:`.checks` and :mod:`.deprecation`, imported by their users)."""
 from .checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
 from .launch import (build_runner, launcher_parser, load_launch_config, parse_launcher_args, register_scope_modules,
                      set_local_rank, setup_cpu_distributed, setup_work_dir)

@@ -13,6 +13,8 @@ import torch.nn as nn
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from mmppma.utils.checks import check_choice  # noqa: F401  (the backbones' choice check)
+
 
 def resolve_arch_settings(arch: Union[str, dict],
                           zoo: Mapping[str, dict],
@@ -57,11 +59,6 @@ def resolve_arch_settings(arch: Union[str, dict],
     return arch
 
 
-def check_choice(name: str, value, choices: Sequence) -> None:
-    if value not in choices:
-        raise ValueError(f'{name}={value!r} is not supported; choose one of {", ".join(map(repr, choices))}')
-
-
 class StagedBackbone(BaseModule):
     """Base class: the standard fields of an OpenMMLab backbone over a stem and stages.
 
@@ -83,6 +80,12 @@ class StagedBackbone(BaseModule):
         if not -1 <= frozen_stages <= self.num_stages:
             raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}]; got {frozen_stages}')
         self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
+
+    def drop_path_rates(self, drop_path_rate: float) -> List[List[float]]:
+        """Stochastic depth per block, linear from 0 to ``drop_path_rate`` over all blocks, one list per stage."""
+        rates = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
+        starts = [sum(self.depths[:i]) for i in range(self.num_stages)]
+        return [rates[start:start + depth] for start, depth in zip(starts, self.depths)]
 
     def _check_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
         if isinstance(out_indices, int):
@@ -167,8 +170,8 @@ class StagedBackbone(BaseModule):
 
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
         """(stage, layer id) of a parameter inside ``stages_name`` (names split on '.'), or None. Default
-        layout ``layers.{s}.blocks.{b}``: block b of stage s is 1 + sum(depths[:s]) + b; anything else of the
-        stage (its downsample) goes with the stage's last block."""
+        layout ``{stages_name}.{s}.blocks.{b}``: block b of stage s is 1 + sum(depths[:s]) + b; anything else of
+        the stage (its downsample) goes with the stage's last block."""
         if parts[0] != self.stages_name or len(parts) <= 2:
             return None
         stage = int(parts[1])

@@ -102,10 +102,9 @@ class MLLA(StagedBackbone):
         self.attn, self.impl, self.out_norm = attn, impl, out_norm
 
         self.patch_embed = MLLAStem(in_channels, self.embed_dims[0])
-        dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
+        drop_paths = self.drop_path_rates(drop_path_rate)
         self.layers = nn.ModuleList()
         for i in range(self.num_stages):
-            first = sum(self.depths[:i])
             self.layers.append(
                 MLLAStage(
                     embed_dims=self.embed_dims[i],
@@ -114,7 +113,7 @@ class MLLA(StagedBackbone):
                     mlp_ratio=s['mlp_ratio'],
                     attn=attn,
                     impl=impl,
-                    drop_paths=tuple(dpr[first:first + self.depths[i]]),
+                    drop_paths=tuple(drop_paths[i]),
                     out_channels=self.embed_dims[i + 1] if i < self.num_stages - 1 else None,
                     with_cp=with_cp))
         if out_norm:

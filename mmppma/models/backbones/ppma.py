@@ -110,7 +110,6 @@ class PPMA(StagedBackbone):
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
     arch_zoo = ARCH_ZOO
-    default_mask = 'polyline'
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -135,10 +134,9 @@ class PPMA(StagedBackbone):
         self.mask, self.attn_form, self.impl, self.out_norm = mask, attn_form, impl, out_norm
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0])
-        dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
+        drop_paths = self.drop_path_rates(drop_path_rate)
         self.layers = nn.ModuleList()
         for i in range(self.num_stages):
-            first = sum(self.depths[:i])
             self.layers.append(
                 PPMAStage(
                     embed_dims=self.embed_dims[i],
@@ -149,7 +147,7 @@ class PPMA(StagedBackbone):
                     mask=mask,
                     attn_form=attn_form,
                     impl=impl,
-                    drop_paths=tuple(dpr[first:first + self.depths[i]]),
+                    drop_paths=tuple(drop_paths[i]),
                     layer_scale_init_value=s['layer_scale_init_value'] if s['layer_scales'][i] else None,
                     heads_range=s['heads_ranges'][i],
                     out_channels=self.embed_dims[i + 1] if i < self.num_stages - 1 else None,
@@ -172,7 +170,7 @@ class PPMA(StagedBackbone):
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
         """Block b of stage s: 1 + sum(depths[:s]) + b; a stage's Relpos goes with its first block, its
         downsample with its last."""
-        if parts[0] != 'layers' or len(parts) <= 2:
+        if parts[0] != self.stages_name or len(parts) <= 2:
             return None
         stage = int(parts[1])
         first = 1 + sum(self.depths[:stage])
@@ -190,7 +188,6 @@ class RMT(PPMA):
     Same as ``PPMA(mask='rmt')``; takes every PPMA argument but ``mask`` and ``attn_form``.
     Each stage's ``Relpos`` holds the ``angle`` and ``decay`` buffers.
     """
-    default_mask = 'rmt'
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',

@@ -1,47 +1,6 @@
-"""VMINet backbone (Vision Mamba Inspired Separable Self-Attention; REFERENCE 8, seeds/vminet_paper.txt),
-registered once for mmpretrain, mmdet and mmseg.
-
-Image (B, in_channels, H, W) -> stem (3x3 stride-2 ConvBN, 32 channels, ReLU6) -> four stages, each a 3x3
-stride-2 ConvBN downsample then VMI-SA blocks (:class:`~mmppma.models.layers.vminet.VMISABlock`) -> per
-``out_indices`` the stage output, normalized (``outnorm{i}`` / ``norm{i}``) when ``out_norm``, NCHW at
-strides 4..32.
-
-From the release (github.com/yws-wxs/VMINet, ``vminet.py``): the stem, blocks, downsampling, widths
-``base_dim * 2^i``, depths 2-2-18-2 for every size, expansion r and the classifier (BatchNorm2d over the last
-map, global average pool, Linear). Parameter counts with the 1000-class classifier (``out_norm='BN'`` on the
-last stage + Linear): Ti 2,036,938, XS 7,440,370, S 13,347,442, B 28,387,138 (release 2.04/7.44/13.35/28.39 M).
-FLOPs at 224 x 224 (:func:`mmppma.models.utils.count_flops`, mmengine's counter, multiply-add = 1): Ti 0.350,
-XS 1.258, S 2.301, B 4.781 G; the paper says 0.3 / 1.4 / 2.3 / 4.8. S and B agree; XS's 1.4 does not follow
-from the release's XS (XS and S differ only in r, and S agrees), and Ti's 0.3 only by rounding down.
-
-Module names follow the release (``stem.0``, ``stages.{i}.0`` the downsample, ``stages.{i}.{j+1}`` block j), so
-a release classification state dict loads with identity keys, plus ``norm`` -> ``backbone.norm3`` and
-``head`` -> ``head.fc`` for mmpretrain's ImageClassifier (configs/vminet_*_in1k.py).
-
-Two release revisions differ in the block (:data:`RELEASE_REVISIONS`); both are selectable, and the default
-(the paper's counts and equation) is a third combination:
-
-* ``proj_norm``: BatchNorm after the output projection ``g`` (revision 6b11d4a, whose counts are the figures
-  above; default) or none (revision 7c2632c: 2,032,426 / 7,431,346 / 13,338,418 / 28,369,090).
-* ``context_mask``: 'tril' (default), the lower-triangular mask matrix of the paper's matrix form (Eq. 10,
-  Table 4: the XS result 78.6 is the mask model, 76.5 without), as revision 7c2632c applies it, or 'none'
-  (revision 6b11d4a's plain learned weighted sum).
-
-A checkpoint converted from a release (tools/model_converters/vminet_official_to_mmppma.py) records its
-revision and options; loading it into a backbone with other options is an error naming the option to set
-(:meth:`VMINet._load_from_state_dict`, and :meth:`VMINet.init_weights` for ``init_cfg`` Pretrained). Without
-that record, ``g.bn`` keys present / absent against ``proj_norm`` are an error as well.
-
-Any input size (our choice; the release only runs at 224 x 224): each block's context-vector weights are a
-table fixed to the stage's token grid at ``img_size`` (56/28/14/7 at 224, the release's ``nn.Linear(S*S, 1)``).
-At another size the table is resized bilinearly and scaled by trained / actual token count
-(:class:`~mmppma.models.layers.vminet.TokenWeights`), so odd sizes, 1-pixel-wide late stages and batch 1 work
-and the table is used as trained at the trained size. The 'tril' mask is defined on raster token indices at
-any size.
-
-Dense outputs (our choice; the release publishes no dense-prediction code): a per-output norm, 'LN' (channel
-LayerNorm, eps 1e-6, as mmdet/mmseg's ConvNeXt/Swin) by default or 'BN' (BatchNorm2d, the release's
-classification norm: ``norm3`` is the release's ``norm``).
+"""VMINet backbone (Vision Mamba Inspired Separable Self-Attention; REFERENCE 8), registered once for
+mmpretrain, mmdet and mmseg: a ConvBN stem and four stages of VMI-SA blocks, module names as the release's, any
+input size, NCHW outputs at strides 4..32. Release revisions, figures and our choices: docs/vminet.md.
 """
 import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -160,11 +119,10 @@ class VMINet(StagedBackbone):
 
         stem_channels = s['stem_channels']
         self.stem = nn.Sequential(ConvBN(in_channels, stem_channels, 3, stride=2), nn.ReLU6())
-        dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
+        drop_paths = self.drop_path_rates(drop_path_rate)
         sizes = stage_sizes(self.img_size, self.num_stages)
         self.stages = nn.ModuleList()
         for i in range(self.num_stages):
-            first = sum(self.depths[:i])
             self.stages.append(
                 VMIStage(
                     in_channels=self.embed_dims[i - 1] if i else stem_channels,
@@ -175,7 +133,7 @@ class VMINet(StagedBackbone):
                     context_mask=context_mask,
                     proj_norm=proj_norm,
                     kernel_size=s['kernel_size'],
-                    drop_paths=dpr[first:first + self.depths[i]],
+                    drop_paths=drop_paths[i],
                     with_cp=with_cp))
         if self.out_norm is not None:
             for i in self.out_indices:
@@ -269,7 +227,7 @@ class VMINet(StagedBackbone):
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
         """Block b of stage s (``stages.s.{b+1}``): 1 + sum(depths[:s]) + b; a stage's downsample
         (``stages.s.0``) goes with its first block."""
-        if parts[0] != 'stages' or len(parts) <= 2:
+        if parts[0] != self.stages_name or len(parts) <= 2:
             return None
         stage, index = int(parts[1]), int(parts[2])
         return stage, 1 + sum(self.depths[:stage]) + max(index - 1, 0)
