@@ -12,7 +12,7 @@ CHECKPOINT is ``none`` (random init), loaded from CHECKPOINT. The image is resiz
   stage's token grid (Fig. 7); RMT backbones have one fixed decay per head instead;
 * ``attention_s{S}b{B}_q{I}_{J}.png``: per head, for the query token (I, J) of the stage's grid (default: the
   centre): softmax(q k^T) without a mask, the polyline path mask L2D = exp(M) + exp(M^T) (the V2H path and
-  its transpose, REFERENCE 2), and the block's actual attention weights over all keys (Fig. 12). The actual
+  its transpose, docs/method.md §2), and the block's actual attention weights over all keys (Fig. 12). The actual
   weights come from the block's own attention op applied to one-hot values, so they are exact for every
   attention type (whole, criss-cross) and mask variant;
 * ``maps_s{S}b{B}_q{I}_{J}.npz``: the arrays behind both figures.
@@ -115,7 +115,7 @@ def capture_attention_inputs(backbone, x: torch.Tensor, stage: int, block: int) 
 
 def query_mask_row(la: torch.Tensor, lb: torch.Tensor, i: int, j: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """Log-masks from query (i, j) to every key: V2H row ``M[(i,j), :]`` and H2V row ``M^T[(i,j), :]``, each
-    (heads, H, W), from the O(N) decay tables (REFERENCE 2) instead of the N x N mask.
+    (heads, H, W), from the O(N) decay tables (docs/method.md §2) instead of the N x N mask.
 
     V2H: ``M[(i,j),(k,l)] = -|Ca[i,j] - Ca[i,l]| - |Cb[i,l] - Cb[k,l]|`` (along row i, then column l);
     H2V: ``M[(k,l),(i,j)] = -|Ca[k,l] - Ca[k,j]| - |Cb[k,j] - Cb[i,j]|`` (along column j, then row k).

@@ -128,7 +128,7 @@ class MLLA(StagedBackbone):
 
     def _release_init(self) -> None:
         """Every Linear trunc_normal(std .02) and bias 0; LayerNorm weight 1, bias 0. Convs, BatchNorms and
-        PPMLA's decay parameters keep their own initialization (PyTorch default; REFERENCE 1)."""
+        PPMLA's decay parameters keep their own initialization (PyTorch default; docs/method.md §1)."""
         self._trunc_normal_init()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

@@ -1,4 +1,4 @@
-"""VMINet backbone (Vision Mamba Inspired Separable Self-Attention; REFERENCE 8, seeds/vminet_paper.txt),
+"""VMINet backbone (Vision Mamba Inspired Separable Self-Attention; docs/method.md §10),
 registered once for mmpretrain, mmdet and mmseg.
 
 Image (B, in_channels, H, W) -> stem (3x3 stride-2 ConvBN, 32 channels, ReLU6) -> four stages, each a 3x3

@@ -1,4 +1,4 @@
-"""The token mixer of a PPMA/RMT block (``retention`` in the release; REFERENCE 3).
+"""The token mixer of a PPMA/RMT block (``retention`` in the release; docs/method.md §3).
 
 q, k, v, out: Linear(C, C) with bias; k scaled by d^-0.5; 2D-raster RoPE on q and k; LePE (depthwise 5x5
 conv on v) added after attention. The attention itself is one of the ``mmppma.ops`` functions, chosen by
@@ -14,7 +14,7 @@ rmt        manhattan_attention (fixed decay)        rmt_criss_cross_attention (r
 none       softmax(q k^T) v                         criss_cross_attention(0, 0, order='both')
 ========== ======================================== =============================================
 
-(``Aw(Ah v)`` mixes a key (k, l) down its column to row i, then along row i: the V2H path M of REFERENCE 2.)
+(``Aw(Ah v)`` mixes a key (k, l) down its column to row i, then along row i: the V2H path M of docs/method.md §2.)
 """
 import contextlib
 from typing import Callable, Iterator, Optional

@@ -1,4 +1,4 @@
-"""One PPMA/RMT block and one stage (REFERENCE 5), channels-last tokens (B, H, W, C)."""
+"""One PPMA/RMT block and one stage (docs/method.md §7), channels-last tokens (B, H, W, C)."""
 from typing import Optional, Tuple
 
 import torch
