@@ -106,6 +106,9 @@ class PPMA(StagedBackbone):
         init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one the release init applies (Linear trunc_normal .02 / bias 0, LayerNorm 1 / 0, decays per
             docs/method.md §1), already at construction.
+        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
+            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
+            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
@@ -124,8 +127,9 @@ class PPMA(StagedBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         check_choice('mask', mask, MASKS)
         check_choice('attn_form', attn_form, ATTN_FORMS)
         self.arch_settings = resolve_arch(arch)
@@ -202,7 +206,8 @@ class RMT(PPMA):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
         super().__init__(
             arch=arch,
             in_channels=in_channels,
@@ -214,4 +219,5 @@ class RMT(PPMA):
             frozen_stages=frozen_stages,
             norm_eval=norm_eval,
             with_cp=with_cp,
-            init_cfg=init_cfg)
+            init_cfg=init_cfg,
+            pretrained=pretrained)

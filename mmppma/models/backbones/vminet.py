@@ -111,6 +111,9 @@ class VMINet(StagedBackbone):
         init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one the release init applies at construction (Linear-style context weights trunc_normal
             .02, BatchNorm 1 / 0, ``stack`` 1, convs PyTorch default).
+        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
+            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
+            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
@@ -130,8 +133,9 @@ class VMINet(StagedBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         check_choice('context_mask', context_mask, CONTEXT_MASKS)
         self.out_norm = self._check_out_norm(out_norm)
         self.arch_settings = resolve_arch(arch)
