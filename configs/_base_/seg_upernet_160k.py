@@ -7,7 +7,7 @@
 _base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
 
 model = dict(
-    pretrained=None,  # mmseg hands model.pretrained to the backbone, which takes init_cfg instead
+    pretrained=None,  # the base's ResNet weights (open-mmlab://) do not fit; PPMA weights come through init_cfg
     backbone=dict(
         _delete_=True,  # drop ResNet's keys
         type='mmppma.PPMA',
