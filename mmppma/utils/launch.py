@@ -194,7 +194,7 @@ def _dataset_paths(ds: dict) -> List[Tuple[str, str]]:
     prefix = ds.get('data_prefix') or ''
     prefixes = prefix.items() if isinstance(prefix, dict) else [('', prefix)]
     paths += [(f'data_prefix{"." + k if k else ""}', _join(root, v)) for k, v in prefixes if _is_local(v or '')]
-    if not prefix and ds.get('split') and not ann_file and root:  # mmpretrain ImageNet(split=...): a folder per split
+    if not prefix and ds.get('split') and not ann_file and _is_local(root):  # mmpretrain ImageNet(split=...)
         paths.append(('split', osp.join(root, ds['split'])))
     return paths
 

@@ -66,20 +66,16 @@ def copy_tracked(dest: Path) -> Path:
 
 
 CHECK = r'''
-import sys
 from importlib import metadata
 from pathlib import Path
-import pkg_resources  # noqa: F401  (what mmengine's mmpretrain:: lookup needs)
-import setuptools, torch
+import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from mmpretrain.registry import MODELS
-assert int(setuptools.__version__.split('.')[0]) < 81, setuptools.__version__
-assert any(r.startswith('setuptools') for r in metadata.requires('mmppma')), metadata.requires('mmppma')
 configs = sorted(Path('configs').glob('*_in1k.py'))
 assert len(configs) >= 10, configs
 for path in configs:
-    cfg = Config.fromfile(str(path))
+    cfg = Config.fromfile(str(path))  # `mmpretrain::` bases: mmengine imports pkg_resources
     with DefaultScope.overwrite_default_scope('mmpretrain'), torch.device('meta'):
         MODELS.build(cfg.model)
 cfg = Config.fromfile('configs/ppma_t_8xb128_in1k.py')
@@ -88,7 +84,9 @@ with DefaultScope.overwrite_default_scope('mmpretrain'):
 with torch.no_grad():
     out = model(torch.randn(1, 3, 64, 64), mode='tensor')
 assert tuple(out.shape) == (1, 1000), out.shape
-import mmcv, mmppma
+import mmcv, mmppma, setuptools
+assert int(setuptools.__version__.split('.')[0]) < 81, setuptools.__version__
+assert any(r.startswith('setuptools') for r in metadata.requires('mmppma')), metadata.requires('mmppma')
 print('OK', len(configs), 'configs; setuptools', setuptools.__version__, '; mmcv', mmcv.__version__, '; mmppma from',
       mmppma.__file__)
 '''
