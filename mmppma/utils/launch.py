@@ -227,7 +227,7 @@ def missing_data(cfg: Config, loaders: Sequence[str]) -> List[Tuple[str, str, st
         evaluator = loader.replace('_dataloader', '_evaluator')
         for path in _evaluator_ann_files(cfg.get(evaluator)):
             if not osp.exists(path) and not any(path.startswith(m[3].rstrip('/') + '/') for m in missing):
-                missing.append((evaluator, types[0], 'ann_file', path))
+                missing.append((evaluator, types[0] if types else '?', 'ann_file', path))
     return missing
 
 
@@ -250,9 +250,10 @@ def check_data(cfg: Config, loaders: Sequence[str]) -> None:
     lines += [f'  {key}: {what} {path!r} does not exist' for key, _, what, path in missing]
     for ds_type in dict.fromkeys(m[1] for m in missing):
         lines += _layout_lines(ds_type)
-    roots = dict.fromkeys(f'{key}.data_root=/path/to/data' for key, *_ in missing if 'dataloader' in key)
+    roots = dict.fromkeys(f'{key}.data_root=/path/to/data' if 'dataloader' in key else f'{key}.ann_file=/path/to/file'
+                          for key, *_ in missing)
     lines += ['See docs/datasets.md for where to get each data set and how to lay it out. To read it from another',
-              'place, set the data root on the command line, e.g.',
+              'place, set its paths on the command line, e.g.',
               '    --cfg-options ' + ' '.join(roots),
               '(or make data/ a symlink to where the data lives).']
     raise SystemExit('\n'.join(lines))
