@@ -112,12 +112,16 @@ def check_trains(model) -> None:
 
 @pytest.mark.slow
 def test_mmseg_deeplabv3plus_config_with_ppma(mmseg_ready):
-    cfg = swapped('mmseg::deeplabv3plus/deeplabv3plus_r50-d8_4xb4-80k_ade20k-512x512.py',
-                  f'    decode_head=dict(in_channels={DIMS[3]}, c1_in_channels={DIMS[0]}),\n'
-                  f'    auxiliary_head=dict(in_channels={DIMS[2]}),')
+    def config() -> Config:
+        return swapped('mmseg::deeplabv3plus/deeplabv3plus_r50-d8_4xb4-80k_ade20k-512x512.py',
+                       f'    decode_head=dict(in_channels={DIMS[3]}, c1_in_channels={DIMS[0]}),\n'
+                       f'    auxiliary_head=dict(in_channels={DIMS[2]}),')
+
+    cfg = config()
     assert cfg.model.pretrained == 'open-mmlab://resnet50_v1c'  # what the upstream config asks for
     with pytest.raises(ValueError, match='model.pretrained=None'):
         build_seg(cfg)
+    cfg = config()  # EncoderDecoder wrote pretrained into the backbone's config while building
     cfg.model.pretrained = None  # as the message says
     check_trains(build_seg(cfg))
 
