@@ -23,8 +23,9 @@ from mmppma.models.utils.checkpoint_convert import CheckpointMismatchError  # no
 from mmppma.models.utils.checkpoint_convert_baselines import (extract_release_state, mlla_rope_rotations,  # noqa: E402
                                                               mmppma_to_release, release_to_mmppma)
 
+from .conftest import fixture_shapes  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parent / 'fixtures'
 CONVERTERS = REPO / 'tools' / 'model_converters'
 # (family, fixture letter, config arch) -> parameter count with the 1000-class head (the public release's)
 CASES = {
@@ -41,19 +42,11 @@ BUFFERS = ('running_mean', 'running_var', 'num_batches_tracked', 'rope.rotations
 HEADLESS = ('norm.', 'head.')
 
 
-def fixture_shapes(family: str, letter: str) -> dict:
-    shapes = {}
-    for line in (FIXTURES / f'official_{family.lower()}_{letter}_keys.txt').read_text().splitlines():
-        key, shape = line.split(' ', 1)
-        shapes[key] = tuple(int(s) for s in shape.strip('()').split(',') if s.strip())
-    return shapes
-
-
 def fake_release_state(family: str, letter: str, random: bool = False) -> dict:
     """Tensors with the release's keys and shapes: random (running variances positive) or uninitialized."""
     gen = torch.Generator().manual_seed(0)
     state = {}
-    for key, shape in fixture_shapes(family, letter).items():
+    for key, shape in fixture_shapes(f'{family.lower()}_{letter}').items():
         if key.endswith('num_batches_tracked'):
             state[key] = torch.tensor(7)
         elif not random:
@@ -84,7 +77,8 @@ def shapes_of(state: dict) -> dict:
 @pytest.mark.parametrize('case', CASES, ids=IDS)
 def test_parameter_totals(case):
     family, letter, arch = case
-    release = sum(torch.Size(s).numel() for k, s in fixture_shapes(family, letter).items() if not k.endswith(BUFFERS))
+    shapes = fixture_shapes(f'{family.lower()}_{letter}')
+    release = sum(torch.Size(s).numel() for k, s in shapes.items() if not k.endswith(BUFFERS))
     ours = sum(p.numel() for p in build(family, arch).parameters())
     assert release == ours == CASES[case]
 

@@ -12,7 +12,7 @@ CHECKPOINT is ``none`` (random init), loaded from CHECKPOINT. The image is resiz
   stage's token grid (Fig. 7); RMT backbones have one fixed decay per head instead;
 * ``attention_s{S}b{B}_q{I}_{J}.png``: per head, for the query token (I, J) of the stage's grid (default: the
   centre): softmax(q k^T) without a mask, the block's path mask (L2D = exp(M) + exp(M^T) for the polyline
-  mask: the V2H path and its transpose, REFERENCE 2) and the block's actual attention weights over all keys
+  mask: the V2H path and its transpose, docs/method.md §2) and the block's actual attention weights over all keys
   (Fig. 12), all from the attention layer's ``query_maps``;
 * ``maps_s{S}b{B}_q{I}_{J}.npz``: the arrays behind both figures.
 """

@@ -1,6 +1,6 @@
 """Polyline path mask ops: pure functions on tensors (torch, and triton kernels on GPUs).
 
-One vocabulary for every op (REFERENCE 2-4 for the math):
+One vocabulary for every op (docs/method.md §2-5 for the math):
 
 * Tensors come first, positionally, channels-last per head: q, k (B, heads, H, W, d); v (B, heads, H, W, d_v);
   ``la`` (horizontal, along W) and ``lb`` (vertical, along H) learned log-decays (B, heads, H, W), <= 0, and

@@ -1,4 +1,4 @@
-"""Decay tables and the polyline path mask (REFERENCE 2), plus RMT's fixed Manhattan decay mask.
+"""Decay tables and the polyline path mask (docs/method.md §2), plus RMT's fixed Manhattan decay mask.
 
 Notation: ``la`` (horizontal) and ``lb`` (vertical) are log-decays of shape (B, heads, H, W), <= 0.
 ``Ca = cumsum(la)`` along each row, ``Cb = cumsum(lb)`` along each column. The log-decay of a 1D segment

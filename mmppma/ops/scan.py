@@ -1,4 +1,4 @@
-"""Applying a polyline path mask to a vector without forming it (paper Algorithm 1, REFERENCE 4).
+"""Applying a polyline path mask to a vector without forming it (paper Algorithm 1, docs/method.md §4).
 
 The 2D mask factorizes into 1D structured masks: ``L_v2h x`` is a bidirectional decay scan down every
 column (``lb``), then along every row (``la``); ``L_h2v x`` is the other order. A bidirectional scan is a

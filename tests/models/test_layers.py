@@ -1,4 +1,4 @@
-"""Layer tests against independent dense re-derivations of REFERENCE 1-3 (written here from the text, not
+"""Layer tests against independent dense re-derivations of docs/method.md §1-3 (written here from the text, not
 with mmppma.ops or the layers' own helpers), in float64 on odd shapes."""
 import math
 
@@ -29,7 +29,7 @@ def ref_rope(x: torch.Tensor) -> torch.Tensor:
 
 
 def ref_decays(x, dt_weight, a_log, dt_bias, heads):
-    """x (B, H, W, C) -> la, lb (B, heads, H, W) per REFERENCE 1 (dt_weight (2|1, d))."""
+    """x (B, H, W, C) -> la, lb (B, heads, H, W) per docs/method.md §1 (dt_weight (2|1, d))."""
     b, h, w, c = x.shape
     xh = x.reshape(b, h, w, heads, c // heads)
     dt = torch.einsum('bhwnd,kd->bnkhw', xh, dt_weight)
@@ -60,7 +60,7 @@ def ref_manhattan_mask(log_decay, h, w):
 
 
 def ref_attention_module(mod: PolylinePathAttention, x: torch.Tensor, decay=None, parts: bool = False):
-    """The whole token mixer from REFERENCE 3, densely: (B, H, W, C) -> (B, H, W, C). With ``parts``: the
+    """The whole token mixer from docs/method.md §3, densely: (B, H, W, C) -> (B, H, W, C). With ``parts``: the
     attention matrix A (out = A v), the log-mask M and the scores S instead, each (B, n, N, N)."""
     b, h, w, c = x.shape
     n, d = mod.num_heads, c // mod.num_heads
@@ -130,7 +130,7 @@ def test_rope_matches_reference(h, w):
 
 
 def test_rmt_log_decay_values():
-    # REFERENCE 5: log(1 - 2^(-2 - r*h/n)); e.g. n=4, r=4: h=0 -> log(3/4), h=2 -> log(1 - 2^-4)
+    # docs/method.md §6: log(1 - 2^(-2 - r*h/n)); e.g. n=4, r=4: h=0 -> log(3/4), h=2 -> log(1 - 2^-4)
     got = rmt_log_decay(4, 4)
     want = torch.tensor([math.log(1 - 2**(-2 - 4 * h / 4)) for h in range(4)])
     torch.testing.assert_close(got, want.float())
@@ -153,7 +153,7 @@ def test_path_embed_formula_and_shapes():
 
 
 def test_path_embed_init_distributions():
-    """REFERENCE 1: A_log = log U(1, 1.1); dt_bias = softplus^-1(dt0), dt0 log-uniform in [1e-3, 1e-1]."""
+    """docs/method.md §1: A_log = log U(1, 1.1); dt_bias = softplus^-1(dt0), dt0 log-uniform in [1e-3, 1e-1]."""
     torch.manual_seed(0)
     pe = PathEmbed(num_heads=4096, head_dims=4)
     a = pe.A_log.detach().exp()

@@ -76,6 +76,9 @@ class MLLA(StagedBackbone):
         init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one the release init applies (Linear trunc_normal .02 / bias 0, LayerNorm 1 / 0), already
             at construction.
+        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
+            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
+            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices, for any H, W >= 1.
     """
@@ -92,8 +95,9 @@ class MLLA(StagedBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         check_choice('attn', attn, MLLA_ATTNS)
         self.arch_settings = resolve_mlla_arch(arch)
         s = self.arch_settings
@@ -127,7 +131,7 @@ class MLLA(StagedBackbone):
 
     def _release_init(self) -> None:
         """Every Linear trunc_normal(std .02) and bias 0; LayerNorm weight 1, bias 0. Convs, BatchNorms and
-        PPMLA's decay parameters keep their own initialization (PyTorch default; REFERENCE 1)."""
+        PPMLA's decay parameters keep their own initialization (PyTorch default; docs/method.md §1)."""
         self._trunc_normal_init()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

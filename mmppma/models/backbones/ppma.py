@@ -1,10 +1,10 @@
-"""PPMA and RMT backbones (REFERENCE 5), registered once for mmpretrain, mmdet and mmseg.
+"""PPMA and RMT backbones (docs/method.md §6-7), registered once for mmpretrain, mmdet and mmseg.
 
 Image (B, in_channels, H, W) -> conv stem (stride 4) -> stages of blocks on channels-last tokens, each but the
 last followed by a stride-2 conv downsample -> per ``out_indices`` the stage output before its downsample,
 LayerNorm'ed (eps 1e-5, ``outnorm{i}``) when ``out_norm``, as NCHW.
 
-Module names follow the release's checkpoint layout (REFERENCE 6), so official weights load with an
+Module names follow the release's checkpoint layout (docs/method.md §8), so official weights load with an
 identity key mapping (see :mod:`mmppma.models.utils.checkpoint_convert`).
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -46,7 +46,7 @@ _BASE = dict(
     layer_scale_init_value=1e-6,
     heads_ranges=[5, 5, 6, 6])
 
-#: The one architecture table (REFERENCE 5). ``heads_ranges`` are RMT's fixed-decay ranges r (mask='rmt').
+#: The one architecture table (docs/method.md §7). ``heads_ranges`` are RMT's fixed-decay ranges r (mask='rmt').
 ARCH_ZOO: Dict[str, dict] = {
     **dict.fromkeys(['t', 'tiny'], _TINY),
     **dict.fromkeys(['s', 'small'], _SMALL),
@@ -105,7 +105,10 @@ class PPMA(StagedBackbone):
         with_cp: gradient checkpointing per block (``use_reentrant=False``).
         init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one the release init applies (Linear trunc_normal .02 / bias 0, LayerNorm 1 / 0, decays per
-            REFERENCE 1), already at construction.
+            docs/method.md §1), already at construction.
+        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
+            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
+            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
@@ -123,8 +126,9 @@ class PPMA(StagedBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         check_choice('mask', mask, MASKS)
         check_choice('attn_form', attn_form, ATTN_FORMS)
         self.arch_settings = resolve_arch(arch)
@@ -160,7 +164,7 @@ class PPMA(StagedBackbone):
 
     def _release_init(self) -> None:
         """Every Linear trunc_normal(std .02) and bias 0; LayerNorm weight 1, bias 0. Convs, BatchNorms and
-        the decay parameters keep their own initialization (PyTorch default; REFERENCE 1)."""
+        the decay parameters keep their own initialization (PyTorch default; docs/method.md §1)."""
         self._trunc_normal_init()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -199,7 +203,8 @@ class RMT(PPMA):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
         super().__init__(
             arch=arch,
             in_channels=in_channels,
@@ -211,4 +216,5 @@ class RMT(PPMA):
             frozen_stages=frozen_stages,
             norm_eval=norm_eval,
             with_cp=with_cp,
-            init_cfg=init_cfg)
+            init_cfg=init_cfg,
+            pretrained=pretrained)

@@ -1,4 +1,4 @@
-"""VMINet backbone (Vision Mamba Inspired Separable Self-Attention; REFERENCE 8), registered once for
+"""VMINet backbone (Vision Mamba Inspired Separable Self-Attention; docs/method.md §10), registered once for
 mmpretrain, mmdet and mmseg: a ConvBN stem and four stages of VMI-SA blocks, module names as the release's, any
 input size, NCHW outputs at strides 4..32. Release revisions, figures and our choices: docs/vminet.md.
 """
@@ -87,6 +87,9 @@ class VMINet(StagedBackbone):
         init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one the release init applies at construction (Linear-style context weights trunc_normal
             .02, BatchNorm 1 / 0, ``stack`` 1, convs PyTorch default).
+        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
+            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
+            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
@@ -106,8 +109,9 @@ class VMINet(StagedBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         check_choice('context_mask', context_mask, CONTEXT_MASKS)
         self.out_norm = self._check_out_norm(out_norm)
         self.arch_settings = resolve_arch(arch)

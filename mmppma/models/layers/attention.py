@@ -1,4 +1,4 @@
-"""The token mixer of a PPMA/RMT block (``retention`` in the release; REFERENCE 3).
+"""The token mixer of a PPMA/RMT block (``retention`` in the release; docs/method.md §3).
 
 q, k, v, out: Linear(C, C) with bias; k scaled by d^-0.5; 2D-raster RoPE on q and k; LePE (depthwise 5x5
 conv on v) added after attention. The attention itself is one of the ``mmppma.ops`` functions, chosen by

@@ -1,4 +1,4 @@
-"""One PPMA/RMT block and one stage (REFERENCE 5), channels-last tokens (B, H, W, C); the stochastic depth and
+"""One PPMA/RMT block and one stage (docs/method.md §7), channels-last tokens (B, H, W, C); the stochastic depth and
 the (optionally checkpointed) block loop that every family's stages share."""
 from typing import Iterable, Optional, Tuple
 

@@ -70,7 +70,7 @@ class MLLAAttention(nn.Module):
           out_i = sum_j (q~_i . k~_j) L2D_ij v_j / (sum_j (q_i . k_j) L2D_ij + eps)
 
       With all decays 0 (L2D = 2 everywhere) this is MLLA's attention (up to eps). The per-head, per-token
-      log-decays come from PPMA's :class:`PathEmbed` (``A_log``/``dt_bias`` parametrization, REFERENCE 1) on
+      log-decays come from PPMA's :class:`PathEmbed` (``A_log``/``dt_bias`` parametrization, docs/method.md §1) on
       the attention input x, which is also what q, k, v come from.
 
     ``+ lepe(v)`` (depthwise 3x3) in both. ``impl`` is the ops' implementation for PPMLA.

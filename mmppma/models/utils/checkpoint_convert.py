@@ -1,4 +1,4 @@
-"""Official PPMA / RMT release checkpoints <-> mmppma checkpoints (REFERENCE 6).
+"""Official PPMA / RMT release checkpoints <-> mmppma checkpoints (docs/method.md §8).
 
 mmppma's backbone uses the release's module names, so the backbone mapping is the identity under a
 ``backbone.`` prefix; the release's top-level head ``proj``, ``norm``, ``head`` become ``head.proj``,
