@@ -6,7 +6,8 @@ prefix; what differs per family (head names, buffers, revisions): docs/checkpoin
 state is checked key by key and shape by shape against a reference model built on the meta device from the
 backbone's arch table (or from a given config); anything missing, unexpected or mis-shaped raises
 :class:`CheckpointMismatchError` listing the keys. The default config to load a converted classifier with is
-named in ``info['config']`` relative to the mmppma repository (``configs/...``); this module reads no file.
+named in ``info['config']`` relative to the mmppma repository (``configs/...``); no file is read here unless
+a config is given.
 """
 import copy
 import functools
@@ -148,9 +149,10 @@ def inspect_ppma(backbone: Mapping[str, torch.Tensor]) -> dict:
     if 'patch_embed.proj.9.weight' not in backbone:
         raise CheckpointMismatchError('not a PPMA/RMT backbone: no patch_embed.proj.9.weight; keys start with '
                                       f'{sorted(backbone)[:5]}')
-    depths = [len(_block_indices(backbone, rf'layers\.{s}\.blocks\.(\d+)\.')) and
-              _block_indices(backbone, rf'layers\.{s}\.blocks\.(\d+)\.')[-1] + 1
-              for s in range(_stage_count(backbone, 'layers'))]
+    depths = []
+    for s in range(_stage_count(backbone, 'layers')):
+        blocks = _block_indices(backbone, rf'layers\.{s}\.blocks\.(\d+)\.')
+        depths.append(blocks[-1] + 1 if blocks else 0)
     dims, heads, mlps, scales = [], [], [], []
     for s in range(len(depths)):
         p = f'layers.{s}.blocks.0.'
@@ -289,10 +291,6 @@ def default_config(family: str, arch: str, revision: Optional[str] = None, varia
         return f'configs/vminet_{arch}_release-{revision}_in1k.py'
     name = (variant or family).lower()
     return f'configs/{name}_{arch[0] if family == "PPMA" else arch}_8xb128_in1k.py'
-
-
-def release_options_text(revision: str) -> str:
-    return ', '.join(f'{k}={v!r}' for k, v in RELEASE_REVISIONS[revision].items())
 
 
 def vminet_revision(measured: dict, downstream: bool) -> Optional[str]:
