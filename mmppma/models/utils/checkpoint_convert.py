@@ -608,7 +608,8 @@ def mmppma_to_release(state: Mapping[str, torch.Tensor],
 
 # ---------------------------------------------------------------- deprecated spellings
 def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f'{old} is deprecated; use {new}', DeprecationWarning, stacklevel=3)
+    warnings.warn(f'{old} is deprecated and will be removed in the next release; use {new}', DeprecationWarning,
+                  stacklevel=3)
 
 
 def official_to_mmppma(state: Mapping[str, torch.Tensor], backbone_only: bool = False,
