@@ -1,14 +1,7 @@
 # Mask R-CNN 3x with a PPMA-B backbone on COCO; recipe in ./_base_/det_mask_rcnn_3x.py.
 _base_ = './_base_/det_mask_rcnn_3x.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/ppma_b_8xb128_in1k.py, or an official one
-# converted with tools/model_converters/ppma_official_to_mmppma.py). None trains from scratch.
-pretrained = 'checkpoints/ppma_b_in1k.pth'
-
+pretrained = 'checkpoints/ppma_b_in1k.pth'  # configs/ppma_b_8xb128_in1k.py
 model = dict(
-    backbone=dict(
-        type='mmppma.PPMA',
-        arch='base',
-        drop_path_rate=0.4,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.') if pretrained else None),
+    backbone=dict(arch='base', drop_path_rate=0.4, init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[80, 160, 320, 512]))

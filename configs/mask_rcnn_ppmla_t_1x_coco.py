@@ -3,10 +3,7 @@
 # A_log / dt_bias get no weight decay (the detection base's custom_keys).
 _base_ = './mask_rcnn_mlla_t_1x_coco.py'
 
-# ImageNet-1K weights of a PPMLA-T classifier (configs/ppmla_t_8xb128_in1k.py). None trains from scratch.
+# ImageNet-1K weights of a PPMLA-T classifier (configs/ppmla_t_8xb128_in1k.py)
 pretrained = 'checkpoints/ppmla_t_in1k.pth'
 
-model = dict(
-    backbone=dict(
-        attn='ppmla',
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.') if pretrained else None))
+model = dict(backbone=dict(attn='ppmla', init_cfg=dict(checkpoint=pretrained)))

@@ -1,21 +1,7 @@
-# Mask R-CNN 1x with a VMINet-B backbone on COCO; recipe in ./_base_/det_mask_rcnn_1x.py (AdamW 1e-4, wd .05,
-# 12 epochs, as Swin's; the paper's detection settings follow Swin). Our choices, the release having no
-# detection code: mmdet's FPN on all four stages (the paper uses a ViTDet-style simple pyramid from the last
-# map), per-stage LayerNorm outputs, BatchNorm statistics frozen (2 images per GPU), drop path 0.1.
-_base_ = './_base_/det_mask_rcnn_1x.py'
+# Mask R-CNN 1x with a VMINet-B backbone on COCO; recipe in ./_base_/mask_rcnn_vminet_1x.py.
+_base_ = './_base_/mask_rcnn_vminet_1x.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_b_8xb128_in1k.py), or a release
-# one converted with tools/model_converters/vminet_official_to_mmppma.py. None trains from scratch.
-pretrained = 'checkpoints/vminet_b_in1k.pth'
-
+pretrained = 'checkpoints/vminet_b_in1k.pth'  # configs/vminet_b_8xb128_in1k.py
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='mmppma.VMINet',
-        arch='b',
-        out_indices=(0, 1, 2, 3),
-        out_norm='LN',
-        norm_eval=True,
-        drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.') if pretrained else None),
+    backbone=dict(arch='b', init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[96, 192, 384, 768]))

@@ -1,13 +1,8 @@
-# Mask R-CNN 1x with a VMINet-Ti backbone on COCO: the VMINet-XS recipe (./mask_rcnn_vminet_xs_1x_coco.py; the
-# paper reports detection for XS/S/B only) with Ti's stage widths 24/48/96/192.
-_base_ = './mask_rcnn_vminet_xs_1x_coco.py'
+# Mask R-CNN 1x with a VMINet-Ti backbone on COCO; recipe in ./_base_/mask_rcnn_vminet_1x.py.
+# The paper reports detection for XS/S/B only; Ti takes the same recipe.
+_base_ = './_base_/mask_rcnn_vminet_1x.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_ti_8xb128_in1k.py), or a release
-# one converted with tools/model_converters/vminet_official_to_mmppma.py. None trains from scratch.
-pretrained = 'checkpoints/vminet_ti_in1k.pth'
-
+pretrained = 'checkpoints/vminet_ti_in1k.pth'  # configs/vminet_ti_8xb128_in1k.py
 model = dict(
-    backbone=dict(
-        arch='ti',
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.') if pretrained else None),
+    backbone=dict(arch='ti', init_cfg=dict(checkpoint=pretrained)),
     neck=dict(in_channels=[24, 48, 96, 192]))

@@ -3,10 +3,7 @@
 # A_log / dt_bias get no weight decay (the segmentation base's custom_keys).
 _base_ = './upernet_mlla_t_512x512_160k_ade20k.py'
 
-# ImageNet-1K weights of a PPMLA-T classifier (configs/ppmla_t_8xb128_in1k.py). None trains from scratch.
+# ImageNet-1K weights of a PPMLA-T classifier (configs/ppmla_t_8xb128_in1k.py)
 pretrained = 'checkpoints/ppmla_t_in1k.pth'
 
-model = dict(
-    backbone=dict(
-        attn='ppmla',
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.') if pretrained else None))
+model = dict(backbone=dict(attn='ppmla', init_cfg=dict(checkpoint=pretrained)))

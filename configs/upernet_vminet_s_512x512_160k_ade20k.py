@@ -1,24 +1,8 @@
-# UPerNet with a VMINet-S backbone on ADE20K, 512x512, 160k iterations; recipe in ./_base_/seg_upernet_160k.py
-# (batch 16, 1500 warmup iterations, linear decay), with the paper's weight decay 0.01. Our choices, the
-# release having no segmentation code: per-stage LayerNorm outputs, BatchNorm statistics frozen (2 images per
-# GPU), drop path 0.1, and the base's lr 6e-5 (the paper's value is not legible in its text).
-_base_ = './_base_/seg_upernet_160k.py'
+# UPerNet with a VMINet-S backbone on ADE20K, 512x512, 160k iterations; recipe in
+# ./_base_/upernet_vminet_160k.py.
+_base_ = './_base_/upernet_vminet_160k.py'
 
-# ImageNet-1K weights: an mmppma classification checkpoint (configs/vminet_s_8xb128_in1k.py), or a release
-# one converted with tools/model_converters/vminet_official_to_mmppma.py. None trains from scratch.
-pretrained = 'checkpoints/vminet_s_in1k.pth'
-
+pretrained = 'checkpoints/vminet_s_in1k.pth'  # configs/vminet_s_8xb128_in1k.py
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='mmppma.VMINet',
-        arch='s',
-        out_indices=(0, 1, 2, 3),
-        out_norm='LN',
-        norm_eval=True,
-        drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained, prefix='backbone.') if pretrained else None),
-    decode_head=dict(in_channels=[48, 96, 192, 384]),
-    auxiliary_head=dict(in_channels=192))
-
-optim_wrapper = dict(optimizer=dict(weight_decay=0.01))
+    backbone=dict(arch='s', init_cfg=dict(checkpoint=pretrained)),
+    decode_head=dict(in_channels=[48, 96, 192, 384]), auxiliary_head=dict(in_channels=192))

@@ -19,9 +19,9 @@ from mmpretrain.registry import MODELS  # noqa: E402
 
 from mmppma.models import MLLA, VMINet  # noqa: E402
 from mmppma.models.layers.mlla import mlla_rope_tables  # noqa: E402
-from mmppma.models.utils.checkpoint_convert import CheckpointMismatchError  # noqa: E402
-from mmppma.models.utils.checkpoint_convert_baselines import (extract_release_state, mlla_rope_rotations,  # noqa: E402
-                                                              mmppma_to_release, release_to_mmppma)
+from mmppma.models.utils.checkpoint_convert import (CheckpointMismatchError, mlla_rope_rotations,  # noqa: E402
+                                                    mmppma_to_release, release_to_mmppma)
+from mmppma.models.utils.checkpoint_convert import extract_state_dict as extract_release_state  # noqa: E402
 
 from .conftest import fixture_shapes  # noqa: E402
 
@@ -202,7 +202,7 @@ def test_vminet_revision_7c2632c():
     converted, info = release_to_mmppma(old, 'VMINet')
     assert info['backbone_overrides'] == {} and info['revision'] == '7c2632c'
     assert info['release'] == dict(revision='7c2632c', context_mask='tril', proj_norm=False)
-    assert info['config'] == str(REPO / 'configs' / 'vminet_ti_release-7c2632c_in1k.py')
+    assert REPO / info['config'] == REPO / 'configs' / 'vminet_ti_release-7c2632c_in1k.py'
     assert shapes_of(converted) == config_shapes('VMINet', 'ti', proj_norm=False)
     assert converted['backbone.stages.2.3.dwconv.bn.running_mean'] is old['stages.2.3.conv.bn.running_mean']
     assert converted['backbone.stages.2.0.conv.weight'] is old['stages.2.0.conv.weight']  # downsample unchanged
@@ -267,8 +267,8 @@ def run_cli(script, *args, check=True):
 def cli_main():
     sys.path.insert(0, str(CONVERTERS))
     try:
-        from release_converter_cli import main
-        yield main
+        from release_to_mmppma import main
+        yield lambda family, doc, argv: main(['--family', family, *argv])
     finally:
         sys.path.remove(str(CONVERTERS))
 

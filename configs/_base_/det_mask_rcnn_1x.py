@@ -1,8 +1,10 @@
 # Mask R-CNN 1x on COCO with a PPMA-family backbone: the release's detection recipe (docs/method.md §9), the one
 # place for its numbers. Everything else is mmdet's own R50-FPN 1x config (FPN, RPN/RoI heads, 1333x800
 # single-scale training with flip, warmup 500 iters, steps at epochs 8 and 11, CocoMetric bbox + segm).
-# Per-arch configs (configs/mask_rcnn_{ppma,rmt}_{t,s,b}_1x_coco.py) set only the backbone type/arch,
-# drop_path_rate, pretrained weights and the FPN's in_channels.
+# Per-arch configs (configs/mask_rcnn_{ppma,rmt}_{t,s,b}_{1x,3x}_coco.py) set only the backbone type (RMT)
+# and arch, drop_path_rate, the ImageNet-1K weights (top-level `pretrained`: an mmppma classification
+# checkpoint, or a release one converted with tools/model_converters/release_to_mmppma.py) and the FPN's
+# in_channels. To train from scratch: --cfg-options model.backbone.init_cfg=None.
 _base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
 
 model = dict(
@@ -12,7 +14,8 @@ model = dict(
         arch='tiny',
         out_indices=(0, 1, 2, 3),
         out_norm=True,  # per-stage LayerNorm, as the release's dense-prediction backbones
-        drop_path_rate=0.1),  # no init_cfg: per-arch configs set their pretrained weights
+        drop_path_rate=0.1,
+        init_cfg=dict(type='Pretrained', prefix='backbone.')),  # per-arch configs set the checkpoint
     neck=dict(in_channels=[64, 128, 256, 512]))
 
 # 12 epochs (inherited), batch 16 = 8 GPUs x 2 images (inherited batch_size=2).

@@ -2,8 +2,10 @@
 # segmentation recipe (docs/method.md §9), the one place for its numbers. Everything else is mmseg's own
 # UPerNet R50 160k config (UPerHead + auxiliary FCNHead on stage 3, SyncBN in the heads, ADE20K pipeline
 # with 0.5-2.0 random resize, crop 512, flip, photometric distortion; mIoU). Per-arch configs
-# (configs/upernet_{ppma,rmt}_{t,s,b}_512x512_160k_ade20k.py) set only the backbone type/arch,
-# drop_path_rate, pretrained weights and the heads' in_channels.
+# (configs/upernet_{ppma,rmt}_{t,s,b}_512x512_160k_ade20k.py) set only the backbone type (RMT) and arch,
+# drop_path_rate, the ImageNet-1K weights (top-level `pretrained`: an mmppma classification checkpoint, or a
+# release one converted with tools/model_converters/release_to_mmppma.py) and the heads' in_channels. To train
+# from scratch: --cfg-options model.backbone.init_cfg=None.
 _base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
 
 model = dict(
@@ -14,7 +16,8 @@ model = dict(
         arch='tiny',
         out_indices=(0, 1, 2, 3),
         out_norm=True,  # per-stage LayerNorm, as the release's dense-prediction backbones
-        drop_path_rate=0.1),  # no init_cfg: per-arch configs set their pretrained weights
+        drop_path_rate=0.1,
+        init_cfg=dict(type='Pretrained', prefix='backbone.')),  # per-arch configs set the checkpoint
     decode_head=dict(in_channels=[64, 128, 256, 512]),
     auxiliary_head=dict(in_channels=256))
 

@@ -1,5 +1,6 @@
 """Every config under configs/ loads and builds its model; the detection / segmentation configs carry the
 release's recipe (docs/method.md §9) and per-arch settings consistent with the backbone's arch table."""
+import argparse
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,26 @@ def test_per_arch_settings(path):
     else:
         assert cfg.model.decode_head.in_channels == dims and cfg.model.auxiliary_head.in_channels == dims[2]
         assert cfg.model.pretrained is None
+
+
+DENSE = sorted(p for pattern in ('mask_rcnn_*_coco.py', 'upernet_*_ade20k.py') for p in CONFIGS.glob(pattern))
+
+
+@pytest.mark.parametrize('path', DENSE, ids=lambda p: p.name)
+def test_pretrained_weights_and_training_from_scratch(path):
+    """Every detection / segmentation config loads the top-level ``pretrained`` checkpoint into its backbone
+    (the family base holds the Pretrained type and prefix, the per-arch file the path); the documented
+    ``--cfg-options model.backbone.init_cfg=None`` trains from scratch."""
+    from mmengine.config import DictAction
+    cfg = Config.fromfile(str(path))
+    parts = path.stem.split('_')
+    family, size = parts[2:4] if path.name.startswith('mask_rcnn_') else parts[1:3]
+    assert cfg.pretrained == f'checkpoints/{family}_{size}_in1k.pth'
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint=cfg.pretrained, prefix='backbone.')
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    cfg.merge_from_dict(parser.parse_args(['--cfg-options', 'model.backbone.init_cfg=None']).cfg_options)
+    assert cfg.model.backbone.init_cfg is None
 
 
 def _name_parts(path: Path):
