@@ -29,6 +29,15 @@ BLOCK_ELEMENTS = 1 << 21
 # up to this many (B * heads * N * N) score elements, whole attention keeps its probabilities for the
 # backward (plain autograd, fastest); above it, the blockwise path recomputes them (memory O(N^1.5))
 SMALL_ELEMENTS = 1 << 22
+# score elements of one group of (image, head) slices on the no-autograd criss-cross path: a group's row and
+# column maps stay in cache from their bias to their last product
+SLICE_ELEMENTS = 1 << 18
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records ops on these tensors; without it the ops take their inference paths (no saved
+    tensors, in-place softmax)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _flatten(t: torch.Tensor) -> torch.Tensor:
@@ -105,10 +114,11 @@ class _BlockTables:
 
 
 def _softmax_(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim, in place where the kernel allows it (CPU: row by row, same index)."""
+    """Softmax over the last dim into ``x`` (CPU: the kernel overwrites each row in place; elsewhere through
+    a temporary)."""
     if x.device.type == 'cpu':
         return torch.ops.aten._softmax.out(x, -1, False, out=x)
-    return x.softmax(-1)
+    return x.copy_(x.softmax(-1))
 
 
 def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -152,35 +162,46 @@ def _blocks(b: int, heads: int, h: int, w: int):
         yield r0, r1, slice(r0 * w, r1 * w)
 
 
+def _masked_softmax_blocks(q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]) -> torch.Tensor:
+    """c * sum_p softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'} (one weight c), blockwise over query
+    rows, no autograd: q, k (B, heads, N, d) (q pre-scaled), v (B, heads, N, d_v) -> (B, heads, N, d_v).
+
+    Each block's probabilities are summed over the paths before the one product with v. Block tensors live
+    in buffers reused across blocks and are updated in place.
+    """
+    b, heads, n, _ = q.shape
+    h, w = sb.shape[-1], sa.shape[-1]
+    weight = _common_weight(paths)
+    out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
+    tables = _BlockTables(sa, sb, [path for path, _ in paths])
+    step = _rows_per_block(b, heads, h, w)
+    buffers = _BlockBuffers(q, len(paths), b * heads * step * w * n)
+    kt = k.transpose(-1, -2)
+    for r0, r1, rows in _blocks(b, heads, h, w):
+        bufs = buffers.get(b, heads, (r1 - r0) * w, n)
+        s = torch.matmul(q[:, :, rows], kt, out=bufs[-1])
+        for idx, (path, _) in enumerate(paths):  # the last path overwrites the scores themselves
+            _softmax_(tables.with_bias(s, path, r0, r1, out=bufs[idx]))
+        for p in bufs[:-1]:
+            s.add_(p)
+        out[:, :, rows] = s @ v
+    if weight != 1.0:
+        out.mul_(weight)
+    return out
+
+
 class _MaskedSoftmaxAttention(torch.autograd.Function):
     """c * sum_p softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'} (one weight c), blockwise over query
     rows.
 
-    q is pre-scaled. Saves only q, k, v and the tables; each block's probabilities are recomputed in the
-    backward (one fused softmax per path costs no more than re-reading a saved log-sum-exp). Block tensors
-    live in buffers reused across blocks and are updated in place.
+    q is pre-scaled. The forward is :func:`_masked_softmax_blocks`; it saves only q, k, v and the tables, and
+    each block's probabilities are recomputed in the backward (one fused softmax per path costs no more than
+    re-reading a saved log-sum-exp).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]):
-        b, heads, n, _ = q.shape
-        h, w = sb.shape[-1], sa.shape[-1]
-        weight = _common_weight(paths)
-        out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
-        tables = _BlockTables(sa, sb, [path for path, _ in paths])
-        step = _rows_per_block(b, heads, h, w)
-        buffers = _BlockBuffers(q, len(paths), b * heads * step * w * n)
-        kt = k.transpose(-1, -2)
-        for r0, r1, rows in _blocks(b, heads, h, w):
-            bufs = buffers.get(b, heads, (r1 - r0) * w, n)
-            s = torch.matmul(q[:, :, rows], kt, out=bufs[-1])
-            for idx, (path, _) in enumerate(paths):  # the last path overwrites the scores themselves
-                _softmax_(tables.with_bias(s, path, r0, r1, out=bufs[idx]))
-            for p in bufs[:-1]:
-                s.add_(p)
-            out[:, :, rows] = s @ v
-        if weight != 1.0:
-            out.mul_(weight)
+        out = _masked_softmax_blocks(q, k, v, sa, sb, paths)
         ctx.save_for_backward(q, k, v, sa, sb)
         ctx.paths = paths
         return out
@@ -255,7 +276,9 @@ def _whole_torch(q, k, v, sa, sb, scale, paths):
     if scale != 1.0:  # the models fold the scale into k
         qf = qf * scale
     sa, sb = sa.to(dtype), sb.to(dtype)
-    if b * heads * (h * w)**2 <= SMALL_ELEMENTS:
+    if not _needs_grad(qf, kf, vf, sa, sb):
+        out = _masked_softmax_blocks(qf, kf, vf, sa, sb, tuple(paths))
+    elif b * heads * (h * w)**2 <= SMALL_ELEMENTS:
         out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1), paths)
     else:
         out = _MaskedSoftmaxAttention.apply(qf, kf, vf, sa, sb, tuple(paths))
@@ -411,6 +434,35 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
     return out
 
 
+def _criss_cross_slices(q, k, v, row_bias, col_bias, scale, order):
+    """:func:`_criss_cross_core` without autograd, for a group of heads of one image at a time, so that the
+    group's maps stay in cache from the bias to the last product. ``row_bias(s, i, n0, n1)`` adds the bias of
+    image i, heads [n0, n1) to row scores s (G, H, W, W) in place, ``col_bias`` likewise for column scores
+    (G, W, H, H). Returns (B, heads, H, W, d_v), a view of a (B, H, W, heads, d_v) tensor (the layers' token
+    layout)."""
+    if scale != 1.0:
+        q = q * scale
+    b, heads, h, w, _ = q.shape
+    dv = v.shape[-1]
+    out = torch.empty(b, h, w, heads, dv, dtype=v.dtype, device=v.device).permute(0, 3, 1, 2, 4)
+    group = max(1, min(heads, SLICE_ELEMENTS // (h * w * max(h, w))))
+    for i in range(b):
+        for n0 in range(0, heads, group):
+            n1 = min(heads, n0 + group)
+            qg, kg, vg = q[i, n0:n1], k[i, n0:n1], v[i, n0:n1]  # (G, H, W, d)
+            rows = _softmax_(row_bias(qg @ kg.transpose(-1, -2), i, n0, n1))  # (G, H, W, W)
+            qc, kc = qg.transpose(1, 2), kg.transpose(1, 2)  # (G, W, H, d)
+            cols = _softmax_(col_bias(qc @ kc.transpose(-1, -2), i, n0, n1))  # (G, W, H, H)
+            if order == 'row_col':
+                out[i, n0:n1] = (cols @ (rows @ vg).transpose(1, 2)).transpose(1, 2)
+            elif order == 'col_row':
+                out[i, n0:n1] = rows @ (cols @ vg.transpose(1, 2)).transpose(1, 2)
+            else:  # as _criss_cross_core: Ah [v, Aw v] = [Ah v, Ah Aw v]; 0.5 a + 0.5 b == 0.5 (a + b) exactly
+                both = (cols @ torch.cat([vg, rows @ vg], -1).transpose(1, 2)).transpose(1, 2)
+                out[i, n0:n1] = (rows @ both[..., :dv]).add_(both[..., dv:]).mul_(0.5)
+    return out
+
+
 def _criss_cross_reference(q, k, v, la, lb, scale, order):
     """Dense: criss-cross as N x N matrices (row attention A_w and column attention A_h embedded in
     block-sparse N x N form), composed by matrix products."""
@@ -454,6 +506,19 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         return _criss_cross_reference(q, k, v, la, lb, scale, order).to(v.dtype)
     dtype = table_dtype(q, k, v, la, lb)
     ca, cb = decay_tables(la, lb)
+    if not _needs_grad(q, k, v, la, lb):
+        h, w = q.shape[2:4]
+        cbt = cb.transpose(-1, -2)  # (B, heads, W, H)
+        sign_w, sign_h = _sign_table(w, dtype, q.device), _sign_table(h, dtype, q.device)
+
+        def segment_bias(c, sign):
+            def add(s, i, n0, n1):  # s[..., t, u] += sign[t, u] * (c[t] - c[u]), as _SegmentMaskedSoftmax
+                cg = c[i, n0:n1]
+                return s.addcmul_(cg.unsqueeze(-1), sign).addcmul_(cg.unsqueeze(-2), sign, value=-1.0)
+            return add
+
+        return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), segment_bias(ca, sign_w),
+                                   segment_bias(cbt, sign_h), scale, order).to(v.dtype)
     return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype),
                              lambda s: _SegmentMaskedSoftmax.apply(s, ca),
                              lambda s: _SegmentMaskedSoftmax.apply(s, cb.transpose(-1, -2)), scale,
@@ -479,5 +544,10 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return criss_cross_attention(q, k, v, g, g, scale, 'row_col', 'reference')
     sa, sb = _manhattan_tables(log_decay, h, w, heads, dtype)
     sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
+    if not _needs_grad(q, k, v, log_decay):
+        def head_bias(table):
+            return lambda s, i, n0, n1: s.add_(table[i if table.shape[0] > 1 else 0, n0:n1])
+        return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), head_bias(sa), head_bias(sb), scale,
+                                   'row_col').to(v.dtype)
     return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype), lambda s: s.add_(sa).softmax(-1),
                              lambda s: s.add_(sb).softmax(-1), scale, 'row_col').to(v.dtype)
