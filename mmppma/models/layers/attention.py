@@ -127,7 +127,7 @@ class PolylinePathAttention(nn.Module):
     def forward(self, x: torch.Tensor, pos: PositionTables) -> torch.Tensor:
         b, h, w, c = x.shape
         q = self.q_proj(x)
-        k = self.k_proj(x) * self.scaling
+        k = self.k_proj(x).mul_(self.scaling)  # in place: Linear's backward does not need its output
         v = self.v_proj(x)
         lepe = self.lepe(v)
 
@@ -136,8 +136,10 @@ class PolylinePathAttention(nn.Module):
         k = apply_rope(self._heads(k), sin, cos)
         v = self._heads(v)
         out = self._attend(q, k, v, x, pos)  # (B, n, H, W, d)
-        out = out.permute(0, 2, 3, 1, 4).reshape(b, h, w, c)
-        return self.out_proj(out + lepe)
+        out = out.permute(0, 2, 3, 1, 4)  # (B, H, W, n, d)
+        if out.dtype == lepe.dtype:  # out + lepe into the conv's fresh output, reading out in place
+            return self.out_proj(lepe.unflatten(-1, (self.num_heads, self.head_dims)).add_(out).flatten(-2))
+        return self.out_proj(out.reshape(b, h, w, c) + lepe)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
                 pos: PositionTables) -> torch.Tensor:

@@ -18,5 +18,5 @@ class ConvFFN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.drop(F.gelu(self.fc1(x)))
-        h = h + self.dwconv(h)
+        h = self.dwconv(h, add=h)
         return self.drop(self.fc2(h))
