@@ -1,10 +1,10 @@
 """Utilities: the weights_only checkpoint allowlist and the launcher helpers of tools/train.py and test.py."""
 from .checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
-from .launch import (build_runner, launcher_parser, load_launch_config, parse_launcher_args, register_scope_modules,
-                     set_local_rank, setup_cpu_distributed, setup_work_dir)
+from .launch import (apply_test_amp, build_runner, launcher_parser, load_launch_config, parse_launcher_args,
+                     register_scope_modules, set_local_rank, setup_cpu_distributed, setup_work_dir)
 
 __all__ = [
     'allow_mmengine_checkpoint_globals', 'mmengine_checkpoint_globals', 'build_runner', 'register_scope_modules',
     'set_local_rank', 'setup_cpu_distributed', 'setup_work_dir', 'launcher_parser', 'load_launch_config',
-    'parse_launcher_args'
+    'parse_launcher_args', 'apply_test_amp'
 ]
