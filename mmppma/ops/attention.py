@@ -128,6 +128,12 @@ def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     return torch._softmax_backward_data(grad, probs, -1, probs.dtype)
 
 
+def _padded(n: int, device: torch.device) -> int:
+    """Softmax row length for n scores on the inference paths: CPU softmax kernels run up to several times
+    faster on rows a multiple of 16 long (the padding holds -inf, so the probabilities do not change)."""
+    return -(-n // 16) * 16 if device.type == 'cpu' else n
+
+
 def _rows_per_block(b: int, heads: int, h: int, w: int) -> int:
     return max(1, min(h, BLOCK_ELEMENTS // max(1, b * heads * w * h * w)))
 
@@ -162,29 +168,36 @@ def _blocks(b: int, heads: int, h: int, w: int):
         yield r0, r1, slice(r0 * w, r1 * w)
 
 
-def _masked_softmax_blocks(q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]) -> torch.Tensor:
+def _masked_softmax_blocks(q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...],
+                           pad: bool = False) -> torch.Tensor:
     """c * sum_p softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'} (one weight c), blockwise over query
     rows, no autograd: q, k (B, heads, N, d) (q pre-scaled), v (B, heads, N, d_v) -> (B, heads, N, d_v).
 
     Each block's probabilities are summed over the paths before the one product with v. Block tensors live
-    in buffers reused across blocks and are updated in place.
+    in buffers reused across blocks and are updated in place. ``pad``: score rows :func:`_padded` (keys
+    padded with zero rows, their scores set to -inf), for the faster softmax.
     """
     b, heads, n, _ = q.shape
     h, w = sb.shape[-1], sa.shape[-1]
     weight = _common_weight(paths)
+    n_pad = _padded(n, q.device) if pad else n
     out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
     tables = _BlockTables(sa, sb, [path for path, _ in paths])
     step = _rows_per_block(b, heads, h, w)
-    buffers = _BlockBuffers(q, len(paths), b * heads * step * w * n)
+    buffers = _BlockBuffers(q, len(paths), b * heads * step * w * n_pad)
+    if n_pad != n:
+        k = torch.cat([k, k.new_zeros(b, heads, n_pad - n, k.shape[-1])], 2)
     kt = k.transpose(-1, -2)
     for r0, r1, rows in _blocks(b, heads, h, w):
-        bufs = buffers.get(b, heads, (r1 - r0) * w, n)
+        bufs = buffers.get(b, heads, (r1 - r0) * w, n_pad)
         s = torch.matmul(q[:, :, rows], kt, out=bufs[-1])
         for idx, (path, _) in enumerate(paths):  # the last path overwrites the scores themselves
-            _softmax_(tables.with_bias(s, path, r0, r1, out=bufs[idx]))
+            tables.with_bias(s[..., :n], path, r0, r1, out=bufs[idx][..., :n])
+            bufs[idx][..., n:] = float('-inf')
+            _softmax_(bufs[idx])
         for p in bufs[:-1]:
             s.add_(p)
-        out[:, :, rows] = s @ v
+        out[:, :, rows] = s[..., :n] @ v
     if weight != 1.0:
         out.mul_(weight)
     return out
@@ -277,7 +290,7 @@ def _whole_torch(q, k, v, sa, sb, scale, paths):
         qf = qf * scale
     sa, sb = sa.to(dtype), sb.to(dtype)
     if not _needs_grad(qf, kf, vf, sa, sb):
-        out = _masked_softmax_blocks(qf, kf, vf, sa, sb, tuple(paths))
+        out = _masked_softmax_blocks(qf, kf, vf, sa, sb, tuple(paths), pad=True)
     elif b * heads * (h * w)**2 <= SMALL_ELEMENTS:
         out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1), paths)
     else:
@@ -436,23 +449,31 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
 
 def _criss_cross_slices(q, k, v, row_bias, col_bias, scale, order):
     """:func:`_criss_cross_core` without autograd, for a group of heads of one image at a time, so that the
-    group's maps stay in cache from the bias to the last product. ``row_bias(s, i, n0, n1)`` adds the bias of
-    image i, heads [n0, n1) to row scores s (G, H, W, W) in place, ``col_bias`` likewise for column scores
-    (G, W, H, H). Returns (B, heads, H, W, d_v), a view of a (B, H, W, heads, d_v) tensor (the layers' token
-    layout)."""
+    group's maps stay in cache from the bias to the last product.
+
+    The maps' rows are :func:`_padded` (keys padded with zero rows): ``row_bias(s, i, n0, n1)`` adds the bias
+    of image i, heads [n0, n1) to row scores s (G, H, W, W_pad) in place, -inf in the padding, and
+    ``col_bias`` likewise to column scores (G, W, H, H_pad). Returns (B, heads, H, W, d_v), a view of a
+    (B, H, W, heads, d_v) tensor (the layers' token layout).
+    """
     if scale != 1.0:
         q = q * scale
-    b, heads, h, w, _ = q.shape
+    b, heads, h, w, d = q.shape
     dv = v.shape[-1]
     out = torch.empty(b, h, w, heads, dv, dtype=v.dtype, device=v.device).permute(0, 3, 1, 2, 4)
     group = max(1, min(heads, SLICE_ELEMENTS // (h * w * max(h, w))))
+    # the group's keys along rows (G, H, W_pad, d) and along columns (G, W, H_pad, d); padding rows stay 0
+    k_rows = k.new_zeros(group, h, _padded(w, k.device), d)
+    k_cols = k.new_zeros(group, w, _padded(h, k.device), d)
     for i in range(b):
         for n0 in range(0, heads, group):
             n1 = min(heads, n0 + group)
-            qg, kg, vg = q[i, n0:n1], k[i, n0:n1], v[i, n0:n1]  # (G, H, W, d)
-            rows = _softmax_(row_bias(qg @ kg.transpose(-1, -2), i, n0, n1))  # (G, H, W, W)
-            qc, kc = qg.transpose(1, 2), kg.transpose(1, 2)  # (G, W, H, d)
-            cols = _softmax_(col_bias(qc @ kc.transpose(-1, -2), i, n0, n1))  # (G, W, H, H)
+            qg, vg = q[i, n0:n1], v[i, n0:n1]  # (G, H, W, d)
+            kr, kc = k_rows[:n1 - n0], k_cols[:n1 - n0]
+            kr[:, :, :w] = k[i, n0:n1]
+            kc[:, :, :h] = k[i, n0:n1].transpose(1, 2)
+            rows = _softmax_(row_bias(qg @ kr.transpose(-1, -2), i, n0, n1))[..., :w]  # (G, H, W, W)
+            cols = _softmax_(col_bias(qg.transpose(1, 2) @ kc.transpose(-1, -2), i, n0, n1))[..., :h]  # (G, W, H, H)
             if order == 'row_col':
                 out[i, n0:n1] = (cols @ (rows @ vg).transpose(1, 2)).transpose(1, 2)
             elif order == 'col_row':
@@ -461,6 +482,13 @@ def _criss_cross_slices(q, k, v, row_bias, col_bias, scale, order):
                 both = (cols @ torch.cat([vg, rows @ vg], -1).transpose(1, 2)).transpose(1, 2)
                 out[i, n0:n1] = (rows @ both[..., :dv]).add_(both[..., dv:]).mul_(0.5)
     return out
+
+
+def _pad_last(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
+    """``t`` with its last dim extended to ``length`` by ``value``."""
+    if t.shape[-1] == length:
+        return t
+    return torch.cat([t, t.new_full((*t.shape[:-1], length - t.shape[-1]), value)], -1)
 
 
 def _criss_cross_reference(q, k, v, la, lb, scale, order):
@@ -507,18 +535,21 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     dtype = table_dtype(q, k, v, la, lb)
     ca, cb = decay_tables(la, lb)
     if not _needs_grad(q, k, v, la, lb):
-        h, w = q.shape[2:4]
-        cbt = cb.transpose(-1, -2)  # (B, heads, W, H)
-        sign_w, sign_h = _sign_table(w, dtype, q.device), _sign_table(h, dtype, q.device)
+        def segment_bias(c):
+            """s[..., t, u] += sign[t, u] * (c[t] - c[u]) as _SegmentMaskedSoftmax, for padded rows of s: there
+            sign is +1 and c[u] is +inf, so the padding gets -inf."""
+            length = c.shape[-1]
+            padded = _padded(length, c.device)
+            sign = _pad_last(_sign_table(length, dtype, c.device), padded, 1.0)
+            c_keys = _pad_last(c, padded, float('inf'))
 
-        def segment_bias(c, sign):
-            def add(s, i, n0, n1):  # s[..., t, u] += sign[t, u] * (c[t] - c[u]), as _SegmentMaskedSoftmax
-                cg = c[i, n0:n1]
-                return s.addcmul_(cg.unsqueeze(-1), sign).addcmul_(cg.unsqueeze(-2), sign, value=-1.0)
+            def add(s, i, n0, n1):
+                s.addcmul_(c[i, n0:n1].unsqueeze(-1), sign)
+                return s.addcmul_(c_keys[i, n0:n1].unsqueeze(-2), sign, value=-1.0)
             return add
 
-        return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), segment_bias(ca, sign_w),
-                                   segment_bias(cbt, sign_h), scale, order).to(v.dtype)
+        return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), segment_bias(ca),
+                                   segment_bias(cb.transpose(-1, -2)), scale, order).to(v.dtype)
     return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype),
                              lambda s: _SegmentMaskedSoftmax.apply(s, ca),
                              lambda s: _SegmentMaskedSoftmax.apply(s, cb.transpose(-1, -2)), scale,
@@ -545,7 +576,8 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     sa, sb = _manhattan_tables(log_decay, h, w, heads, dtype)
     sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
     if not _needs_grad(q, k, v, log_decay):
-        def head_bias(table):
+        def head_bias(table):  # (B|1, heads, 1, L, L) -> -inf in the padding of the rows
+            table = _pad_last(table, _padded(table.shape[-1], table.device), float('-inf'))
             return lambda s, i, n0, n1: s.add_(table[i if table.shape[0] > 1 else 0, n0:n1])
         return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), head_bias(sa), head_bias(sb), scale,
                                    'row_col').to(v.dtype)
