@@ -21,7 +21,8 @@ gives PPMA / RMT per impl and, when ``reference`` is among them, each impl's PPM
 ``reference`` path (the #5 targets: time ratio and peak-memory share).
 
 ``--mode infer`` times inference (``eval()``, ``torch.inference_mode``) instead of a training step and
-prints images per second as well; ``--amp`` runs under ``torch.autocast`` with that dtype (CUDA for fp16).
+prints images per second as well; ``--amp`` runs under ``torch.autocast`` with that dtype (CUDA for fp16),
+and in inference also prints the error of the outputs against a float32 forward on the same input.
 
 ``--rounds R`` measures every run R times, the runs alternating within each round (a load change then hits
 every model alike); the table gives each run's best round and lists the rounds. ``--profile`` adds each
@@ -68,7 +69,7 @@ def build_backbone(args, device):
 
     def loss(train: bool):
         outs = model(x)
-        return sum(o.float().sum() for o in outs) if train else None
+        return sum(o.float().sum() for o in outs) if train else outs
 
     return model, x, loss
 
@@ -177,18 +178,33 @@ def worker(args: argparse.Namespace) -> dict:
         step()
         times.append(time.perf_counter() - start)
     profile = op_profile(step) if args.profile else ''
+    amp_error = None
+    if amp_dtype is not None and not train and args.task == 'backbone':
+        amp_error = amp_errors(model, loss, amp_dtype)
     if args.impl == RELEASE:
         return dict(model=args.worker, impl=RELEASE, resolved=RELEASE, time_s=statistics.median(times),
-                    times_s=times, peak_bytes=peak, stage_s=[], profile=profile, threads=torch.get_num_threads(),
-                    torch=torch.__version__, device=device_name(device))
+                    times_s=times, peak_bytes=peak, stage_s=[], profile=profile, amp_error=amp_error,
+                    threads=torch.get_num_threads(), torch=torch.__version__, device=device_name(device))
     backbone = model if args.task == 'backbone' else model.backbone
     stages = stage_times(backbone, x, device, max(1, args.iters)) if train and args.stages else []
     from mmppma.ops.attention import TRITON_OPS
     from mmppma.ops.dispatch import resolve_impl
     resolved = resolve_impl(args.impl, 'ppma_attention', [torch.empty(0, device=device)], TRITON_OPS)
     return dict(model=args.worker, impl=args.impl, resolved=resolved, time_s=statistics.median(times),
-                times_s=times, peak_bytes=peak, stage_s=stages, profile=profile, threads=torch.get_num_threads(),
-                torch=torch.__version__, device=device_name(device))
+                times_s=times, peak_bytes=peak, stage_s=stages, profile=profile, amp_error=amp_error,
+                threads=torch.get_num_threads(), torch=torch.__version__, device=device_name(device))
+
+
+def amp_errors(model, infer, amp_dtype=None) -> list:
+    """[max |amp - fp32|, ||amp - fp32|| / ||fp32||] over the inference outputs, both runs on the same input."""
+    import torch
+    with torch.inference_mode():
+        with torch.autocast(next(model.parameters()).device.type, dtype=amp_dtype):
+            low = infer(False)
+        full = infer(False)
+    pairs = list(zip(*(o if isinstance(o, (tuple, list)) else (o, ) for o in (low, full))))
+    return [max((a.float() - b).abs().max().item() for a, b in pairs),
+            max(((a.float() - b).norm() / b.norm()).item() for a, b in pairs)]
 
 
 def device_name(device) -> str:
@@ -313,6 +329,9 @@ def main(argv=None) -> int:
         shown = impl if res['resolved'] == impl else f'{impl}->{res["resolved"]}'
         print(f'{name:6s} {shown:14s} {res["time_s"]:12.3f} {args.batch / res["time_s"]:10.1f} '
               f'{res["peak_bytes"] / 2**20:18.1f}')
+        if res['amp_error'] is not None:
+            print(f'    {args.amp} outputs against float32: max abs error {res["amp_error"][0]:.3g}, '
+                  f'relative (norm) error {res["amp_error"][1]:.3g}')
         if args.rounds > 1:
             print('    rounds, images/s: ' + ' / '.join(f'{args.batch / r["time_s"]:.1f}' for r in rounds[name, impl]))
         for i, t in enumerate(res['stage_s']):

@@ -82,11 +82,12 @@ def {factory}T(args):
 @pytest.mark.slow
 def test_benchmark_model_inference_rounds_against_release_models(run_python, tmp_path):
     """--release-dir loads DIR/PPMA.py and DIR/RMT.py (here stand-ins) and times their forward_features in the
-    same run; the ratios are the quotients of the printed rows, over the best of --rounds."""
+    same run; the ratios are the quotients of the printed rows, over the best of --rounds; --amp bf16 prints
+    each run's error against float32."""
     (tmp_path / 'PPMA.py').write_text(STAND_IN.format(channels=8, factory='PPMAViT_'))
     (tmp_path / 'RMT.py').write_text(STAND_IN.format(channels=4, factory='RMT_'))
     out = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--shape', '20', '36', '--batch', '2',
-                      '--iters', '1', '--rounds', '2', '--release-dir', str(tmp_path), '--profile'],
+                      '--iters', '1', '--rounds', '2', '--release-dir', str(tmp_path), '--profile', '--amp', 'bf16'],
                      timeout=600, MMPPMA_IMPL='').stdout
     rows = _rows(out)
     assert set(rows) == {(m, i) for m in ('PPMA', 'RMT') for i in ('auto->torch', 'release')}
@@ -98,6 +99,9 @@ def test_benchmark_model_inference_rounds_against_release_models(run_python, tmp
             want = rows[theirs, 'release'][0] / rows[ours, 'auto->torch'][0]
             assert float(m.group(1)) == pytest.approx(want, rel=0.02, abs=0.01)
     assert out.count('per-op profile,') == 4 and 'aten::' in out
+    errors = re.findall(r'bf16 outputs against float32: max abs error ([\d.e+-]+), relative \(norm\) error ([\d.e+-]+)',
+                        out)
+    assert len(errors) == 4 and all(0 < float(rel) < 0.05 for _, rel in errors), out
 
 
 def test_benchmark_model_release_dir_needs_inference_and_the_files(run_python, tmp_path):

@@ -17,6 +17,8 @@ class ConvFFN(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.drop(F.gelu(self.fc1(x)))
+        h = self.fc1(x)
+        # without autograd in place: no second hidden-sized tensor (the largest activation of the block)
+        h = self.drop(F.gelu(h) if torch.is_grad_enabled() and h.requires_grad else torch.ops.aten.gelu_(h))
         h = self.dwconv(h, add=h)
         return self.drop(self.fc2(h))
