@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from mmppma.ops import criss_cross_attention, manhattan_attention, ppma_attention, rmt_criss_cross_attention
 
 from .conv import DWConv2d
+from .inplace import records_grad
 from .path_embed import PathEmbed
 from .rope import PositionTables, apply_rope
 
@@ -127,7 +128,8 @@ class PolylinePathAttention(nn.Module):
     def forward(self, x: torch.Tensor, pos: PositionTables) -> torch.Tensor:
         b, h, w, c = x.shape
         q = self.q_proj(x)
-        k = self.k_proj(x).mul_(self.scaling)  # in place: Linear's backward does not need its output
+        k = self.k_proj(x)
+        k = k * self.scaling if records_grad(k) else k.mul_(self.scaling)
         v = self.v_proj(x)
         lepe = self.lepe(v)
 
@@ -137,9 +139,10 @@ class PolylinePathAttention(nn.Module):
         v = self._heads(v)
         out = self._attend(q, k, v, x, pos)  # (B, n, H, W, d)
         out = out.permute(0, 2, 3, 1, 4)  # (B, H, W, n, d)
-        if out.dtype == lepe.dtype:  # out + lepe into the conv's fresh output, reading out in place
-            return self.out_proj(lepe.unflatten(-1, (self.num_heads, self.head_dims)).add_(out).flatten(-2))
-        return self.out_proj(out.reshape(b, h, w, c) + lepe)
+        if records_grad(lepe) or records_grad(out) or out.dtype != lepe.dtype:
+            return self.out_proj(out.reshape(b, h, w, c) + lepe)
+        # inference: out + lepe into the conv's output, reading out in its own layout (no copy)
+        return self.out_proj(lepe.unflatten(-1, (self.num_heads, self.head_dims)).add_(out).flatten(-2))
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
                 pos: PositionTables) -> torch.Tensor:

@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from .inplace import add_into
+
 
 class DWConv2d(nn.Module):
     """Depthwise ``k x k`` convolution on channels-last tokens: (B, H, W, C) -> (B, H, W, C).
@@ -19,12 +21,9 @@ class DWConv2d(nn.Module):
         self.conv = nn.Conv2d(channels, channels, kernel_size, 1, kernel_size // 2, groups=channels)
 
     def forward(self, x: torch.Tensor, add: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``conv(x)``, or ``conv(x) + add`` (same shape) summed into the conv's fresh output when the dtypes
-        agree (the conv's backward does not need its output)."""
+        """``conv(x)``, or ``conv(x) + add`` (same shape; in inference summed into the conv's output)."""
         out = self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-        if add is None:
-            return out
-        return out.add_(add) if out.dtype == add.dtype else out + add
+        return out if add is None else add_into(out, add)
 
 
 class ConvStem(nn.Module):

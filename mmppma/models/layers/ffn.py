@@ -4,6 +4,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .conv import DWConv2d
+from .inplace import records_grad
 
 
 class ConvFFN(nn.Module):
@@ -18,7 +19,7 @@ class ConvFFN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc1(x)
-        # without autograd in place: no second hidden-sized tensor (the largest activation of the block)
-        h = self.drop(F.gelu(h) if torch.is_grad_enabled() and h.requires_grad else torch.ops.aten.gelu_(h))
+        # inference: in place, no second hidden-sized tensor (the largest activation of the block)
+        h = self.drop(F.gelu(h) if records_grad(h) else torch.ops.aten.gelu_(h))
         h = self.dwconv(h, add=h)
         return self.drop(self.fc2(h))

@@ -7,6 +7,8 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 
+from .inplace import records_grad
+
 
 def rope_angles(head_dims: int) -> torch.Tensor:
     """``theta_t = 10000^(-t / (d/2 - 1))`` for t = 0..d/2-1, each repeated for two adjacent channels: (d,)."""
@@ -31,10 +33,10 @@ def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` (..., H, W, d) by tables ``sin``, ``cos`` (H, W, d): ``x*cos + rot(x)*sin``.
 
-    ``rot(x)*sin`` is computed as the pair-swapped ``x`` times ``sin`` with its even channels negated (equal
-    bit for bit, three passes over ``x`` instead of five).
+    In inference ``rot(x)*sin`` is the pair-swapped ``x`` times ``sin`` with its even channels negated, in
+    place (equal bit for bit, three passes over ``x`` instead of five).
     """
-    if not x.dtype == sin.dtype == cos.dtype:
+    if records_grad(x) or not x.dtype == sin.dtype == cos.dtype:
         return x * cos + rotate_every_two(x) * sin
     sign = torch.ones(2, dtype=sin.dtype, device=sin.device)
     sign[0] = -1.0
