@@ -1,7 +1,8 @@
 """mmppma: Polyline Path Masked Attention backbones for OpenMMLab 2.0.
 
 Requirements come from requirements.txt, the single place where the stack is pinned: its ``# [group]``
-headers split it into ``install_requires`` (core) and extras (cls, det, seg, triton, tests, all).
+headers split it into ``install_requires`` (core, plus setuptools from the build group) and extras (cls, det,
+seg, triton, tests, all).
 """
 import re
 from pathlib import Path
@@ -10,8 +11,11 @@ from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
 # torch and triton are pinned for the verified CPU stack; a CUDA user brings their own build, so the
-# installed package only asks for a compatible range (README "Supported versions").
-RANGES = {'torch': 'torch>=2.1', 'torchvision': 'torchvision', 'triton': 'triton>=3.6'}
+# installed package only asks for a compatible range (README "Supported versions"). setuptools: the range
+# of its pin's comment in requirements.txt (mmengine's `mmpretrain::` / `mmdet::` config lookups import
+# pkg_resources, gone from setuptools >= 81), so `pip install -e .[cls]` keeps the config system working.
+RANGES = {'torch': 'torch>=2.1', 'torchvision': 'torchvision', 'triton': 'triton>=3.6',
+          'setuptools': 'setuptools>=77.0.3,<81'}
 
 
 def read_groups(path):
@@ -47,7 +51,7 @@ setup(
     python_requires='>=3.9',
     packages=find_packages(include=['mmppma', 'mmppma.*']),
     include_package_data=True,
-    install_requires=groups['core'],
+    install_requires=[r for r in groups['build'] if r.startswith('setuptools')] + groups['core'],
     extras_require=extras,
     zip_safe=False,
 )

@@ -1,14 +1,16 @@
-"""Shared test setup: thread count, seeds, and a helper for running Python in a fresh subprocess."""
+"""Shared test setup: thread count, RNG seeds, the release key lists in ``tests/fixtures`` and a helper for
+running Python in a fresh subprocess."""
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / 'fixtures'
 
 # CI has 2 cores; on a big machine more threads only add overhead for the tiny tensors used here.
 torch.set_num_threads(int(os.environ.get('MMPPMA_TEST_THREADS', min(4, os.cpu_count() or 1))))
@@ -18,6 +20,17 @@ torch.set_num_threads(int(os.environ.get('MMPPMA_TEST_THREADS', min(4, os.cpu_co
 def _seed() -> None:
     """Every test starts from the same RNG state, so a failure reproduces when run alone."""
     torch.manual_seed(0)
+
+
+def fixture_shapes(name: str) -> Dict[str, Tuple[int, ...]]:
+    """Key -> shape of a release state dict, from ``tests/fixtures/official_<name>_keys.txt`` (one
+    ``key (d0, d1, ...)`` per line, in state-dict order), e.g. ``fixture_shapes('ppma_T')``."""
+    path = FIXTURES / f'official_{name}_keys.txt'
+    shapes = {}
+    for line in path.read_text().splitlines():
+        key, shape = line.split(' ', 1)
+        shapes[key] = tuple(int(s) for s in shape.strip('()').split(',') if s.strip())
+    return shapes
 
 
 @pytest.fixture(scope='session')

@@ -1,4 +1,4 @@
-"""Release checkpoint conversion, against the release's key+shape lists (/work/shared/fixtures)."""
+"""Release checkpoint conversion, against the release's key+shape lists (tests/fixtures)."""
 import argparse
 import subprocess
 import sys
@@ -11,25 +11,18 @@ from mmppma.models import PPMA, RMT, PPMAClsHead
 from mmppma.models.utils import (CheckpointMismatchError, extract_state_dict, mmppma_to_official,
                                  official_to_mmppma)
 
+from .conftest import fixture_shapes
+
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path('/work/shared/fixtures')
 CLI = REPO / 'tools' / 'model_converters' / 'ppma_official_to_mmppma.py'
 ARCHS = {'T': 'tiny', 'S': 'small', 'B': 'base'}
-
-
-def fixture_shapes(letter: str) -> dict:
-    shapes = {}
-    for line in (FIXTURES / f'official_ppma_{letter}_keys.txt').read_text().splitlines():
-        key, shape = line.split(' ', 1)
-        shapes[key] = tuple(int(s) for s in shape.strip('()').split(',') if s.strip())
-    return shapes
 
 
 def fake_release_state(letter: str) -> dict:
     """Random tensors with the release's keys and shapes (running variances positive)."""
     gen = torch.Generator().manual_seed(0)
     state = {}
-    for key, shape in fixture_shapes(letter).items():
+    for key, shape in fixture_shapes(f'ppma_{letter}').items():
         if key.endswith('num_batches_tracked'):
             state[key] = torch.tensor(7)
         else:

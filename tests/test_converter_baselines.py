@@ -3,6 +3,7 @@ from the upstream module trees, not from mmppma) and the mmpretrain classifiers 
 import argparse
 import functools
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,9 @@ from mmppma.models.utils.checkpoint_convert import CheckpointMismatchError  # no
 from mmppma.models.utils.checkpoint_convert_baselines import (extract_release_state, mlla_rope_rotations,  # noqa: E402
                                                               mmppma_to_release, release_to_mmppma)
 
+from .conftest import fixture_shapes  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parent / 'fixtures'
 CONVERTERS = REPO / 'tools' / 'model_converters'
 # (family, fixture letter, config arch) -> parameter count with the 1000-class head (the public release's)
 CASES = {
@@ -40,19 +42,11 @@ BUFFERS = ('running_mean', 'running_var', 'num_batches_tracked', 'rope.rotations
 HEADLESS = ('norm.', 'head.')
 
 
-def fixture_shapes(family: str, letter: str) -> dict:
-    shapes = {}
-    for line in (FIXTURES / f'official_{family.lower()}_{letter}_keys.txt').read_text().splitlines():
-        key, shape = line.split(' ', 1)
-        shapes[key] = tuple(int(s) for s in shape.strip('()').split(',') if s.strip())
-    return shapes
-
-
 def fake_release_state(family: str, letter: str, random: bool = False) -> dict:
     """Tensors with the release's keys and shapes: random (running variances positive) or uninitialized."""
     gen = torch.Generator().manual_seed(0)
     state = {}
-    for key, shape in fixture_shapes(family, letter).items():
+    for key, shape in fixture_shapes(f'{family.lower()}_{letter}').items():
         if key.endswith('num_batches_tracked'):
             state[key] = torch.tensor(7)
         elif not random:
@@ -83,7 +77,8 @@ def shapes_of(state: dict) -> dict:
 @pytest.mark.parametrize('case', CASES, ids=IDS)
 def test_parameter_totals(case):
     family, letter, arch = case
-    release = sum(torch.Size(s).numel() for k, s in fixture_shapes(family, letter).items() if not k.endswith(BUFFERS))
+    shapes = fixture_shapes(f'{family.lower()}_{letter}')
+    release = sum(torch.Size(s).numel() for k, s in shapes.items() if not k.endswith(BUFFERS))
     ours = sum(p.numel() for p in build(family, arch).parameters())
     assert release == ours == CASES[case]
 
@@ -139,7 +134,7 @@ def test_rope_tables_are_the_release_buffers_and_our_rope():
 def test_converted_state_loads_strictly(family, letter, arch):
     state = fake_release_state(family, letter, random=True)
     converted, _ = release_to_mmppma(state, family)
-    model = build(family, arch, device='cpu')
+    model = build(family, arch, device='cpu', **({'context_mask': 'none'} if family == 'VMINet' else {}))  # 6b11d4a
     result = model.load_state_dict(converted, strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     assert torch.equal(model.head.fc.weight, state['head.weight'])
@@ -205,11 +200,13 @@ def test_vminet_revision_7c2632c():
     new = fake_release_state('VMINet', 'Ti')
     old = {k.replace('.dwconv.', '.conv.'): v for k, v in new.items() if '.g.bn.' not in k}
     converted, info = release_to_mmppma(old, 'VMINet')
-    assert info['backbone_overrides'] == {'proj_norm': False} and info['revision'] == '7c2632c'
+    assert info['backbone_overrides'] == {} and info['revision'] == '7c2632c'
+    assert info['release'] == dict(revision='7c2632c', context_mask='tril', proj_norm=False)
+    assert info['config'] == str(REPO / 'configs' / 'vminet_ti_release-7c2632c_in1k.py')
     assert shapes_of(converted) == config_shapes('VMINet', 'ti', proj_norm=False)
     assert converted['backbone.stages.2.3.dwconv.bn.running_mean'] is old['stages.2.3.conv.bn.running_mean']
     assert converted['backbone.stages.2.0.conv.weight'] is old['stages.2.0.conv.weight']  # downsample unchanged
-    back = mmppma_to_release(converted, 'VMINet', revision='7c2632c')
+    back = mmppma_to_release(converted, 'VMINet')  # the revision the converted state records
     assert set(back) == set(old) and all(back[k] is old[k] for k in old)
 
 
@@ -284,7 +281,9 @@ def test_cli(tmp_path, cli_main, capsys):
     assert result.returncode != 0 and '--allow-pickle' in result.stderr and not (tmp_path / 'x.pth').exists()
     out = run_cli('mlla_official_to_mmppma.py', tmp_path / 'mlla.pth', tmp_path / 'mlla_mm.pth', '--allow-pickle',
                   '--backbone-out', tmp_path / 'mlla_bb.pth').stdout
-    assert 'MLLA-t' in out and 'RoPE buffers' in out
+    assert 'MLLA-t' in out and 'RoPE buffers' in out and '\nconfig: ' in out
+    assert Path(re.search(r'^config: (\S+)$', out, flags=re.M).group(1)).resolve() == \
+        REPO / 'configs' / 'mlla_t_8xb128_in1k.py'
     full = torch.load(tmp_path / 'mlla_mm.pth')
     assert full['meta']['source_key'] == 'model' and full['meta']['arch'] == 't'
     assert shapes_of(full['state_dict']) == config_shapes('MLLA', 't')
@@ -299,7 +298,7 @@ def test_cli(tmp_path, cli_main, capsys):
     assert 'VMINet-ti' in capsys.readouterr().out
     only = torch.load(tmp_path / 'only.pth')['state_dict']
     assert set(only) == {k for k in config_shapes('VMINet', 'ti') if k.startswith('backbone.')}
-    model = VMINet('ti', out_indices=(3, ), out_norm='BN',
+    model = VMINet('ti', out_indices=(3, ), out_norm='BN', context_mask='none',  # the release revision 6b11d4a
                    init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'only.pth'), prefix='backbone.'))
     model.init_weights()
     assert torch.equal(model.stages[3][1].f2.conv.weight, state['stages.3.1.f2.conv.weight'])

@@ -187,9 +187,8 @@ def worker(args: argparse.Namespace) -> dict:
                     threads=torch.get_num_threads(), torch=torch.__version__, device=device_name(device))
     backbone = model if args.task == 'backbone' else model.backbone
     stages = stage_times(backbone, x, device, max(1, args.iters)) if train and args.stages else []
-    from mmppma.ops.attention import TRITON_OPS
     from mmppma.ops.dispatch import resolve_impl
-    resolved = resolve_impl(args.impl, 'ppma_attention', [torch.empty(0, device=device)], TRITON_OPS)
+    resolved = resolve_impl(args.impl, 'ppma_attention', [torch.empty(0, device=device)])
     return dict(model=args.worker, impl=args.impl, resolved=resolved, time_s=statistics.median(times),
                 times_s=times, peak_bytes=peak, stage_s=stages, profile=profile, amp_error=amp_error,
                 threads=torch.get_num_threads(), torch=torch.__version__, device=device_name(device))

@@ -8,6 +8,9 @@ Each (case, impl) runs forward + backward. CPU peak memory is the growth of the 
 set during one forward+backward, measured in a fresh subprocess per (case, impl) so that runs cannot
 hide each other's peaks; on CUDA it is ``torch.cuda.max_memory_allocated`` above the inputs.
 Ratios are printed against ``reference`` (dense N x N mask), the slowest, most obviously correct path.
+The ``branch`` column names the branch the torch path of whole attention takes at the case's size
+(:func:`mmppma.ops.whole_attention_branch`: 'autograd' up to ``SMALL_ELEMENTS`` score elements, else
+'blockwise').
 """
 import argparse
 import json
@@ -53,7 +56,7 @@ def whole_baseline(impl, q, k, v, la, lb, scale):
     qf, kf, vf = (t.flatten(2, 3) for t in (q, k, v))
     if impl == 'sdpa_bias':
         def run():
-            m = ops.polyline_mask(la, lb, 'v2h').to(q.dtype)
+            m = ops.polyline_mask(la, lb, form='v2h').to(q.dtype)
             sdpa = torch.nn.functional.scaled_dot_product_attention
             out = 0.5 * sdpa(qf, kf, vf, attn_mask=m, scale=scale) + \
                 0.5 * sdpa(qf, kf, vf, attn_mask=m.transpose(-1, -2), scale=scale)
@@ -95,11 +98,18 @@ def make_fn(op, impl, q, k, v, la, lb):
     if op == 'matvec':
         if impl == 'reference':
             def dense():
-                lmask = ops.polyline_mask(la, lb, 'v2h', space='linear')
+                lmask = ops.polyline_mask(la, lb, form='v2h', space='linear')
                 return (lmask @ v.flatten(2, 3)).reshape(v.shape)
             return dense
-        return lambda: ops.polyline_mask_matvec(v, la, lb, 'v2h')
+        return lambda: ops.polyline_mask_matvec(v, la, lb, form='v2h')
     raise KeyError(op)
+
+
+def branch(case, impl):
+    """The torch path's size-chosen branch for whole attention, '-' for everything else."""
+    from mmppma import ops
+    op, b, heads, h, w, _ = CASES[case]
+    return ops.whole_attention_branch(b, heads, h, w) if (op, impl) == ('whole', 'torch') else '-'
 
 
 def rss_bytes():
@@ -169,7 +179,8 @@ def main():
     name = torch.cuda.get_device_name() if 'cuda' in devices else ''
     print(f'# torch {torch.__version__}; devices: {", ".join(devices)} {name}; dtype {args.dtype}; '
           f'median of {args.repeat} fwd+bwd')
-    print(f'{"device":6} {"case":16} {"impl":10} {"time ms":>10} {"peak MB":>10} {"time/ref":>9} {"mem/ref":>8}')
+    print(f'{"device":6} {"case":16} {"impl":10} {"branch":10} {"time ms":>10} {"peak MB":>10} {"time/ref":>9} '
+          f'{"mem/ref":>8}')
     for device in devices:
         impls = args.impls or (['reference', 'torch'] + (['triton', *BASELINES] if device == 'cuda' else []))
         for case in args.cases:
@@ -187,14 +198,14 @@ def main():
                 if 'error' in res and impl in BASELINES and res['error'].startswith('NotImplementedError'):
                     continue
                 if 'error' in res:
-                    print(f'{device:6} {case:16} {impl:10} {res["error"]}')
+                    print(f'{device:6} {case:16} {impl:10} {branch(case, impl):10} {res["error"]}')
                     continue
                 if impl == 'reference':
                     ref = res
                 tr = f'{res["time_ms"] / ref["time_ms"]:.2f}' if ref else '-'
                 mr = f'{res["peak_mb"] / max(ref["peak_mb"], 1e-9):.2f}' if ref else '-'
-                print(f'{device:6} {case:16} {impl:10} {res["time_ms"]:10.1f} {res["peak_mb"]:10.1f} {tr:>9} {mr:>8}',
-                      flush=True)
+                print(f'{device:6} {case:16} {impl:10} {branch(case, impl):10} {res["time_ms"]:10.1f} '
+                      f'{res["peak_mb"]:10.1f} {tr:>9} {mr:>8}', flush=True)
 
 
 if __name__ == '__main__':

@@ -12,7 +12,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.config import Config  # noqa: E402
 
-from mmppma.utils import (apply_test_amp, build_runner, launcher_parser, load_launch_config,  # noqa: E402
+from mmppma.utils import (apply_test_amp, build_runner, check_data, launcher_parser, load_launch_config,  # noqa: E402
                           parse_launcher_args, setup_cpu_distributed)
 
 
@@ -44,6 +44,7 @@ def add_dump_results(cfg: Config, out: str) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     cfg = load_launch_config(args)
+    check_data(cfg, ['test_dataloader'])
     cfg.load_from = args.checkpoint
     cfg.resume = False
     if args.out is not None:

@@ -16,7 +16,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from mmengine.config import Config  # noqa: E402
 from mmengine.logging import print_log  # noqa: E402
 
-from mmppma.utils import (build_runner, launcher_parser, load_launch_config,  # noqa: E402
+from mmppma.utils import (build_runner, check_data, launcher_parser, load_launch_config,  # noqa: E402
                           parse_launcher_args, setup_cpu_distributed)
 
 
@@ -63,6 +63,7 @@ def apply_resume(cfg: Config, resume: str) -> None:
 def main(argv=None) -> None:
     args = parse_args(argv)
     cfg = load_launch_config(args)
+    check_data(cfg, ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else []))
     if args.amp:
         apply_amp(cfg)
     if args.resume is not None:

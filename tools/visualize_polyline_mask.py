@@ -11,10 +11,9 @@ CHECKPOINT is ``none`` (random init), loaded from CHECKPOINT. The image is resiz
 * ``decay_s{S}b{B}.png``: per head, alpha = exp(la) (horizontal) and beta = exp(lb) (vertical) on the
   stage's token grid (Fig. 7); RMT backbones have one fixed decay per head instead;
 * ``attention_s{S}b{B}_q{I}_{J}.png``: per head, for the query token (I, J) of the stage's grid (default: the
-  centre): softmax(q k^T) without a mask, the polyline path mask L2D = exp(M) + exp(M^T) (the V2H path and
-  its transpose, REFERENCE 2), and the block's actual attention weights over all keys (Fig. 12). The actual
-  weights come from the block's own attention op applied to one-hot values, so they are exact for every
-  attention type (whole, criss-cross) and mask variant;
+  centre): softmax(q k^T) without a mask, the block's path mask (L2D = exp(M) + exp(M^T) for the polyline
+  mask: the V2H path and its transpose, docs/method.md §2) and the block's actual attention weights over all keys
+  (Fig. 12), all from the attention layer's ``query_maps``;
 * ``maps_s{S}b{B}_q{I}_{J}.npz``: the arrays behind both figures.
 """
 import argparse
@@ -88,8 +87,8 @@ def load_image(path: str, size: int, mean, std) -> Tuple[np.ndarray, torch.Tenso
 
 
 def capture_attention_inputs(backbone, x: torch.Tensor, stage: int, block: int) -> Tuple[torch.nn.Module, Dict]:
-    """Run the backbone once and return block (stage, block)'s attention module and the q, k, v, x, pos it
-    attended with (captured by wrapping its ``_attend`` for this one call)."""
+    """Run the backbone once and return block (stage, block)'s attention module and what it attended with:
+    its input tokens x and position tables pos (captured by a forward pre-hook), and its q, k."""
     num_stages = len(backbone.layers)
     if not 0 <= stage < num_stages:
         raise SystemExit(f'--stage {stage}: the backbone has stages 0..{num_stages - 1}')
@@ -98,56 +97,30 @@ def capture_attention_inputs(backbone, x: torch.Tensor, stage: int, block: int) 
         raise SystemExit(f'--block {block}: stage {stage} has blocks 0..{len(blocks) - 1}')
     attn = blocks[block].retention
     captured: Dict = {}
-    original = attn._attend
 
-    def recording_attend(q, k, v, tokens, pos):
-        captured.update(q=q, k=k, v=v, x=tokens, pos=pos)
-        return original(q, k, v, tokens, pos)
+    def record(module, args):
+        captured.update(x=args[0], pos=args[1])
 
-    attn._attend = recording_attend
+    handle = attn.register_forward_pre_hook(record)
     try:
         with torch.no_grad():
             backbone(x)
+            captured['q'], captured['k'] = attn.queries_keys(captured['x'], captured['pos'])
     finally:
-        del attn._attend  # back to the class's method
+        handle.remove()
     return attn, captured
 
 
-def query_mask_row(la: torch.Tensor, lb: torch.Tensor, i: int, j: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Log-masks from query (i, j) to every key: V2H row ``M[(i,j), :]`` and H2V row ``M^T[(i,j), :]``, each
-    (heads, H, W), from the O(N) decay tables (REFERENCE 2) instead of the N x N mask.
-
-    V2H: ``M[(i,j),(k,l)] = -|Ca[i,j] - Ca[i,l]| - |Cb[i,l] - Cb[k,l]|`` (along row i, then column l);
-    H2V: ``M[(k,l),(i,j)] = -|Ca[k,l] - Ca[k,j]| - |Cb[k,j] - Cb[i,j]|`` (along column j, then row k).
-    """
-    from mmppma.ops import decay_tables
-    ca, cb = decay_tables(la, lb)  # (B, heads, H, W)
-    ca, cb = ca[0], cb[0]
-    v2h = -(ca[:, i, j, None, None] - ca[:, i, None, :]).abs() - (cb[:, i, None, :] - cb).abs()
-    h2v = -(ca - ca[:, :, j, None]).abs() - (cb[:, :, j, None] - cb[:, i, j, None, None]).abs()
-    return v2h, h2v
-
-
 def attention_maps(attn, captured: Dict, i: int, j: int) -> Dict[str, np.ndarray]:
-    q, k, tokens, pos = captured['q'], captured['k'], captured['x'], captured['pos']
-    _, heads, h, w, _ = q.shape
-    n = h * w
-    maps: Dict[str, np.ndarray] = {}
+    """The figures' arrays for query (i, j) of the first image: decay factors alpha, beta (heads, H, W) and
+    :meth:`~mmppma.models.layers.attention.PolylinePathAttention.query_maps` (heads, H, W) each."""
+    tokens, pos = captured['x'], captured['pos']
     with torch.no_grad():
-        if attn.path_embed is not None:
-            la, lb = attn.path_embed(tokens)
-        else:  # RMT (fixed per-head decay, Manhattan distance) or no mask
-            decay = pos.log_decay if attn.mask == 'rmt' else torch.zeros(heads)
-            la = lb = decay.float().reshape(1, heads, 1, 1).expand(1, heads, h, w)
-        maps['alpha'], maps['beta'] = la[0].exp().numpy(), lb[0].exp().numpy()
-        v2h, h2v = query_mask_row(la, lb, i, j)
-        maps['mask_l2d'] = (v2h.exp() + h2v.exp()).numpy()
-        scores = torch.einsum('hd,hxyd->hxy', q[0, :, i, j].float(), k[0].float())
-        maps['attention_unmasked'] = scores.flatten(1).softmax(-1).view(heads, h, w).numpy()
-        # the block's attention is linear in v: one-hot values give its weights over every key
-        one_hot = torch.eye(n, dtype=q.dtype).view(1, 1, h, w, n).expand(1, heads, h, w, n).contiguous()
-        weights = attn._attend(q, k, one_hot, tokens, pos)[0, :, i, j]  # (heads, N)
-        maps['attention_masked'] = weights.float().view(heads, h, w).numpy()
+        la, lb = attn.log_decays(tokens, pos)
+        found = attn.query_maps(tokens, pos, [(i, j)])
+    maps = {'alpha': la[0].exp().numpy(), 'beta': lb[0].exp().numpy()}
+    for key, name in (('mask', 'mask'), ('attention', 'attention_masked'), ('unmasked', 'attention_unmasked')):
+        maps[name] = found[key][0, :, 0].numpy()
     return maps
 
 
@@ -176,7 +149,7 @@ def draw(maps: Dict[str, np.ndarray], image: np.ndarray, query: Tuple[int, int],
     fig.savefig(decay_path, dpi=110)
     plt.close(fig)
 
-    rows = (('attention_unmasked', 'softmax(q k^T)'), ('mask_l2d', 'mask L2D'),
+    rows = (('attention_unmasked', 'softmax(q k^T)'), ('mask', 'path mask'),
             ('attention_masked', 'masked attention'))
     fig, axes = plt.subplots(len(rows), heads + 1, figsize=(2.2 * (heads + 1), 2.2 * len(rows) + 0.4), squeeze=False)
     ih, iw = image.shape[:2]

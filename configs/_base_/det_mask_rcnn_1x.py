@@ -1,4 +1,4 @@
-# Mask R-CNN 1x on COCO with a PPMA-family backbone: the release's detection recipe (REFERENCE 7), the one
+# Mask R-CNN 1x on COCO with a PPMA-family backbone: the release's detection recipe (docs/method.md §9), the one
 # place for its numbers. Everything else is mmdet's own R50-FPN 1x config (FPN, RPN/RoI heads, 1333x800
 # single-scale training with flip, warmup 500 iters, steps at epochs 8 and 11, CocoMetric bbox + segm).
 # Per-arch configs (configs/mask_rcnn_{ppma,rmt}_{t,s,b}_1x_coco.py) set only the backbone type/arch,

@@ -1,4 +1,4 @@
-# The release's ImageNet-1K recipe (REFERENCE 7), the one place for its numbers. Model configs inherit this
+# The release's ImageNet-1K recipe (docs/method.md §9), the one place for its numbers. Model configs inherit this
 # and set only the backbone (type, arch, drop_path_rate). Total batch 1024 (8 GPUs x 128).
 _base_ = [
     'mmpretrain::_base_/datasets/imagenet_bs64_swin_224.py',  # RandAugment m9 (mstd .5), RandomErasing .25

@@ -1,5 +1,5 @@
 # UPerNet on ADE20K, 512x512 crops, 160k iterations, with a PPMA-family backbone: the release's
-# segmentation recipe (REFERENCE 7), the one place for its numbers. Everything else is mmseg's own
+# segmentation recipe (docs/method.md §9), the one place for its numbers. Everything else is mmseg's own
 # UPerNet R50 160k config (UPerHead + auxiliary FCNHead on stage 3, SyncBN in the heads, ADE20K pipeline
 # with 0.5-2.0 random resize, crop 512, flip, photometric distortion; mIoU). Per-arch configs
 # (configs/upernet_{ppma,rmt}_{t,s,b}_512x512_160k_ade20k.py) set only the backbone type/arch,
@@ -7,7 +7,7 @@
 _base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
 
 model = dict(
-    pretrained=None,  # mmseg hands model.pretrained to the backbone, which takes init_cfg instead
+    pretrained=None,  # the base's ResNet weights (open-mmlab://) do not fit; PPMA weights come through init_cfg
     backbone=dict(
         _delete_=True,  # drop ResNet's keys
         type='mmppma.PPMA',

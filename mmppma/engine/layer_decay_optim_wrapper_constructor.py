@@ -1,7 +1,7 @@
 """Optimizer wrapper constructor with layer-wise lr decay and the release's weight-decay exclusions.
 
 Works for any mmpretrain / mmdet / mmseg model whose ``backbone`` has ``get_layer_depth(name, prefix)``
-(PPMA, RMT, and upstream backbones that define it), or for a bare backbone.
+(every mmppma backbone, and upstream backbones that define it), or for a bare backbone.
 """
 import logging
 from typing import Dict, List, Optional, Tuple

@@ -1,20 +1,58 @@
 """Polyline path mask ops: pure functions on tensors (torch, and triton kernels on GPUs).
 
-Layouts are channels-last per head: q, k (B, heads, H, W, d); v (B, heads, H, W, d_v); log-decays
-la (horizontal) and lb (vertical) (B, heads, H, W), <= 0. See REFERENCE 2-4 for the math and
-:mod:`mmppma.ops.dispatch` for ``impl``.
+One vocabulary for every op (docs/method.md §2-5 for the math):
+
+* Tensors come first, positionally, channels-last per head: q, k (B, heads, H, W, d); v (B, heads, H, W, d_v);
+  ``la`` (horizontal, along W) and ``lb`` (vertical, along H) learned log-decays (B, heads, H, W), <= 0, and
+  ``lc`` (along D) for 3D; ``log_decay`` for a decay that is not per 2D axis: RMT's fixed one per head,
+  (heads,) or (B, heads), and the per-token one of a 1D scan, (..., L).
+* Then keyword-only, in this order: ``scale`` (of q k^T); ``form``, the path(s) the mask takes (``'v2h'``,
+  ``'h2v'``; ``'2d'`` for the summed mask L2D = L + L^T; the softmax attentions' ``'release'``, the mean of the
+  two one-path softmaxes, and ``'paper'``); the op's own options; ``impl`` (:mod:`mmppma.ops.dispatch`, whose
+  ``IMPLEMENTATIONS`` lists which op has which); tuning knobs (``chunk``).
+
+Public op names (stable; what a ``torch.library`` registration uses):
+
+============================ =========================================================================
+op                           signature
+============================ =========================================================================
+ppma_attention               (q, k, v, la, lb, *, scale=1.0, form='release', impl='auto')
+criss_cross_attention        (q, k, v, la, lb, *, scale=1.0, form='release', impl='auto')
+manhattan_attention          (q, k, v, log_decay, *, scale=1.0, impl='auto')
+rmt_criss_cross_attention    (q, k, v, log_decay, *, scale=1.0, impl='auto')
+ppma_linear_attention        (q, k, v, la, lb, *, form='2d', feature_map=None, normalize=False,
+                             normalizer=None, eps=1e-6, impl='auto', chunk=64)
+ppma_decomposed_attention    (s1, s2, v, la, lb, *, form='2d', impl='auto', chunk=64)
+polyline_mask_matvec         (x, la, lb, *, form='v2h', impl='auto', chunk=64)
+polyline_mask_matvec_3d      (x, la, lb, lc, *, impl='auto', chunk=64)
+decay_scan_1d                (x, log_decay, *, impl='auto', chunk=64)
+polyline_mask                (la, lb, *, form='v2h', space='log', queries=None)  dense rows of the N x N mask
+polyline_mask_3d             (la, lb, lc, *, space='log')                dense
+manhattan_decay_mask         (log_decay, height, width)                  dense
+============================ =========================================================================
+
+plus the table helpers ``decay_tables``, ``segment_sum``, ``row_segment_sums``, ``column_segment_sums``.
+The previous release's spellings (positional options, ``order=``/``mask=`` for ``form=``, criss-cross
+``order='both'|'col_row'|'row_col'`` for ``form='release'|'v2h'|'h2v'``, ``decay_scan_1d(a=...)``) still work
+for this release with a ``DeprecationWarning`` (:func:`mmppma.utils.deprecation.renamed_arguments`).
 """
 from .attention import (criss_cross_attention, manhattan_attention, ppma_attention,
-                        rmt_criss_cross_attention)
-from .dispatch import IMPLS, resolve_impl
+                        rmt_criss_cross_attention, whole_attention_branch)
+from .dispatch import IMPLEMENTATIONS, IMPLS, resolve_impl
 from .linear_attention import ppma_decomposed_attention, ppma_linear_attention
 from .polyline_mask import (column_segment_sums, decay_tables, manhattan_decay_mask, polyline_mask,
                             polyline_mask_3d, row_segment_sums, segment_sum)
 from .scan import decay_scan_1d, polyline_mask_matvec, polyline_mask_matvec_3d
 
+#: The public ops, by their stable names.
+OPS = ('ppma_attention', 'criss_cross_attention', 'manhattan_attention', 'rmt_criss_cross_attention',
+       'ppma_linear_attention', 'ppma_decomposed_attention', 'polyline_mask_matvec', 'polyline_mask_matvec_3d',
+       'decay_scan_1d', 'polyline_mask', 'polyline_mask_3d', 'manhattan_decay_mask')
+
 __all__ = [
-    'IMPLS', 'resolve_impl', 'decay_tables', 'segment_sum', 'row_segment_sums', 'column_segment_sums',
-    'polyline_mask', 'polyline_mask_3d', 'manhattan_decay_mask', 'decay_scan_1d', 'polyline_mask_matvec',
-    'polyline_mask_matvec_3d', 'ppma_attention', 'criss_cross_attention', 'manhattan_attention',
-    'rmt_criss_cross_attention', 'ppma_decomposed_attention', 'ppma_linear_attention'
+    'OPS', 'IMPLS', 'IMPLEMENTATIONS', 'resolve_impl', 'decay_tables', 'segment_sum', 'row_segment_sums',
+    'column_segment_sums', 'whole_attention_branch', 'ppma_attention', 'criss_cross_attention',
+    'manhattan_attention', 'rmt_criss_cross_attention', 'ppma_linear_attention', 'ppma_decomposed_attention',
+    'polyline_mask_matvec', 'polyline_mask_matvec_3d', 'decay_scan_1d', 'polyline_mask', 'polyline_mask_3d',
+    'manhattan_decay_mask'
 ]

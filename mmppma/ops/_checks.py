@@ -1,8 +1,10 @@
 """Argument checks shared by the ops: shapes are validated up front so that a mistake surfaces as a
 ``ValueError`` naming the expected layout instead of a broadcasting error deep inside a matmul."""
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
+
+from mmppma.utils.checks import check_choice  # noqa: F401  (the ops' choice check)
 
 QKV_LAYOUT = ('q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); '
               'la (horizontal), lb (vertical) log-decays: (B, heads, H, W)')
@@ -10,11 +12,6 @@ QKV_LAYOUT = ('q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); '
 
 def _shape(t: torch.Tensor) -> str:
     return '(' + ', '.join(str(s) for s in t.shape) + ')'
-
-
-def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f'{name}={value!r} is not supported; choose one of {", ".join(map(repr, choices))}')
 
 
 def check_decays(la: torch.Tensor, lb: torch.Tensor, what: str = 'la, lb') -> None:
@@ -41,6 +38,18 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: Optional[to
         if not t.is_floating_point():
             raise ValueError(f'{name} must be a floating point tensor (float16, bfloat16, float32 or float64); '
                              f'got {t.dtype}')
+
+
+def check_log_decay(log_decay: torch.Tensor, q: torch.Tensor) -> None:
+    """RMT's fixed decay: ``log_decay`` (heads,) or (B|1, heads), real floating point, for q (B, heads, H, W, d)."""
+    batch, heads = q.shape[:2]
+    if (not isinstance(log_decay, torch.Tensor) or log_decay.dim() not in (1, 2) or log_decay.shape[-1] != heads
+            or (log_decay.dim() == 2 and log_decay.shape[0] not in (1, batch))):
+        got = _shape(log_decay) if isinstance(log_decay, torch.Tensor) else type(log_decay).__name__
+        raise ValueError(f'log_decay: expected (heads,) or (B, heads) with B={batch}, heads={heads} (one fixed '
+                         f'log-decay per head); got {got}')
+    if log_decay.is_complex() or not log_decay.is_floating_point():
+        raise ValueError(f'log_decay must be a real floating point tensor; got {log_decay.dtype}')
 
 
 def table_dtype(*tensors: torch.Tensor) -> torch.dtype:

@@ -3,26 +3,36 @@
 Layouts: q, k (B, heads, H, W, d); v (B, heads, H, W, d_v); log-decays la, lb (B, heads, H, W), <= 0.
 All scores, biases and softmaxes are float32 (float64 for float64 inputs); outputs take v's dtype.
 
-The ``torch`` path of whole attention never keeps an N x N tensor alive across the forward: it walks
-over blocks of query rows, builds each block's bias from the O(N^1.5) segment-sum tables, and saves only
-the log-sum-exp of each softmax; the backward recomputes the block and reduces the bias gradient back into
-the tables (flash-attention style, in plain PyTorch). ``reference`` forms the dense mask.
+``reference`` forms the dense N x N mask. The ``torch`` path of whole attention takes one of four branches
+(:func:`whole_attention_branch`): ``'dense'`` for the paper form (its mask multiplies the probabilities, so it
+is built densely, as the reference does); ``'inference'`` when autograd is not recording (blocks of query
+rows, the paths' probabilities summed in place before one product with v, softmax rows padded for the CPU
+kernel); ``'autograd'`` up to ``SMALL_ELEMENTS`` score elements (plain autograd with the bias broadcast from
+the O(N^1.5) segment-sum tables; one N x N probability map per path is kept for the backward); ``'blockwise'``
+above that (blocks of query rows, each block's bias built from the tables, only q, k, v and the tables saved;
+the backward recomputes each block's probabilities and reduces the bias gradient back into the tables). The
+criss-cross torch path works on (W x W) and (H x H) line maps only; without autograd it runs per group of
+heads of one image, the group's maps kept in cache.
 """
 import math
 from typing import List, Sequence, Tuple
 
 import torch
 
-from ._checks import check_choice, check_qkv, table_dtype
+from mmppma.utils.deprecation import renamed_arguments
+
+from ._checks import check_choice, check_log_decay, check_qkv, table_dtype
 from .dispatch import resolve_impl
 from .polyline_mask import (column_segment_sums, decay_tables, line_distance, manhattan_decay_mask,
                             polyline_mask, row_segment_sums, v2h_log_mask)
 
 WHOLE_FORMS = ('release', 'paper', 'v2h', 'h2v')
-CRISS_CROSS_ORDERS = ('both', 'row_col', 'col_row')
-# ops with a Triton kernel in mmppma.ops.triton ('auto' picks it for CUDA tensors)
-TRITON_OPS: Tuple[str, ...] = ('ppma_attention', 'manhattan_attention', 'criss_cross_attention',
-                               'rmt_criss_cross_attention')
+CRISS_CROSS_FORMS = ('release', 'v2h', 'h2v')
+# criss-cross form -> the order in which row (Aw) and column (Ah) attention compose: 'v2h' is Aw(Ah v)
+# (columns first), 'h2v' is Ah(Aw v) (rows first), 'release' the mean of both
+_CRISS_CROSS_ORDER = {'release': 'both', 'v2h': 'col_row', 'h2v': 'row_col'}
+# the previous release's criss-cross ``order`` values
+_OLD_ORDERS = {order: form for form, order in _CRISS_CROSS_ORDER.items()}
 
 # elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the blockwise path
 BLOCK_ELEMENTS = 1 << 21
@@ -282,6 +292,19 @@ def _whole_torch_small(q, k, v, sa, sb, paths):
     return out
 
 
+def whole_attention_branch(batch: int, heads: int, height: int, width: int, form: str = 'release',
+                           grad: bool = True) -> str:
+    """The branch the ``torch`` path of whole attention (:func:`ppma_attention`, :func:`manhattan_attention`)
+    takes for q (batch, heads, height, width, d): ``'dense'`` (form 'paper'), ``'inference'`` (autograd not
+    recording: ``grad=False``), ``'autograd'`` (at most ``SMALL_ELEMENTS`` = batch * heads * N^2 score
+    elements) or ``'blockwise'``. See the module docstring."""
+    if form == 'paper':
+        return 'dense'
+    if not grad:
+        return 'inference'
+    return 'autograd' if batch * heads * (height * width)**2 <= SMALL_ELEMENTS else 'blockwise'
+
+
 def _whole_torch(q, k, v, sa, sb, scale, paths):
     dtype = table_dtype(q, k, v, sa, sb)
     b, heads, h, w, _ = q.shape
@@ -289,9 +312,10 @@ def _whole_torch(q, k, v, sa, sb, scale, paths):
     if scale != 1.0:  # the models fold the scale into k
         qf = qf * scale
     sa, sb = sa.to(dtype), sb.to(dtype)
-    if not _needs_grad(qf, kf, vf, sa, sb):
+    branch = whole_attention_branch(b, heads, h, w, grad=_needs_grad(qf, kf, vf, sa, sb))
+    if branch == 'inference':
         out = _masked_softmax_blocks(qf, kf, vf, sa, sb, tuple(paths), pad=True)
-    elif b * heads * (h * w)**2 <= SMALL_ELEMENTS:
+    elif branch == 'autograd':
         out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1), paths)
     else:
         out = _MaskedSoftmaxAttention.apply(qf, kf, vf, sa, sb, tuple(paths))
@@ -322,52 +346,58 @@ def _whole_reference(q, k, v, m, scale, form):
     return (attn @ vf).reshape(*v.shape).to(v.dtype)
 
 
-def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor, lb: torch.Tensor,
+@renamed_arguments(positional=('scale', 'form', 'impl'))
+def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, *,
                    scale: float = 1.0, form: str = 'release', impl: str = 'auto') -> torch.Tensor:
     """Whole polyline-path-masked softmax attention (PPMVA).
 
     q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); la, lb: (B, heads, H, W) -> (B, heads, H, W, d_v).
-    With S = scale * q k^T and M the V2H log-mask:
+    With S = scale * q k^T and M the V2H log-mask, ``form``:
 
     * ``'release'``: 0.5 softmax(S + M) v + 0.5 softmax(S + M^T) v (the released checkpoints);
-    * ``'paper'``: (softmax(S) * (exp(M) + exp(M^T))) v (paper Eq. 33);
+    * ``'paper'``: (softmax(S) * (exp(M) + exp(M^T))) v (paper Eq. 33; no Triton kernel);
     * ``'v2h'`` / ``'h2v'``: softmax(S + M) v / softmax(S + M^T) v (one path, Table 4 ablation).
+
+    ``impl='torch'`` takes the branch :func:`whole_attention_branch` names: ``'dense'`` for the paper form,
+    ``'autograd'`` (keeps the N x N probabilities) while B * heads * N^2 <= ``SMALL_ELEMENTS`` (2^22),
+    ``'blockwise'`` (recomputes them, memory O(N^1.5)) above.
     """
     check_choice('form', form, WHOLE_FORMS)
     check_qkv(q, k, v, la, lb)
-    impl = resolve_impl(impl, 'ppma_attention', (q, k, v), TRITON_OPS)
+    impl = resolve_impl(impl, 'ppma_attention', (q, k, v))
     if impl == 'triton':
         from .triton import ppma_attention_triton
         return ppma_attention_triton(q, k, v, la, lb, scale=scale, form=form)
     if impl == 'reference' or form == 'paper':
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise
         # log-sum-exp trick applies, so its torch path is the dense one
-        return _whole_reference(q, k, v, polyline_mask(la, lb, 'v2h'), scale, form)
+        return _whole_reference(q, k, v, polyline_mask(la, lb, form='v2h'), scale, form)
     return _whole_torch(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, _paths_for(form))
 
 
-def _manhattan_tables(log_decay: torch.Tensor, h: int, w: int, heads: int, dtype: torch.dtype):
+def _manhattan_tables(log_decay: torch.Tensor, h: int, w: int, dtype: torch.dtype):
+    """(Sa, Sb) segment-sum tables of RMT's Manhattan mask; log_decay (heads,) or (B, heads), checked."""
     if log_decay.dim() == 1:
         log_decay = log_decay.unsqueeze(0)
-    if log_decay.dim() != 2 or log_decay.shape[-1] != heads:
-        raise ValueError(f'log_decay: expected (heads,) or (B, heads) with heads={heads}; '
-                         f'got {tuple(log_decay.shape)}')
     g = log_decay.to(dtype)[:, :, None, None, None]
     sa = g * line_distance(w, log_decay.device, dtype)[None, None, None]  # (B|1, heads, 1, W, W)
     sb = g * line_distance(h, log_decay.device, dtype)[None, None, None]  # (B|1, heads, 1, H, H)
     return sa.expand(-1, -1, h, -1, -1), sb.expand(-1, -1, w, -1, -1)
 
 
-def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+@renamed_arguments(positional=('scale', 'impl'))
+def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *,
                         scale: float = 1.0, impl: str = 'auto') -> torch.Tensor:
     """RMT's whole attention: softmax(scale * q k^T + log_decay * (|i-k| + |j-l|)) v.
 
     q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); log_decay: (heads,) or (B, heads), <= 0.
-    The Manhattan mask is the polyline mask with constant decays, so this shares the masked kernel.
+    The Manhattan mask is the polyline mask with constant decays, so this shares the masked kernel (and
+    the torch branches of :func:`ppma_attention`'s one-path forms).
     """
     check_qkv(q, k, v)
+    check_log_decay(log_decay, q)
     b, heads, h, w, _ = q.shape
-    impl = resolve_impl(impl, 'manhattan_attention', (q, k, v), TRITON_OPS)
+    impl = resolve_impl(impl, 'manhattan_attention', (q, k, v))
     dtype = table_dtype(q, k, v, log_decay)
     if impl == 'triton':
         from .triton import manhattan_attention_triton
@@ -376,7 +406,7 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
         m = manhattan_decay_mask(log_decay.to(dtype), h, w)
         m = m if m.dim() == 4 else m.unsqueeze(0)
         return _whole_reference(q, k, v, m.expand(b, -1, -1, -1), scale, 'v2h')
-    sa, sb = _manhattan_tables(log_decay, h, w, heads, dtype)
+    sa, sb = _manhattan_tables(log_decay, h, w, dtype)
     return _whole_torch(q, k, v, sa, sb, scale, (('v2h', 1.0), ))
 
 
@@ -386,9 +416,9 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
 class _SegmentMaskedSoftmax(torch.autograd.Function):
     """``softmax(scores + seg(c))`` along the last dim, with ``seg(c)[t, s] = c[max] - c[min]``.
 
-    scores: (..., L, L) (consumed, on CPU overwritten: a fresh matmul output); c: (..., L), a cumsum along the line. The bias
-    is added in place from the O(L) table and only the probabilities are saved; the backward reduces the
-    bias gradient straight into ``c`` (``+sign * ds`` at the later index, ``-`` at the earlier one).
+    scores: (..., L, L) (consumed, on CPU overwritten: a fresh matmul output); c: (..., L), a cumsum along the
+    line. The bias is added in place from the O(L) table and only the probabilities are saved; the backward
+    reduces the bias gradient straight into ``c`` (``+sign * ds`` at the later index, ``-`` at the earlier one).
     """
 
     @staticmethod
@@ -504,7 +534,7 @@ def _criss_cross_reference(q, k, v, la, lb, scale, order):
     same_row = ii[:, None] == ii[None, :]
     same_col = jj[:, None] == jj[None, :]
     # The 2D V2H mask restricted to one row is the row segment sum, to one column the column one.
-    m = polyline_mask(la.to(dtype), lb.to(dtype), 'v2h')
+    m = polyline_mask(la.to(dtype), lb.to(dtype), form='v2h')
     neg_inf = torch.full((), float('-inf'), dtype=dtype, device=q.device)
     a_rows = torch.where(same_row, s + m, neg_inf).softmax(-1)
     a_cols = torch.where(same_col, s + m, neg_inf).softmax(-1)
@@ -514,19 +544,22 @@ def _criss_cross_reference(q, k, v, la, lb, scale, order):
     return out.reshape(*v.shape)
 
 
+@renamed_arguments(keywords={'order': 'form'}, values={'form': _OLD_ORDERS}, positional=('scale', 'order', 'impl'))
 def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
-                          lb: torch.Tensor, scale: float = 1.0, order: str = 'both',
+                          lb: torch.Tensor, *, scale: float = 1.0, form: str = 'release',
                           impl: str = 'auto') -> torch.Tensor:
     """Decomposed criss-cross masked attention (PPMCCA).
 
     Row attention ``Aw = softmax(scale * q_row k_row^T + Sa)`` (W x W per row), column attention
     ``Ah = softmax(scale * q_col k_col^T + Sb)`` (H x H per column), with the 1D segment-sum biases.
-    order ``'both'``: 0.5 Ah(Aw v) + 0.5 Aw(Ah v) (release); ``'row_col'``: Ah(Aw v) (rows first, RMT);
-    ``'col_row'``: Aw(Ah v). Shapes as :func:`ppma_attention`. Never forms an N x N tensor (torch path).
+    form ``'release'``: 0.5 Ah(Aw v) + 0.5 Aw(Ah v); ``'v2h'``: Aw(Ah v) (columns first: a key reaches the
+    query down its column, then along the query's row, the V2H path); ``'h2v'``: Ah(Aw v) (rows first, RMT).
+    Shapes as :func:`ppma_attention`. Never forms an N x N tensor (torch path).
     """
-    check_choice('order', order, CRISS_CROSS_ORDERS)
+    check_choice('form', form, CRISS_CROSS_FORMS)
     check_qkv(q, k, v, la, lb)
-    impl = resolve_impl(impl, 'criss_cross_attention', (q, k, v), TRITON_OPS)
+    order = _CRISS_CROSS_ORDER[form]
+    impl = resolve_impl(impl, 'criss_cross_attention', (q, k, v))
     if impl == 'triton':
         from .triton import criss_cross_attention_triton
         return criss_cross_attention_triton(q, k, v, la, lb, scale=scale, order=order)
@@ -556,24 +589,27 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
                              order).to(v.dtype)
 
 
-def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
+@renamed_arguments(positional=('scale', 'impl'))
+def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *,
                               scale: float = 1.0, impl: str = 'auto') -> torch.Tensor:
-    """RMT's decomposed attention: rows first, then columns, fixed decay ``log_decay * |d|`` per axis.
+    """RMT's decomposed attention: rows first, then columns (form ``'h2v'`` of :func:`criss_cross_attention`),
+    fixed decay ``log_decay * |d|`` per axis.
 
     log_decay: (heads,) or (B, heads). The bias is built once per head, (heads, W, W) and (heads, H, H).
     """
     check_qkv(q, k, v)
+    check_log_decay(log_decay, q)
     b, heads, h, w, _ = q.shape
     dtype = table_dtype(q, k, v, log_decay)
-    impl = resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v), TRITON_OPS)
+    impl = resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v))
     if impl == 'triton':
         from .triton import rmt_criss_cross_attention_triton
         return rmt_criss_cross_attention_triton(q, k, v, log_decay, scale=scale)
     if impl == 'reference':
         g = log_decay.to(dtype)
         g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)
-        return criss_cross_attention(q, k, v, g, g, scale, 'row_col', 'reference')
-    sa, sb = _manhattan_tables(log_decay, h, w, heads, dtype)
+        return criss_cross_attention(q, k, v, g, g, scale=scale, form='h2v', impl='reference')
+    sa, sb = _manhattan_tables(log_decay, h, w, dtype)
     sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
     if not _needs_grad(q, k, v, log_decay):
         def head_bias(table):  # (B|1, heads, 1, L, L) -> -inf in the padding of the rows

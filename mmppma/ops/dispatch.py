@@ -1,9 +1,11 @@
-"""The one place where an op's implementation is chosen.
+"""The one place where an op's implementation is chosen, and the table of which op has which.
 
 ``impl`` is one of:
 
 * ``'reference'`` - dense and obviously correct: forms the whole N x N mask (test oracle);
-* ``'torch'`` - the fast PyTorch path: masks assembled from O(N) tables, memory-lean autograd;
+* ``'torch'`` - PyTorch: masks assembled from segment-sum tables, never an N x N mask for the scans and
+  criss-cross attention; whole attention's size-chosen branches are named by
+  :func:`mmppma.ops.attention.whole_attention_branch`;
 * ``'triton'`` - fused GPU kernels (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``);
 * ``'auto'`` - triton for CUDA tensors when a kernel exists and triton imports, torch otherwise.
 
@@ -11,12 +13,27 @@ The environment variable ``MMPPMA_IMPL`` (one of the above) overrides ``'auto'``
 runs without touching configs.
 """
 import os
-from typing import Iterable
+from typing import Dict, Iterable, Tuple
 
 import torch
 
 IMPLS = ('auto', 'torch', 'triton', 'reference')
 ENV_VAR = 'MMPPMA_IMPL'
+
+_ALL = ('reference', 'torch', 'triton')
+#: The implementations of every public op that takes ``impl``. The matvecs and the linear / decomposed
+#: attention run their 1D scans on the Triton scan kernel.
+IMPLEMENTATIONS: Dict[str, Tuple[str, ...]] = {
+    'ppma_attention': _ALL,
+    'criss_cross_attention': _ALL,
+    'manhattan_attention': _ALL,
+    'rmt_criss_cross_attention': _ALL,
+    'ppma_decomposed_attention': _ALL,
+    'ppma_linear_attention': _ALL,
+    'decay_scan_1d': _ALL,
+    'polyline_mask_matvec': _ALL,
+    'polyline_mask_matvec_3d': _ALL,
+}
 
 
 def triton_available() -> bool:
@@ -31,11 +48,11 @@ def triton_interpreted() -> bool:
     return os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
 
 
-def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], triton_ops: Iterable[str] = ()) -> str:
-    """Return the concrete implementation ('torch' | 'triton' | 'reference') for ``op``.
-
-    ``triton_ops`` names the ops that have a Triton kernel.
-    """
+def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
+    """Return the concrete implementation ('torch' | 'triton' | 'reference') of ``op`` (a key of
+    :data:`IMPLEMENTATIONS`) for ``impl`` and the device of ``tensors``."""
+    if op not in IMPLEMENTATIONS:
+        raise KeyError(f'{op!r} is not an op with implementations; the ops are {", ".join(IMPLEMENTATIONS)}')
     if impl not in IMPLS:
         raise ValueError(f'impl={impl!r} is not supported; choose one of {", ".join(map(repr, IMPLS))}')
     if impl == 'auto':
@@ -47,7 +64,7 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], triton_ops
             impl = forced
     tensors = list(tensors)
     on_cuda = any(t.is_cuda for t in tensors)
-    has_kernel = op in set(triton_ops)
+    has_kernel = 'triton' in IMPLEMENTATIONS[op]
     if impl == 'auto':
         return 'triton' if (on_cuda and has_kernel and triton_available()) else 'torch'
     if impl == 'triton':

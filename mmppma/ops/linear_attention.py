@@ -2,19 +2,20 @@
 
 ``((S1 S2^T) * L2D) v`` with a low-rank attention S1 S2^T is computed without any N x N tensor:
 per token form ``S2 (x) v`` (r x d_v), apply the mask to it with Algorithm 1
-(:func:`polyline_mask_matvec`, both path orders), and contract with S1.
+(:func:`polyline_mask_matvec`), and contract with S1. ``reference`` forms the dense mask instead.
 """
 from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
+from mmppma.utils.deprecation import renamed_arguments
+
 from ._checks import check_choice, check_decays, table_dtype
 from .dispatch import resolve_impl
 from .polyline_mask import polyline_mask
-from .scan import DEFAULT_CHUNK, polyline_mask_matvec
+from .scan import DEFAULT_CHUNK, MATVEC_FORMS, polyline_mask_matvec
 
-MASK_FORMS = ('2d', 'v2h', 'h2v')
 FEATURE_MAPS = {
     'elu': lambda x: F.elu(x) + 1.0,
     'relu': F.relu,
@@ -32,38 +33,41 @@ def _check(s1, s2, v, la, lb):
     check_decays(la, lb)
 
 
+@renamed_arguments(keywords={'mask': 'form'}, positional=('mask', 'impl', 'chunk'))
 def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
-                              lb: torch.Tensor, mask: str = '2d', impl: str = 'auto',
+                              lb: torch.Tensor, *, form: str = '2d', impl: str = 'auto',
                               chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
     """PPMDA: ``((s1 s2^T) * L) v`` for a low-rank attention map s1 s2^T.
 
     s1, s2: (B, heads, H, W, r) (the map is s1 @ s2^T over raster-ordered tokens); v: (B, heads, H, W, d_v);
-    la, lb: (B, heads, H, W). mask: ``'2d'`` (L2D = L + L^T, the paper's), ``'v2h'`` (L) or ``'h2v'`` (L^T).
+    la, lb: (B, heads, H, W). form: ``'2d'`` (L2D = L + L^T, the paper's), ``'v2h'`` (L) or ``'h2v'`` (L^T).
     """
-    check_choice('mask', mask, MASK_FORMS)
+    check_choice('form', form, MATVEC_FORMS)
     _check(s1, s2, v, la, lb)
-    impl = resolve_impl(impl, 'ppma_decomposed_attention', (s1, s2, v), ('ppma_decomposed_attention', ))
+    impl = resolve_impl(impl, 'ppma_decomposed_attention', (s1, s2, v))
     dtype = table_dtype(s1, s2, v, la, lb)
     s1f, s2f, vf = s1.to(dtype), s2.to(dtype), v.to(dtype)
     b, heads, h, w, r = s1.shape
     if impl == 'reference':
-        lmask = polyline_mask(la.to(dtype), lb.to(dtype), form=mask if mask != '2d' else '2d', space='linear')
+        lmask = polyline_mask(la.to(dtype), lb.to(dtype), form=form, space='linear')
         attn = (s1f.reshape(b, heads, h * w, r) @ s2f.reshape(b, heads, h * w, r).transpose(-1, -2)) * lmask
         return (attn @ vf.reshape(b, heads, h * w, -1)).reshape(*v.shape).to(v.dtype)
     dv = v.shape[-1]
     kv = (s2f.unsqueeze(-1) * vf.unsqueeze(-2)).reshape(b, heads, h, w, r * dv)  # per-token s2 (x) v
-    z = polyline_mask_matvec(kv, la, lb, order=mask, chunk=chunk, impl=impl).reshape(b, heads, h, w, r, dv)
+    z = polyline_mask_matvec(kv, la, lb, form=form, impl=impl, chunk=chunk).reshape(b, heads, h, w, r, dv)
     return (s1f.unsqueeze(-2) @ z).squeeze(-2).to(v.dtype)
 
 
+@renamed_arguments(keywords={'mask': 'form'},
+                   positional=('feature_map', 'normalize', 'eps', 'mask', 'impl', 'chunk', 'normalizer'))
 def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
-                          lb: torch.Tensor, feature_map: Union[None, str, Callable] = None,
-                          normalize: bool = False, eps: float = 1e-6, mask: str = '2d', impl: str = 'auto',
-                          chunk: int = DEFAULT_CHUNK,
-                          normalizer: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+                          lb: torch.Tensor, *, form: str = '2d', feature_map: Union[None, str, Callable] = None,
+                          normalize: bool = False, normalizer: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                          eps: float = 1e-6, impl: str = 'auto', chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
     """PPMLA (paper Eq. 34): ``((phi(q) phi(k)^T) * L2D) v`` in O(N), never forming N x N.
 
     q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); la, lb: (B, heads, H, W).
+    form: the mask, as :func:`ppma_decomposed_attention` (``'2d'``: L2D).
     feature_map: None / ``'identity'`` (Eq. 34 as written), ``'elu'`` (elu + 1, as MLLA), ``'relu'``, or a
     callable. normalize: divide each output by its masked attention mass ``phi(q_p) . (L2D phi(k))_p``
     (+ eps), as normalized linear attention does; only meaningful for non-negative feature maps.
@@ -73,21 +77,22 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     """
     if normalizer is not None and not normalize:
         raise ValueError('normalizer=(q, k) is only used with normalize=True; pass normalize=True or drop it')
+    check_choice('form', form, MATVEC_FORMS)
+    _check(q, k, v, la, lb)
+    if normalizer is not None and (normalizer[0].shape != q.shape or normalizer[1].shape != k.shape):
+        raise ValueError(f'normalizer: expected tensors shaped like q {tuple(q.shape)} and k {tuple(k.shape)}; '
+                         f'got {tuple(normalizer[0].shape)} and {tuple(normalizer[1].shape)}')
     if feature_map is None:
         feature_map = 'identity'
     if isinstance(feature_map, str):
         check_choice('feature_map', feature_map, tuple(FEATURE_MAPS))
         feature_map = FEATURE_MAPS[feature_map]
     fq, fk = feature_map(q), feature_map(k)
-    out = ppma_decomposed_attention(fq, fk, v, la, lb, mask=mask, impl=impl, chunk=chunk)
+    out = ppma_decomposed_attention(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk)
     if not normalize:
         return out
     if normalizer is not None:
-        nq, nk = normalizer
-        if nq.shape != q.shape or nk.shape != k.shape:
-            raise ValueError(f'normalizer: expected tensors shaped like q {tuple(q.shape)} and k {tuple(k.shape)}; '
-                             f'got {tuple(nq.shape)} and {tuple(nk.shape)}')
-        fq, fk = feature_map(nq), feature_map(nk)
+        fq, fk = feature_map(normalizer[0]), feature_map(normalizer[1])
     ones = v.new_ones(*v.shape[:-1], 1)
-    mass = ppma_decomposed_attention(fq, fk, ones, la, lb, mask=mask, impl=impl, chunk=chunk)
+    mass = ppma_decomposed_attention(fq, fk, ones, la, lb, form=form, impl=impl, chunk=chunk)
     return out / (mass + eps)

@@ -1,4 +1,4 @@
-"""Decay tables and the polyline path mask (REFERENCE 2), plus RMT's fixed Manhattan decay mask.
+"""Decay tables and the polyline path mask (docs/method.md §2), plus RMT's fixed Manhattan decay mask.
 
 Notation: ``la`` (horizontal) and ``lb`` (vertical) are log-decays of shape (B, heads, H, W), <= 0.
 ``Ca = cumsum(la)`` along each row, ``Cb = cumsum(lb)`` along each column. The log-decay of a 1D segment
@@ -7,12 +7,14 @@ the log-decays strictly after the start and up to the end. This is the release's
 gradient; for log-decays <= 0 it equals ``-|C[t] - C[s]|``.
 
 V2H mask between query (i, j) and key (k, l): ``M = Sa(i; j, l) + Sb(l; i, k)`` (along the query's row,
-then the key's column). H2V is its transpose. Everything here is O(1) per entry from the O(N) tables;
-:func:`polyline_mask` materializes it densely for tests and small inputs only.
+then the key's column). H2V is its transpose. Every entry is O(1) from the O(N) cumsum tables;
+:func:`polyline_mask` materializes the mask densely (tests, small inputs) or the rows of given queries.
 """
-from typing import Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
+
+from mmppma.utils.deprecation import renamed_arguments
 
 from ._checks import check_choice, check_decays, table_dtype
 
@@ -53,16 +55,51 @@ def v2h_log_mask(sa: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
     return m.reshape(b, h, hh * ww, hh * ww)
 
 
-def polyline_mask(la: torch.Tensor, lb: torch.Tensor, form: str = 'v2h', space: str = 'log') -> torch.Tensor:
+def _segment(c_t: torch.Tensor, c_s: torch.Tensor, t_ge_s: torch.Tensor) -> torch.Tensor:
+    """``c[max(t, s)] - c[min(t, s)]`` from the table values at t and s."""
+    return torch.where(t_ge_s, c_t - c_s, c_s - c_t)
+
+
+def _mask_rows(la: torch.Tensor, lb: torch.Tensor, queries: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``M[p, :]`` and ``M^T[p, :]`` for raster query indices p (Q,), each (B, heads, Q, H, W), in O(Q N)."""
+    ca, cb = decay_tables(la, lb)  # (B, heads, H, W)
+    h, w = la.shape[-2:]
+    i, j = queries // w, queries % w  # query (i, j), (Q,)
+    iq, jq = i[:, None, None], j[:, None, None]
+    k = torch.arange(h, device=la.device)[:, None]  # key (k, l)
+    col = torch.arange(w, device=la.device)[None, :]
+    c_q = (ca[:, :, i, j][..., None, None], cb[:, :, i, j][..., None, None])  # (B, heads, Q, 1, 1)
+    # V2H: along the query's row i from column j to l, then down column l from row i to k
+    v2h = (_segment(c_q[0], ca[:, :, i, None, :], jq >= col) +
+           _segment(cb[:, :, i, None, :], cb[:, :, None], iq >= k))
+    # H2V: along the key's row k from column l to j, then down column j from row k to i
+    ca_kj, cb_kj = (t[:, :, :, j].transpose(-1, -2)[..., None] for t in (ca, cb))  # [k, j_q]: (B, heads, Q, H, 1)
+    h2v = _segment(ca[:, :, None], ca_kj, col >= jq) + _segment(cb_kj, c_q[1], k >= iq)
+    return v2h, h2v
+
+
+@renamed_arguments(positional=('form', 'space'))
+def polyline_mask(la: torch.Tensor, lb: torch.Tensor, *, form: str = 'v2h', space: str = 'log',
+                  queries: Optional[Union[Sequence[int], torch.Tensor]] = None) -> torch.Tensor:
     """The dense polyline path mask, (B, heads, H*W, H*W), raster order ``p = i*W + j``.
 
     form: ``'v2h'`` (M), ``'h2v'`` (M^T) or ``'2d'`` (both paths: L2D = exp(M) + exp(M^T)).
     space: ``'log'`` returns M, M^T or log(L2D); ``'linear'`` returns L = exp(M), L^T or L2D.
-    O(N^2) memory: a test oracle and a tool for small maps, not for models.
+    queries: raster indices of the query rows to return, (B, heads, Q, H*W), computed in O(Q N) from the
+    decay tables; default all rows, O(N^2) memory: a test oracle and a tool for small maps, not for models.
     """
     check_choice('form', form, ('v2h', 'h2v', '2d'))
     check_choice('space', space, ('log', 'linear'))
     check_decays(la, lb)
+    if queries is not None:
+        n = la.shape[-1] * la.shape[-2]
+        queries = torch.as_tensor(queries, dtype=torch.long, device=la.device).reshape(-1)
+        if len(queries) and not (0 <= int(queries.min()) and int(queries.max()) < n):
+            raise ValueError(f'queries: raster indices i*W + j must lie in [0, {n}) for an H x W = '
+                             f'{la.shape[-2]} x {la.shape[-1]} map; got {queries.tolist()}')
+        v2h, h2v = (t.flatten(-2) for t in _mask_rows(la, lb, queries))
+        m = {'v2h': v2h, 'h2v': h2v}[form] if form != '2d' else torch.logaddexp(v2h, h2v)
+        return m if space == 'log' else m.exp()
     m = v2h_log_mask(row_segment_sums(la), column_segment_sums(lb))
     if form == 'h2v':
         m = m.transpose(-1, -2)
@@ -71,7 +108,8 @@ def polyline_mask(la: torch.Tensor, lb: torch.Tensor, form: str = 'v2h', space: 
     return m if space == 'log' else m.exp()
 
 
-def polyline_mask_3d(la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, space: str = 'log') -> torch.Tensor:
+@renamed_arguments(positional=('space', ))
+def polyline_mask_3d(la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, *, space: str = 'log') -> torch.Tensor:
     """Dense 3D polyline path mask (paper Appendix C.2, Eq. 40), (B, heads, N, N) with N = D*H*W.
 
     la (along W), lb (along H), lc (along D): (B, heads, D, H, W). Token (i, j, k) = (depth, row, column),

@@ -9,14 +9,15 @@ import datetime
 import importlib
 import os
 import os.path as osp
-from typing import Optional
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from mmengine.config import Config
 from mmengine.logging import print_log
 
 __all__ = ['register_scope_modules', 'build_runner', 'setup_work_dir', 'setup_cpu_distributed',
-           'set_local_rank', 'launcher_parser', 'parse_launcher_args', 'load_launch_config', 'apply_test_amp']
+           'set_local_rank', 'launcher_parser', 'parse_launcher_args', 'load_launch_config', 'missing_data',
+           'check_data', 'apply_test_amp']
 
 # default_scope -> the package that owns it (the scope and package names differ only for mmseg).
 _SCOPE_PACKAGES = {'mmdet': 'mmdet', 'mmseg': 'mmseg', 'mmpretrain': 'mmpretrain', 'mmdet3d': 'mmdet3d'}
@@ -157,3 +158,114 @@ def load_launch_config(args: argparse.Namespace) -> Config:
     register_scope_modules(cfg.get('default_scope', None))
     setup_work_dir(cfg, args.work_dir, args.config)
     return cfg
+
+
+# --------------------------------------------------------------------------------------------- data check
+#: Dataset type -> (data set, the layout upstream's configs expect, as lines). The README of each library has
+#: the download steps; docs/datasets.md has the short version.
+DATA_LAYOUTS = {
+    'CocoDataset': ('COCO 2017', ['data/coco/annotations/instances_train2017.json', 'data/coco/annotations/'
+                                  'instances_val2017.json', 'data/coco/train2017/*.jpg', 'data/coco/val2017/*.jpg']),
+    'ADE20KDataset': ('ADE20K (ADEChallengeData2016)', ['data/ade/ADEChallengeData2016/images/{training,validation}/'
+                                                        '*.jpg', 'data/ade/ADEChallengeData2016/annotations/'
+                                                        '{training,validation}/*.png']),
+    'ImageNet': ('ImageNet-1K', ['data/imagenet/train/<class>/*.JPEG', 'data/imagenet/val/<class>/*.JPEG (or '
+                                 'val/*.JPEG with meta/val.txt)', 'data/imagenet/meta/{train,val}.txt (optional '
+                                 'without ann_file: then the class folders give the labels)']),
+}
+
+
+def _is_local(path: str) -> bool:
+    return bool(path) and '://' not in path
+
+
+def _join(root: str, path: str) -> str:
+    """mmengine's rule for dataset paths: relative ones are relative to ``data_root``."""
+    return path if not root or osp.isabs(path) else osp.join(root, path)
+
+
+def _datasets(cfg: dict, key: str) -> Iterator[Tuple[dict, str]]:
+    """(dataset config, its dotted key) of every leaf dataset, looking through wrapper datasets
+    (``dataset=`` of RepeatDataset, ClassBalancedDataset, ...; ``datasets=`` of ConcatDataset)."""
+    if 'datasets' in cfg:
+        for i, sub in enumerate(cfg['datasets']):
+            yield from _datasets(sub, f'{key}.datasets.{i}')
+    elif isinstance(cfg.get('dataset'), dict):
+        yield from _datasets(cfg['dataset'], f'{key}.dataset')
+    else:
+        yield cfg, key
+
+
+def _dataset_paths(ds: dict) -> List[Tuple[str, str]]:
+    """(what, path) of the local paths a dataset config reads: data root, annotation file, data prefixes."""
+    root = ds.get('data_root') or ''
+    paths = [('data_root', root)] if _is_local(root) else []
+    ann_file = ds.get('ann_file') or ''
+    if _is_local(ann_file):
+        paths.append(('ann_file', _join(root, ann_file)))
+    prefix = ds.get('data_prefix') or ''
+    prefixes = prefix.items() if isinstance(prefix, dict) else [('', prefix)]
+    paths += [(f'data_prefix{"." + k if k else ""}', _join(root, v)) for k, v in prefixes if _is_local(v or '')]
+    if not prefix and ds.get('split') and not ann_file and _is_local(root):  # mmpretrain ImageNet(split=...)
+        paths.append(('split', osp.join(root, ds['split'])))
+    return paths
+
+
+def _evaluator_ann_files(evaluator) -> List[str]:
+    """The local ``ann_file`` of each metric of an evaluator config (e.g. mmdet's CocoMetric)."""
+    metrics = evaluator.get('metrics', evaluator) if isinstance(evaluator, dict) else evaluator
+    metrics = [metrics] if isinstance(metrics, dict) else list(metrics or [])
+    return [m['ann_file'] for m in metrics if isinstance(m, dict) and _is_local(m.get('ann_file') or '')]
+
+
+def missing_data(cfg: Config, loaders: Sequence[str]) -> List[Tuple[str, str, str, str]]:
+    """(config key, dataset type, what, path) of every local data path of ``loaders`` (e.g.
+    ``'train_dataloader'``) and of their evaluators' annotation files (``train_evaluator`` ...) that does not
+    exist. Loaders the config leaves out (None) are skipped. Of a dataset only the outermost missing path is
+    reported (a missing data root, not everything below it)."""
+    missing = []
+    for loader in loaders:
+        loader_cfg = cfg.get(loader)
+        if not loader_cfg or not isinstance(loader_cfg.get('dataset'), dict):
+            continue
+        types = []
+        for ds, key in _datasets(loader_cfg['dataset'], f'{loader}.dataset'):
+            types.append(str(ds.get('type', '?')))
+            for what, path in _dataset_paths(ds):
+                if osp.exists(path):
+                    continue
+                if not any(path.startswith(m[3].rstrip('/') + '/') for m in missing if m[0] == key):
+                    missing.append((key, types[-1], what, path))
+        evaluator = loader.replace('_dataloader', '_evaluator')
+        for path in _evaluator_ann_files(cfg.get(evaluator)):
+            if not osp.exists(path) and not any(path.startswith(m[3].rstrip('/') + '/') for m in missing):
+                missing.append((evaluator, types[0] if types else '?', 'ann_file', path))
+    return missing
+
+
+def _layout_lines(ds_type: str) -> List[str]:
+    name = ds_type.split('.')[-1]
+    if name in DATA_LAYOUTS:
+        title, lines = DATA_LAYOUTS[name]
+        return [f'{name} expects the {title} layout (as upstream\'s configs do):'] + [f'    {x}' for x in lines]
+    return [f'{name} reads the paths above (its data_root, ann_file and data_prefix).']
+
+
+def check_data(cfg: Config, loaders: Sequence[str]) -> None:
+    """Exit with one message (no traceback) when a data root or annotation file of ``loaders`` is missing,
+    before anything is built. The message names each missing path, the layout the dataset expects,
+    docs/datasets.md and the ``--cfg-options`` that points the config elsewhere."""
+    missing = missing_data(cfg, loaders)
+    if not missing:
+        return
+    lines = ['mmppma: the data this config reads is not there:']
+    lines += [f'  {key}: {what} {path!r} does not exist' for key, _, what, path in missing]
+    for ds_type in dict.fromkeys(m[1] for m in missing):
+        lines += _layout_lines(ds_type)
+    roots = dict.fromkeys(f'{key}.data_root=/path/to/data' if 'dataloader' in key else f'{key}.ann_file=/path/to/file'
+                          for key, *_ in missing)
+    lines += ['See docs/datasets.md for where to get each data set and how to lay it out. To read it from another',
+              'place, set its paths on the command line, e.g.',
+              '    --cfg-options ' + ' '.join(roots),
+              '(or make data/ a symlink to where the data lives).']
+    raise SystemExit('\n'.join(lines))

@@ -1,5 +1,5 @@
 """Every config under configs/ loads and builds its model; the detection / segmentation configs carry the
-release's recipe (REFERENCE 7) and per-arch settings consistent with the backbone's arch table."""
+release's recipe (docs/method.md §9) and per-arch settings consistent with the backbone's arch table."""
 from pathlib import Path
 
 import pytest

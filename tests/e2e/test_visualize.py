@@ -58,7 +58,7 @@ def test_maps_match_the_dense_definitions(tiny_env, image, stage):
         la, lb = attn.path_embed(tokens)
     p = i * w + j
     dense = polyline_mask(la.double(), lb.double(), form='2d', space='linear')[0, :, p]  # (heads, N)
-    np.testing.assert_allclose(maps['mask_l2d'].reshape(dense.shape), dense.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(maps['mask'].reshape(dense.shape), dense.numpy(), rtol=1e-5, atol=1e-6)
     weights = maps['attention_masked'].reshape(dense.shape[0], -1)
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-4)  # convex combinations of the values
     if stage == 2:  # whole attention, release form: 0.5 softmax(S + M) + 0.5 softmax(S + M^T), query row

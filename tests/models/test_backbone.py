@@ -1,7 +1,6 @@
 """PPMA / RMT backbone tests. Forward tests use a small custom arch; the named archs are built only for
-their parameter counts and key layouts, which are checked against REFERENCE 5 / the release's key lists."""
+their parameter counts and key layouts, which are checked against docs/method.md §7 / the release's key lists."""
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -9,10 +8,10 @@ import torch.nn as nn
 
 from mmppma.models import PPMA, RMT, PPMAClsHead
 
+from ..conftest import fixture_shapes
 from .conftest import SMALL_ARCH
 
-FIXTURES = Path('/work/shared/fixtures')
-# REFERENCE 5: parameter counts with the 1000-class head
+# docs/method.md §7: parameter counts with the 1000-class head
 PARAM_COUNTS = {
     (PPMA, 'tiny'): 14_335_272, (PPMA, 'small'): 26_969_472, (PPMA, 'base'): 54_158_524,
     (RMT, 'tiny'): 14_334_216, (RMT, 'small'): 26_967_240, (RMT, 'base'): 54_154_896,
@@ -28,14 +27,6 @@ def conv_out(n: int) -> int:
     return (n + 2 - 3) // 2 + 1
 
 
-def fixture_shapes(letter: str) -> dict:
-    shapes = {}
-    for line in (FIXTURES / f'official_ppma_{letter}_keys.txt').read_text().splitlines():
-        key, shape = line.split(' ', 1)
-        shapes[key] = tuple(int(s) for s in shape.strip('()').split(',') if s.strip())
-    return shapes
-
-
 # ---------------------------------------------------------------- named archs
 @pytest.mark.parametrize('cls,arch', list(PARAM_COUNTS))
 def test_param_counts_with_head(cls, arch):
@@ -48,7 +39,7 @@ def test_param_counts_with_head(cls, arch):
 @pytest.mark.parametrize('letter,arch', [('T', 'tiny'), ('S', 'small'), ('B', 'base')])
 def test_backbone_keys_match_release_layout(letter, arch):
     """Every release backbone key exists with the same shape (the head keys are the converter's job)."""
-    want = {k: v for k, v in fixture_shapes(letter).items() if not k.startswith(('proj.', 'norm.', 'head.'))}
+    want = {k: v for k, v in fixture_shapes(f'ppma_{letter}').items() if not k.startswith(('proj.', 'norm.', 'head.'))}
     with torch.device('meta'):
         got = {k: tuple(v.shape) for k, v in PPMA(arch, out_indices=(3, ), out_norm=False).state_dict().items()}
     assert got == want

@@ -21,7 +21,7 @@ def test_structure_and_shapes():
 
 
 def test_matches_written_out_release_head():
-    """Linear per position -> BatchNorm -> Swish -> global average pool -> Linear (REFERENCE 5)."""
+    """Linear per position -> BatchNorm -> Swish -> global average pool -> Linear (docs/method.md §7)."""
     torch.manual_seed(0)
     head = PPMAClsHead(7, in_channels=12, hidden_channels=20, loss=nn.Identity()).eval()
     head.norm.running_mean.normal_()

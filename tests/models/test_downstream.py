@@ -82,7 +82,7 @@ model = dict(
 
 @pytest.mark.parametrize('path', IN1K_CONFIGS, ids=lambda p: p.name)
 def test_in1k_config_contents(path):
-    """Every in1k config carries the release recipe (REFERENCE 7) through the shared base."""
+    """Every in1k config carries the release recipe (docs/method.md §9) through the shared base."""
     cfg = Config.fromfile(str(path))
     family, size = path.name.split('_')[:2]
     assert cfg.default_scope == 'mmpretrain'

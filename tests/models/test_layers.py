@@ -1,4 +1,4 @@
-"""Layer tests against independent dense re-derivations of REFERENCE 1-3 (written here from the text, not
+"""Layer tests against independent dense re-derivations of docs/method.md §1-3 (written here from the text, not
 with mmppma.ops or the layers' own helpers), in float64 on odd shapes."""
 import math
 
@@ -29,7 +29,7 @@ def ref_rope(x: torch.Tensor) -> torch.Tensor:
 
 
 def ref_decays(x, dt_weight, a_log, dt_bias, heads):
-    """x (B, H, W, C) -> la, lb (B, heads, H, W) per REFERENCE 1 (dt_weight (2|1, d))."""
+    """x (B, H, W, C) -> la, lb (B, heads, H, W) per docs/method.md §1 (dt_weight (2|1, d))."""
     b, h, w, c = x.shape
     xh = x.reshape(b, h, w, heads, c // heads)
     dt = torch.einsum('bhwnd,kd->bnkhw', xh, dt_weight)
@@ -59,8 +59,9 @@ def ref_manhattan_mask(log_decay, h, w):
     return log_decay.view(1, -1, 1, 1) * dist.to(log_decay.dtype)
 
 
-def ref_attention_module(mod: PolylinePathAttention, x: torch.Tensor, decay=None) -> torch.Tensor:
-    """The whole token mixer from REFERENCE 3, densely: (B, H, W, C) -> (B, H, W, C)."""
+def ref_attention_module(mod: PolylinePathAttention, x: torch.Tensor, decay=None, parts: bool = False):
+    """The whole token mixer from docs/method.md §3, densely: (B, H, W, C) -> (B, H, W, C). With ``parts``: the
+    attention matrix A (out = A v), the log-mask M and the scores S instead, each (B, n, N, N)."""
     b, h, w, c = x.shape
     n, d = mod.num_heads, c // mod.num_heads
     q = F.linear(x, mod.q_proj.weight, mod.q_proj.bias)
@@ -100,16 +101,18 @@ def ref_attention_module(mod: PolylinePathAttention, x: torch.Tensor, decay=None
                 attn = 0.5 * sm(m) + 0.5 * sm(m.transpose(-1, -2))
         else:  # v2h, rmt, none: one softmax with M
             attn = sm(m)
-        out = attn @ vf
     else:
         # on a row / column the V2H mask is the 1D segment mask (and RMT's the 1D distance decay)
         aw, ah = sm(m, same_row), sm(m, same_col)
         if mod.mask == 'rmt':
-            out = ah @ (aw @ vf)  # rows first
+            attn = ah @ aw  # rows first
         elif mod.mask == 'v2h':
-            out = aw @ (ah @ vf)  # down the key's column, then along the query's row
+            attn = aw @ ah  # down the key's column, then along the query's row
         else:
-            out = 0.5 * ah @ (aw @ vf) + 0.5 * aw @ (ah @ vf)
+            attn = 0.5 * ah @ aw + 0.5 * aw @ ah
+    if parts:
+        return attn, m, s
+    out = attn @ vf
     out = out.reshape(b, n, h, w, d).permute(0, 2, 3, 1, 4).reshape(b, h, w, c)
     return F.linear(out + lepe.permute(0, 2, 3, 1), mod.out_proj.weight, mod.out_proj.bias)
 
@@ -127,7 +130,7 @@ def test_rope_matches_reference(h, w):
 
 
 def test_rmt_log_decay_values():
-    # REFERENCE 5: log(1 - 2^(-2 - r*h/n)); e.g. n=4, r=4: h=0 -> log(3/4), h=2 -> log(1 - 2^-4)
+    # docs/method.md §6: log(1 - 2^(-2 - r*h/n)); e.g. n=4, r=4: h=0 -> log(3/4), h=2 -> log(1 - 2^-4)
     got = rmt_log_decay(4, 4)
     want = torch.tensor([math.log(1 - 2**(-2 - 4 * h / 4)) for h in range(4)])
     torch.testing.assert_close(got, want.float())
@@ -150,7 +153,7 @@ def test_path_embed_formula_and_shapes():
 
 
 def test_path_embed_init_distributions():
-    """REFERENCE 1: A_log = log U(1, 1.1); dt_bias = softplus^-1(dt0), dt0 log-uniform in [1e-3, 1e-1]."""
+    """docs/method.md §1: A_log = log U(1, 1.1); dt_bias = softplus^-1(dt0), dt0 log-uniform in [1e-3, 1e-1]."""
     torch.manual_seed(0)
     pe = PathEmbed(num_heads=4096, head_dims=4)
     a = pe.A_log.detach().exp()
@@ -185,6 +188,28 @@ def test_attention_module_matches_dense_reference(attn_type, mask, form, h, w):
     got = mod(x, rope(h, w))
     want = ref_attention_module(mod, x, rope.decay)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('attn_type,mask,form', CASES)
+def test_query_maps_match_the_dense_reference(attn_type, mask, form):
+    torch.manual_seed(1)
+    c, n, h, w = 8, 2, 3, 4
+    mod = PolylinePathAttention(c, n, attn_type=attn_type, mask=mask, attn_form=form, impl='torch').double()
+    for p in mod.parameters():
+        p.data.normal_(0, 0.5)
+    rope = RasterRoPE2D(c // n, n, heads_range=4 if mask == 'rmt' else None).double()
+    x = torch.randn(2, h, w, c, dtype=torch.float64)
+    queries = [(0, 0), (1, 2), (2, 3)]
+    maps = mod.query_maps(x, rope(h, w), queries)
+    attn, m, s = ref_attention_module(mod, x, rope.decay, parts=True)
+    rows = [i * w + j for i, j in queries]
+    want_mask = m.exp() + m.transpose(-1, -2).exp() if mask in ('polyline', 'shared') else m.exp()
+    for key, want in (('attention', attn), ('mask', want_mask), ('unmasked', s.softmax(-1))):
+        assert maps[key].shape == (2, n, len(queries), h, w) and maps[key].dtype == torch.float32
+        want = want.expand(2, -1, -1, -1)[:, :, rows].float()  # RMT's mask: one for the batch
+        torch.testing.assert_close(maps[key].flatten(-2), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match='outside the 3 x 4 token grid'):
+        mod.query_maps(x, rope(h, w), [(3, 0)])
 
 
 def test_attention_rejects_bad_choices():

@@ -258,20 +258,20 @@ def test_norm_eval():
 
 
 def test_with_cp_same_gradients_non_reentrant(monkeypatch):
-    import mmppma.models.layers.vminet as vminet_layers
+    import mmppma.models.layers.block as block_module  # the shared block loop
     torch.manual_seed(0)
     plain = VMINet(TINY_ARCH)
     ckpt = VMINet(TINY_ARCH, with_cp=True)
     ckpt.load_state_dict(plain.state_dict())
     plain.eval(), ckpt.eval()
     calls = []
-    real = vminet_layers.cp.checkpoint
+    real = block_module.cp.checkpoint
 
     def spy(fn, *args, **kwargs):
         calls.append(kwargs.get('use_reentrant'))
         return real(fn, *args, **kwargs)
 
-    monkeypatch.setattr(vminet_layers.cp, 'checkpoint', spy)
+    monkeypatch.setattr(block_module.cp, 'checkpoint', spy)
     x = torch.randn(2, 3, 30, 26)
     for model in (plain, ckpt):
         sum(o.square().sum() for o in model(x)).backward()

@@ -1,7 +1,7 @@
 """Independent float64 oracles, written from the definitions with explicit loops (numpy).
 
 They share no code with mmppma.ops: a path's log-decay is summed term by term along the path
-(REFERENCE 2: the segment from s to t sums the log-decays strictly after min(s, t) up to max(s, t)).
+(docs/method.md §2: the segment from s to t sums the log-decays strictly after min(s, t) up to max(s, t)).
 """
 import numpy as np
 

@@ -61,13 +61,13 @@ def test_whole_attention_blockwise_matches_oracle(small_blocks):
 
 
 @pytest.mark.parametrize('impl', IMPLS)
-@pytest.mark.parametrize('order', ['both', 'row_col', 'col_row'])
+@pytest.mark.parametrize('form,order', [('release', 'both'), ('h2v', 'row_col'), ('v2h', 'col_row')])
 @pytest.mark.parametrize('hw', SHAPES)
-def test_criss_cross_matches_oracle(hw, order, impl):
+def test_criss_cross_matches_oracle(hw, form, order, impl):
     h, w = hw
     q, k, v = qkv(1, 2, h, w, 4, seed=h * 3 + w, dv=5)
     la, lb = decays(1, 2, h, w, seed=h + 2 * w)
-    got = criss_cross_attention(q, k, v, la, lb, scale=0.7, order=order, impl=impl)
+    got = criss_cross_attention(q, k, v, la, lb, scale=0.7, form=form, impl=impl)
     want = oracle.apply_per_head(oracle.criss_cross, q.numpy(), k.numpy(), v.numpy(), la.numpy(),
                                  lb.numpy(), scale=0.7, order=order)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
@@ -90,7 +90,7 @@ def test_rmt_attention_matches_oracle(hw, impl):
     g = gamma[None, :, None, None].expand(2, 3, h, w)
     want_cc = oracle.apply_per_head(oracle.criss_cross, q.numpy(), k.numpy(), v.numpy(), g.numpy(), g.numpy(),
                                     scale=0.5, order='row_col')
-    np.testing.assert_allclose(rmt_criss_cross_attention(q, k, v, gamma, 0.5, impl=impl).numpy(), want_cc,
+    np.testing.assert_allclose(rmt_criss_cross_attention(q, k, v, gamma, scale=0.5, impl=impl).numpy(), want_cc,
                                rtol=1e-10, atol=1e-12)
 
 
@@ -115,8 +115,8 @@ def test_inference_and_autograd_paths_match_oracle(hw, slice_elements, monkeypat
     arrays = [t.numpy() for t in (q, k, v)]
     cases = [(lambda *t: ppma_attention(*t, la, lb, scale=0.5), oracle.apply_per_head(
         oracle.whole_attention, *arrays, la.numpy(), lb.numpy(), scale=0.5, form='release'))]
-    for order in ('both', 'row_col', 'col_row'):
-        cases.append((lambda *t, order=order: criss_cross_attention(*t, la, lb, scale=0.7, order=order),
+    for form, order in (('release', 'both'), ('h2v', 'row_col'), ('v2h', 'col_row')):
+        cases.append((lambda *t, form=form: criss_cross_attention(*t, la, lb, scale=0.7, form=form),
                       oracle.apply_per_head(oracle.criss_cross, *arrays, la.numpy(), lb.numpy(), scale=0.7,
                                             order=order)))
     cases.append((lambda *t: rmt_criss_cross_attention(*t, gamma, scale=0.5), oracle.apply_per_head(
@@ -154,27 +154,27 @@ def test_linear_attention_equals_dense_masked_linear_attention(hw, impl):
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-11)
 
 
-@pytest.mark.parametrize('mask', ['2d', 'v2h', 'h2v'])
-def test_decomposed_attention_and_feature_maps(mask):
+@pytest.mark.parametrize('form', ['2d', 'v2h', 'h2v'])
+def test_decomposed_attention_and_feature_maps(form):
     q, k, v = qkv(2, 2, 5, 6, 3, seed=4, dv=4)
     la, lb = decays(2, 2, 5, 6, seed=5)
     s1, s2 = q.softmax(-1), k.softmax(-1)  # e.g. agent-style low-rank factors
-    want = dense_masked_linear(s1.numpy(), s2.numpy(), v.numpy(), la.numpy(), lb.numpy(), mask)
-    got = ppma_decomposed_attention(s1, s2, v, la, lb, mask=mask, impl='torch', chunk=2)
+    want = dense_masked_linear(s1.numpy(), s2.numpy(), v.numpy(), la.numpy(), lb.numpy(), form)
+    got = ppma_decomposed_attention(s1, s2, v, la, lb, form=form, impl='torch', chunk=2)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-11)
     # normalized elu+1 linear attention: rows of the masked map sum to one after normalization
     fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
-    num = dense_masked_linear(fq.numpy(), fk.numpy(), v.numpy(), la.numpy(), lb.numpy(), mask)
+    num = dense_masked_linear(fq.numpy(), fk.numpy(), v.numpy(), la.numpy(), lb.numpy(), form)
     den = dense_masked_linear(fq.numpy(), fk.numpy(), np.ones_like(v.numpy()[..., :1]), la.numpy(), lb.numpy(),
-                              mask)
-    got = ppma_linear_attention(q, k, v, la, lb, feature_map='elu', normalize=True, eps=0.0, mask=mask)
+                              form)
+    got = ppma_linear_attention(q, k, v, la, lb, feature_map='elu', normalize=True, eps=0.0, form=form)
     np.testing.assert_allclose(got.numpy(), num / den, rtol=1e-9)
     # the mass from other features (MLLA: the un-rotated ones), the numerator from q, k
     nq, nk = qkv(2, 2, 5, 6, 3, seed=6)[:2]
     fnq, fnk = torch.nn.functional.elu(nq) + 1, torch.nn.functional.elu(nk) + 1
     den2 = dense_masked_linear(fnq.numpy(), fnk.numpy(), np.ones_like(v.numpy()[..., :1]), la.numpy(),
-                               lb.numpy(), mask)
-    got = ppma_linear_attention(q, k, v, la, lb, feature_map='elu', normalize=True, eps=0.0, mask=mask,
+                               lb.numpy(), form)
+    got = ppma_linear_attention(q, k, v, la, lb, feature_map='elu', normalize=True, eps=0.0, form=form,
                                 normalizer=(nq, nk))
     np.testing.assert_allclose(got.numpy(), num / den2, rtol=1e-9)
     with pytest.raises(ValueError, match='normalize=True'):
@@ -198,12 +198,12 @@ def test_whole_attention_gradcheck(form, whole_path):
                                         _leaf(q, k, v, la, lb), fast_mode=True)
 
 
-@pytest.mark.parametrize('order', ['both', 'row_col'])
-def test_criss_cross_gradcheck(order):
+@pytest.mark.parametrize('form', ['release', 'h2v'])
+def test_criss_cross_gradcheck(form):
     q, k, v = qkv(1, 2, 3, 5, 3, seed=3)
     la, lb = decays(1, 2, 3, 5, seed=4)
     for impl in IMPLS:
-        assert torch.autograd.gradcheck(lambda *a: criss_cross_attention(*a, scale=0.8, order=order, impl=impl),
+        assert torch.autograd.gradcheck(lambda *a: criss_cross_attention(*a, scale=0.8, form=form, impl=impl),
                                         _leaf(q, k, v, la, lb))
 
 
@@ -279,8 +279,8 @@ def test_wrong_shapes_name_the_expected_layout(fn):
         fn(q, k, v, la[..., :3], lb)
     with pytest.raises(ValueError, match=r'\(B, heads, H, W, d\)'):
         fn(q[0], k[0], v[0], la[0], lb[0])
-    with pytest.raises(ValueError, match='form|order'):
-        fn(q, k, v, la, lb, **({'form': 'x'} if fn is ppma_attention else {'order': 'x'}))
+    with pytest.raises(ValueError, match='form'):
+        fn(q, k, v, la, lb, form='x')
 
 
 def test_integer_inputs_are_rejected():
@@ -297,14 +297,14 @@ def test_linear_attention_shape_error():
         ppma_linear_attention(q, k[:, :1], v, la, lb)
 
 
-@pytest.mark.parametrize('order', ['v2h', 'h2v'])
-def test_matvec_and_decomposed_gradcheck(order):
+@pytest.mark.parametrize('form', ['v2h', 'h2v'])
+def test_matvec_and_decomposed_gradcheck(form):
     from mmppma.ops import polyline_mask_matvec
     q, k, v = qkv(1, 2, 3, 5, 2, seed=6)
     la, lb = decays(1, 2, 3, 5, seed=7)
     # chunk=2 runs the chunkwise scan on the length-3 and length-5 lines
-    assert torch.autograd.gradcheck(lambda x, a, b: polyline_mask_matvec(x, a, b, order, chunk=2, impl='torch'),
+    assert torch.autograd.gradcheck(lambda x, a, b: polyline_mask_matvec(x, a, b, form=form, chunk=2, impl='torch'),
                                     _leaf(v, la, lb))
     assert torch.autograd.gradcheck(
-        lambda *a: ppma_decomposed_attention(*a, mask=order, impl='torch', chunk=2), _leaf(q, k, v, la, lb),
+        lambda *a: ppma_decomposed_attention(*a, form=form, impl='torch', chunk=2), _leaf(q, k, v, la, lb),
         fast_mode=True)

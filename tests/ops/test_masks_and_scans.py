@@ -24,12 +24,12 @@ def test_polyline_mask_matches_loop_oracle(hw):
     h, w = hw
     la, lb = decays(2, 2, h, w, seed=h * 100 + w)
     want = oracle.apply_per_head(oracle.mask_v2h, la.numpy(), lb.numpy())
-    np.testing.assert_allclose(polyline_mask(la, lb, 'v2h').numpy(), want, atol=1e-12)
-    np.testing.assert_allclose(polyline_mask(la, lb, 'h2v').numpy(), np.swapaxes(want, -1, -2), atol=1e-12)
-    np.testing.assert_allclose(polyline_mask(la, lb, 'v2h', space='linear').numpy(), np.exp(want), atol=1e-12)
+    np.testing.assert_allclose(polyline_mask(la, lb, form='v2h').numpy(), want, atol=1e-12)
+    np.testing.assert_allclose(polyline_mask(la, lb, form='h2v').numpy(), np.swapaxes(want, -1, -2), atol=1e-12)
+    np.testing.assert_allclose(polyline_mask(la, lb, form='v2h', space='linear').numpy(), np.exp(want), atol=1e-12)
     l2d = np.exp(want) + np.exp(np.swapaxes(want, -1, -2))
-    np.testing.assert_allclose(polyline_mask(la, lb, '2d', space='linear').numpy(), l2d, rtol=1e-12)
-    np.testing.assert_allclose(polyline_mask(la, lb, '2d').numpy(), np.log(l2d), atol=1e-12)
+    np.testing.assert_allclose(polyline_mask(la, lb, form='2d', space='linear').numpy(), l2d, rtol=1e-12)
+    np.testing.assert_allclose(polyline_mask(la, lb, form='2d').numpy(), np.log(l2d), atol=1e-12)
 
 
 def test_mask_is_product_of_decays_on_a_hand_example():
@@ -38,10 +38,10 @@ def test_mask_is_product_of_decays_on_a_hand_example():
     # along row 1 (alpha[1, 1]).
     la = torch.log(torch.tensor([[0.9, 0.8], [0.7, 0.6]], dtype=torch.float64))[None, None]
     lb = torch.log(torch.tensor([[0.5, 0.4], [0.3, 0.2]], dtype=torch.float64))[None, None]
-    lmask = polyline_mask(la, lb, 'v2h', space='linear')[0, 0]
+    lmask = polyline_mask(la, lb, form='v2h', space='linear')[0, 0]
     assert lmask[0, 3].item() == pytest.approx(0.8 * 0.2)
     assert lmask[3, 0].item() == pytest.approx(0.6 * 0.3)  # from (1,1): left along row 1, up column 0
-    assert polyline_mask(la, lb, 'h2v', space='linear')[0, 0, 0, 3].item() == pytest.approx(0.3 * 0.6)
+    assert polyline_mask(la, lb, form='h2v', space='linear')[0, 0, 0, 3].item() == pytest.approx(0.3 * 0.6)
     assert torch.allclose(lmask.diagonal(), torch.ones(4, dtype=torch.float64))
 
 
@@ -76,10 +76,10 @@ def test_matvec_equals_dense_mask_product(hw, chunk):
     x = torch.randn(2, 2, h, w, 5, dtype=torch.float64)
     m = oracle.apply_per_head(oracle.mask_v2h, la.numpy(), lb.numpy())
     xf = x.numpy().reshape(2, 2, h * w, 5)
-    for order, lmask in (('v2h', np.exp(m)), ('h2v', np.exp(np.swapaxes(m, -1, -2)))):
-        got = polyline_mask_matvec(x, la, lb, order=order, chunk=chunk).numpy().reshape(2, 2, h * w, 5)
+    for form, lmask in (('v2h', np.exp(m)), ('h2v', np.exp(np.swapaxes(m, -1, -2)))):
+        got = polyline_mask_matvec(x, la, lb, form=form, chunk=chunk).numpy().reshape(2, 2, h * w, 5)
         np.testing.assert_allclose(got, lmask @ xf, rtol=1e-10, atol=1e-12)
-    both = polyline_mask_matvec(x, la, lb, order='2d', chunk=chunk).numpy().reshape(2, 2, h * w, 5)
+    both = polyline_mask_matvec(x, la, lb, form='2d', chunk=chunk).numpy().reshape(2, 2, h * w, 5)
     np.testing.assert_allclose(both, (np.exp(m) + np.exp(np.swapaxes(m, -1, -2))) @ xf, rtol=1e-10)
 
 
@@ -99,7 +99,7 @@ def test_3d_mask_reduces_to_2d_for_one_slice():
     la, lb = decays(1, 2, 4, 5, seed=3)
     lc = torch.zeros_like(la)
     got = polyline_mask_3d(la[:, :, None], lb[:, :, None], lc[:, :, None])
-    torch.testing.assert_close(got, polyline_mask(la, lb, 'v2h'))
+    torch.testing.assert_close(got, polyline_mask(la, lb, form='v2h'))
 
 
 def test_manhattan_mask_matches_oracle():
@@ -109,8 +109,8 @@ def test_manhattan_mask_matches_oracle():
         np.testing.assert_allclose(got[hi].numpy(), oracle.manhattan_mask(gamma[hi].item(), 3, 4))
     # constant polyline decays reproduce the Manhattan mask in both path orders
     la = gamma[None, :, None, None].expand(1, 2, 3, 4)
-    torch.testing.assert_close(polyline_mask(la, la, 'v2h')[0], got)
-    torch.testing.assert_close(polyline_mask(la, la, 'h2v')[0], got)
+    torch.testing.assert_close(polyline_mask(la, la, form='v2h')[0], got)
+    torch.testing.assert_close(polyline_mask(la, la, form='h2v')[0], got)
 
 
 def test_segment_sum_gradient_follows_index_order():
@@ -124,8 +124,8 @@ def test_segment_sum_gradient_follows_index_order():
 def test_very_negative_decays_stay_finite():
     la, lb = decays(1, 2, 9, 70, offset=1e4)
     x = torch.randn(1, 2, 9, 70, 3, dtype=torch.float32, requires_grad=True)
-    for order in ('v2h', 'h2v'):
-        y = polyline_mask_matvec(x, la.float().requires_grad_(), lb.float(), order=order)
+    for form in ('v2h', 'h2v'):
+        y = polyline_mask_matvec(x, la.float().requires_grad_(), lb.float(), form=form)
         assert torch.isfinite(y).all()
         y.sum().backward()
         assert torch.isfinite(x.grad).all()
@@ -148,5 +148,19 @@ def test_bad_choices_raise():
     la, lb = decays(1, 1, 2, 2)
     with pytest.raises(ValueError, match="'v2h', 'h2v', '2d'"):
         polyline_mask(la, lb, form='vh')
-    with pytest.raises(ValueError, match='order'):
-        polyline_mask_matvec(torch.zeros(1, 1, 2, 2, 1, dtype=torch.float64), la, lb, order='x')
+    with pytest.raises(ValueError, match='form'):
+        polyline_mask_matvec(torch.zeros(1, 1, 2, 2, 1, dtype=torch.float64), la, lb, form='x')
+
+
+@pytest.mark.parametrize('hw', [(1, 1), (1, 7), (5, 1), (4, 6)])
+def test_mask_rows_for_queries_equal_the_dense_rows(hw):
+    h, w = hw
+    la, lb = decays(2, 3, h, w, seed=11)
+    queries = sorted({0, h * w - 1, (h // 2) * w + w // 3})
+    for form in ('v2h', 'h2v', '2d'):
+        for space in ('log', 'linear'):
+            dense = polyline_mask(la, lb, form=form, space=space)
+            got = polyline_mask(la, lb, form=form, space=space, queries=queries)
+            torch.testing.assert_close(got, dense[:, :, queries], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match='queries'):
+        polyline_mask(la, lb, queries=[h * w])

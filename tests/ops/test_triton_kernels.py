@@ -210,9 +210,9 @@ def test_paper_form_has_no_kernel():
 
 def test_auto_resolution_and_environment_override(monkeypatch):
     cpu = torch.zeros(1)
-    assert resolve_impl('auto', 'ppma_attention', [cpu], attention_module.TRITON_OPS) == 'torch'
+    assert resolve_impl('auto', 'ppma_attention', [cpu]) == 'torch'
     monkeypatch.setenv('MMPPMA_IMPL', 'reference')
-    assert resolve_impl('auto', 'ppma_attention', [cpu], attention_module.TRITON_OPS) == 'reference'
+    assert resolve_impl('auto', 'ppma_attention', [cpu]) == 'reference'
     calls = []
     original = attention_module._whole_reference
     monkeypatch.setattr(attention_module, '_whole_reference', lambda *a: calls.append(1) or original(*a))

@@ -1,8 +1,12 @@
 #!/usr/bin/env python
-"""Convert an official MLLA release checkpoint (LeapLabTHU/MLLA) to mmppma's layout.
+"""Convert an official MLLA release checkpoint (LeapLabTHU/MLLA, ``models/mlla.py`` at commit 5a17196 with
+``cfgs/mlla_{t,s,b}.yaml``; one key layout) to mmppma's layout.
 
     python tools/model_converters/mlla_official_to_mmppma.py SRC DST [--arch t|s|b] [--backbone-only]
         [--backbone-out PATH] [--key KEY] [--config CONFIG] [--allow-pickle]
+
+Two steps: convert (this script; it prints the config on a line of its own, ``config:
+configs/mlla_<arch>_8xb128_in1k.py``), then load with ``mmpretrain.apis.init_model(CONFIG, DST)``.
 
 Classification checkpoints (state under ``model``; ``state_dict_ema`` with ``--key``) become a full mmpretrain
 ImageClassifier state for ``configs/mlla_<arch>_8xb128_in1k.py``: ``backbone.*`` (the final ``norm`` as

@@ -1,5 +1,7 @@
 #!/usr/bin/env python
-"""Convert an official PPMA / RMT release checkpoint to mmppma's layout.
+"""Convert an official PPMA / RMT release checkpoint (zhongchenzhao/PPMA: ``classification/models/PPMA.py`` and
+``RMT.py`` at commit 088b82d, ``detection/ppma.py`` at d556292, ``segmentation/ppma.py`` at 088b82d; one key
+layout) to mmppma's layout.
 
     python tools/model_converters/ppma_official_to_mmppma.py SRC DST [--backbone-only] [--backbone-out PATH]
 

@@ -1,17 +1,20 @@
 """What mmppma's backbones (PPMA/RMT, MLLA, VMINet) share: resolving ``arch`` against an architecture table,
-and the standard OpenMMLab backbone fields (``out_indices``, ``frozen_stages``, ``norm_eval``, ``init_cfg``),
-input checks and layer ids for layer-wise lr decay.
+and the standard OpenMMLab backbone fields (``out_indices``, ``frozen_stages``, ``norm_eval``, ``init_cfg`` and
+mmseg's ``pretrained``), input checks and layer ids for layer-wise lr decay.
 
 A backbone is a stem (``stem_name``) followed by ``num_stages`` stages (the ModuleList ``stages_name``),
 with an optional norm per returned stage (:meth:`StagedBackbone.out_norm_module`).
 """
 import copy
+import warnings
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmppma.utils.checks import check_choice  # noqa: F401  (the backbones' choice check)
 
 
 def resolve_arch_settings(arch: Union[str, dict],
@@ -57,19 +60,51 @@ def resolve_arch_settings(arch: Union[str, dict],
     return arch
 
 
-def check_choice(name: str, value, choices: Sequence) -> None:
-    if value not in choices:
-        raise ValueError(f'{name}={value!r} is not supported; choose one of {", ".join(map(repr, choices))}')
+#: ``model.pretrained`` schemes of upstream model zoos (mmengine's checkpoint loaders): weights of other
+#: architectures (ResNet, MiT, ...), which mmseg configs set and ``EncoderDecoder`` hands to the backbone.
+FOREIGN_ZOO_SCHEMES = ('open-mmlab://', 'openmmlab://', 'torchvision://', 'modelzoo://', 'mmcls://')
+
+
+def pretrained_init_cfg(backbone: str, pretrained: Optional[str],
+                        init_cfg: Optional[Union[dict, List[dict]]]) -> Optional[Union[dict, List[dict]]]:
+    """The ``init_cfg`` a backbone uses given mmseg's deprecated ``pretrained`` argument, as mmseg's backbones
+    treat it: None -> ``init_cfg`` unchanged; a checkpoint path or URL -> ``dict(type='Pretrained', ...)`` with
+    mmseg's deprecation warning. A model-zoo URI (:data:`FOREIGN_ZOO_SCHEMES`) names another architecture's
+    weights and is an error, as is setting both ``pretrained`` and ``init_cfg``."""
+    if pretrained is None:
+        return init_cfg
+    if not isinstance(pretrained, str):
+        raise TypeError(f'{backbone}: pretrained must be a checkpoint path or URL (str) or None; got '
+                        f'{type(pretrained).__name__}')
+    how = (f"give {backbone} weights through the backbone's init_cfg instead, e.g. model.backbone.init_cfg="
+           "dict(type='Pretrained', checkpoint='ppma_t_backbone.pth') (release checkpoints: convert them with "
+           'tools/model_converters/*_official_to_mmppma.py --backbone-only)')
+    if pretrained.startswith(FOREIGN_ZOO_SCHEMES):
+        raise ValueError(f'{backbone}: pretrained={pretrained!r} names the weights of another architecture from '
+                         'an upstream model zoo (the config was written for a different backbone). Set '
+                         f'model.pretrained=None in the config (or --cfg-options model.pretrained=None) and {how}.')
+    if init_cfg is not None:
+        raise ValueError(f'{backbone}: pretrained={pretrained!r} and init_cfg={init_cfg!r} are both set; keep '
+                         "one (pretrained is mmseg's deprecated spelling of init_cfg=dict(type='Pretrained', "
+                         'checkpoint=...))')
+    warnings.warn('DeprecationWarning: pretrained is deprecated, please use "init_cfg" instead')
+    return dict(type='Pretrained', checkpoint=pretrained)
 
 
 class StagedBackbone(BaseModule):
     """Base class: the standard fields of an OpenMMLab backbone over a stem and stages.
 
-    Subclasses call :meth:`_init_common` early in ``__init__`` (after ``num_stages`` is known), build
+    Subclasses pass ``init_cfg`` and ``pretrained`` to ``__init__`` (see :func:`pretrained_init_cfg`), call
+    :meth:`_init_common` early in their ``__init__`` (after ``num_stages`` is known), build
     ``self.<stem_name>`` and ``self.<stages_name>``, and call :meth:`_freeze_stages` at the end.
     """
     stem_name = 'patch_embed'
     stages_name = 'layers'
+
+    def __init__(self,
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__(init_cfg=pretrained_init_cfg(type(self).__name__, pretrained, init_cfg))
 
     def _init_common(self, in_channels: int, depths: Sequence[int], out_indices: Union[int, Sequence[int]],
                      frozen_stages: int, norm_eval: bool) -> None:
@@ -83,6 +118,12 @@ class StagedBackbone(BaseModule):
         if not -1 <= frozen_stages <= self.num_stages:
             raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}]; got {frozen_stages}')
         self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
+
+    def drop_path_rates(self, drop_path_rate: float) -> List[List[float]]:
+        """Stochastic depth per block, linear from 0 to ``drop_path_rate`` over all blocks, one list per stage."""
+        rates = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
+        starts = [sum(self.depths[:i]) for i in range(self.num_stages)]
+        return [rates[start:start + depth] for start, depth in zip(starts, self.depths)]
 
     def _check_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
         if isinstance(out_indices, int):
@@ -167,8 +208,8 @@ class StagedBackbone(BaseModule):
 
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
         """(stage, layer id) of a parameter inside ``stages_name`` (names split on '.'), or None. Default
-        layout ``layers.{s}.blocks.{b}``: block b of stage s is 1 + sum(depths[:s]) + b; anything else of the
-        stage (its downsample) goes with the stage's last block."""
+        layout ``{stages_name}.{s}.blocks.{b}``: block b of stage s is 1 + sum(depths[:s]) + b; anything else of
+        the stage (its downsample) goes with the stage's last block."""
         if parts[0] != self.stages_name or len(parts) <= 2:
             return None
         stage = int(parts[1])

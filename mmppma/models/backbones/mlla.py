@@ -76,6 +76,9 @@ class MLLA(StagedBackbone):
         init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one the release init applies (Linear trunc_normal .02 / bias 0, LayerNorm 1 / 0), already
             at construction.
+        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
+            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
+            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices, for any H, W >= 1.
     """
@@ -92,8 +95,9 @@ class MLLA(StagedBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         check_choice('attn', attn, MLLA_ATTNS)
         self.arch_settings = resolve_mlla_arch(arch)
         s = self.arch_settings
@@ -102,10 +106,9 @@ class MLLA(StagedBackbone):
         self.attn, self.impl, self.out_norm = attn, impl, out_norm
 
         self.patch_embed = MLLAStem(in_channels, self.embed_dims[0])
-        dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
+        drop_paths = self.drop_path_rates(drop_path_rate)
         self.layers = nn.ModuleList()
         for i in range(self.num_stages):
-            first = sum(self.depths[:i])
             self.layers.append(
                 MLLAStage(
                     embed_dims=self.embed_dims[i],
@@ -114,7 +117,7 @@ class MLLA(StagedBackbone):
                     mlp_ratio=s['mlp_ratio'],
                     attn=attn,
                     impl=impl,
-                    drop_paths=tuple(dpr[first:first + self.depths[i]]),
+                    drop_paths=tuple(drop_paths[i]),
                     out_channels=self.embed_dims[i + 1] if i < self.num_stages - 1 else None,
                     with_cp=with_cp))
         if out_norm:
@@ -128,7 +131,7 @@ class MLLA(StagedBackbone):
 
     def _release_init(self) -> None:
         """Every Linear trunc_normal(std .02) and bias 0; LayerNorm weight 1, bias 0. Convs, BatchNorms and
-        PPMLA's decay parameters keep their own initialization (PyTorch default; REFERENCE 1)."""
+        PPMLA's decay parameters keep their own initialization (PyTorch default; docs/method.md §1)."""
         self._trunc_normal_init()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

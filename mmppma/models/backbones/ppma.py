@@ -1,10 +1,10 @@
-"""PPMA and RMT backbones (REFERENCE 5), registered once for mmpretrain, mmdet and mmseg.
+"""PPMA and RMT backbones (docs/method.md §6-7), registered once for mmpretrain, mmdet and mmseg.
 
 Image (B, in_channels, H, W) -> conv stem (stride 4) -> stages of blocks on channels-last tokens, each but the
 last followed by a stride-2 conv downsample -> per ``out_indices`` the stage output before its downsample,
 LayerNorm'ed (eps 1e-5, ``outnorm{i}``) when ``out_norm``, as NCHW.
 
-Module names follow the release's checkpoint layout (REFERENCE 6), so official weights load with an
+Module names follow the release's checkpoint layout (docs/method.md §8), so official weights load with an
 identity key mapping (see :mod:`mmppma.models.utils.checkpoint_convert`).
 """
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -46,7 +46,7 @@ _BASE = dict(
     layer_scale_init_value=1e-6,
     heads_ranges=[5, 5, 6, 6])
 
-#: The one architecture table (REFERENCE 5). ``heads_ranges`` are RMT's fixed-decay ranges r (mask='rmt').
+#: The one architecture table (docs/method.md §7). ``heads_ranges`` are RMT's fixed-decay ranges r (mask='rmt').
 ARCH_ZOO: Dict[str, dict] = {
     **dict.fromkeys(['t', 'tiny'], _TINY),
     **dict.fromkeys(['s', 'small'], _SMALL),
@@ -105,12 +105,14 @@ class PPMA(StagedBackbone):
         with_cp: gradient checkpointing per block (``use_reentrant=False``).
         init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one the release init applies (Linear trunc_normal .02 / bias 0, LayerNorm 1 / 0, decays per
-            REFERENCE 1), already at construction.
+            docs/method.md §1), already at construction.
+        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
+            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
+            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
     arch_zoo = ARCH_ZOO
-    default_mask = 'polyline'
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -124,8 +126,9 @@ class PPMA(StagedBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         check_choice('mask', mask, MASKS)
         check_choice('attn_form', attn_form, ATTN_FORMS)
         self.arch_settings = resolve_arch(arch)
@@ -135,10 +138,9 @@ class PPMA(StagedBackbone):
         self.mask, self.attn_form, self.impl, self.out_norm = mask, attn_form, impl, out_norm
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0])
-        dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
+        drop_paths = self.drop_path_rates(drop_path_rate)
         self.layers = nn.ModuleList()
         for i in range(self.num_stages):
-            first = sum(self.depths[:i])
             self.layers.append(
                 PPMAStage(
                     embed_dims=self.embed_dims[i],
@@ -149,7 +151,7 @@ class PPMA(StagedBackbone):
                     mask=mask,
                     attn_form=attn_form,
                     impl=impl,
-                    drop_paths=tuple(dpr[first:first + self.depths[i]]),
+                    drop_paths=tuple(drop_paths[i]),
                     layer_scale_init_value=s['layer_scale_init_value'] if s['layer_scales'][i] else None,
                     heads_range=s['heads_ranges'][i],
                     out_channels=self.embed_dims[i + 1] if i < self.num_stages - 1 else None,
@@ -162,7 +164,7 @@ class PPMA(StagedBackbone):
 
     def _release_init(self) -> None:
         """Every Linear trunc_normal(std .02) and bias 0; LayerNorm weight 1, bias 0. Convs, BatchNorms and
-        the decay parameters keep their own initialization (PyTorch default; REFERENCE 1)."""
+        the decay parameters keep their own initialization (PyTorch default; docs/method.md §1)."""
         self._trunc_normal_init()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -172,7 +174,7 @@ class PPMA(StagedBackbone):
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
         """Block b of stage s: 1 + sum(depths[:s]) + b; a stage's Relpos goes with its first block, its
         downsample with its last."""
-        if parts[0] != 'layers' or len(parts) <= 2:
+        if parts[0] != self.stages_name or len(parts) <= 2:
             return None
         stage = int(parts[1])
         first = 1 + sum(self.depths[:stage])
@@ -190,7 +192,6 @@ class RMT(PPMA):
     Same as ``PPMA(mask='rmt')``; takes every PPMA argument but ``mask`` and ``attn_form``.
     Each stage's ``Relpos`` holds the ``angle`` and ``decay`` buffers.
     """
-    default_mask = 'rmt'
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -202,7 +203,8 @@ class RMT(PPMA):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
         super().__init__(
             arch=arch,
             in_channels=in_channels,
@@ -214,4 +216,5 @@ class RMT(PPMA):
             frozen_stages=frozen_stages,
             norm_eval=norm_eval,
             with_cp=with_cp,
-            init_cfg=init_cfg)
+            init_cfg=init_cfg,
+            pretrained=pretrained)

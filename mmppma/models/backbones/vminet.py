@@ -1,43 +1,9 @@
-"""VMINet backbone (Vision Mamba Inspired Separable Self-Attention; REFERENCE 8, seeds/vminet_paper.txt),
-registered once for mmpretrain, mmdet and mmseg.
-
-Image (B, in_channels, H, W) -> stem (3x3 stride-2 ConvBN, 32 channels, ReLU6) -> four stages, each a 3x3
-stride-2 ConvBN downsample then VMI-SA blocks (:class:`~mmppma.models.layers.vminet.VMISABlock`) -> per
-``out_indices`` the stage output, normalized (``outnorm{i}`` / ``norm{i}``) when ``out_norm``, NCHW at
-strides 4..32.
-
-From the release (github.com/yws-wxs/VMINet, ``vminet.py``): the stem, blocks, downsampling, widths
-``base_dim * 2^i``, depths 2-2-18-2 for every size, expansion r and the classifier (BatchNorm2d over the last
-map, global average pool, Linear). Parameter counts with the 1000-class classifier (``out_norm='BN'`` on the
-last stage + Linear): Ti 2,036,938, XS 7,440,370, S 13,347,442, B 28,387,138 (release 2.04/7.44/13.35/28.39 M).
-FLOPs at 224 x 224 (:func:`mmppma.models.utils.count_flops`, mmengine's counter, multiply-add = 1): Ti 0.350,
-XS 1.258, S 2.301, B 4.781 G; the paper says 0.3 / 1.4 / 2.3 / 4.8. S and B agree; XS's 1.4 does not follow
-from the release's XS (XS and S differ only in r, and S agrees), and Ti's 0.3 only by rounding down.
-
-Module names follow the release (``stem.0``, ``stages.{i}.0`` the downsample, ``stages.{i}.{j+1}`` block j), so
-a release classification state dict loads with identity keys, plus ``norm`` -> ``backbone.norm3`` and
-``head`` -> ``head.fc`` for mmpretrain's ImageClassifier (configs/vminet_*_in1k.py).
-
-Two release revisions differ in the block; both are selectable:
-
-* ``proj_norm``: BatchNorm after the output projection ``g`` (revision 6b11d4a, whose counts are the figures
-  above; default) or none (revision 7c2632c: 2,032,426 / 7,431,346 / 13,338,418 / 28,369,090).
-* ``context_mask``: 'tril' (default), the lower-triangular mask matrix of the paper's matrix form (Eq. 10,
-  Table 4: the XS result 78.6 is the mask model, 76.5 without), as revision 7c2632c applies it, or 'none'
-  (revision 6b11d4a's plain learned weighted sum).
-
-Any input size (our choice; the release only runs at 224 x 224): each block's context-vector weights are a
-table fixed to the stage's token grid at ``img_size`` (56/28/14/7 at 224, the release's ``nn.Linear(S*S, 1)``).
-At another size the table is resized bilinearly and scaled by trained / actual token count
-(:class:`~mmppma.models.layers.vminet.TokenWeights`), so odd sizes, 1-pixel-wide late stages and batch 1 work
-and the table is used as trained at the trained size. The 'tril' mask is defined on raster token indices at
-any size.
-
-Dense outputs (our choice; the release publishes no dense-prediction code): a per-output norm, 'LN' (channel
-LayerNorm, eps 1e-6, as mmdet/mmseg's ConvNeXt/Swin) by default or 'BN' (BatchNorm2d, the release's
-classification norm: ``norm3`` is the release's ``norm``).
+"""VMINet backbone (Vision Mamba Inspired Separable Self-Attention; docs/method.md §10), registered once for
+mmpretrain, mmdet and mmseg: a ConvBN stem and four stages of VMI-SA blocks, module names as the release's, any
+input size, NCHW outputs at strides 4..32. Release revisions, figures and our choices: docs/vminet.md.
 """
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -68,6 +34,16 @@ REQUIRED_KEYS = ('embed_dims', 'depths', 'mlp_ratios')
 OPTIONAL_KEYS = ('stem_channels', 'kernel_size')
 DEFAULTS = dict(stem_channels=32, kernel_size=7)
 OUT_NORMS = ('LN', 'BN')
+
+#: The public release's revisions of ``vminet.py`` (github.com/yws-wxs/VMINet) -> the options reproducing each.
+RELEASE_REVISIONS: Dict[str, dict] = {
+    '6b11d4a': dict(context_mask='none', proj_norm=True),  # blocks' ``dwconv``, BatchNorm after ``g``, no mask
+    '7c2632c': dict(context_mask='tril', proj_norm=False),  # blocks' ``conv``, no BatchNorm after ``g``, mask
+}
+#: Where a converted checkpoint records its release revision and options: ``state_dict._metadata[prefix]``
+#: (torch's per-module load metadata, which mmengine's ``load_checkpoint`` keeps) and the checkpoint's ``meta``.
+RELEASE_RECORD = 'mmppma_vminet_release'
+_BLOCK_KEY = re.compile(r'stages\.\d+\.[1-9]\d*\.(conv|dwconv|g)\.(bn\.)?')
 
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
@@ -111,6 +87,9 @@ class VMINet(StagedBackbone):
         init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
             Without one the release init applies at construction (Linear-style context weights trunc_normal
             .02, BatchNorm 1 / 0, ``stack`` 1, convs PyTorch default).
+        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
+            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
+            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
@@ -130,8 +109,9 @@ class VMINet(StagedBackbone):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None) -> None:
-        super().__init__(init_cfg=init_cfg)
+                 init_cfg: Optional[Union[dict, List[dict]]] = None,
+                 pretrained: Optional[str] = None) -> None:
+        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
         check_choice('context_mask', context_mask, CONTEXT_MASKS)
         self.out_norm = self._check_out_norm(out_norm)
         self.arch_settings = resolve_arch(arch)
@@ -143,11 +123,10 @@ class VMINet(StagedBackbone):
 
         stem_channels = s['stem_channels']
         self.stem = nn.Sequential(ConvBN(in_channels, stem_channels, 3, stride=2), nn.ReLU6())
-        dpr = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
+        drop_paths = self.drop_path_rates(drop_path_rate)
         sizes = stage_sizes(self.img_size, self.num_stages)
         self.stages = nn.ModuleList()
         for i in range(self.num_stages):
-            first = sum(self.depths[:i])
             self.stages.append(
                 VMIStage(
                     in_channels=self.embed_dims[i - 1] if i else stem_channels,
@@ -158,7 +137,7 @@ class VMINet(StagedBackbone):
                     context_mask=context_mask,
                     proj_norm=proj_norm,
                     kernel_size=s['kernel_size'],
-                    drop_paths=dpr[first:first + self.depths[i]],
+                    drop_paths=drop_paths[i],
                     with_cp=with_cp))
         if self.out_norm is not None:
             for i in self.out_indices:
@@ -198,10 +177,74 @@ class VMINet(StagedBackbone):
                 outs.append(out)
         return tuple(outs)
 
+    def check_release_record(self, record: Mapping) -> None:
+        """record: a converted release checkpoint's ``RELEASE_RECORD`` (revision, context_mask, proj_norm).
+        Raises ``ValueError`` naming the options to set when they differ from this backbone's."""
+        wrong = [k for k in ('context_mask', 'proj_norm') if k in record and record[k] != getattr(self, k)]
+        if wrong:
+            revision = record.get('revision')
+            need = ', '.join(f'{k}={record[k]!r}' for k in wrong)
+            raise ValueError(f'this VMINet checkpoint was converted from the release revision {revision}, whose '
+                             f'blocks need {need}; this backbone has '
+                             f'{", ".join(f"{k}={getattr(self, k)!r}" for k in wrong)}. Set {need} in '
+                             f'model.backbone (configs/vminet_<arch>_release-{revision}_in1k.py does)')
+
+    def _check_block_keys(self, state_dict: Mapping, prefix: str) -> None:
+        """The block layout visible in the keys: release names (``conv``) and ``g.bn`` against ``proj_norm``."""
+        found = {m.group(1) + ('.bn' if m.group(2) else '') for k in state_dict if k.startswith(prefix)
+                 for m in [_BLOCK_KEY.match(k[len(prefix):])] if m}
+        if 'conv' in found or 'conv.bn' in found:
+            raise ValueError(f'{prefix}stages.*.conv.* keys: an unconverted VMINet release state dict (revision '
+                             f'7c2632c names the blocks\' 7x7 ConvBN conv); convert it with '
+                             f'tools/model_converters/vminet_official_to_mmppma.py')
+        if 'g' not in found:
+            return
+        if self.proj_norm and 'g.bn' not in found:
+            raise ValueError(f'the checkpoint has no {prefix}stages.*.g.bn.* keys (no BatchNorm after g, as the '
+                             f'release revision 7c2632c); this backbone has proj_norm=True. Set proj_norm=False '
+                             f'in model.backbone')
+        if not self.proj_norm and 'g.bn' in found:
+            raise ValueError(f'the checkpoint has {prefix}stages.*.g.bn.* keys (BatchNorm after g); this backbone '
+                             f'has proj_norm=False. Set proj_norm=True in model.backbone')
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        """Before loading: the release record in ``local_metadata`` (kept by mmengine's ``load_checkpoint``
+        and torch's ``load_state_dict``) and the block keys must fit this backbone's options."""
+        record = local_metadata.get(RELEASE_RECORD)
+        if record:
+            self.check_release_record(record)
+        self._check_block_keys(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def init_weights(self) -> None:
+        """Apply ``init_cfg``. A Pretrained checkpoint with a ``prefix`` loses torch's load metadata on mmengine's
+        prefix path, so its release record is read from the file here and checked first."""
+        for cfg in self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]:
+            if isinstance(cfg, Mapping) and cfg.get('type') == 'Pretrained' and cfg.get('prefix'):
+                record = read_release_record(cfg['checkpoint'], cfg['prefix'])
+                if record:
+                    self.check_release_record(record)
+        super().init_weights()
+
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
         """Block b of stage s (``stages.s.{b+1}``): 1 + sum(depths[:s]) + b; a stage's downsample
         (``stages.s.0``) goes with its first block."""
-        if parts[0] != 'stages' or len(parts) <= 2:
+        if parts[0] != self.stages_name or len(parts) <= 2:
             return None
         stage, index = int(parts[1]), int(parts[2])
         return stage, 1 + sum(self.depths[:stage]) + max(index - 1, 0)
+
+
+def read_release_record(filename: str, prefix: str = '') -> Optional[dict]:
+    """The ``RELEASE_RECORD`` of a checkpoint file (its state dict's metadata for ``prefix``, else its
+    ``meta``), or None."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+    checkpoint = _load_checkpoint(filename, map_location='cpu')
+    state = checkpoint.get('state_dict', checkpoint)
+    record = (getattr(state, '_metadata', None) or {}).get(prefix.rstrip('.'), {}).get(RELEASE_RECORD)
+    meta = checkpoint.get('meta')
+    if record is None and isinstance(meta, Mapping):
+        record = meta.get(RELEASE_RECORD)
+    return record

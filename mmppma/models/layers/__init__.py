@@ -1,4 +1,4 @@
-"""nn.Modules of the PPMA family, built on :mod:`mmppma.ops`. No registry code here."""
+"""nn.Modules of the backbone families (PPMA/RMT, MLLA, VMINet), built on :mod:`mmppma.ops`. No registry code here."""
 from .attention import ATTN_FORMS, ATTN_TYPES, MASKS, PolylinePathAttention
 from .block import DropPath, PPMABlock, PPMAStage
 from .conv import ConvDownsample, ConvStem, DWConv2d

@@ -1,4 +1,4 @@
-"""The token mixer of a PPMA/RMT block (``retention`` in the release; REFERENCE 3).
+"""The token mixer of a PPMA/RMT block (``retention`` in the release; docs/method.md §3).
 
 q, k, v, out: Linear(C, C) with bias; k scaled by d^-0.5; 2D-raster RoPE on q and k; LePE (depthwise 5x5
 conv on v) added after attention. The attention itself is one of the ``mmppma.ops`` functions, chosen by
@@ -7,23 +7,24 @@ conv on v) added after attention. The attention itself is one of the ``mmppma.op
 ========== ======================================== =============================================
 mask       whole stages                             criss-cross stages
 ========== ======================================== =============================================
-polyline   ppma_attention(form=release|paper)       criss_cross_attention(order='both')
+polyline   ppma_attention(form=release|paper)       criss_cross_attention(form='release')
 shared     same, one learned decay (la == lb)       same, la == lb
-v2h        ppma_attention(form='v2h')               criss_cross_attention(order='col_row') (V2H)
+v2h        ppma_attention(form='v2h')               criss_cross_attention(form='v2h')
 rmt        manhattan_attention (fixed decay)        rmt_criss_cross_attention (rows, then columns)
-none       softmax(q k^T) v                         criss_cross_attention(0, 0, order='both')
+none       softmax(q k^T) v                         criss_cross_attention(0, 0, form='release')
 ========== ======================================== =============================================
 
-(``Aw(Ah v)`` mixes a key (k, l) down its column to row i, then along row i: the V2H path M of REFERENCE 2.)
+:meth:`PolylinePathAttention.query_maps` returns the mask and the attention weights of given query tokens.
 """
-import contextlib
-from typing import Callable, Iterator, Optional
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmppma.ops import criss_cross_attention, manhattan_attention, ppma_attention, rmt_criss_cross_attention
+from mmppma.ops import (criss_cross_attention, manhattan_attention, polyline_mask, ppma_attention,
+                        rmt_criss_cross_attention)
+from mmppma.utils.checks import check_choice
 
 from .conv import DWConv2d
 from .inplace import records_grad
@@ -35,49 +36,10 @@ MASKS = ('polyline', 'shared', 'v2h', 'none', 'rmt')
 ATTN_FORMS = ('release', 'paper')
 
 
-_COUNTING_FLOPS = False
-
-
-@contextlib.contextmanager
-def whole_attention_as_one_op() -> Iterator[None]:
-    """While active, whole attention runs inside :class:`WholeAttentionForFlops`, so a jit trace (mmengine's
-    FLOP counter) records it as one node however the op computes it internally (blockwise, dense, ...)."""
-    global _COUNTING_FLOPS
-    previous, _COUNTING_FLOPS = _COUNTING_FLOPS, True
-    try:
-        yield
-    finally:
-        _COUNTING_FLOPS = previous
-
-
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]],
-                  torch.Tensor]
-
-
-class WholeAttentionForFlops(torch.autograd.Function):
-    """Forward-only wrapper used by :func:`whole_attention_as_one_op`: traced as
-    ``prim::PythonOp.WholeAttentionForFlops`` with inputs q, k, v (B, heads, H, W, d) first. Every tensor the op
-    reads is an input (a traced closure over tensors breaks the jit tracer)."""
-
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Optional[torch.Tensor],
-                b: Optional[torch.Tensor], attend: Attend) -> torch.Tensor:
-        return attend(q, k, v, a, b)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError('WholeAttentionForFlops is for FLOP counting only (no backward)')
-
-
 def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T) v over all H*W tokens (no mask; k pre-scaled): (B, n, H, W, d) -> (B, n, H, W, d_v)."""
     out = F.scaled_dot_product_attention(q.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), scale=1.0)
     return out.unflatten(2, q.shape[2:4])
-
-
-def check_choice(name: str, value: str, choices: tuple) -> None:
-    if value not in choices:
-        raise ValueError(f'{name}={value!r} is not supported; choose one of {", ".join(map(repr, choices))}')
 
 
 class PolylinePathAttention(nn.Module):
@@ -127,55 +89,98 @@ class PolylinePathAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, pos: PositionTables) -> torch.Tensor:
         b, h, w, c = x.shape
-        q = self.q_proj(x)
-        k = self.k_proj(x)
-        k = k * self.scaling if records_grad(k) else k.mul_(self.scaling)
         v = self.v_proj(x)
         lepe = self.lepe(v)
-
-        sin, cos = pos.sin.to(q.dtype), pos.cos.to(q.dtype)
-        q = apply_rope(self._heads(q), sin, cos)
-        k = apply_rope(self._heads(k), sin, cos)
-        v = self._heads(v)
-        out = self._attend(q, k, v, x, pos)  # (B, n, H, W, d)
+        q, k = self.queries_keys(x, pos)
+        out = self._attend(q, k, self._heads(v), x, pos)  # (B, n, H, W, d)
         out = out.permute(0, 2, 3, 1, 4)  # (B, H, W, n, d)
         if records_grad(lepe) or records_grad(out) or out.dtype != lepe.dtype:
             return self.out_proj(out.reshape(b, h, w, c) + lepe)
         # inference: out + lepe into the conv's output, reading out in its own layout (no copy)
         return self.out_proj(lepe.unflatten(-1, (self.num_heads, self.head_dims)).add_(out).flatten(-2))
 
+    def queries_keys(self, x: torch.Tensor, pos: PositionTables) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The attention's q and k (B, n, H, W, d) for input tokens x (B, H, W, C): projected, k scaled by
+        d^-0.5, both rotated by the RoPE tables ``pos``."""
+        q = self.q_proj(x)
+        k = self.k_proj(x)
+        k = k * self.scaling if records_grad(k) else k.mul_(self.scaling)
+        sin, cos = pos.sin.to(q.dtype), pos.cos.to(q.dtype)
+        return apply_rope(self._heads(q), sin, cos), apply_rope(self._heads(k), sin, cos)
+
+    def _decays(self, x: torch.Tensor, pos: PositionTables) -> Tuple[torch.Tensor, ...]:
+        """What the mask reads: (la, lb) (B, n, H, W) learned from x, (log_decay,) (n,) for 'rmt', () for 'none'."""
+        if self.path_embed is not None:
+            return self.path_embed(x)
+        return (pos.log_decay, ) if self.mask == 'rmt' else ()
+
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
                 pos: PositionTables) -> torch.Tensor:
         """q, k, v (B, n, H, W, d) -> (B, n, H, W, d); decays from the normalized tokens x (B, H, W, C)."""
+        decays = self._decays(x, pos)
+        if self.attn_type == 'whole':
+            return self.whole_attention(q, k, v, *decays)
         impl = self.impl
-        if self.attn_type == 'criss_cross':
-            if self.path_embed is not None:
-                la, lb = self.path_embed(x)
-                order = 'col_row' if self.mask == 'v2h' else 'both'
-                return criss_cross_attention(q, k, v, la, lb, scale=1.0, order=order, impl=impl)
-            if self.mask == 'rmt':
-                # == criss_cross_attention(q, k, v, g, g, order='row_col') with g the decay broadcast to
-                # (B, n, H, W); this op builds the constant biases once per head instead of per position.
-                return rmt_criss_cross_attention(q, k, v, pos.log_decay, scale=1.0, impl=impl)
-            zero = q.new_zeros((), dtype=torch.float32).expand(q.shape[:-1])
-            return criss_cross_attention(q, k, v, zero, zero, scale=1.0, order='both', impl=impl)
+        if self.mask == 'rmt':
+            # == criss_cross_attention(q, k, v, g, g, form='h2v') with g the decay broadcast to
+            # (B, n, H, W); this op builds the constant biases once per head instead of per position.
+            return rmt_criss_cross_attention(q, k, v, *decays, scale=1.0, impl=impl)
+        if not decays:
+            decays = (q.new_zeros((), dtype=torch.float32).expand(q.shape[:-1]), ) * 2
+        form = 'v2h' if self.mask == 'v2h' else 'release'
+        return criss_cross_attention(q, k, v, *decays, scale=1.0, form=form, impl=impl)
 
-        # attend(q, k, v, la, lb): the decays are arguments, not closed over, for WholeAttentionForFlops
-        attend: Attend
-        la = lb = None
+    def whole_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *decays: torch.Tensor) -> torch.Tensor:
+        """This layer's whole (N x N) attention: q, k, v (B, n, H, W, d) -> (B, n, H, W, d), ``decays`` as
+        :meth:`_decays` gives them. Every tensor it reads is an argument, so a FLOP counter can trace it as one
+        node (:func:`mmppma.models.utils.flops.count_flops`)."""
         if self.path_embed is not None:
-            la, lb = self.path_embed(x)
             form = 'v2h' if self.mask == 'v2h' else self.attn_form
-            attend = lambda q, k, v, la, lb: ppma_attention(  # noqa: E731
-                q, k, v, la, lb, scale=1.0, form=form, impl=impl)
-        elif self.mask == 'rmt':
-            la = pos.log_decay
-            attend = lambda q, k, v, g, _: manhattan_attention(q, k, v, g, scale=1.0, impl=impl)  # noqa: E731
-        else:
-            attend = lambda q, k, v, _a, _b: plain_attention(q, k, v)  # noqa: E731
-        if _COUNTING_FLOPS:
-            return WholeAttentionForFlops.apply(q, k, v, la, lb, attend)
-        return attend(q, k, v, la, lb)
+            return ppma_attention(q, k, v, *decays, scale=1.0, form=form, impl=self.impl)
+        if self.mask == 'rmt':
+            return manhattan_attention(q, k, v, *decays, scale=1.0, impl=self.impl)
+        return plain_attention(q, k, v)
+
+    def log_decays(self, x: torch.Tensor, pos: PositionTables) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The mask's log-decays (la, lb) on x's token grid, (B, n, H, W) float32: learned from x, RMT's fixed
+        per-head decay broadcast, or zeros (mask 'none')."""
+        decays = self._decays(x, pos)
+        if len(decays) == 2:
+            return decays
+        b, h, w, _ = x.shape
+        g = decays[0].float() if decays else x.new_zeros(self.num_heads, dtype=torch.float32)
+        g = g.reshape(1, self.num_heads, 1, 1).expand(b, -1, h, w)
+        return g, g
+
+    @torch.no_grad()
+    def query_maps(self, x: torch.Tensor, pos: PositionTables,
+                   queries: Sequence[Tuple[int, int]]) -> Dict[str, torch.Tensor]:
+        """Maps over all keys for the query tokens ``queries`` ((i, j) pairs on x's grid), each
+        (B, n, Q, H, W) float32, for input tokens x (B, H, W, C) and position tables ``pos``:
+
+        * ``'mask'``: the path mask from the query to each key: L2D = exp(M) + exp(M^T) (masks 'polyline',
+          'shared'), exp(M) ('v2h'; 'rmt', whose Manhattan mask is symmetric), ones ('none'); for
+          criss-cross stages the 2D mask of the same decays (their attention reaches it in two steps);
+        * ``'attention'``: the weights this layer's attention gives each key (it is linear in v: applied to
+          one-hot values), exact for every ``attn_type`` and ``mask``;
+        * ``'unmasked'``: softmax(q k^T) over all keys, without a mask.
+        """
+        b, h, w, _ = x.shape
+        for i, j in queries:
+            if not (0 <= i < h and 0 <= j < w):
+                raise ValueError(f'query ({i}, {j}) is outside the {h} x {w} token grid')
+        index = [i * w + j for i, j in queries]
+        q, k = self.queries_keys(x, pos)
+        la, lb = self.log_decays(x, pos)
+        form = '2d' if self.mask in ('polyline', 'shared') else 'v2h'
+        mask = polyline_mask(la, lb, form=form, space='linear', queries=index)
+        qs = q.flatten(2, 3)[:, :, index].float()  # (B, n, Q, d)
+        unmasked = (qs @ k.flatten(2, 3).float().transpose(-1, -2)).softmax(-1)
+        one_hot = torch.eye(h * w, dtype=q.dtype, device=q.device).view(1, 1, h, w, h * w)
+        weights = self._attend(q, k, one_hot.expand(b, self.num_heads, h, w, h * w).contiguous(), x, pos)
+        attention = weights.flatten(2, 3)[:, :, index].float()  # (B, n, Q, N)
+        return {name: t.unflatten(-1, (h, w)) for name, t in
+                (('mask', mask.float()), ('attention', attention), ('unmasked', unmasked))}
 
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, attn_type={self.attn_type!r}, '

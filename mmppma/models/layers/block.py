@@ -1,5 +1,6 @@
-"""One PPMA/RMT block and one stage (REFERENCE 5), channels-last tokens (B, H, W, C)."""
-from typing import Optional, Tuple
+"""One PPMA/RMT block and one stage (docs/method.md §7), channels-last tokens (B, H, W, C); the stochastic depth and
+the (optionally checkpointed) block loop that every family's stages share."""
+from typing import Iterable, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -27,6 +28,17 @@ class DropPath(nn.Module):
 
     def extra_repr(self) -> str:
         return f'drop_prob={self.drop_prob}'
+
+
+def run_blocks(blocks: Iterable[nn.Module], x: torch.Tensor, *args, with_cp: bool = False) -> torch.Tensor:
+    """``x = block(x, *args)`` for each block; with ``with_cp``, while grad mode is on, each block runs under
+    ``torch.utils.checkpoint`` (non-reentrant), recomputing its activations in the backward."""
+    for block in blocks:
+        if with_cp and torch.is_grad_enabled():
+            x = cp.checkpoint(block, x, *args, use_reentrant=False)
+        else:
+            x = block(x, *args)
+    return x
 
 
 class PPMABlock(nn.Module):
@@ -97,10 +109,5 @@ class PPMAStage(nn.Module):
         self.downsample = ConvDownsample(embed_dims, out_channels) if out_channels is not None else None
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        pos = self.Relpos(x.shape[1], x.shape[2])
-        for block in self.blocks:
-            if self.with_cp and torch.is_grad_enabled():
-                x = cp.checkpoint(block, x, pos, use_reentrant=False)
-            else:
-                x = block(x, pos)
+        x = run_blocks(self.blocks, x, self.Relpos(x.shape[1], x.shape[2]), with_cp=self.with_cp)
         return x, (self.downsample(x) if self.downsample is not None else x)

@@ -1,4 +1,4 @@
-"""Convolutional pieces of the PPMA/RMT macro architecture (REFERENCE 5), on channels-last tokens.
+"""Convolutional pieces of the PPMA/RMT macro architecture (docs/method.md §7), on channels-last tokens.
 
 Attribute names (``conv``, ``proj``, ``reduction``, ``norm``) follow the release's checkpoint layout.
 """

@@ -1,4 +1,4 @@
-"""The block's feed-forward network with a depthwise conv inside (REFERENCE 5)."""
+"""The block's feed-forward network with a depthwise conv inside (docs/method.md §7)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -17,11 +17,11 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 
 from mmppma.ops import ppma_linear_attention
+from mmppma.utils.checks import check_choice
 
-from .block import DropPath
+from .block import DropPath, run_blocks
 from .path_embed import PathEmbed
 from .rope import apply_rope
 
@@ -70,7 +70,7 @@ class MLLAAttention(nn.Module):
           out_i = sum_j (q~_i . k~_j) L2D_ij v_j / (sum_j (q_i . k_j) L2D_ij + eps)
 
       With all decays 0 (L2D = 2 everywhere) this is MLLA's attention (up to eps). The per-head, per-token
-      log-decays come from PPMA's :class:`PathEmbed` (``A_log``/``dt_bias`` parametrization, REFERENCE 1) on
+      log-decays come from PPMA's :class:`PathEmbed` (``A_log``/``dt_bias`` parametrization, docs/method.md §1) on
       the attention input x, which is also what q, k, v come from.
 
     ``+ lepe(v)`` (depthwise 3x3) in both. ``impl`` is the ops' implementation for PPMLA.
@@ -79,8 +79,7 @@ class MLLAAttention(nn.Module):
     def __init__(self, embed_dims: int, num_heads: int, attn: str = 'mlla', impl: str = 'auto',
                  eps: float = 1e-6) -> None:
         super().__init__()
-        if attn not in MLLA_ATTNS:
-            raise ValueError(f'attn={attn!r} is not supported; choose one of {", ".join(map(repr, MLLA_ATTNS))}')
+        check_choice('attn', attn, MLLA_ATTNS)
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
         self.embed_dims, self.num_heads, self.head_dims = embed_dims, num_heads, embed_dims // num_heads
@@ -124,7 +123,7 @@ class MLLAAttention(nn.Module):
         mass are two O(N) PPMDA calls (Theorem 3); the numerator's features are the RoPE'd ones, the mass's the
         un-rotated (non-negative) ones, as in MLLA (``normalizer``: the RoPE'd ones can be negative, so their
         masked mass can vanish)."""
-        return ppma_linear_attention(q_rope, k_rope, v, la, lb, normalize=True, eps=self.eps, mask='2d',
+        return ppma_linear_attention(q_rope, k_rope, v, la, lb, normalize=True, eps=self.eps, form='2d',
                                      impl=self.impl, normalizer=(q, k))
 
     def extra_repr(self) -> str:
@@ -282,9 +281,5 @@ class MLLAStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         rope = mlla_rope_tables(x.shape[1], x.shape[2], self.embed_dims, device=x.device)
-        for block in self.blocks:
-            if self.with_cp and torch.is_grad_enabled():
-                x = cp.checkpoint(block, x, rope, use_reentrant=False)
-            else:
-                x = block(x, rope)
+        x = run_blocks(self.blocks, x, rope, with_cp=self.with_cp)
         return x, (self.downsample(x) if self.downsample is not None else x)

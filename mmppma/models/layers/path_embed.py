@@ -1,4 +1,4 @@
-"""The decay-factor projection (``retention.path_embed`` in the release; REFERENCE 1)."""
+"""The decay-factor projection (``retention.path_embed`` in the release; docs/method.md §1)."""
 import math
 from typing import Tuple
 

@@ -1,4 +1,4 @@
-"""2D-raster rotary position embedding (REFERENCE 3) and RMT's fixed per-head decay (REFERENCE 5).
+"""2D-raster rotary position embedding and RMT's fixed per-head decay (docs/method.md §3, 6).
 
 Computed once per stage and handed to every block of the stage: the tables depend on (H, W) only.
 """

@@ -11,9 +11,10 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 
-from .block import DropPath
+from mmppma.utils.checks import check_choice
+
+from .block import DropPath, run_blocks
 
 #: Context-vector masks: 'none' (plain per-token weighted sum) or 'tril' (the release's lower-triangular
 #: mask on the (tokens x channels) matrix: channel c sums only over raster tokens n >= c).
@@ -94,8 +95,7 @@ class VMISABlock(nn.Module):
                  kernel_size: int = 7,
                  drop_path: float = 0.0) -> None:
         super().__init__()
-        if context_mask not in CONTEXT_MASKS:
-            raise ValueError(f'context_mask={context_mask!r}; choose one of {", ".join(map(repr, CONTEXT_MASKS))}')
+        check_choice('context_mask', context_mask, CONTEXT_MASKS)
         hidden = int(mlp_ratio * dim)
         self.context_mask = context_mask
         self.dwconv = ConvBN(dim, dim, kernel_size, groups=dim, with_bn=True)
@@ -159,13 +159,7 @@ class VMIStage(nn.Sequential):
         return list(self)[1:]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self[0](x)
-        for block in list(self)[1:]:
-            if self.with_cp and torch.is_grad_enabled():
-                x = cp.checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-        return x
+        return run_blocks(self.blocks, self[0](x), with_cp=self.with_cp)
 
 
 def stage_sizes(img_size: Sequence[int], num_stages: int) -> list:

@@ -1,9 +1,11 @@
-"""Official PPMA / RMT release checkpoints <-> mmppma checkpoints (REFERENCE 6).
+"""Official PPMA / RMT release checkpoints <-> mmppma checkpoints (docs/method.md §8).
 
 mmppma's backbone uses the release's module names, so the backbone mapping is the identity under a
 ``backbone.`` prefix; the release's top-level head ``proj``, ``norm``, ``head`` become ``head.proj``,
 ``head.norm``, ``head.fc`` (:class:`~mmppma.models.heads.PPMAClsHead`). Every converted key and shape is
 checked against a model built from the detected arch: anything missing, unexpected or mis-shaped raises.
+The release layout converted: zhongchenzhao/PPMA, ``classification/models/{PPMA,RMT}.py`` at commit 088b82d
+(downstream: ``detection/ppma.py`` at d556292, ``segmentation/ppma.py`` at 088b82d).
 """
 import re
 from typing import Dict, List, Mapping, Optional, Tuple, Union

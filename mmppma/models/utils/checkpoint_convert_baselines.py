@@ -7,21 +7,29 @@ under a ``backbone.`` prefix, with these exceptions:
 * MLLA (LeapLabTHU/MLLA): the persistent RoPE tables ``layers.*.blocks.*.attn.rope.rotations`` (fixed
   cos/sin buffers for the 224 x 224 grid) are dropped (mmppma computes RoPE per input size) and regenerated
   by the reverse mapping; the classifier's final ``norm`` is ``backbone.norm{last}`` (LayerNorm).
-* VMINet (yws-wxs/VMINet): the classifier's final ``norm`` is ``backbone.norm{last}`` (BatchNorm2d); a
-  revision-7c2632c checkpoint (block conv named ``conv``, no BatchNorm after ``g``) has its blocks' ``conv.``
-  renamed to ``dwconv.`` and needs ``proj_norm=False``.
+* VMINet (yws-wxs/VMINet): the classifier's final ``norm`` is ``backbone.norm{last}`` (BatchNorm2d). Both
+  revisions of the release's ``vminet.py`` are read, told apart by their keys
+  (:data:`~mmppma.models.backbones.vminet.RELEASE_REVISIONS`): 6b11d4a (blocks' ``dwconv``, ``g.bn``; no
+  context mask) and 7c2632c (``conv``, renamed ``dwconv``; no ``g.bn``; the 'tril' mask). The converted state
+  is checked against ``configs/vminet_<arch>_release-<revision>_in1k.py`` and carries the revision and its
+  options (``RELEASE_RECORD`` in the state dict's load metadata), which the backbone checks on loading.
 * both: the release ``head`` is mmpretrain's ``LinearClsHead`` ``head.fc``.
 
+The release layouts converted: MLLA ``models/mlla.py`` of LeapLabTHU/MLLA at commit 5a17196 (with
+``cfgs/mlla_{t,s,b}.yaml``); VMINet ``vminet.py`` of yws-wxs/VMINet at commits 6b11d4a and 7c2632c.
+
 The converted classification state is checked key by key and shape by shape against the mmpretrain
-ImageClassifier built (on the meta device) from ``configs/{mlla,vminet}_<arch>_8xb128_in1k.py`` or a given
-config; a downstream (``backbone.``-prefixed) state's backbone against the config's backbone with the output
-norms found in the checkpoint. Anything missing, unexpected or mis-shaped raises
-:class:`~.checkpoint_convert.CheckpointMismatchError` listing the keys.
+ImageClassifier built (on the meta device) from the config (default: ``configs/mlla_<arch>_8xb128_in1k.py``,
+``configs/vminet_<arch>_release-<revision>_in1k.py``) or a given one; a downstream (``backbone.``-prefixed)
+state's backbone against the config's backbone with the output norms found in the checkpoint. Anything
+missing, unexpected or mis-shaped raises :class:`~.checkpoint_convert.CheckpointMismatchError` listing the keys.
 """
 import copy
 import functools
+import inspect
 import math
 import re
+from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
 
@@ -29,6 +37,7 @@ import torch
 
 from ..backbones.mlla import MLLA_ARCH_ZOO
 from ..backbones.vminet import ARCH_ZOO as VMINET_ARCH_ZOO
+from ..backbones.vminet import RELEASE_RECORD, RELEASE_REVISIONS, VMINet
 from .checkpoint_convert import CheckpointMismatchError, check_state_against, extract_state_dict
 
 FAMILIES = ('MLLA', 'VMINet')
@@ -121,8 +130,8 @@ def inspect_mlla(backbone: Mapping[str, torch.Tensor]) -> dict:
 
 def inspect_vminet(backbone: Mapping[str, torch.Tensor]) -> dict:
     """The settings visible in a VMINet backbone state dict: embed_dims, depths, mlp_ratios, stem_channels,
-    kernel_size, the release revision's layout (``revision``: '6b11d4a' blocks' ``dwconv`` or '7c2632c'
-    ``conv``), ``proj_norm`` (``g.bn`` present), the stage-0 token table side ``base_size`` and the dense output
+    kernel_size, the name of the blocks' 7x7 ConvBN (``block_conv``: 'dwconv', or 'conv' as the release revision
+    7c2632c), ``proj_norm`` (``g.bn`` present), the stage-0 token table side ``base_size`` and the dense output
     norms (``norm{i}``: 'BN', ``outnorm{i}``: 'LN')."""
     if 'stem.0.conv.weight' not in backbone:
         raise CheckpointMismatchError('not a VMINet backbone: no stem.0.conv.weight; keys start with '
@@ -150,7 +159,7 @@ def inspect_vminet(backbone: Mapping[str, torch.Tensor]) -> dict:
         stem_channels=backbone['stem.0.conv.weight'].shape[0],
         kernel_size=backbone[f'{first}{conv}.conv.weight'].shape[-1] if f'{first}{conv}.conv.weight' in backbone
         else None,
-        revision='7c2632c' if old else '6b11d4a',
+        block_conv=conv,
         proj_norm=any(k.endswith('.g.bn.weight') for k in backbone),
         base_size=math.isqrt(table),
         out_norms=bn or ln,
@@ -176,6 +185,54 @@ def default_config(family: str, arch: str) -> Path:
         raise FileNotFoundError(f'{path} not found (mmppma is not run from a checkout?); pass the classification '
                                 f'config (converter --config)')
     return path
+
+
+def release_config(arch: str, revision: str) -> Path:
+    """``configs/vminet_<arch>_release-<revision>_in1k.py``: the classifier config of a VMINet release revision."""
+    path = CONFIG_DIR / f'vminet_{arch}_release-{revision}_in1k.py'
+    if not path.exists():
+        raise FileNotFoundError(f'{path} not found (mmppma is not run from a checkout?); pass the classification '
+                                f'config (converter --config) with {release_options_text(revision)}')
+    return path
+
+
+def release_options_text(revision: str) -> str:
+    return ', '.join(f'{k}={v!r}' for k, v in RELEASE_REVISIONS[revision].items())
+
+
+def vminet_revision(measured: dict, downstream: bool) -> Optional[str]:
+    """The release revision of a VMINet state dict's block layout (``inspect_vminet``): 7c2632c (``conv``, no
+    ``g.bn``), 6b11d4a (``dwconv``, ``g.bn``; for a classification state), None (a downstream state in
+    mmppma's ``dwconv`` layout: its options are not visible in the keys). Any other mix is an error."""
+    old = measured['block_conv'] == 'conv'
+    if old != (not measured['proj_norm']) and (old or not downstream):
+        raise CheckpointMismatchError(
+            f"VMINet blocks named {'conv' if old else 'dwconv'} {'with' if measured['proj_norm'] else 'without'} "
+            f"g.bn: neither release revision's layout (6b11d4a: dwconv with g.bn; 7c2632c: conv without)")
+    if old:
+        return '7c2632c'
+    return None if downstream else '6b11d4a'
+
+
+def check_config_options(config: Union[str, Path], revision: str) -> None:
+    """The config's backbone must have the revision's options (:data:`RELEASE_REVISIONS`)."""
+    from mmengine.config import Config
+    backbone = Config.fromfile(str(config)).model.backbone
+    defaults = inspect.signature(VMINet.__init__).parameters
+    wrong = {k: v for k, v in RELEASE_REVISIONS[revision].items() if backbone.get(k, defaults[k].default) != v}
+    if wrong:
+        raise CheckpointMismatchError(
+            f'{config}: model.backbone has ' + ', '.join(f'{k}={backbone.get(k, defaults[k].default)!r}' for k in wrong)
+            + f'; the release revision {revision} needs ' + ', '.join(f'{k}={v!r}' for k, v in wrong.items())
+            + ' (configs/vminet_<arch>_release-' + revision + '_in1k.py has them)')
+
+
+def with_release_record(state: Dict[str, torch.Tensor], record: dict) -> 'OrderedDict[str, torch.Tensor]':
+    """``state`` as an OrderedDict whose load metadata (``_metadata``, kept by torch.save / torch.load and by
+    mmengine's ``load_checkpoint``) holds ``record`` for a VMINet at the root and under ``backbone``."""
+    out = OrderedDict(state)
+    out._metadata = OrderedDict((prefix, {RELEASE_RECORD: dict(record)}) for prefix in ('', 'backbone'))
+    return out
 
 
 def build_model_from_config(config: Union[str, Path], backbone_overrides: Optional[dict] = None,
@@ -236,7 +293,13 @@ def release_to_mmppma(state: Mapping[str, torch.Tensor],
     unchecked unless ``backbone_only``. ``backbone_only``: only ``backbone.*`` keys (for
     ``init_cfg=dict(type='Pretrained', prefix='backbone.')``). ``info``: family, arch, config, downstream,
     backbone_overrides (settings the checkpoint needs that differ from the config's defaults), dropped
-    (release buffers with no counterpart), passthrough keys, num_classes, notes.
+    (release buffers with no counterpart), passthrough keys, num_classes, notes, and for VMINet ``revision``
+    and ``release`` (the record: revision, context_mask, proj_norm; None for a downstream state in mmppma's
+    layout).
+
+    VMINet: the default config is the revision's (:func:`release_config`); a given config must have the
+    revision's options (:func:`check_config_options`). The returned state carries the record
+    (:func:`with_release_record`).
     """
     family = check_family(family)
     downstream, backbone, rest = split_state(family, state)
@@ -255,27 +318,28 @@ def release_to_mmppma(state: Mapping[str, torch.Tensor],
             if check and config is None:
                 raise
     last = len(measured['depths']) - 1
-    overrides, notes, dropped = {}, [], []
+    overrides, notes, dropped, revision = {}, [], [], None
     if family == 'MLLA':
         backbone = _map_mlla_backbone(backbone, measured['embed_dims'], dropped)
         if dropped:
             notes.append(f'{len(dropped)} release RoPE buffers (*{ROPE_SUFFIX}) dropped: mmppma computes RoPE per '
                          f'input size')
     else:
-        if measured['revision'] == '7c2632c':
+        revision = vminet_revision(measured, downstream)
+        if measured['block_conv'] == 'conv':
             backbone = {VMINET_OLD_CONV.sub(r'\1dwconv.', k): v for k, v in backbone.items()}
-            notes.append("revision 7c2632c layout: blocks' conv.* renamed dwconv.*; its blocks apply the 'tril' "
-                         "context mask")
-        else:
-            notes.append("revision 6b11d4a layout (g.bn): that revision's blocks use no context mask "
-                         "(context_mask='none' reproduces it); the mask is not visible in the weights")
-        if not measured['proj_norm']:
-            overrides['proj_norm'] = False
+            notes.append("blocks' conv.* renamed dwconv.*")
+        if revision is None:
+            notes.append('a backbone.-prefixed state in mmppma\'s layout: no release revision, its context_mask is '
+                         'not visible in the weights')
+            if not measured['proj_norm']:
+                overrides['proj_norm'] = False
         if measured['base_size'] and measured['base_size'] != 56:
             overrides['img_size'] = measured['base_size'] * 4
+    release = dict(revision=revision, **RELEASE_REVISIONS[revision]) if family == 'VMINet' and revision else None
     info = dict(family=family, arch=arch, downstream=downstream, backbone_overrides=overrides, dropped=dropped,
                 passthrough=[], out_indices=measured['out_norms'], notes=notes,
-                revision=measured.get('revision'))
+                revision=release['revision'] if release else None, release=release)
 
     out = {f'backbone.{k}': v for k, v in backbone.items()}
     head = {}
@@ -288,7 +352,10 @@ def release_to_mmppma(state: Mapping[str, torch.Tensor],
             else:
                 head[k] = v  # not the release's: reported as unexpected by the check
     if check:
-        config = config if config is not None else default_config(family, arch)
+        if config is None:
+            config = release_config(arch, release['revision']) if release else default_config(family, arch)
+        elif release:
+            check_config_options(config, release['revision'])
         info['config'] = str(config)
         if downstream:
             if family == 'MLLA':
@@ -316,14 +383,13 @@ def release_to_mmppma(state: Mapping[str, torch.Tensor],
                     notes.append(f'{num_classes} classes: set model.head.num_classes={num_classes}')
                 check_state_against({**out, **head}, ref, f'{family}-{arch} classifier of {config}')
                 info['num_classes'] = num_classes
-    if backbone_only:
-        return out, info
-    if downstream:
-        info['passthrough'] = sorted(rest)
-        out.update(rest)
-    else:
-        out.update(head)
-    return out, info
+    if not backbone_only:
+        if downstream:
+            info['passthrough'] = sorted(rest)
+            out.update(rest)
+        else:
+            out.update(head)
+    return (with_release_record(out, release) if release else out), info
 
 
 def mlla_rope_rotations(height: int, width: int, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -342,11 +408,12 @@ def mmppma_to_release(state: Mapping[str, torch.Tensor],
                       family: str,
                       downstream: bool = False,
                       img_size: int = 224,
-                      revision: str = '6b11d4a') -> Dict[str, torch.Tensor]:
+                      revision: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """Inverse of :func:`release_to_mmppma` (classification, or downstream with ``downstream=True``).
 
     MLLA: the RoPE buffers are regenerated (:func:`mlla_rope_rotations`) for ``img_size`` (the releases use
-    224). VMINet: ``revision='7c2632c'`` writes that revision's block names (``conv`` for ``dwconv``).
+    224). VMINet: ``revision='7c2632c'`` writes that revision's block names (``conv`` for ``dwconv``); the
+    default is the revision the state records (:func:`with_release_record`), else '6b11d4a'.
     """
     family = check_family(family)
     backbone = {k[len('backbone.'):]: v for k, v in state.items() if k.startswith('backbone.')}
@@ -361,6 +428,9 @@ def mmppma_to_release(state: Mapping[str, torch.Tensor],
                 backbone[f'layers.{s}.blocks.{b}{ROPE_SUFFIX}'] = table
     else:
         stages = _stage_count(backbone, 'stages')
+        if revision is None:
+            record = (getattr(state, '_metadata', None) or {}).get('backbone', {}).get(RELEASE_RECORD)
+            revision = record['revision'] if record else '6b11d4a'
         if revision == '7c2632c':
             backbone = {VMINET_NEW_CONV.sub(r'\1conv.', k): v for k, v in backbone.items()}
         elif revision != '6b11d4a':

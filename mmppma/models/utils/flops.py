@@ -1,17 +1,57 @@
 """FLOP counting with mmengine's jit-trace counter, plus handlers for the attention ops it misses.
 
 mmengine counts ``aten::matmul``/``linear``/conv, but not ``aten::scaled_dot_product_attention`` nor autograd
-Functions (they trace as ``prim::PythonOp.<Name>``). While counting, every whole (N x N) attention runs as one
-traced node (:func:`~mmppma.models.layers.attention.whole_attention_as_one_op`), whatever path the op takes
-inside, and is counted as a dense implementation's two products ``q k^T`` and ``P v`` (one multiply-add = one
-FLOP, mmengine's / fvcore's convention; the release form's two masked softmaxes share one ``P v``, as in the
-paper's 2.71 G for PPMA-T). Criss-cross attention is plain matmuls and is counted as traced.
+Functions (they trace as ``prim::PythonOp.<Name>``). While counting, every whole (N x N) attention of a
+:class:`~mmppma.models.layers.attention.PolylinePathAttention` runs as one traced node
+(:func:`whole_attention_as_one_op`), whatever path the op takes inside, and is counted as a dense
+implementation's two products ``q k^T`` and ``P v`` (one multiply-add = one FLOP, mmengine's / fvcore's
+convention; the release form's two masked softmaxes share one ``P v``, as in the paper's 2.71 G for PPMA-T).
+Criss-cross attention is plain matmuls and is counted as traced.
 """
+import contextlib
+import functools
 from math import prod
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
+
+
+class WholeAttentionForFlops(torch.autograd.Function):
+    """Forward-only wrapper used by :func:`whole_attention_as_one_op`: traced as
+    ``prim::PythonOp.WholeAttentionForFlops`` with inputs q, k, v (B, heads, H, W, d) first, then the decays.
+    Every tensor the attention reads is an input (a traced closure over tensors breaks the jit tracer)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Optional[torch.Tensor],
+                b: Optional[torch.Tensor], attend: Callable[..., torch.Tensor]) -> torch.Tensor:
+        return attend(q, k, v, *(t for t in (a, b) if t is not None))
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError('WholeAttentionForFlops is for FLOP counting only (no backward)')
+
+
+def _as_one_op(whole_attention: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               *decays: torch.Tensor) -> torch.Tensor:
+    a, b = (tuple(decays) + (None, None))[:2]
+    return WholeAttentionForFlops.apply(q, k, v, a, b, whole_attention)
+
+
+@contextlib.contextmanager
+def whole_attention_as_one_op(model: nn.Module) -> Iterator[None]:
+    """While active, the :meth:`~mmppma.models.layers.attention.PolylinePathAttention.whole_attention` of every
+    such layer in ``model`` runs inside :class:`WholeAttentionForFlops`, so a jit trace records it as one node
+    however the op computes it internally (blockwise, dense, ...)."""
+    from ..layers.attention import PolylinePathAttention
+    layers = [m for m in model.modules() if isinstance(m, PolylinePathAttention)]
+    for layer in layers:  # an instance attribute shadows the method
+        layer.whole_attention = functools.partial(_as_one_op, layer.whole_attention)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.whole_attention
 
 
 def attention_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
@@ -45,9 +85,8 @@ def count_flops(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]]) 
     """
     from mmengine.analysis import FlopAnalyzer
 
-    from ..layers.attention import whole_attention_as_one_op
     inputs = inputs if isinstance(inputs, tuple) else (inputs, )
-    with whole_attention_as_one_op(), torch.no_grad():
+    with whole_attention_as_one_op(model), torch.no_grad():
         analyzer = FlopAnalyzer(model, inputs).set_op_handle(**STATIC_HANDLES).unsupported_ops_warnings(False)
         analyzer.uncalled_modules_warnings(False)
         analyzer.total()  # runs the trace

@@ -1,0 +1,5 @@
+# VMINet-B as release revision 7c2632c of yws-wxs/VMINet ('tril' context mask, no BatchNorm after g), for
+# its converted checkpoints (tools/model_converters/vminet_official_to_mmppma.py prints this path).
+_base_ = ['./vminet_b_8xb128_in1k.py']
+
+model = dict(backbone=dict(context_mask='tril', proj_norm=False))

@@ -1,0 +1,5 @@
+# VMINet-Ti as release revision 6b11d4a of yws-wxs/VMINet (no context mask, BatchNorm after g), for its
+# converted checkpoints (tools/model_converters/vminet_official_to_mmppma.py prints this path).
+_base_ = ['./vminet_ti_8xb128_in1k.py']
+
+model = dict(backbone=dict(context_mask='none', proj_norm=True))
