@@ -24,7 +24,8 @@ gives PPMA / RMT per impl and, when ``reference`` is among them, each impl's PPM
 prints images per second as well; ``--amp`` runs under ``torch.autocast`` with that dtype (CUDA for fp16),
 and in inference also prints the error of the outputs against a float32 forward on the same input.
 
-``--rounds R`` measures every run R times, the runs alternating within each round (a load change then hits
+``--clock cpu`` times the steps by the process's CPU time instead of the wall clock (for a loaded machine,
+with ``OMP_NUM_THREADS=1``). ``--rounds R`` measures every run R times, the runs alternating within each round (a load change then hits
 every model alike); the table gives each run's best round and lists the rounds. ``--profile`` adds each
 run's per-op profile (``torch.profiler`` over two steps, top ops by self CPU time) from the last round.
 
@@ -173,10 +174,11 @@ def worker(args: argparse.Namespace) -> dict:
         step()
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
     times = []
+    clock = {'wall': time.perf_counter, 'cpu': time.process_time}[args.clock]
     for _ in range(args.iters):
-        start = time.perf_counter()
+        start = clock()
         step()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     profile = op_profile(step) if args.profile else ''
     amp_error = None
     if amp_dtype is not None and not train and args.task == 'backbone':
@@ -264,6 +266,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--rounds', type=int, default=1,
                         help='measure every run this many times, alternating the runs; report the best round')
     parser.add_argument('--profile', action='store_true', help="print each run's per-op profile (last round)")
+    parser.add_argument('--clock', choices=['wall', 'cpu'], default='wall',
+                        help='time the steps by wall clock, or by the CPU time of the process (all its threads; '
+                        'with OMP_NUM_THREADS=1 a measure that other jobs on the machine barely disturb)')
     parser.add_argument('--release-dir', metavar='DIR',
                         help="also time the release's models from DIR/PPMA.py and DIR/RMT.py (inference)")
     parser.add_argument('--worker', choices=['PPMA', 'RMT'], help=argparse.SUPPRESS)
@@ -292,7 +297,8 @@ def run_worker(args: argparse.Namespace, name: str, impl: str) -> dict:
            '--shape', *map(str, args.shape), '--batch', str(args.batch), '--iters', str(args.iters),
            '--device', args.device, '--task', args.task, '--mode', args.mode]
     cmd += (['--amp', args.amp] if args.amp else []) + ([] if args.stages else ['--no-stages'])
-    cmd += (['--profile'] if args.profile else []) + (['--release-dir', args.release_dir] if impl == RELEASE else [])
+    cmd += ['--clock', args.clock] + (['--profile'] if args.profile else [])
+    cmd += ['--release-dir', args.release_dir] if impl == RELEASE else []
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if out.returncode:
         sys.stderr.write(out.stderr)
@@ -322,7 +328,7 @@ def main(argv=None) -> int:
     what = 'training step' if args.mode == 'train' else 'inference'
     print(f'\n{args.task} ({args.arch}), input {args.batch}x3x{h}x{w}, {what}, device {first["device"]}, '
           f'{first["threads"]} threads, torch {first["torch"]}, amp={args.amp or "off"}, '
-          f'best of {args.rounds} round(s)')
+          f'{args.clock} clock, best of {args.rounds} round(s)')
     print(f'{"model":6s} {"impl":14s} {"median time (s)":>12s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
     for (name, impl), res in results.items():
         shown = impl if res['resolved'] == impl else f'{impl}->{res["resolved"]}'
