@@ -25,8 +25,9 @@ prints images per second as well; ``--amp`` runs under ``torch.autocast`` with t
 and in inference also prints the error of the outputs against a float32 forward on the same input.
 
 ``--clock cpu`` times the steps by the process's CPU time instead of the wall clock (for a loaded machine,
-with ``OMP_NUM_THREADS=1``). ``--rounds R`` measures every run R times, the runs alternating within each round (a load change then hits
-every model alike); the table gives each run's best round and lists the rounds. ``--profile`` adds each
+with ``OMP_NUM_THREADS=1``). ``--rounds R`` measures every run R times, the runs alternating within each
+round (a load change then hits every model alike); the table gives each run's best round and lists the
+rounds. ``--profile`` adds each
 run's per-op profile (``torch.profiler`` over two steps, top ops by self CPU time) from the last round.
 
 ``--release-dir DIR`` also times the official release's models (``zhongchenzhao/PPMA``,
