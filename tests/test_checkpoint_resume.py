@@ -288,6 +288,21 @@ def test_train_py_options(tmp_path):
             train.apply_amp(cfg)
 
 
+def test_test_py_amp_runs_the_test_loop_under_bfloat16_on_cpu():
+    test = load_tool('test')
+    assert test.parse_args(['c.py', 'w.pth', '--amp']).amp and not test.parse_args(['c.py', 'w.pth']).amp
+    cfg = Config(dict(test_cfg=dict()))
+    test.apply_test_amp(cfg)
+    assert cfg.test_cfg == dict(fp16=True)
+    # mmengine's TestLoop(fp16=True) runs each test step under ``autocast(enabled=True)``
+    from mmengine.runner.amp import autocast
+    if not torch.cuda.is_available():
+        with autocast(enabled=cfg.test_cfg['fp16']):
+            assert torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.bfloat16
+    with pytest.raises(SystemExit, match='test_cfg.type'):
+        test.apply_test_amp(Config(dict(test_cfg=dict(type='MyLoop'))))
+
+
 def test_test_py_out_adds_dump_results():
     test = load_tool('test')
     cfg = Config(dict(test_evaluator=dict(type='ToyMSE')))

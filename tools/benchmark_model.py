@@ -4,6 +4,12 @@
     python tools/benchmark_model.py [--arch tiny] [--shape 512 768] [--batch 1] [--iters 3] [--device cpu]
                                     [--impl auto [torch reference ...]] [--models PPMA RMT]
                                     [--task backbone|mask_rcnn] [--mode train|infer] [--amp fp16|bf16]
+                                    [--rounds 1] [--profile] [--release-dir DIR]
+
+The inference table of docs/benchmarks.md (PPMA-T and RMT-T against the release's models)::
+
+    PYTHONPATH=<timm and einops> python tools/benchmark_model.py --mode infer --shape 224 224 --batch 8 \
+        --rounds 3 --release-dir <folder with the release's PPMA.py and RMT.py>
 
 ``--task backbone`` (default) times the backbone alone (out_indices 0-3, release dense layout; the loss is the
 sum of its outputs). ``--task mask_rcnn`` times a whole Mask R-CNN training step from our configs
@@ -15,7 +21,19 @@ gives PPMA / RMT per impl and, when ``reference`` is among them, each impl's PPM
 ``reference`` path (the #5 targets: time ratio and peak-memory share).
 
 ``--mode infer`` times inference (``eval()``, ``torch.inference_mode``) instead of a training step and
-prints images per second as well; ``--amp`` runs under ``torch.autocast`` with that dtype (CUDA for fp16).
+prints images per second as well; ``--amp`` runs under ``torch.autocast`` with that dtype (CUDA for fp16),
+and in inference also prints the error of the outputs against a float32 forward on the same input.
+
+``--clock cpu`` times the steps by the process's CPU time instead of the wall clock (for a loaded machine,
+with ``OMP_NUM_THREADS=1``). ``--rounds R`` measures every run R times, the runs alternating within each
+round (a load change then hits every model alike); the table gives each run's best round and lists the
+rounds. ``--profile`` adds each
+run's per-op profile (``torch.profiler`` over two steps, top ops by self CPU time) from the last round.
+
+``--release-dir DIR`` also times the official release's models (``zhongchenzhao/PPMA``,
+``classification/models/{PPMA,RMT}.py`` placed in DIR, not part of this project; they import timm and
+einops) through their ``forward_features`` (inference of the classification trunk, the stage-4 features
+through the release's projection; ours return all four stage outputs), and prints ours against theirs.
 
 Each (model, impl) runs in its own fresh subprocess, one after the other, so that none sees another's
 allocations or caches. Per run: build the model, make the input, then run the step ``1 + iters`` times.
@@ -39,6 +57,8 @@ import time
 
 IMPLS = ['auto', 'torch', 'triton', 'reference']
 ROOT = osp.join(osp.dirname(osp.abspath(__file__)), '..')
+RELEASE = 'release'  # the impl column of the release's models
+RELEASE_FACTORIES = {'PPMA': 'PPMAViT_', 'RMT': 'RMT_'}  # + T | S | B, in the release's PPMA.py / RMT.py
 
 
 def build_backbone(args, device):
@@ -51,7 +71,24 @@ def build_backbone(args, device):
 
     def loss(train: bool):
         outs = model(x)
-        return sum(o.float().sum() for o in outs) if train else None
+        return sum(o.float().sum() for o in outs) if train else outs
+
+    return model, x, loss
+
+
+def build_release(args, device):
+    """The release's classification model from ``args.release_dir`` (its own file, imported as is), timed
+    through ``forward_features``."""
+    import importlib
+
+    import torch
+    sys.path.insert(0, osp.abspath(args.release_dir))
+    factory = RELEASE_FACTORIES[args.worker] + args.arch[0].upper()
+    model = getattr(importlib.import_module(args.worker), factory)(None).to(device)
+    x = torch.randn(args.batch, 3, *args.shape, device=device)
+
+    def loss(train: bool):
+        return model.forward_features(x).float().sum() if train else model.forward_features(x)
 
     return model, x, loss
 
@@ -110,7 +147,8 @@ def worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     device = torch.device(args.device)
     train = args.mode == 'train'
-    build = {'backbone': build_backbone, 'mask_rcnn': build_mask_rcnn}[args.task]
+    builds = {'backbone': build_backbone, 'mask_rcnn': build_mask_rcnn}
+    build = build_release if args.impl == RELEASE else builds[args.task]
     model, x, loss = build(args, device)
     model.train(train)
     amp_dtype = {None: None, 'fp16': torch.float16, 'bf16': torch.bfloat16}[args.amp]
@@ -137,17 +175,52 @@ def worker(args: argparse.Namespace) -> dict:
         step()
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
     times = []
+    clock = {'wall': time.perf_counter, 'cpu': time.process_time}[args.clock]
     for _ in range(args.iters):
-        start = time.perf_counter()
+        start = clock()
         step()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
+    profile = op_profile(step) if args.profile else ''
+    amp_error = None
+    if amp_dtype is not None and not train and args.task == 'backbone':
+        amp_error = amp_errors(model, loss, amp_dtype)
+    if args.impl == RELEASE:
+        return dict(model=args.worker, impl=RELEASE, resolved=RELEASE, time_s=statistics.median(times),
+                    times_s=times, peak_bytes=peak, stage_s=[], profile=profile, amp_error=amp_error,
+                    threads=torch.get_num_threads(), torch=torch.__version__, device=device_name(device))
     backbone = model if args.task == 'backbone' else model.backbone
     stages = stage_times(backbone, x, device, max(1, args.iters)) if train and args.stages else []
     from mmppma.ops.dispatch import resolve_impl
     resolved = resolve_impl(args.impl, 'ppma_attention', [torch.empty(0, device=device)])
     return dict(model=args.worker, impl=args.impl, resolved=resolved, time_s=statistics.median(times),
-                times_s=times, peak_bytes=peak, stage_s=stages, threads=torch.get_num_threads(),
-                torch=torch.__version__, device=torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu')
+                times_s=times, peak_bytes=peak, stage_s=stages, profile=profile, amp_error=amp_error,
+                threads=torch.get_num_threads(), torch=torch.__version__, device=device_name(device))
+
+
+def amp_errors(model, infer, amp_dtype=None) -> list:
+    """[max |amp - fp32|, ||amp - fp32|| / ||fp32||] over the inference outputs, both runs on the same input."""
+    import torch
+    with torch.inference_mode():
+        with torch.autocast(next(model.parameters()).device.type, dtype=amp_dtype):
+            low = infer(False)
+        full = infer(False)
+    pairs = list(zip(*(o if isinstance(o, (tuple, list)) else (o, ) for o in (low, full))))
+    return [max((a.float() - b).abs().max().item() for a, b in pairs),
+            max(((a.float() - b).norm() / b.norm()).item() for a, b in pairs)]
+
+
+def device_name(device) -> str:
+    import torch
+    return torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'
+
+
+def op_profile(step, rows: int = 15) -> str:
+    """``torch.profiler`` table of two steps: the ``rows`` ops with the most self time."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+        step()
+    return prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=rows, max_name_column_width=40)
 
 
 def stage_times(model, x, device, iters: int) -> list:
@@ -191,20 +264,42 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--amp', choices=['fp16', 'bf16'], help='run under torch.autocast with this dtype')
     parser.add_argument('--no-stages', dest='stages', action='store_false',
                         help='skip the per-stage breakdown of the backbone (train mode)')
+    parser.add_argument('--rounds', type=int, default=1,
+                        help='measure every run this many times, alternating the runs; report the best round')
+    parser.add_argument('--profile', action='store_true', help="print each run's per-op profile (last round)")
+    parser.add_argument('--clock', choices=['wall', 'cpu'], default='wall',
+                        help='time the steps by wall clock, or by the CPU time of the process (all its threads; '
+                        'with OMP_NUM_THREADS=1 a measure that other jobs on the machine barely disturb)')
+    parser.add_argument('--release-dir', metavar='DIR',
+                        help="also time the release's models from DIR/PPMA.py and DIR/RMT.py (inference)")
     parser.add_argument('--worker', choices=['PPMA', 'RMT'], help=argparse.SUPPRESS)
+    parser.add_argument('--worker-impl', choices=IMPLS + [RELEASE], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        args.impl = args.impl[0]
-    elif len(set(args.impl)) != len(args.impl):
+        args.impl = args.worker_impl
+        return args
+    if len(set(args.impl)) != len(args.impl):
         parser.error(f'--impl lists an implementation twice: {args.impl}')
+    if args.rounds < 1:
+        parser.error(f'--rounds must be at least 1; got {args.rounds}')
+    if args.release_dir:
+        if args.mode != 'infer' or args.task != 'backbone':
+            parser.error("--release-dir times the release's forward_features: use it with --mode infer "
+                         '(and --task backbone)')
+        missing = [f'{name}.py' for name in args.models if not osp.isfile(osp.join(args.release_dir, f'{name}.py'))]
+        if missing:
+            parser.error(f'--release-dir {args.release_dir}: no {", ".join(missing)} there; put the release\'s '
+                         'classification/models/PPMA.py and RMT.py in it')
     return args
 
 
 def run_worker(args: argparse.Namespace, name: str, impl: str) -> dict:
-    cmd = [sys.executable, osp.abspath(__file__), '--worker', name, '--impl', impl, '--arch', args.arch,
+    cmd = [sys.executable, osp.abspath(__file__), '--worker', name, '--worker-impl', impl, '--arch', args.arch,
            '--shape', *map(str, args.shape), '--batch', str(args.batch), '--iters', str(args.iters),
            '--device', args.device, '--task', args.task, '--mode', args.mode]
     cmd += (['--amp', args.amp] if args.amp else []) + ([] if args.stages else ['--no-stages'])
+    cmd += ['--clock', args.clock] + (['--profile'] if args.profile else [])
+    cmd += ['--release-dir', args.release_dir] if impl == RELEASE else []
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if out.returncode:
         sys.stderr.write(out.stderr)
@@ -217,21 +312,34 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-    results = {}
-    for impl in args.impl:
-        for name in args.models:
-            results[name, impl] = res = run_worker(args, name, impl)
-            print(f'{name} impl={impl}: {res["time_s"]:.3f} s, {res["peak_bytes"] / 2**20:.1f} MiB', flush=True)
+    runs = [(name, impl) for impl in args.impl for name in args.models]
+    runs += [(name, RELEASE) for name in args.models] if args.release_dir else []
+    rounds = {run: [] for run in runs}
+    for r in range(args.rounds):
+        for name, impl in runs:
+            res = run_worker(args, name, impl)
+            rounds[name, impl].append(res)
+            print(f'round {r + 1}: {name} impl={impl}: {res["time_s"]:.3f} s, {res["peak_bytes"] / 2**20:.1f} MiB',
+                  flush=True)
+    # each run's best round; its peak memory is the largest of all rounds
+    results = {run: dict(min(rs, key=lambda res: res['time_s']), peak_bytes=max(res['peak_bytes'] for res in rs))
+               for run, rs in rounds.items()}
     first = next(iter(results.values()))
     h, w = args.shape
     what = 'training step' if args.mode == 'train' else 'inference'
     print(f'\n{args.task} ({args.arch}), input {args.batch}x3x{h}x{w}, {what}, device {first["device"]}, '
-          f'{first["threads"]} threads, torch {first["torch"]}, amp={args.amp or "off"}')
+          f'{first["threads"]} threads, torch {first["torch"]}, amp={args.amp or "off"}, '
+          f'{args.clock} clock, best of {args.rounds} round(s)')
     print(f'{"model":6s} {"impl":14s} {"median time (s)":>12s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
     for (name, impl), res in results.items():
         shown = impl if res['resolved'] == impl else f'{impl}->{res["resolved"]}'
         print(f'{name:6s} {shown:14s} {res["time_s"]:12.3f} {args.batch / res["time_s"]:10.1f} '
               f'{res["peak_bytes"] / 2**20:18.1f}')
+        if res['amp_error'] is not None:
+            print(f'    {args.amp} outputs against float32: max abs error {res["amp_error"][0]:.3g}, '
+                  f'relative (norm) error {res["amp_error"][1]:.3g}')
+        if args.rounds > 1:
+            print('    rounds, images/s: ' + ' / '.join(f'{args.batch / r["time_s"]:.1f}' for r in rounds[name, impl]))
         for i, t in enumerate(res['stage_s']):
             print(f'    stage {i + 1}: {t:.3f} s (fwd+bwd of the stage alone)')
     for impl in args.impl:
@@ -246,6 +354,14 @@ def main(argv=None) -> int:
                 p = results['PPMA', impl]
                 print(f'PPMA impl={impl} / impl=reference: time {p["time_s"] / ref["time_s"]:.2f}x, '
                       f'peak memory {p["peak_bytes"] / max(ref["peak_bytes"], 1):.2f}x')
+    for impl in args.impl:
+        for name in args.models:
+            for theirs in args.models if args.release_dir else []:
+                ours, rel = results[name, impl], results[theirs, RELEASE]
+                print(f'{name} impl={impl} / release {theirs}: images/s {rel["time_s"] / ours["time_s"]:.2f}x, '
+                      f'peak memory {ours["peak_bytes"] / max(rel["peak_bytes"], 1):.2f}x')
+    for (name, impl), res in results.items() if args.profile else ():
+        print(f'\nper-op profile, {name} impl={impl} (two steps, last round):\n{res["profile"]}')
     return 0
 
 

@@ -1,6 +1,6 @@
 """Evaluate a checkpoint with any OpenMMLab 2.0 config (mmpretrain, mmdet, mmseg or plain mmengine).
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--cfg-options k=v ...]
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--amp] [--cfg-options k=v ...]
     torchrun --nproc_per_node=N tools/test.py CONFIG CHECKPOINT --launcher pytorch
 """
 import argparse
@@ -12,7 +12,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.config import Config  # noqa: E402
 
-from mmppma.utils import (build_runner, check_data, launcher_parser, load_launch_config,  # noqa: E402
+from mmppma.utils import (apply_test_amp, build_runner, check_data, launcher_parser, load_launch_config,  # noqa: E402
                           parse_launcher_args, setup_cpu_distributed)
 
 
@@ -21,6 +21,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              'where logs and metrics go (default: config or ./work_dirs/NAME)')
     parser.add_argument('checkpoint', help='checkpoint file (path or URL)')
     parser.add_argument('--out', help='also dump the raw predictions to this pickle file')
+    parser.add_argument('--amp', action='store_true',
+                        help='evaluate under autocast: bfloat16 on CPU (the faster CPU setting), float16 on CUDA')
     return parse_launcher_args(parser, argv)
 
 
@@ -47,6 +49,8 @@ def main(argv=None) -> None:
     cfg.resume = False
     if args.out is not None:
         add_dump_results(cfg, args.out)
+    if args.amp:
+        apply_test_amp(cfg)
     setup_cpu_distributed(cfg)
     runner = build_runner(cfg)
     runner.test()

@@ -3,13 +3,16 @@
 Layouts: q, k (B, heads, H, W, d); v (B, heads, H, W, d_v); log-decays la, lb (B, heads, H, W), <= 0.
 All scores, biases and softmaxes are float32 (float64 for float64 inputs); outputs take v's dtype.
 
-``reference`` forms the dense N x N mask. The ``torch`` path of whole attention takes one of three branches
+``reference`` forms the dense N x N mask. The ``torch`` path of whole attention takes one of four branches
 (:func:`whole_attention_branch`): ``'dense'`` for the paper form (its mask multiplies the probabilities, so it
-is built densely, as the reference does); ``'autograd'`` up to ``SMALL_ELEMENTS`` score elements (plain
-autograd with the bias broadcast from the O(N^1.5) segment-sum tables; one N x N probability map per path is
-kept for the backward); ``'blockwise'`` above that (blocks of query rows, each block's bias built from the
-tables, only q, k, v and the tables saved; the backward recomputes each block's probabilities and reduces the
-bias gradient back into the tables). The criss-cross torch path works on (W x W) and (H x H) line maps only.
+is built densely, as the reference does); ``'inference'`` when autograd is not recording (blocks of query
+rows, the paths' probabilities summed in place before one product with v, softmax rows padded for the CPU
+kernel); ``'autograd'`` up to ``SMALL_ELEMENTS`` score elements (plain autograd with the bias broadcast from
+the O(N^1.5) segment-sum tables; one N x N probability map per path is kept for the backward); ``'blockwise'``
+above that (blocks of query rows, each block's bias built from the tables, only q, k, v and the tables saved;
+the backward recomputes each block's probabilities and reduces the bias gradient back into the tables). The
+criss-cross torch path works on (W x W) and (H x H) line maps only; without autograd it runs per group of
+heads of one image, the group's maps kept in cache.
 """
 import math
 from typing import List, Sequence, Tuple
@@ -36,6 +39,15 @@ BLOCK_ELEMENTS = 1 << 21
 # up to this many (B * heads * N * N) score elements, whole attention keeps its probabilities for the
 # backward (plain autograd, fastest); above it, the blockwise path recomputes them (memory O(N^1.5))
 SMALL_ELEMENTS = 1 << 22
+# score elements of one group of (image, head) slices on the no-autograd criss-cross path: a group's row and
+# column maps stay in cache from their bias to their last product
+SLICE_ELEMENTS = 1 << 18
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records ops on these tensors; without it the ops take their inference paths (no saved
+    tensors, in-place softmax)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _flatten(t: torch.Tensor) -> torch.Tensor:
@@ -112,10 +124,11 @@ class _BlockTables:
 
 
 def _softmax_(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim, in place where the kernel allows it (CPU: row by row, same index)."""
+    """Softmax over the last dim into ``x`` (CPU: the kernel overwrites each row in place; elsewhere through
+    a temporary)."""
     if x.device.type == 'cpu':
         return torch.ops.aten._softmax.out(x, -1, False, out=x)
-    return x.softmax(-1)
+    return x.copy_(x.softmax(-1))
 
 
 def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -123,6 +136,12 @@ def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     if probs.device.type == 'cpu':
         return torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=probs)
     return torch._softmax_backward_data(grad, probs, -1, probs.dtype)
+
+
+def _padded(n: int, device: torch.device) -> int:
+    """Softmax row length for n scores on the inference paths: CPU softmax kernels run up to several times
+    faster on rows a multiple of 16 long (the padding holds -inf, so the probabilities do not change)."""
+    return -(-n // 16) * 16 if device.type == 'cpu' else n
 
 
 def _rows_per_block(b: int, heads: int, h: int, w: int) -> int:
@@ -159,35 +178,53 @@ def _blocks(b: int, heads: int, h: int, w: int):
         yield r0, r1, slice(r0 * w, r1 * w)
 
 
+def _masked_softmax_blocks(q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...],
+                           pad: bool = False) -> torch.Tensor:
+    """c * sum_p softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'} (one weight c), blockwise over query
+    rows, no autograd: q, k (B, heads, N, d) (q pre-scaled), v (B, heads, N, d_v) -> (B, heads, N, d_v).
+
+    Each block's probabilities are summed over the paths before the one product with v. Block tensors live
+    in buffers reused across blocks and are updated in place. ``pad``: score rows :func:`_padded` (keys
+    padded with zero rows, their scores set to -inf), for the faster softmax.
+    """
+    b, heads, n, _ = q.shape
+    h, w = sb.shape[-1], sa.shape[-1]
+    weight = _common_weight(paths)
+    n_pad = _padded(n, q.device) if pad else n
+    out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
+    tables = _BlockTables(sa, sb, [path for path, _ in paths])
+    step = _rows_per_block(b, heads, h, w)
+    buffers = _BlockBuffers(q, len(paths), b * heads * step * w * n_pad)
+    if n_pad != n:
+        k = torch.cat([k, k.new_zeros(b, heads, n_pad - n, k.shape[-1])], 2)
+    kt = k.transpose(-1, -2)
+    for r0, r1, rows in _blocks(b, heads, h, w):
+        bufs = buffers.get(b, heads, (r1 - r0) * w, n_pad)
+        s = torch.matmul(q[:, :, rows], kt, out=bufs[-1])
+        for idx, (path, _) in enumerate(paths):  # the last path overwrites the scores themselves
+            tables.with_bias(s[..., :n], path, r0, r1, out=bufs[idx][..., :n])
+            bufs[idx][..., n:] = float('-inf')
+            _softmax_(bufs[idx])
+        for p in bufs[:-1]:
+            s.add_(p)
+        out[:, :, rows] = s[..., :n] @ v
+    if weight != 1.0:
+        out.mul_(weight)
+    return out
+
+
 class _MaskedSoftmaxAttention(torch.autograd.Function):
     """c * sum_p softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'} (one weight c), blockwise over query
     rows.
 
-    q is pre-scaled. Saves only q, k, v and the tables; each block's probabilities are recomputed in the
-    backward (one fused softmax per path costs no more than re-reading a saved log-sum-exp). Block tensors
-    live in buffers reused across blocks and are updated in place.
+    q is pre-scaled. The forward is :func:`_masked_softmax_blocks`; it saves only q, k, v and the tables, and
+    each block's probabilities are recomputed in the backward (one fused softmax per path costs no more than
+    re-reading a saved log-sum-exp).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]):
-        b, heads, n, _ = q.shape
-        h, w = sb.shape[-1], sa.shape[-1]
-        weight = _common_weight(paths)
-        out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
-        tables = _BlockTables(sa, sb, [path for path, _ in paths])
-        step = _rows_per_block(b, heads, h, w)
-        buffers = _BlockBuffers(q, len(paths), b * heads * step * w * n)
-        kt = k.transpose(-1, -2)
-        for r0, r1, rows in _blocks(b, heads, h, w):
-            bufs = buffers.get(b, heads, (r1 - r0) * w, n)
-            s = torch.matmul(q[:, :, rows], kt, out=bufs[-1])
-            for idx, (path, _) in enumerate(paths):  # the last path overwrites the scores themselves
-                _softmax_(tables.with_bias(s, path, r0, r1, out=bufs[idx]))
-            for p in bufs[:-1]:
-                s.add_(p)
-            out[:, :, rows] = s @ v
-        if weight != 1.0:
-            out.mul_(weight)
+        out = _masked_softmax_blocks(q, k, v, sa, sb, paths)
         ctx.save_for_backward(q, k, v, sa, sb)
         ctx.paths = paths
         return out
@@ -255,12 +292,16 @@ def _whole_torch_small(q, k, v, sa, sb, paths):
     return out
 
 
-def whole_attention_branch(batch: int, heads: int, height: int, width: int, form: str = 'release') -> str:
+def whole_attention_branch(batch: int, heads: int, height: int, width: int, form: str = 'release',
+                           grad: bool = True) -> str:
     """The branch the ``torch`` path of whole attention (:func:`ppma_attention`, :func:`manhattan_attention`)
-    takes for q (batch, heads, height, width, d): ``'dense'`` (form 'paper'), ``'autograd'`` (at most
-    ``SMALL_ELEMENTS`` = batch * heads * N^2 score elements) or ``'blockwise'``. See the module docstring."""
+    takes for q (batch, heads, height, width, d): ``'dense'`` (form 'paper'), ``'inference'`` (autograd not
+    recording: ``grad=False``), ``'autograd'`` (at most ``SMALL_ELEMENTS`` = batch * heads * N^2 score
+    elements) or ``'blockwise'``. See the module docstring."""
     if form == 'paper':
         return 'dense'
+    if not grad:
+        return 'inference'
     return 'autograd' if batch * heads * (height * width)**2 <= SMALL_ELEMENTS else 'blockwise'
 
 
@@ -271,7 +312,10 @@ def _whole_torch(q, k, v, sa, sb, scale, paths):
     if scale != 1.0:  # the models fold the scale into k
         qf = qf * scale
     sa, sb = sa.to(dtype), sb.to(dtype)
-    if whole_attention_branch(b, heads, h, w) == 'autograd':
+    branch = whole_attention_branch(b, heads, h, w, grad=_needs_grad(qf, kf, vf, sa, sb))
+    if branch == 'inference':
+        out = _masked_softmax_blocks(qf, kf, vf, sa, sb, tuple(paths), pad=True)
+    elif branch == 'autograd':
         out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1), paths)
     else:
         out = _MaskedSoftmaxAttention.apply(qf, kf, vf, sa, sb, tuple(paths))
@@ -433,6 +477,50 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
     return out
 
 
+def _criss_cross_slices(q, k, v, row_bias, col_bias, scale, order):
+    """:func:`_criss_cross_core` without autograd, for a group of heads of one image at a time, so that the
+    group's maps stay in cache from the bias to the last product.
+
+    The maps' rows are :func:`_padded` (keys padded with zero rows): ``row_bias(s, i, n0, n1)`` adds the bias
+    of image i, heads [n0, n1) to row scores s (G, H, W, W_pad) in place, -inf in the padding, and
+    ``col_bias`` likewise to column scores (G, W, H, H_pad). Returns (B, heads, H, W, d_v), a view of a
+    (B, H, W, heads, d_v) tensor (the layers' token layout).
+    """
+    if scale != 1.0:
+        q = q * scale
+    b, heads, h, w, d = q.shape
+    dv = v.shape[-1]
+    out = torch.empty(b, h, w, heads, dv, dtype=v.dtype, device=v.device).permute(0, 3, 1, 2, 4)
+    group = max(1, min(heads, SLICE_ELEMENTS // (h * w * max(h, w))))
+    # the group's keys along rows (G, H, W_pad, d) and along columns (G, W, H_pad, d); padding rows stay 0
+    k_rows = k.new_zeros(group, h, _padded(w, k.device), d)
+    k_cols = k.new_zeros(group, w, _padded(h, k.device), d)
+    for i in range(b):
+        for n0 in range(0, heads, group):
+            n1 = min(heads, n0 + group)
+            qg, vg = q[i, n0:n1], v[i, n0:n1]  # (G, H, W, d)
+            kr, kc = k_rows[:n1 - n0], k_cols[:n1 - n0]
+            kr[:, :, :w] = k[i, n0:n1]
+            kc[:, :, :h] = k[i, n0:n1].transpose(1, 2)
+            rows = _softmax_(row_bias(qg @ kr.transpose(-1, -2), i, n0, n1))[..., :w]  # (G, H, W, W)
+            cols = _softmax_(col_bias(qg.transpose(1, 2) @ kc.transpose(-1, -2), i, n0, n1))[..., :h]  # (G, W, H, H)
+            if order == 'row_col':
+                out[i, n0:n1] = (cols @ (rows @ vg).transpose(1, 2)).transpose(1, 2)
+            elif order == 'col_row':
+                out[i, n0:n1] = rows @ (cols @ vg.transpose(1, 2)).transpose(1, 2)
+            else:  # as _criss_cross_core: Ah [v, Aw v] = [Ah v, Ah Aw v]; 0.5 a + 0.5 b == 0.5 (a + b) exactly
+                both = (cols @ torch.cat([vg, rows @ vg], -1).transpose(1, 2)).transpose(1, 2)
+                out[i, n0:n1] = (rows @ both[..., :dv]).add_(both[..., dv:]).mul_(0.5)
+    return out
+
+
+def _pad_last(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
+    """``t`` with its last dim extended to ``length`` by ``value``."""
+    if t.shape[-1] == length:
+        return t
+    return torch.cat([t, t.new_full((*t.shape[:-1], length - t.shape[-1]), value)], -1)
+
+
 def _criss_cross_reference(q, k, v, la, lb, scale, order):
     """Dense: criss-cross as N x N matrices (row attention A_w and column attention A_h embedded in
     block-sparse N x N form), composed by matrix products."""
@@ -479,6 +567,22 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         return _criss_cross_reference(q, k, v, la, lb, scale, order).to(v.dtype)
     dtype = table_dtype(q, k, v, la, lb)
     ca, cb = decay_tables(la, lb)
+    if not _needs_grad(q, k, v, la, lb):
+        def segment_bias(c):
+            """s[..., t, u] += sign[t, u] * (c[t] - c[u]) as _SegmentMaskedSoftmax, for padded rows of s: there
+            sign is +1 and c[u] is +inf, so the padding gets -inf."""
+            length = c.shape[-1]
+            padded = _padded(length, c.device)
+            sign = _pad_last(_sign_table(length, dtype, c.device), padded, 1.0)
+            c_keys = _pad_last(c, padded, float('inf'))
+
+            def add(s, i, n0, n1):
+                s.addcmul_(c[i, n0:n1].unsqueeze(-1), sign)
+                return s.addcmul_(c_keys[i, n0:n1].unsqueeze(-2), sign, value=-1.0)
+            return add
+
+        return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), segment_bias(ca),
+                                   segment_bias(cb.transpose(-1, -2)), scale, order).to(v.dtype)
     return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype),
                              lambda s: _SegmentMaskedSoftmax.apply(s, ca),
                              lambda s: _SegmentMaskedSoftmax.apply(s, cb.transpose(-1, -2)), scale,
@@ -507,5 +611,11 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return criss_cross_attention(q, k, v, g, g, scale=scale, form='h2v', impl='reference')
     sa, sb = _manhattan_tables(log_decay, h, w, dtype)
     sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
+    if not _needs_grad(q, k, v, log_decay):
+        def head_bias(table):  # (B|1, heads, 1, L, L) -> -inf in the padding of the rows
+            table = _pad_last(table, _padded(table.shape[-1], table.device), float('-inf'))
+            return lambda s, i, n0, n1: s.add_(table[i if table.shape[0] > 1 else 0, n0:n1])
+        return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), head_bias(sa), head_bias(sb), scale,
+                                   'row_col').to(v.dtype)
     return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype), lambda s: s.add_(sa).softmax(-1),
                              lambda s: s.add_(sb).softmax(-1), scale, 'row_col').to(v.dtype)

@@ -17,7 +17,7 @@ from mmengine.logging import print_log
 
 __all__ = ['register_scope_modules', 'build_runner', 'setup_work_dir', 'setup_cpu_distributed',
            'set_local_rank', 'launcher_parser', 'parse_launcher_args', 'load_launch_config', 'missing_data',
-           'check_data']
+           'check_data', 'apply_test_amp']
 
 # default_scope -> the package that owns it (the scope and package names differ only for mmseg).
 _SCOPE_PACKAGES = {'mmdet': 'mmdet', 'mmseg': 'mmseg', 'mmpretrain': 'mmpretrain', 'mmdet3d': 'mmdet3d'}
@@ -104,6 +104,18 @@ def build_runner(cfg: Config):
         return RUNNERS.build(cfg)
     from mmengine.runner import Runner
     return Runner.from_cfg(cfg)
+
+
+def apply_test_amp(cfg: Config) -> None:
+    """Evaluate under autocast: mmengine's ``TestLoop(fp16=True)``, which runs bfloat16 on CPU (faster there,
+    see docs/benchmarks.md) and float16 on CUDA."""
+    test_cfg = cfg.get('test_cfg') or {}
+    loop = test_cfg.get('type', 'TestLoop')
+    if loop != 'TestLoop':
+        raise SystemExit(f"--amp sets fp16=True on mmengine's TestLoop, but this config's test_cfg.type is "
+                         f"'{loop}'; enable autocast in that loop's config instead.")
+    test_cfg['fp16'] = True
+    cfg.test_cfg = test_cfg
 
 
 def set_local_rank(local_rank: int) -> None:

@@ -302,3 +302,21 @@ def test_autocast_bfloat16(cls):
             assert la.dtype == torch.float32
     sum(o.float().sum() for o in outs).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize('cls', [PPMA, RMT])
+def test_inference_equals_the_recorded_forward(cls):
+    """Without autograd the layers work in place and the ops take their inference paths (sliced criss-cross,
+    summed-probability whole attention, padded softmax rows); with autograd recording they do not. Both give
+    the same outputs, in float64 to rounding, and inference leaves its input unchanged."""
+    torch.manual_seed(0)
+    model = cls(SMALL_ARCH, impl='torch').double().eval()
+    x = torch.randn(2, 3, 72, 40, dtype=torch.float64)
+    want = model(x.clone().requires_grad_())
+    assert all(o.requires_grad for o in want)
+    kept = x.clone()
+    with torch.inference_mode():
+        got = model(x)
+    assert torch.equal(x, kept)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-12, atol=1e-12)

@@ -53,3 +53,59 @@ def test_benchmark_model_mask_rcnn_step(run_python, mmdet_ready):
 def test_benchmark_model_rejects_a_repeated_impl(run_python):
     proc = run_python(['tools/benchmark_model.py', '--impl', 'torch', 'torch'], check=False)
     assert proc.returncode == 2 and 'twice' in proc.stderr
+
+
+STAND_IN = '''import torch
+import torch.nn as nn
+
+
+class _Trunk(nn.Module):
+    """Stand-in for a release model: only its forward_features is timed (some milliseconds of matmuls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, {channels}, 3, 2, 1)
+        self.weight = nn.Parameter(torch.randn(256, 256) / 16)
+
+    def forward_features(self, x):
+        y = self.conv(x).flatten(1)[:, :256].repeat(128, 1)
+        for _ in range(8):
+            y = torch.tanh(y @ self.weight)
+        return y
+
+
+def {factory}T(args):
+    return _Trunk()
+'''
+
+
+@pytest.mark.slow
+def test_benchmark_model_inference_rounds_against_release_models(run_python, tmp_path):
+    """--release-dir loads DIR/PPMA.py and DIR/RMT.py (here stand-ins) and times their forward_features in the
+    same run; the ratios are the quotients of the printed rows, over the best of --rounds; --amp bf16 prints
+    each run's error against float32."""
+    (tmp_path / 'PPMA.py').write_text(STAND_IN.format(channels=8, factory='PPMAViT_'))
+    (tmp_path / 'RMT.py').write_text(STAND_IN.format(channels=4, factory='RMT_'))
+    out = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--shape', '20', '36', '--batch', '2',
+                      '--iters', '1', '--rounds', '2', '--release-dir', str(tmp_path), '--profile', '--amp', 'bf16'],
+                     timeout=600, MMPPMA_IMPL='').stdout
+    rows = _rows(out)
+    assert set(rows) == {(m, i) for m in ('PPMA', 'RMT') for i in ('auto->torch', 'release')}
+    assert 'wall clock, best of 2 round(s)' in out and out.count('round 2:') == 4 and out.count('rounds, images/s:') == 4
+    for ours in ('PPMA', 'RMT'):
+        for theirs in ('PPMA', 'RMT'):
+            m = re.search(rf'{ours} impl=auto / release {theirs}: images/s ([\d.]+)x', out)
+            assert m, out
+            want = rows[theirs, 'release'][0] / rows[ours, 'auto->torch'][0]
+            assert float(m.group(1)) == pytest.approx(want, rel=0.02, abs=0.01)
+    assert out.count('per-op profile,') == 4 and 'aten::' in out
+    errors = re.findall(r'bf16 outputs against float32: max abs error ([\d.e+-]+), relative \(norm\) error ([\d.e+-]+)',
+                        out)
+    assert len(errors) == 4 and all(0 < float(rel) < 0.05 for _, rel in errors), out
+
+
+def test_benchmark_model_release_dir_needs_inference_and_the_files(run_python, tmp_path):
+    proc = run_python(['tools/benchmark_model.py', '--release-dir', str(tmp_path)], check=False)
+    assert proc.returncode == 2 and '--mode infer' in proc.stderr
+    proc = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--release-dir', str(tmp_path)], check=False)
+    assert proc.returncode == 2 and 'PPMA.py' in proc.stderr and 'RMT.py' in proc.stderr

@@ -67,18 +67,25 @@ def test_whole_attention_branch_is_the_one_taken(monkeypatch):
     assert ops.whole_attention_branch(1, 4, 32, 32) == 'autograd'  # 4 * 1024^2 = 2^22
     assert ops.whole_attention_branch(1, 4, 32, 33) == 'blockwise'
     assert ops.whole_attention_branch(1, 1, 1, 1, form='paper') == 'dense'
+    assert ops.whole_attention_branch(1, 4, 32, 33, grad=False) == 'inference'
     calls = []
     blockwise = attention_module._MaskedSoftmaxAttention.apply
     monkeypatch.setattr(attention_module._MaskedSoftmaxAttention, 'apply',
                         lambda *a: calls.append(1) or blockwise(*a))
-    q, k, v = qkv(1, 1, 3, 4, 2)
+    inference = attention_module._masked_softmax_blocks
+    monkeypatch.setattr(attention_module, '_masked_softmax_blocks',
+                        lambda *a, **kw: calls.append(kw.get('pad', False)) or inference(*a, **kw))
+    q, k, v = (t.requires_grad_() for t in qkv(1, 1, 3, 4, 2))
     la, lb = decays(1, 1, 3, 4)
     ops.ppma_attention(q, k, v, la, lb, impl='torch')
     assert calls == []
+    with torch.no_grad():
+        ops.ppma_attention(q, k, v, la, lb, impl='torch')
+    assert calls == [True]  # the inference branch
     monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 143)  # 12^2 = 144 elements
     assert ops.whole_attention_branch(1, 1, 3, 4) == 'blockwise'
     ops.ppma_attention(q, k, v, la, lb, impl='torch')
-    assert calls == [1]
+    assert calls == [True, 1, False]  # the autograd Function, whose forward is the unpadded block loop
 
 
 def _new_and_old():

@@ -101,6 +101,37 @@ def test_per_sample_manhattan_decay():
                                manhattan_attention(q, k, v, gamma, impl='reference'))
 
 
+@pytest.mark.parametrize('slice_elements', [1, 1 << 18])  # criss-cross: one head per group, all heads
+@pytest.mark.parametrize('hw', [(1, 6), (5, 1), (4, 7)])
+def test_inference_and_autograd_paths_match_oracle(hw, slice_elements, monkeypatch):
+    """Without autograd the torch path takes its inference branches (blockwise whole attention, criss-cross
+    per group of heads of one image), with it the autograd ones: both equal the oracle."""
+    monkeypatch.setattr(attention_module, 'SLICE_ELEMENTS', slice_elements)
+    h, w = hw
+    q, k, v = qkv(2, 3, h, w, 4, seed=h + w, dv=5)
+    la, lb = decays(2, 3, h, w, seed=h * w)
+    gamma = torch.tensor([[-0.1, -0.5, -1.3], [-0.7, -0.2, -2.0]], dtype=torch.float64)  # per image and head
+    g = gamma[:, :, None, None].expand(2, 3, h, w)
+    arrays = [t.numpy() for t in (q, k, v)]
+    cases = [(lambda *t: ppma_attention(*t, la, lb, scale=0.5), oracle.apply_per_head(
+        oracle.whole_attention, *arrays, la.numpy(), lb.numpy(), scale=0.5, form='release'))]
+    for form, order in (('release', 'both'), ('h2v', 'row_col'), ('v2h', 'col_row')):
+        cases.append((lambda *t, form=form: criss_cross_attention(*t, la, lb, scale=0.7, form=form),
+                      oracle.apply_per_head(oracle.criss_cross, *arrays, la.numpy(), lb.numpy(), scale=0.7,
+                                            order=order)))
+    cases.append((lambda *t: rmt_criss_cross_attention(*t, gamma, scale=0.5), oracle.apply_per_head(
+        oracle.criss_cross, *arrays, g.numpy(), g.numpy(), scale=0.5, order='row_col')))
+    manhattan = np.stack([np.stack([oracle.manhattan_mask(gamma[b, n].item(), h, w) for n in range(3)])
+                          for b in range(2)])
+    scores = 0.5 * np.einsum('bnid,bnjd->bnij', arrays[0].reshape(2, 3, h * w, 4), arrays[1].reshape(2, 3, h * w, 4))
+    cases.append((lambda *t: manhattan_attention(*t, gamma, scale=0.5),
+                  (oracle.softmax(scores + manhattan) @ arrays[2].reshape(2, 3, h * w, 5)).reshape(2, 3, h, w, 5)))
+    for op, want in cases:
+        with torch.no_grad():
+            np.testing.assert_allclose(op(q, k, v).numpy(), want, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(op(*_leaf(q, k, v)).detach().numpy(), want, rtol=1e-10, atol=1e-12)
+
+
 def dense_masked_linear(q, k, v, la, lb, mask='2d'):
     """((q k^T) * L) v with the oracle's dense L, per batch item and head."""
     def one(q, k, v, la, lb):
@@ -229,6 +260,8 @@ def test_extreme_decays_give_finite_values_and_gradients(op, hw, whole_path):
     out = OPS[op](*leaves)
     out.sum().backward()
     assert torch.isfinite(out).all()
+    with torch.no_grad():  # the inference paths
+        torch.testing.assert_close(OPS[op](q, k, v, la, lb), out.detach())
     for t in leaves:
         assert torch.isfinite(t.grad).all()
     if op == 'whole':  # nothing but the token itself survives such a mask

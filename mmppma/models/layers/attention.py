@@ -27,6 +27,7 @@ from mmppma.ops import (criss_cross_attention, manhattan_attention, polyline_mas
 from mmppma.utils.checks import check_choice
 
 from .conv import DWConv2d
+from .inplace import records_grad
 from .path_embed import PathEmbed
 from .rope import PositionTables, apply_rope
 
@@ -92,14 +93,18 @@ class PolylinePathAttention(nn.Module):
         lepe = self.lepe(v)
         q, k = self.queries_keys(x, pos)
         out = self._attend(q, k, self._heads(v), x, pos)  # (B, n, H, W, d)
-        out = out.permute(0, 2, 3, 1, 4).reshape(b, h, w, c)
-        return self.out_proj(out + lepe)
+        out = out.permute(0, 2, 3, 1, 4)  # (B, H, W, n, d)
+        if records_grad(lepe) or records_grad(out) or out.dtype != lepe.dtype:
+            return self.out_proj(out.reshape(b, h, w, c) + lepe)
+        # inference: out + lepe into the conv's output, reading out in its own layout (no copy)
+        return self.out_proj(lepe.unflatten(-1, (self.num_heads, self.head_dims)).add_(out).flatten(-2))
 
     def queries_keys(self, x: torch.Tensor, pos: PositionTables) -> Tuple[torch.Tensor, torch.Tensor]:
         """The attention's q and k (B, n, H, W, d) for input tokens x (B, H, W, C): projected, k scaled by
         d^-0.5, both rotated by the RoPE tables ``pos``."""
         q = self.q_proj(x)
-        k = self.k_proj(x) * self.scaling
+        k = self.k_proj(x)
+        k = k * self.scaling if records_grad(k) else k.mul_(self.scaling)
         sin, cos = pos.sin.to(q.dtype), pos.cos.to(q.dtype)
         return apply_rope(self._heads(q), sin, cos), apply_rope(self._heads(k), sin, cos)
 

@@ -70,7 +70,7 @@ class PPMABlock(nn.Module):
             self.gamma_2 = nn.Parameter(torch.full((1, 1, 1, embed_dims), float(layer_scale_init_value)))
 
     def forward(self, x: torch.Tensor, pos: PositionTables) -> torch.Tensor:
-        x = x + self.pos(x)
+        x = self.pos(x, add=x)
         attn = self.retention(self.retention_layer_norm(x), pos)
         ffn_in = x + self.drop_path(self.gamma_1 * attn if self.layer_scale else attn)
         ffn = self.ffn(self.final_layer_norm(ffn_in))

@@ -2,8 +2,12 @@
 
 Attribute names (``conv``, ``proj``, ``reduction``, ``norm``) follow the release's checkpoint layout.
 """
+from typing import Optional
+
 import torch
 import torch.nn as nn
+
+from .inplace import add_into
 
 
 class DWConv2d(nn.Module):
@@ -16,8 +20,10 @@ class DWConv2d(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(channels, channels, kernel_size, 1, kernel_size // 2, groups=channels)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    def forward(self, x: torch.Tensor, add: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``conv(x)``, or ``conv(x) + add`` (same shape; in inference summed into the conv's output)."""
+        out = self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        return out if add is None else add_into(out, add)
 
 
 class ConvStem(nn.Module):
@@ -37,11 +43,13 @@ class ConvStem(nn.Module):
             nn.Conv2d(embed_dims, embed_dims, 3, 1, 1), nn.BatchNorm2d(embed_dims))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).permute(0, 2, 3, 1)
+        # contiguous tokens: the blocks' depthwise convs then run channels-last, their adds and norms stride 1
+        return self.proj(x).permute(0, 2, 3, 1).contiguous()
 
 
 class ConvDownsample(nn.Module):
-    """3x3 stride-2 conv (with bias) + BatchNorm: (B, H, W, C_in) -> (B, ceil(H/2), ceil(W/2), C_out)."""
+    """3x3 stride-2 conv (with bias) + BatchNorm: (B, H, W, C_in) -> (B, ceil(H/2), ceil(W/2), C_out)
+    contiguous."""
 
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()
@@ -49,4 +57,4 @@ class ConvDownsample(nn.Module):
         self.norm = nn.BatchNorm2d(out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1)
+        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1).contiguous()

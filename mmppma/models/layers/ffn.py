@@ -4,6 +4,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .conv import DWConv2d
+from .inplace import records_grad
 
 
 class ConvFFN(nn.Module):
@@ -17,6 +18,8 @@ class ConvFFN(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.drop(F.gelu(self.fc1(x)))
-        h = h + self.dwconv(h)
+        h = self.fc1(x)
+        # inference: in place, no second hidden-sized tensor (the largest activation of the block)
+        h = self.drop(F.gelu(h) if records_grad(h) else torch.ops.aten.gelu_(h))
+        h = self.dwconv(h, add=h)
         return self.drop(self.fc2(h))

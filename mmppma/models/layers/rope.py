@@ -7,6 +7,8 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 
+from .inplace import records_grad
+
 
 def rope_angles(head_dims: int) -> torch.Tensor:
     """``theta_t = 10000^(-t / (d/2 - 1))`` for t = 0..d/2-1, each repeated for two adjacent channels: (d,)."""
@@ -29,8 +31,17 @@ def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (..., H, W, d) by tables ``sin``, ``cos`` (H, W, d): ``x*cos + rot(x)*sin``."""
-    return x * cos + rotate_every_two(x) * sin
+    """Rotate ``x`` (..., H, W, d) by tables ``sin``, ``cos`` (H, W, d): ``x*cos + rot(x)*sin``.
+
+    In inference ``rot(x)*sin`` is the pair-swapped ``x`` times ``sin`` with its even channels negated, in
+    place (equal bit for bit, three passes over ``x`` instead of five).
+    """
+    if records_grad(x) or not x.dtype == sin.dtype == cos.dtype:
+        return x * cos + rotate_every_two(x) * sin
+    sign = torch.ones(2, dtype=sin.dtype, device=sin.device)
+    sign[0] = -1.0
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return (x * cos).add_(swapped.mul_((sin.unflatten(-1, (-1, 2)) * sign).flatten(-2)))
 
 
 class PositionTables(NamedTuple):
