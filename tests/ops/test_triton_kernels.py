@@ -195,6 +195,28 @@ def test_half_precision_kernels_close_to_float32(dtype, interpreter_bf16_dot):
                       [whole[2], whole[3], whole[4]], {0}, dtype)
 
 
+def test_recorded_launches_are_the_ones_the_ops_run(monkeypatch):
+    """Recording on meta tensors (what the tool compiles) yields the launches a real call makes, constexprs,
+    argument types and config alike: the real call's launches are captured at ``Launch.__call__``."""
+    from mmppma.ops.triton import launch as lp
+    ran = []
+    monkeypatch.setattr(lp.Launch, '__call__', lambda self: ran.append(self))
+    monkeypatch.setattr(lp, 'capability', lambda device: 80)
+    q, k, v = (torch.randn(1, 2, 5, 40, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    la, lb = (-torch.rand(1, 2, 5, 40, device=DEVICE) for _ in range(2))
+    ppma_attention(q, k, v, la, lb, impl='triton').sum().backward()
+    meta = [t.detach().to('meta').requires_grad_() for t in (q, k, v, la, lb)]
+    with lp.recording(80) as forward:
+        out = ppma_attention(*meta, impl='triton')
+    with lp.recording(80) as backward:
+        torch.autograd.grad(out, meta[:3], torch.empty_like(out))
+
+    def describe(launch):
+        return launch.name, launch.grid, launch.signature(), launch.constexprs, launch.config
+
+    assert [describe(x) for x in forward + backward] == [describe(x) for x in ran]
+
+
 # ----------------------------------------------------------------------------------------------- dispatch
 def test_triton_on_cpu_without_interpreter_names_the_alternatives(monkeypatch):
     monkeypatch.setenv('TRITON_INTERPRET', '0')

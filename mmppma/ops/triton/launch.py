@@ -4,13 +4,12 @@
 The tables below were sized with ``tools/check_kernels.py`` (shared memory within each capability's per-block
 limit, no register spills); docs/benchmarks.md lists what they compile to.
 """
+import contextlib
 import dataclasses
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import triton
-
-from ..dispatch import triton_interpreted
 
 #: per-block shared memory limit in bytes, by compute capability (major * 10 + minor)
 SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
@@ -24,7 +23,10 @@ def pow2(x: int, least: int = 16) -> int:
 
 
 def capability(device: torch.device) -> int:
-    """Compute capability as major * 10 + minor of a CUDA device; 0 for the interpreter (CPU tensors)."""
+    """Compute capability as major * 10 + minor of a CUDA device; 0 for the interpreter (CPU tensors); the
+    recorded capability inside :func:`recording`."""
+    if _RECORDING:
+        return _RECORDING[-1][0]
     if device.type != 'cuda':
         return 0
     major, minor = torch.cuda.get_device_capability(device)
@@ -60,11 +62,11 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 4, 2)},
     ('whole_fwd', True, False): {0: Config(64, 32, 8, 2)},
-    ('whole_fwd', True, True): {0: Config(64, 64, 8, 2)},
+    ('whole_fwd', True, True): {0: Config(64, 64, 4, 2)},
     ('whole_bwd', False, False): {0: Config(32, 32, 4, 1)},
     ('whole_bwd', False, True): {0: Config(32, 32, 4, 1)},
     ('whole_bwd', True, False): {0: Config(64, 32, 8, 1)},
-    ('whole_bwd', True, True): {0: Config(64, 64, 8, 1)},
+    ('whole_bwd', True, True): {0: Config(64, 64, 4, 1)},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 4, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 4, 2)},
@@ -117,7 +119,8 @@ class Launch:
             index = (self.kernel.arg_names.index(name), )
             if isinstance(value, torch.Tensor):
                 signature[name] = '*' + _TRITON_DTYPE[value.dtype]
-                attrs[index] = [['tt.divisibility', 16]]
+                if value.storage_offset() * value.element_size() % 16 == 0:  # allocations are 16-byte aligned
+                    attrs[index] = [['tt.divisibility', 16]]
             elif isinstance(value, bool):
                 signature[name] = 'i1'
             elif isinstance(value, int):
@@ -137,10 +140,25 @@ _TRITON_DTYPE = {torch.float32: 'fp32', torch.float16: 'fp16', torch.bfloat16: '
                  torch.int64: 'i64'}
 
 
+_RECORDING: List[Tuple[int, List[Launch]]] = []
+
+
 def run(launches) -> None:
+    """Launch each of ``launches``; inside :func:`recording`, append them to its list instead."""
+    if _RECORDING:
+        _RECORDING[-1][1].extend(launches)
+        return
     for launch in launches:
         launch()
 
 
-def interpreted() -> bool:
-    return triton_interpreted()
+@contextlib.contextmanager
+def recording(cap: int) -> Iterator[List[Launch]]:
+    """Within the block, the ops choose launch parameters for compute capability ``cap`` and record their
+    launches in the yielded list without running them (with ``meta`` tensors the ops run without data)."""
+    launches: List[Launch] = []
+    _RECORDING.append((cap, launches))
+    try:
+        yield launches
+    finally:
+        _RECORDING.pop()

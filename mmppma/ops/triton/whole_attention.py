@@ -18,56 +18,47 @@ import triton
 import triton.language as tl
 
 from . import launch as lp
-from ._tiles import load_tile, online_softmax_step, seg, sign, slice_offset, store_tile
+from ._tiles import load_tile, online_softmax_step, sign, slice_offset, store_tile
 
 
 @triton.jit
-def _corners(ca_ptr, cb_ptr, tile, i_q, j_q, k_r, l_c, first_q, first_k, mask_m, mask_n, W, N,
-             H2V: tl.constexpr, ROWS: tl.constexpr):
-    """Ca and Cb at (query row, key column) for V2H, at (key row, query column) for H2V, as tiles shaped like
-    ``tile``: the block whose rows index the tables spans at most ROWS image rows from ``first_*``."""
-    ta = tl.zeros_like(tile)
-    tb = tl.zeros_like(tile)
-    for r in tl.static_range(ROWS):
-        if H2V:
-            row = first_k + r
-            at = row * W + j_q
+def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V: tl.constexpr, ROWS: tl.constexpr):
+    """Scores plus one path's log-mask for query block ``qb`` and key block ``kb`` (see :func:`_block`).
+
+    V2H: M[p, s] = sgn(j >= l) (Ca[i, j] - Ca[i, l]) + sgn(i >= k) (Cb[i, l] - Cb[k, l]): along the query's row i
+    from column j to l, then along column l from row i to k. H2V: M[s, p], the key's row and the query's column
+    at the corner. The corner entries (Ca, Cb at (query row, key column) for V2H, at (key row, query column) for
+    H2V) come one image row at a time: ROWS rows from the first row of the block that holds them."""
+    ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
+    ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
+    if H2V:
+        sa = sign(l_c[None, :] >= j_q[:, None])
+        sb = sign(k_r[None, :] >= i_q[:, None])
+        x = s + sa * ca_k[None, :] - sb * cb_q[:, None]
+        for r in range(ROWS):
+            at = (first_k + r) * W + j_q
             va = tl.load(ca_ptr + at, mask=mask_m & (at < N), other=0.0)
             vb = tl.load(cb_ptr + at, mask=mask_m & (at < N), other=0.0)
-            hit = (k_r == row)[None, :]
-            ta = tl.where(hit, va[:, None], ta)
-            tb = tl.where(hit, vb[:, None], tb)
-        else:
-            row = first_q + r
-            at = row * W + l_c
+            x = tl.where((k_r == first_k + r)[None, :], x - sa * va[:, None] + sb * vb[:, None], x)
+    else:
+        sa = sign(j_q[:, None] >= l_c[None, :])
+        sb = sign(i_q[:, None] >= k_r[None, :])
+        x = s + sa * ca_q[:, None] - sb * cb_k[None, :]
+        for r in range(ROWS):
+            at = (first_q + r) * W + l_c
             va = tl.load(ca_ptr + at, mask=mask_n & (at < N), other=0.0)
             vb = tl.load(cb_ptr + at, mask=mask_n & (at < N), other=0.0)
-            hit = (i_q == row)[:, None]
-            ta = tl.where(hit, va[None, :], ta)
-            tb = tl.where(hit, vb[None, :], tb)
-    return ta, tb
-
-
-@triton.jit
-def _bias(ca_ptr, cb_ptr, tile, qb, kb, W, N, H2V: tl.constexpr, ROWS: tl.constexpr):
-    """Log-mask tile of one path for query block ``qb`` and key block ``kb`` (see :func:`_block`)."""
-    ca_q, cb_q, i_q, j_q, first_q, mask_m = qb
-    ca_k, cb_k, k_r, l_c, first_k, mask_n = kb
-    ta, tb = _corners(ca_ptr, cb_ptr, tile, i_q, j_q, k_r, l_c, first_q, first_k, mask_m, mask_n, W, N, H2V, ROWS)
-    if H2V:  # M[s, p]: along the key's row k from column l to j, then along column j from row k to i
-        return (seg(ca_k[None, :], ta, l_c[None, :] >= j_q[:, None])
-                + seg(tb, cb_q[:, None], k_r[None, :] >= i_q[:, None]))
-    # M[p, s]: along the query's row i from column j to l, then along column l from row i to k
-    return seg(ca_q[:, None], ta, j_q[:, None] >= l_c[None, :]) + seg(tb, cb_k[None, :], i_q[:, None] >= k_r[None, :])
+            x = tl.where((i_q == first_q + r)[:, None], x - sa * va[None, :] + sb * vb[None, :], x)
+    return x
 
 
 @triton.jit
 def _block(ca_ptr, cb_ptr, start, offs, mask, W):
-    """Table entries, image rows and columns of the block of tokens ``offs`` from ``start``, its first image row,
-    and its mask."""
+    """A block of consecutive tokens ``offs`` from ``start``: (Ca, Cb entries, image rows, columns, first image
+    row, mask, offsets)."""
     ca = tl.load(ca_ptr + offs, mask=mask, other=0.0)
     cb = tl.load(cb_ptr + offs, mask=mask, other=0.0)
-    return ca, cb, offs // W, offs % W, start // W, mask
+    return ca, cb, offs // W, offs % W, start // W, mask, offs
 
 
 @triton.jit
@@ -102,10 +93,10 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
         kb = _block(ca_ptr, cb_ptr, start_n, offs_n, mask_n, W)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         if V2H:
-            x = tl.where(mask_n[None, :], s + _bias(ca_ptr, cb_ptr, s, qb, kb, W, N, False, ROWS_M), float('-inf'))
+            x = tl.where(mask_n[None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, False, ROWS_M), float('-inf'))
             m1, l1, acc1 = online_softmax_step(x, v, m1, l1, acc1, PRECISION)
         if H2V:
-            x = tl.where(mask_n[None, :], s + _bias(ca_ptr, cb_ptr, s, qb, kb, W, N, True, ROWS_N), float('-inf'))
+            x = tl.where(mask_n[None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, True, ROWS_N), float('-inf'))
             m2, l2, acc2 = online_softmax_step(x, v, m2, l2, acc2, PRECISION)
     o_ptr += slice_offset(bh, N, DV)
     lse_ptr += slice_offset(bh, N, 1)
@@ -121,31 +112,78 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
 
 
 @triton.jit
-def _path_grads(s, dp, lse_ptr, delta_ptr, offs_m, ca_ptr, cb_ptr, qb, kb, weight, W, N, H2V: tl.constexpr,
-                ROWS: tl.constexpr):
-    """One path's recomputed probabilities P and score gradients dS = P * (weight dP - delta) on one tile."""
-    mask_m = qb[5]
-    lse = tl.load(lse_ptr + offs_m, mask=mask_m, other=0.0)
-    delta = tl.load(delta_ptr + offs_m, mask=mask_m, other=0.0)
-    x = s + _bias(ca_ptr, cb_ptr, s, qb, kb, W, N, H2V, ROWS)
-    p = tl.where(mask_m[:, None] & kb[5][None, :], tl.exp(x - lse[:, None]), 0.0)
-    return p, p * (weight * dp - delta[:, None])
+def _score_grads(s, dp, lse_ptr, delta_ptr, rows, cols, ca_ptr, cb_ptr, weight, W, N, H2V: tl.constexpr,
+                 ROWS: tl.constexpr, QUERIES_ON_ROWS: tl.constexpr):
+    """One path's recomputed probabilities P and score gradients dS = P * (weight dP - delta) on a tile whose rows
+    are the tokens of block ``rows`` and columns those of ``cols`` (see :func:`_block`); the queries are the rows
+    (dq) or the columns (dk, dv: the tile is transposed). ``H2V`` and ``ROWS`` as :func:`_logits`."""
+    queries = rows if QUERIES_ON_ROWS else cols
+    lse = tl.load(lse_ptr + queries[6], mask=queries[5], other=0.0)
+    delta = tl.load(delta_ptr + queries[6], mask=queries[5], other=0.0)
+    x = _logits(s, ca_ptr, cb_ptr, rows, cols, W, N, H2V, ROWS)
+    valid = rows[5][:, None] & cols[5][None, :]
+    if QUERIES_ON_ROWS:
+        p = tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
+        return p, p * (weight * dp - delta[:, None])
+    p = tl.where(valid, tl.exp(x - lse[None, :]), 0.0)
+    return p, p * (weight * dp - delta[None, :])
 
 
 @triton.jit
-def _bwd_prologue(q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, bh, N, D, DV):
-    """Pointers of slice ``bh`` of every input."""
+def _add_corners(corner_a, corner_b, ds, rows, cols, first, ROWS_OWN: tl.constexpr, BLOCK: tl.constexpr,
+                 COLS: tl.constexpr):
+    """The gradient of M[r, c] = sgn(j_r >= l_c) (Ca[i_r, j_r] - Ca[i_r, l_c]) + sgn(i_r >= k_c) (Cb[i_r, l_c] - ...)
+    at the corners Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column): ``ds`` (BLOCK own tokens, other tokens:
+    image rows x COLS columns) folded over the other tile's rows, then summed per own image row into the
+    (ROWS_OWN, COLS) accumulators. Also returns the own entry's Ca gradient, sum_c sgn(j_r >= l_c) ds."""
+    ge = rows[3][:, None] >= cols[3][None, :]
+    folded = tl.sum(tl.reshape(tl.where(ge, -ds, ds), (BLOCK, ds.shape[1] // COLS, COLS)), 1)
+    corner_a = _add_row_sums(corner_a, folded, rows[2], first, ROWS_OWN)
+    folded = tl.sum(tl.reshape(tl.where(rows[2][:, None] >= cols[2][None, :], ds, -ds),
+                               (BLOCK, ds.shape[1] // COLS, COLS)), 1)
+    corner_b = _add_row_sums(corner_b, folded, rows[2], first, ROWS_OWN)
+    return corner_a, corner_b, tl.sum(tl.where(ge, ds, -ds), 1)
+
+
+@triton.jit
+def _bwd_prologue(q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr, N, D, DV):
+    """Pointers of this program's (batch * head) slice of every input."""
+    bh = tl.program_id(1)
     return (q_ptr + slice_offset(bh, N, D), k_ptr + slice_offset(bh, N, D), v_ptr + slice_offset(bh, N, DV),
-            do_ptr + slice_offset(bh, N, DV), ca_ptr + slice_offset(bh, N, 1), cb_ptr + slice_offset(bh, N, 1))
+            do_ptr + slice_offset(bh, N, DV), ca_ptr + slice_offset(bh, N, 1), cb_ptr + slice_offset(bh, N, 1),
+            lse_ptr + slice_offset(bh, N, 1), delta_ptr + slice_offset(bh, N, 1))
 
 
 @triton.jit
-def _store_corners(ptr, acc, pid, N, W, SLOTS, BLOCK: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Store a block's (ROWS, BLOCK_W) corner sums (image rows ``first + r`` of the block x table columns) into
-    slot ``pid - first_block(row)`` of a (H, SLOTS, W) buffer: each (row, slot) has exactly one owner program,
-    so the host's sum over slots is deterministic."""
+def _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK: tl.constexpr, COLS: tl.constexpr):
+    """A 2D tile of tokens: image rows r0.. (BLOCK // COLS of them) x columns c0..c0+COLS, as :func:`_block`."""
+    rows = r0 + tl.arange(0, BLOCK) // COLS
+    cols = c0 + tl.arange(0, BLOCK) % COLS
+    mask = (rows < H) & (cols < W)
+    offs = rows * W + cols
+    ca = tl.load(ca_ptr + offs, mask=mask, other=0.0)
+    cb = tl.load(cb_ptr + offs, mask=mask, other=0.0)
+    return ca, cb, rows, cols, r0, mask, offs
+
+
+@triton.jit
+def _add_row_sums(acc, x, own_row, first, ROWS: tl.constexpr):
+    """acc (ROWS, COLS) += for each image row ``first + r`` of the own block, the sum of ``x`` (own tokens, COLS)
+    over the block's tokens in that row."""
+    slot = tl.arange(0, ROWS)[:, None]
+    for r in range(ROWS):
+        part = tl.sum(tl.where((own_row == first + r)[:, None], x, 0.0), 0)
+        acc = tl.where(slot == r, acc + part[None, :], acc)
+    return acc
+
+
+@triton.jit
+def _store_corners(ptr, acc, pid, c0, N, W, SLOTS, BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Store a block's (ROWS, COLS) corner sums (image rows ``first + r`` of the block x table columns
+    ``c0 + c``) into slot ``pid - first_block(row)`` of a (H, SLOTS, W) buffer: each (row, slot) has exactly
+    one owner program, so the host's sum over slots is deterministic."""
     rows = (pid * BLOCK) // W + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_W)
+    cols = c0 + tl.arange(0, COLS)
     slot = pid - (rows * W) // BLOCK
     offsets = (rows[:, None] * SLOTS + slot[:, None]) * W + cols[None, :]
     store = (rows * W < tl.minimum((pid + 1) * BLOCK, N))[:, None] & (cols[None, :] < W)
@@ -154,148 +192,109 @@ def _store_corners(ptr, acc, pid, N, W, SLOTS, BLOCK: tl.constexpr, ROWS: tl.con
 
 @triton.jit
 def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                  self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, w1, w2, N, H, W, D, DV, SLOTS,
+                  self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS,
                   V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_W: tl.constexpr, ROWS_M: tl.constexpr,
-                  ROWS_N: tl.constexpr, ROWS_DOT: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per key block: dk, dv, and the decay-table gradients the keys own:
-    V2H, Cb[k_s, l_s] (the key's own entry); H2V, Ca[k_s, l_s] and the corners Ca[k_s, j_p], Cb[k_s, j_p]
-    (key row, query column), summed over the block's keys of each image row."""
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """One program per key block, one path (V2H or H2V) per launch: dk, dv, and the decay-table gradients the
+    keys own: V2H, Cb[k_s, l_s] (the key's own entry); H2V, Ca[k_s, l_s] and the corners Ca[k_s, j_p],
+    Cb[k_s, j_p] (key row, query column), summed over the block's keys of each image row. Tiles are transposed
+    (keys x queries): H2V's M[s, p] is then V2H's form with the key in the query's place. Queries come in tiles
+    of (BLOCK_M // COLS image rows x COLS columns), column chunk by column chunk, so the corners of one chunk
+    are complete when its rows are done."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
-    q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr = _bwd_prologue(q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, bh,
-                                                                N, D, DV)
-    lse_ptr += slice_offset(bh, N, 1)
-    delta_ptr += slice_offset(bh, N, 1)
-    stride_path = slice_offset(tl.num_programs(1), N, 1) if V2H else 0  # the H2V path's lse / delta
+    q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr = _bwd_prologue(
+        q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr, N, D, DV)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    offs_w = tl.arange(0, BLOCK_W)
     mask_n = offs_n < N
     k = load_tile(k_ptr, offs_n, mask_n, offs_d, D)
     v = load_tile(v_ptr, offs_n, mask_n, offs_dv, DV)
     kb = _block(ca_ptr, cb_ptr, pid_n * BLOCK_N, offs_n, mask_n, W)
-    k_r, l_c = kb[2], kb[3]
-    # key block rows one-hot: (BLOCK_N, ROWS_DOT)
-    onehot_k = (k_r[:, None] == kb[4] + tl.arange(0, ROWS_DOT)[None, :]).to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    self_a = tl.zeros([BLOCK_N], tl.float32)  # H2V: Ca at the key
-    self_b = tl.zeros([BLOCK_N], tl.float32)  # V2H: Cb at the key
-    corner_a = tl.zeros([ROWS_DOT, BLOCK_W], tl.float32)
-    corner_b = tl.zeros([ROWS_DOT, BLOCK_W], tl.float32)
-    for start_m in range(0, N, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < N
-        q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
-        do = load_tile(do_ptr, offs_m, mask_m, offs_dv, DV)
-        qb = _block(ca_ptr, cb_ptr, start_m, offs_m, mask_m, W)
-        i_q, j_q = qb[2], qb[3]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        pw = tl.zeros_like(s)
-        ds = tl.zeros_like(s)
-        if V2H:
-            p, d1 = _path_grads(s, dp, lse_ptr, delta_ptr, offs_m, ca_ptr, cb_ptr, qb, kb, w1, W, N, False, ROWS_M)
-            pw += w1 * p
-            ds += d1
-            self_b -= tl.sum(d1 * sign(i_q[:, None] >= k_r[None, :]), 0)
+    self_own = tl.zeros([BLOCK_N], tl.float32)  # V2H: Cb at the key; H2V: Ca at the key
+    corner_ptr = slice_offset(bh, H * SLOTS, W)
+    for c0 in range(0, W, COLS):
+        corner_a = tl.zeros([ROWS_OWN, COLS], tl.float32)
+        corner_b = tl.zeros([ROWS_OWN, COLS], tl.float32)
+        for r0 in range(0, H, BLOCK_M // COLS):
+            qb = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_M, COLS)
+            q = load_tile(q_ptr, qb[6], qb[5], offs_d, D)
+            do = load_tile(do_ptr, qb[6], qb[5], offs_dv, DV)
+            s = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale
+            dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            if V2H:  # M[p, s] on the transposed tile: H2V's form, the query tile's rows at the corners
+                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, kb, qb, ca_ptr, cb_ptr, weight, W, N, True,
+                                     BLOCK_M // COLS, False)
+                self_own -= tl.sum(tl.where(qb[2][None, :] >= kb[2][:, None], ds, -ds), 1)
+            else:
+                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, kb, qb, ca_ptr, cb_ptr, weight, W, N, False,
+                                     ROWS_OWN, False)
+                corner_a, corner_b, own = _add_corners(corner_a, corner_b, ds, kb, qb, kb[4], ROWS_OWN, BLOCK_N,
+                                                       COLS)
+                self_own += own
+            dv += tl.dot((weight * p).to(do.dtype), do, input_precision=PRECISION)
+            dk += tl.dot(ds.to(q.dtype), q, input_precision=PRECISION)
         if H2V:
-            p, d2 = _path_grads(s, dp, lse_ptr + stride_path, delta_ptr + stride_path, offs_m, ca_ptr, cb_ptr,
-                                qb, kb, w2, W, N, True, ROWS_N)
-            pw += w2 * p
-            ds += d2
-            sa = sign(l_c[None, :] >= j_q[:, None])
-            self_a += tl.sum(sa * d2, 0)
-            # Ca[k, l] - Ca[k, j] if l >= j else the reverse: corner (k_s, j_p) gets -sa; Cb corner gets +sb
-            onehot_j = (j_q[:, None] == offs_w[None, :]).to(tl.float32)  # (BLOCK_M, BLOCK_W)
-            per_row = tl.dot(-sa * d2, onehot_k, input_precision='ieee')  # (BLOCK_M, ROWS_DOT)
-            corner_a += tl.dot(tl.trans(per_row), onehot_j, input_precision='ieee')
-            per_row = tl.dot(d2 * sign(k_r[None, :] >= i_q[:, None]), onehot_k, input_precision='ieee')
-            corner_b += tl.dot(tl.trans(per_row), onehot_j, input_precision='ieee')
-        dv += tl.dot(tl.trans(pw.to(do.dtype)), do, input_precision=PRECISION)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+            _store_corners(corner_a_ptr + corner_ptr, corner_a, pid_n, c0, N, W, SLOTS, BLOCK_N, ROWS_OWN, COLS)
+            _store_corners(corner_b_ptr + corner_ptr, corner_b, pid_n, c0, N, W, SLOTS, BLOCK_N, ROWS_OWN, COLS)
     store_tile(dk_ptr + slice_offset(bh, N, D), offs_n, mask_n, offs_d, D, dk * scale)
     store_tile(dv_ptr + slice_offset(bh, N, DV), offs_n, mask_n, offs_dv, DV, dv)
-    if V2H:
-        tl.store(self_b_ptr + slice_offset(bh, N, 1) + offs_n, self_b, mask=mask_n)
-    if H2V:
-        tl.store(self_a_ptr + slice_offset(bh, N, 1) + offs_n, self_a, mask=mask_n)
-        _store_corners(corner_a_ptr + slice_offset(bh, H * SLOTS, W), corner_a, pid_n, N, W, SLOTS, BLOCK_N,
-                       ROWS_DOT, BLOCK_W)
-        _store_corners(corner_b_ptr + slice_offset(bh, H * SLOTS, W), corner_b, pid_n, N, W, SLOTS, BLOCK_N,
-                       ROWS_DOT, BLOCK_W)
+    tl.store((self_b_ptr if V2H else self_a_ptr) + slice_offset(bh, N, 1) + offs_n, self_own, mask=mask_n)
 
 
 @triton.jit
 def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
-                 self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, w1, w2, N, H, W, D, DV, SLOTS,
+                 self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS,
                  V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_W: tl.constexpr, ROWS_M: tl.constexpr,
-                 ROWS_N: tl.constexpr, ROWS_DOT: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per query block: dq, and the decay-table gradients the queries own:
+                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    """One program per query block, one path per launch: dq, and the decay-table gradients the queries own:
     H2V, Cb[i_p, j_p] (the query's own entry); V2H, Ca[i_p, j_p] and the corners Ca[i_p, l_s], Cb[i_p, l_s]
-    (query row, key column), summed over the block's queries of each image row."""
+    (query row, key column), summed over the block's queries of each image row. Keys come in tiles of
+    (BLOCK_N // COLS image rows x COLS columns), column chunk by column chunk."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
-    q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr = _bwd_prologue(q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, bh,
-                                                                N, D, DV)
-    lse_ptr += slice_offset(bh, N, 1)
-    delta_ptr += slice_offset(bh, N, 1)
-    stride_path = slice_offset(tl.num_programs(1), N, 1) if V2H else 0
+    q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr = _bwd_prologue(
+        q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr, N, D, DV)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    offs_w = tl.arange(0, BLOCK_W)
     mask_m = offs_m < N
     q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
     do = load_tile(do_ptr, offs_m, mask_m, offs_dv, DV)
     qb = _block(ca_ptr, cb_ptr, pid_m * BLOCK_M, offs_m, mask_m, W)
-    i_q, j_q = qb[2], qb[3]
-    # query block rows one-hot: (ROWS_DOT, BLOCK_M)
-    onehot_q = (qb[4] + tl.arange(0, ROWS_DOT)[:, None] == i_q[None, :]).to(tl.float32)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    self_a = tl.zeros([BLOCK_M], tl.float32)  # V2H: Ca at the query
-    self_b = tl.zeros([BLOCK_M], tl.float32)  # H2V: Cb at the query
-    corner_a = tl.zeros([ROWS_DOT, BLOCK_W], tl.float32)
-    corner_b = tl.zeros([ROWS_DOT, BLOCK_W], tl.float32)
-    for start_n in range(0, N, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        k = load_tile(k_ptr, offs_n, mask_n, offs_d, D)
-        v = load_tile(v_ptr, offs_n, mask_n, offs_dv, DV)
-        kb = _block(ca_ptr, cb_ptr, start_n, offs_n, mask_n, W)
-        k_r, l_c = kb[2], kb[3]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-        ds = tl.zeros_like(s)
+    self_own = tl.zeros([BLOCK_M], tl.float32)  # V2H: Ca at the query; H2V: Cb at the query
+    corner_ptr = slice_offset(bh, H * SLOTS, W)
+    for c0 in range(0, W, COLS):
+        corner_a = tl.zeros([ROWS_OWN, COLS], tl.float32)
+        corner_b = tl.zeros([ROWS_OWN, COLS], tl.float32)
+        for r0 in range(0, H, BLOCK_N // COLS):
+            kb = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_N, COLS)
+            k = load_tile(k_ptr, kb[6], kb[5], offs_d, D)
+            v = load_tile(v_ptr, kb[6], kb[5], offs_dv, DV)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            if V2H:
+                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, qb, kb, ca_ptr, cb_ptr, weight, W, N, False,
+                                     ROWS_OWN, True)
+                corner_a, corner_b, own = _add_corners(corner_a, corner_b, ds, qb, kb, qb[4], ROWS_OWN, BLOCK_M,
+                                                       COLS)
+                self_own += own
+            else:
+                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, qb, kb, ca_ptr, cb_ptr, weight, W, N, True,
+                                     BLOCK_N // COLS, True)
+                self_own -= tl.sum(tl.where(kb[2][None, :] >= qb[2][:, None], ds, -ds), 1)
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         if V2H:
-            p, d1 = _path_grads(s, dp, lse_ptr, delta_ptr, offs_m, ca_ptr, cb_ptr, qb, kb, w1, W, N, False, ROWS_M)
-            ds += d1
-            sa = sign(j_q[:, None] >= l_c[None, :])
-            self_a += tl.sum(sa * d1, 1)
-            # Ca[i, j] - Ca[i, l] if j >= l else the reverse: corner (i_p, l_s) gets -sa; Cb corner gets +sb
-            onehot_l = (l_c[:, None] == offs_w[None, :]).to(tl.float32)  # (BLOCK_N, BLOCK_W)
-            per_row = tl.dot(onehot_q, -sa * d1, input_precision='ieee')  # (ROWS_DOT, BLOCK_N)
-            corner_a += tl.dot(per_row, onehot_l, input_precision='ieee')
-            per_row = tl.dot(onehot_q, d1 * sign(i_q[:, None] >= k_r[None, :]), input_precision='ieee')
-            corner_b += tl.dot(per_row, onehot_l, input_precision='ieee')
-        if H2V:
-            p, d2 = _path_grads(s, dp, lse_ptr + stride_path, delta_ptr + stride_path, offs_m, ca_ptr, cb_ptr,
-                                qb, kb, w2, W, N, True, ROWS_N)
-            ds += d2
-            self_b -= tl.sum(d2 * sign(k_r[None, :] >= i_q[:, None]), 1)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+            _store_corners(corner_a_ptr + corner_ptr, corner_a, pid_m, c0, N, W, SLOTS, BLOCK_M, ROWS_OWN, COLS)
+            _store_corners(corner_b_ptr + corner_ptr, corner_b, pid_m, c0, N, W, SLOTS, BLOCK_M, ROWS_OWN, COLS)
     store_tile(dq_ptr + slice_offset(bh, N, D), offs_m, mask_m, offs_d, D, dq * scale)
-    if V2H:
-        tl.store(self_a_ptr + slice_offset(bh, N, 1) + offs_m, self_a, mask=mask_m)
-        _store_corners(corner_a_ptr + slice_offset(bh, H * SLOTS, W), corner_a, pid_m, N, W, SLOTS, BLOCK_M,
-                       ROWS_DOT, BLOCK_W)
-        _store_corners(corner_b_ptr + slice_offset(bh, H * SLOTS, W), corner_b, pid_m, N, W, SLOTS, BLOCK_M,
-                       ROWS_DOT, BLOCK_W)
-    if H2V:
-        tl.store(self_b_ptr + slice_offset(bh, N, 1) + offs_m, self_b, mask=mask_m)
+    tl.store((self_a_ptr if V2H else self_b_ptr) + slice_offset(bh, N, 1) + offs_m, self_own, mask=mask_m)
 
 
 def _rows(block: int, h: int, w: int) -> int:
@@ -303,13 +302,8 @@ def _rows(block: int, h: int, w: int) -> int:
     return lp.pow2(min(h, (block - 1) // w + 2), 1)
 
 
-def _tile_constexprs(cfg: lp.Config, h: int, w: int, d: int, dv: int, dtype: torch.dtype) -> dict:
-    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv),
-                ROWS_M=_rows(cfg.block_m, h, w), ROWS_N=_rows(cfg.block_n, h, w), PRECISION=lp.precision(dtype))
-
-
 def forward_launches(q, k, v, ca, cb, scale: float, v2h: bool, h2v: bool, cap: int):
-    """The forward's launches and its outputs (o: (paths, BH, N, dv), lse: (paths, BH, N), float32)."""
+    """The forward's launch and its outputs (o: (paths, BH, N, dv), lse: (paths, BH, N), float32)."""
     bh, n, d = q.shape
     dv = v.shape[-1]
     hh, ww = ca.shape[-2:]
@@ -319,41 +313,44 @@ def forward_launches(q, k, v, ca, cb, scale: float, v2h: bool, h2v: bool, cap: i
     cfg = lp.config('whole_fwd', n, q.dtype, cap)
     launch = lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
                        (q, k, v, ca, cb, o, lse, float(scale), n, ww, d, dv),
-                       dict(V2H=v2h, H2V=h2v, **_tile_constexprs(cfg, hh, ww, d, dv, q.dtype)), cfg)
+                       dict(V2H=v2h, H2V=h2v, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+                            BLOCK_DV=lp.pow2(dv), ROWS_M=_rows(cfg.block_m, hh, ww),
+                            ROWS_N=_rows(cfg.block_n, hh, ww), PRECISION=lp.precision(q.dtype)), cfg)
     return [launch], o, lse
 
 
 def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2v: bool, cap: int):
-    """The backward's launches and the buffers they fill: dq, dk, dv (float32) and the table-gradient parts
-    (each token's own entries ``self_q``, ``self_k``: (2, BH, N); corner slots ``corner_q``, ``corner_k``:
-    (2, BH, H, SLOTS, W); index 0 is Ca, 1 is Cb)."""
+    """The backward's launches, one pair per path, and the buffers they fill: dq, dk, dv per path
+    (paths, BH, N, .) float32, and the table-gradient parts (each token's own entries ``self_q``, ``self_k``:
+    (2, BH, N); corner slots ``corner_k``, ``corner_q``: (2, BH, H, SLOTS, W); index 0 is Ca, 1 is Cb)."""
     bh, n, d = q.shape
     dv = v.shape[-1]
     hh, ww = ca.shape[-2:]
-    paths = o.shape[0]
-    weight = 1.0 / paths
+    paths = [flags for flags, on in (((True, False), v2h), ((False, True), h2v)) if on]
+    weight = 1.0 / len(paths)
     # delta_p = rowsum(dP_p * P_p) = weight * (dout . o_p)
     delta = (weight * (dout.float().unsqueeze(0) * o).sum(-1)).contiguous()
-    dq = torch.empty_like(q, dtype=torch.float32)
-    dk = torch.empty_like(k, dtype=torch.float32)
-    dvv = torch.empty_like(v, dtype=torch.float32)
-    cfg = lp.config('whole_bwd', n, q.dtype, cap)
-    tiles = _tile_constexprs(cfg, hh, ww, d, dv, q.dtype)
     zeros = dict(device=q.device, dtype=torch.float32)
+    dq = torch.empty(len(paths), *q.shape, **zeros)
+    dk = torch.empty(len(paths), *k.shape, **zeros)
+    dvv = torch.empty(len(paths), *v.shape, **zeros)
+    cfg = lp.config('whole_bwd', n, q.dtype, cap)
     self_q, self_k = torch.zeros(2, bh, n, **zeros), torch.zeros(2, bh, n, **zeros)
-    launches, corners = [], []
-    for kernel, block, grads, own in ((_whole_bwd_kv, cfg.block_n, (dk, dvv), self_k),
-                                      (_whole_bwd_q, cfg.block_m, (dq, ), self_q)):
-        slots = (ww - 1) // block + 2  # blocks one image row can touch
-        corner = torch.zeros(2, bh, hh, slots, ww, **zeros)
-        rows_dot = max(16, tiles['ROWS_N' if kernel is _whole_bwd_kv else 'ROWS_M'])
-        launches.append(lp.Launch(
-            kernel, (triton.cdiv(n, block), bh),
-            (q, k, v, ca, cb, dout, lse, delta, *grads, own[0], own[1], corner[0], corner[1], float(scale), weight,
-             weight, n, hh, ww, d, dv, slots),
-            dict(V2H=v2h, H2V=h2v, BLOCK_W=lp.pow2(ww), ROWS_DOT=rows_dot, **tiles), cfg))
-        corners.append(corner)
-    return launches, (dq, dk, dvv, self_q, self_k, *corners)
+    slots = [(ww - 1) // own + 2 for own in (cfg.block_n, cfg.block_m)]  # blocks one image row can touch
+    corner_k, corner_q = (torch.zeros(2, bh, hh, s, ww, **zeros) for s in slots)
+    launches = []
+    for i, (p_v2h, p_h2v) in enumerate(paths):
+        for kernel, own, other, grads, selfs, corner, nslots in (
+                (_whole_bwd_kv, cfg.block_n, cfg.block_m, (dk[i], dvv[i]), self_k, corner_k, slots[0]),
+                (_whole_bwd_q, cfg.block_m, cfg.block_n, (dq[i], ), self_q, corner_q, slots[1])):
+            launches.append(lp.Launch(
+                kernel, (triton.cdiv(n, own), bh),
+                (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0], selfs[1], corner[0], corner[1],
+                 float(scale), weight, n, hh, ww, d, dv, nslots),
+                dict(V2H=p_v2h, H2V=p_h2v, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+                     BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)), ROWS_OWN=_rows(own, hh, ww),
+                     PRECISION=lp.precision(q.dtype)), cfg))
+    return launches, (dq, dk, dvv, self_q, self_k, corner_k, corner_q)
 
 
 class WholeAttentionFunction(torch.autograd.Function):
@@ -379,7 +376,8 @@ class WholeAttentionFunction(torch.autograd.Function):
         lp.run(launches)
         tables = (self_q + self_k).reshape(2, bh, hh, ww) + corner_q.sum(3) + corner_k.sum(3)
         dca, dcb = tables.unbind(0)
-        return dq.to(q.dtype), dk.to(k.dtype), dvv.to(v.dtype), dca, dcb, None, None, None
+        return (dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dvv.sum(0).to(v.dtype), dca, dcb, None, None,
+                None)
 
 
 def whole_attention_triton(q, k, v, ca, cb, scale: float, v2h: bool = True, h2v: bool = True):
