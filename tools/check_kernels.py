@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     print(f'{len(specs)} specializations from {len(shapes)} attention shapes x {len(args.dtype)} dtypes x '
           f'{len(args.arch)} archs; {len(specs) - len(todo)} cached, compiling {len(todo)} with {args.jobs} job(s)',
           flush=True)
-    header = (f'{"kernel":<14} {"arch":>4} {"dtype":<5} {"phase":<5} {"tiles":<24} {"warps":>5} {"stages":>6} '
+    header = (f'{"kernel":<14} {"arch":>4} {"dtype":<5} {"phase":<5} {"tiles":<34} {"warps":>5} {"stages":>6} '
               f'{"shared KB":>9} {"regs":>4} {"spill B":>7} {"sec":>5}  status')
     print(header, flush=True)
     results = {}
@@ -250,15 +250,16 @@ def format_row(spec: dict, result: dict, max_seconds: float) -> str:
     desc = spec['desc']
     c = desc['constexprs']
     tiles = f'{c.get("BLOCK_M")}x{c.get("BLOCK_N")}'
-    extra = [f'{name}={c[name]}' for name in ('BLOCK_W', 'ROWS_M') if name in c]
-    if 'BLOCK_D' in c:
-        extra.append(f'd{c["BLOCK_D"]}')
+    extra = [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN') if name in c]
+    extra += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
+    extra += ['cols' for name in ('COLUMNS', ) if c.get(name)]
+    extra += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     tiles = ' '.join([tiles] + extra)
     if 'error' in result:
-        return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<24} '
+        return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<34} '
                 f'{desc["num_warps"]:>5} {desc["num_stages"]:>6} {"-":>9} {"-":>4} {"-":>7} '
                 f'{result["seconds"]:>5.1f}  {status(spec, result, max_seconds)}')
-    return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<24} '
+    return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<34} '
             f'{desc["num_warps"]:>5} {desc["num_stages"]:>6} {result["shared"] / 1024:>9.1f} '
             f'{result["registers"]:>4} {result["spill"]:>7} {result["seconds"]:>5.1f}  '
             f'{status(spec, result, max_seconds)}{" (cached)" if result.get("cached") else ""}')

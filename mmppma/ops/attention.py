@@ -299,10 +299,11 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     """
     check_choice('form', form, WHOLE_FORMS)
     check_qkv(q, k, v, la, lb)
-    impl = resolve_impl(impl, 'ppma_attention', (q, k, v), TRITON_OPS)
+    requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v), TRITON_OPS)
     if impl == 'triton':
-        from .triton import ppma_attention_triton
-        return ppma_attention_triton(q, k, v, la, lb, scale=scale, form=form)
+        from .triton import fallback_for, ppma_attention_triton
+        return ppma_attention_triton(q, k, v, la, lb, scale=scale, form=form, fallback=fallback_for(
+            requested, lambda: ppma_attention(q, k, v, la, lb, scale, form, impl='torch')))
     if impl == 'reference' or form == 'paper':
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise
         # log-sum-exp trick applies, so its torch path is the dense one
@@ -331,11 +332,12 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
     """
     check_qkv(q, k, v)
     b, heads, h, w, _ = q.shape
-    impl = resolve_impl(impl, 'manhattan_attention', (q, k, v), TRITON_OPS)
+    requested, impl = impl, resolve_impl(impl, 'manhattan_attention', (q, k, v), TRITON_OPS)
     dtype = table_dtype(q, k, v, log_decay)
     if impl == 'triton':
-        from .triton import manhattan_attention_triton
-        return manhattan_attention_triton(q, k, v, log_decay, scale=scale)
+        from .triton import fallback_for, manhattan_attention_triton
+        return manhattan_attention_triton(q, k, v, log_decay, scale=scale, fallback=fallback_for(
+            requested, lambda: manhattan_attention(q, k, v, log_decay, scale, impl='torch')))
     if impl == 'reference':
         m = manhattan_decay_mask(log_decay.to(dtype), h, w)
         m = m if m.dim() == 4 else m.unsqueeze(0)
@@ -446,10 +448,11 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     """
     check_choice('order', order, CRISS_CROSS_ORDERS)
     check_qkv(q, k, v, la, lb)
-    impl = resolve_impl(impl, 'criss_cross_attention', (q, k, v), TRITON_OPS)
+    requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v), TRITON_OPS)
     if impl == 'triton':
-        from .triton import criss_cross_attention_triton
-        return criss_cross_attention_triton(q, k, v, la, lb, scale=scale, order=order)
+        from .triton import criss_cross_attention_triton, fallback_for
+        return criss_cross_attention_triton(q, k, v, la, lb, scale=scale, order=order, fallback=fallback_for(
+            requested, lambda: criss_cross_attention(q, k, v, la, lb, scale, order, impl='torch')))
     if impl == 'reference':
         return _criss_cross_reference(q, k, v, la, lb, scale, order).to(v.dtype)
     dtype = table_dtype(q, k, v, la, lb)
@@ -469,10 +472,11 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_qkv(q, k, v)
     b, heads, h, w, _ = q.shape
     dtype = table_dtype(q, k, v, log_decay)
-    impl = resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v), TRITON_OPS)
+    requested, impl = impl, resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v), TRITON_OPS)
     if impl == 'triton':
-        from .triton import rmt_criss_cross_attention_triton
-        return rmt_criss_cross_attention_triton(q, k, v, log_decay, scale=scale)
+        from .triton import fallback_for, rmt_criss_cross_attention_triton
+        return rmt_criss_cross_attention_triton(q, k, v, log_decay, scale=scale, fallback=fallback_for(
+            requested, lambda: rmt_criss_cross_attention(q, k, v, log_decay, scale, impl='torch')))
     if impl == 'reference':
         g = log_decay.to(dtype)
         g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)

@@ -53,31 +53,30 @@ class Config:
 # The interpreter runs programs one by one: one configuration with small tiles.
 _INTERPRETER = Config(16, 16, 1, 1)
 
-# (kernel family, size class) -> config per dtype class; capability rows override the default where the
-# smaller shared memory of sm_86 / sm_89 needs fewer pipeline stages. Half precision takes 64 x 64 tiles for
-# long sequences (FlashAttention's tile); exact float32 products run on the FMA units, whose operand tiles
-# cost registers, so float32 keeps 32-token key tiles.
+# (family, long sequence, half precision) -> {capability (0: any other): config}. A tile's rows are split over
+# the warps 16 rows each (tensor-core layout), so num_warps = BLOCK_M / 16 and no warp holds a replica. Half
+# precision takes 64 x 64 tiles for sequences of LARGE tokens or more (FlashAttention's tile); exact float32
+# products run on the FMA units, whose operand tiles cost more registers, so float32 keys come 32 at a time.
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
-    # (family, large, half): {capability or 0 for the default: config}
     ('whole_fwd', False, False): {0: Config(32, 32, 4, 2)},
-    ('whole_fwd', False, True): {0: Config(32, 32, 4, 2)},
+    ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('whole_fwd', True, False): {0: Config(64, 32, 8, 2)},
     ('whole_fwd', True, True): {0: Config(64, 64, 4, 2)},
-    ('whole_bwd', False, False): {0: Config(32, 32, 4, 1)},
-    ('whole_bwd', False, True): {0: Config(32, 32, 4, 1)},
-    ('whole_bwd', True, False): {0: Config(64, 32, 8, 1)},
+    ('whole_bwd', False, False): {0: Config(32, 16, 4, 1)},
+    ('whole_bwd', False, True): {0: Config(32, 32, 2, 1)},
+    ('whole_bwd', True, False): {0: Config(64, 16, 8, 1)},
     ('whole_bwd', True, True): {0: Config(64, 64, 4, 1)},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
-    ('line_fwd', False, True): {0: Config(32, 32, 4, 2)},
-    ('line_fwd', True, False): {0: Config(64, 32, 4, 2)},
+    ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
+    ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},
     ('line_fwd', True, True): {0: Config(64, 64, 4, 2)},
-    ('line_bwd', False, False): {0: Config(32, 32, 4, 1)},
-    ('line_bwd', False, True): {0: Config(32, 32, 4, 1)},
-    ('line_bwd', True, False): {0: Config(64, 32, 4, 1)},
+    ('line_bwd', False, False): {0: Config(32, 16, 4, 1)},
+    ('line_bwd', False, True): {0: Config(32, 32, 2, 1)},
+    ('line_bwd', True, False): {0: Config(64, 16, 8, 1)},
     ('line_bwd', True, True): {0: Config(64, 64, 4, 1)},
     ('scan', False, False): {0: Config(32, 32, 4, 2)},
-    ('scan', False, True): {0: Config(32, 32, 4, 2)},
-    ('scan', True, False): {0: Config(64, 32, 4, 2)},
+    ('scan', False, True): {0: Config(32, 32, 2, 2)},
+    ('scan', True, False): {0: Config(64, 32, 8, 2)},
     ('scan', True, True): {0: Config(64, 64, 4, 2)},
 }
 
@@ -103,6 +102,13 @@ class Launch:
     def __call__(self) -> None:
         self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.config.num_warps,
                                num_stages=self.config.num_stages)
+
+    def prepare(self) -> None:
+        """Compile for the current device and load the binary, without launching: raises what a launch would
+        (``OutOfResources`` when the shared memory exceeds the device's, a ``CompilationError``...)."""
+        compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.constexprs,
+                                      num_warps=self.config.num_warps, num_stages=self.config.num_stages)
+        compiled._init_handles()
 
     @property
     def name(self) -> str:

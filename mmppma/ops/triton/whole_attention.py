@@ -22,7 +22,7 @@ from ._tiles import load_tile, online_softmax_step, sign, slice_offset, store_ti
 
 
 @triton.jit
-def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V: tl.constexpr, ROWS: tl.constexpr):
+def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V: tl.constexpr, ROWS):
     """Scores plus one path's log-mask for query block ``qb`` and key block ``kb`` (see :func:`_block`).
 
     V2H: M[p, s] = sgn(j >= l) (Ca[i, j] - Ca[i, l]) + sgn(i >= k) (Cb[i, l] - Cb[k, l]): along the query's row i
@@ -62,10 +62,11 @@ def _block(ca_ptr, cb_ptr, start, offs, mask, W):
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV,
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, ROWS_M, ROWS_N,
                V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ROWS_M: tl.constexpr, ROWS_N: tl.constexpr,
-               PRECISION: tl.constexpr):
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per query block: both paths' online softmax over all key blocks; ROWS_M / ROWS_N bound the
+    image rows of a query / key block."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     q_ptr += slice_offset(bh, N, D)
@@ -112,8 +113,8 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
 
 
 @triton.jit
-def _score_grads(s, dp, lse_ptr, delta_ptr, rows, cols, ca_ptr, cb_ptr, weight, W, N, H2V: tl.constexpr,
-                 ROWS: tl.constexpr, QUERIES_ON_ROWS: tl.constexpr):
+def _score_grads(s, dp, lse_ptr, delta_ptr, rows, cols, ca_ptr, cb_ptr, weight, W, N, H2V: tl.constexpr, ROWS,
+                 QUERIES_ON_ROWS: tl.constexpr):
     """One path's recomputed probabilities P and score gradients dS = P * (weight dP - delta) on a tile whose rows
     are the tokens of block ``rows`` and columns those of ``cols`` (see :func:`_block`); the queries are the rows
     (dq) or the columns (dk, dv: the tile is transposed). ``H2V`` and ``ROWS`` as :func:`_logits`."""
@@ -124,9 +125,11 @@ def _score_grads(s, dp, lse_ptr, delta_ptr, rows, cols, ca_ptr, cb_ptr, weight, 
     valid = rows[5][:, None] & cols[5][None, :]
     if QUERIES_ON_ROWS:
         p = tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
-        return p, p * (weight * dp - delta[:, None])
-    p = tl.where(valid, tl.exp(x - lse[None, :]), 0.0)
-    return p, p * (weight * dp - delta[None, :])
+        ds = p * (weight * dp - delta[:, None])
+    else:
+        p = tl.where(valid, tl.exp(x - lse[None, :]), 0.0)
+        ds = p * (weight * dp - delta[None, :])
+    return p, ds
 
 
 @triton.jit
@@ -312,10 +315,10 @@ def forward_launches(q, k, v, ca, cb, scale: float, v2h: bool, h2v: bool, cap: i
     lse = torch.empty(paths, bh, n, device=q.device, dtype=torch.float32)
     cfg = lp.config('whole_fwd', n, q.dtype, cap)
     launch = lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
-                       (q, k, v, ca, cb, o, lse, float(scale), n, ww, d, dv),
+                       (q, k, v, ca, cb, o, lse, float(scale), n, ww, d, dv, _rows(cfg.block_m, hh, ww),
+                        _rows(cfg.block_n, hh, ww)),
                        dict(V2H=v2h, H2V=h2v, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
-                            BLOCK_DV=lp.pow2(dv), ROWS_M=_rows(cfg.block_m, hh, ww),
-                            ROWS_N=_rows(cfg.block_n, hh, ww), PRECISION=lp.precision(q.dtype)), cfg)
+                            BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg)
     return [launch], o, lse
 
 
