@@ -337,15 +337,15 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
     dq = torch.empty(len(paths), *q.shape, **zeros)
     dk = torch.empty(len(paths), *k.shape, **zeros)
     dvv = torch.empty(len(paths), *v.shape, **zeros)
-    cfg = lp.config('whole_bwd', n, q.dtype, cap)
+    cfg_kv, cfg_q = lp.config('whole_bwd_kv', n, q.dtype, cap), lp.config('whole_bwd_q', n, q.dtype, cap)
     self_q, self_k = torch.zeros(2, bh, n, **zeros), torch.zeros(2, bh, n, **zeros)
-    slots = [(ww - 1) // own + 2 for own in (cfg.block_n, cfg.block_m)]  # blocks one image row can touch
+    slots = [(ww - 1) // own + 2 for own in (cfg_kv.block_n, cfg_q.block_m)]  # blocks one image row can touch
     corner_k, corner_q = (torch.zeros(2, bh, hh, s, ww, **zeros) for s in slots)
     launches = []
     for i, (p_v2h, p_h2v) in enumerate(paths):
-        for kernel, own, other, grads, selfs, corner, nslots in (
-                (_whole_bwd_kv, cfg.block_n, cfg.block_m, (dk[i], dvv[i]), self_k, corner_k, slots[0]),
-                (_whole_bwd_q, cfg.block_m, cfg.block_n, (dq[i], ), self_q, corner_q, slots[1])):
+        for kernel, cfg, own, other, grads, selfs, corner, nslots in (
+                (_whole_bwd_kv, cfg_kv, cfg_kv.block_n, cfg_kv.block_m, (dk[i], dvv[i]), self_k, corner_k, slots[0]),
+                (_whole_bwd_q, cfg_q, cfg_q.block_m, cfg_q.block_n, (dq[i], ), self_q, corner_q, slots[1])):
             launches.append(lp.Launch(
                 kernel, (triton.cdiv(n, own), bh),
                 (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0], selfs[1], corner[0], corner[1],
