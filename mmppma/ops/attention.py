@@ -400,17 +400,22 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
     def along_cols(x):
         return (cols @ x.transpose(2, 3)).transpose(2, 3)
 
+    return compose_criss_cross(along_rows, along_cols, v, order)
+
+
+def compose_criss_cross(along_rows, along_cols, v: torch.Tensor, order: str) -> torch.Tensor:
+    """Criss-cross attention of ``v`` (.., H, W, dv) from row attention ``along_rows`` and column attention
+    ``along_cols`` (each maps (.., H, W, c) to (.., H, W, c)) in ``order``; shared by the torch and Triton
+    paths."""
     if order == 'row_col':
-        out = along_cols(along_rows(v))
-    elif order == 'col_row':
-        out = along_rows(along_cols(v))
-    else:
-        # one column pass serves both orders, Ah [v, Aw v] = [Ah v, Ah Aw v]: with narrow heads the products
-        # are bound by reading the attention maps, so each map is read once per pass, not twice
-        dv = v.shape[-1]
-        both = along_cols(torch.cat([v, along_rows(v)], -1))
-        out = 0.5 * both[..., dv:] + 0.5 * along_rows(both[..., :dv])
-    return out
+        return along_cols(along_rows(v))
+    if order == 'col_row':
+        return along_rows(along_cols(v))
+    # one column pass serves both orders, Ah [v, Aw v] = [Ah v, Ah Aw v]: with narrow heads the products
+    # are bound by reading the attention maps, so each map is read once per pass, not twice
+    dv = v.shape[-1]
+    both = along_cols(torch.cat([v, along_rows(v)], -1))
+    return 0.5 * both[..., dv:] + 0.5 * along_rows(both[..., :dv])
 
 
 def _criss_cross_reference(q, k, v, la, lb, scale, order):

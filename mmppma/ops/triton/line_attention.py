@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..attention import compose_criss_cross
 from . import launch as lp
 from ._tiles import load_tile, online_softmax_step, seg, sign, store_tile
 
@@ -223,12 +224,4 @@ def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, order: str):
     def cols(x):
         return line_attention(q3, k3, x, cb3, scale, True)
 
-    if order == 'row_col':
-        out = cols(rows(v3))
-    elif order == 'col_row':
-        out = rows(cols(v3))
-    else:
-        # one column pass serves both orders: Ah [v, Aw v] = [Ah v, Ah Aw v]
-        ah = cols(torch.cat([v3, rows(v3)], -1))
-        out = 0.5 * ah[..., dv:] + 0.5 * rows(ah[..., :dv])
-    return out.reshape(b, heads, hh, ww, dv)
+    return compose_criss_cross(rows, cols, v3, order).reshape(b, heads, hh, ww, dv)
