@@ -63,6 +63,7 @@ IMAGES = {
 }
 QUICK_IMAGES = ('upernet_512', )
 QUICK_MODELS = ('ppma_t', 'mlla_t')
+QUICK_DTYPES = ('fp32', 'fp16')  # bf16 compiles like fp16 but for the operand conversions
 STRIDES = (4, 8, 16, 32)
 
 
@@ -147,17 +148,19 @@ def compile_one(desc: dict) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS), choices=ARCHS)
-    parser.add_argument('--dtype', nargs='+', default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument('--dtype', nargs='+', choices=list(DTYPES), help='default: all; with --quick: fp32 fp16')
     parser.add_argument('--shapes', nargs='+', choices=list(IMAGES), help='input sizes (default: all)')
     parser.add_argument('--models', nargs='+', choices=list(MODELS), help='backbones (default: all)')
     parser.add_argument('--quick', action='store_true',
-                        help=f'reduced set: {", ".join(QUICK_IMAGES)} with {", ".join(QUICK_MODELS)}')
+                        help=f'reduced set: {", ".join(QUICK_IMAGES)} with {", ".join(QUICK_MODELS)}, '
+                             f'{" and ".join(QUICK_DTYPES)}')
     parser.add_argument('--kernels', nargs='+', help='only kernels whose name contains one of these')
     parser.add_argument('--jobs', type=int, default=1, help='parallel compiles (default 1)')
     parser.add_argument('--max-seconds', type=float, default=15.0, help='compile time limit per row (0: none)')
     parser.add_argument('--no-cache', action='store_true', help='recompile even what the cache holds')
     args = parser.parse_args(argv)
 
+    args.dtype = args.dtype or list(QUICK_DTYPES if args.quick else DTYPES)
     images = args.shapes or (QUICK_IMAGES if args.quick else list(IMAGES))
     models = args.models or (QUICK_MODELS if args.quick else list(MODELS))
     shapes = model_shapes(images, models)
