@@ -52,6 +52,9 @@ class Config:
 
 # The interpreter runs programs one by one: one configuration with small tiles.
 _INTERPRETER = Config(16, 16, 1, 1)
+# Whole attention on images narrower than 16 tokens (N <= 16 H): a block spans many image rows, and the work per
+# row grows with them, so blocks stay short.
+_NARROW = Config(16, 16, 2, 1)
 
 # (family, long sequence, half precision) -> {capability (0: any other): config}. A tile's rows are split over
 # the warps 16 rows each (tensor-core layout), so num_warps = BLOCK_M / 16 and no warp holds a replica. Half
@@ -86,10 +89,13 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
 }
 
 
-def config(family: str, length: int, dtype: torch.dtype, cap: int) -> Config:
-    """Tiles, warps and stages of kernel ``family`` for sequences (or lines) of ``length`` tokens."""
+def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = LARGE) -> Config:
+    """Tiles, warps and stages of kernel ``family`` for sequences (or lines) of ``length`` tokens, of images
+    ``width`` tokens wide (whole attention)."""
     if cap == 0:
         return _INTERPRETER
+    if width < 16:
+        return _NARROW
     row = _TABLE[(family, length >= LARGE, dtype != torch.float32)]
     return row.get(cap, row[0])
 

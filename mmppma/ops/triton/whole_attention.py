@@ -337,7 +337,7 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
     dq = torch.empty(len(paths), *q.shape, **zeros)
     dk = torch.empty(len(paths), *k.shape, **zeros)
     dvv = torch.empty(len(paths), *v.shape, **zeros)
-    cfg_kv, cfg_q = lp.config('whole_bwd_kv', n, q.dtype, cap), lp.config('whole_bwd_q', n, q.dtype, cap)
+    cfg_kv, cfg_q = (lp.config(family, n, q.dtype, cap, ww) for family in ('whole_bwd_kv', 'whole_bwd_q'))
     self_q, self_k = torch.zeros(2, bh, n, **zeros), torch.zeros(2, bh, n, **zeros)
     slots = [(ww - 1) // own + 2 for own in (cfg_kv.block_n, cfg_q.block_m)]  # blocks one image row can touch
     corner_k, corner_q = (torch.zeros(2, bh, hh, s, ww, **zeros) for s in slots)
