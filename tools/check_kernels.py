@@ -158,6 +158,7 @@ def main(argv=None) -> int:
     parser.add_argument('--jobs', type=int, default=1, help='parallel compiles (default 1)')
     parser.add_argument('--max-seconds', type=float, default=15.0, help='compile time limit per row (0: none)')
     parser.add_argument('--no-cache', action='store_true', help='recompile even what the cache holds')
+    parser.add_argument('--markdown', help='also write the table to this file as markdown')
     args = parser.parse_args(argv)
 
     args.dtype = args.dtype or list(QUICK_DTYPES if args.quick else DTYPES)
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
     print(f'{len(specs)} specializations from {len(shapes)} attention shapes x {len(args.dtype)} dtypes x '
           f'{len(args.arch)} archs; {len(specs) - len(todo)} cached, compiling {len(todo)} with {args.jobs} job(s)',
           flush=True)
-    header = (f'{"kernel":<14} {"arch":>4} {"dtype":<5} {"phase":<5} {"tiles":<34} {"warps":>5} {"stages":>6} '
+    header = (f'{"kernel":<14} {"arch":>4} {"dtype":<5} {"phase":<5} {"tiles":<44} {"warps":>5} {"stages":>6} '
               f'{"shared KB":>9} {"regs":>4} {"spill B":>7} {"sec":>5}  status')
     print(header, flush=True)
     results = {}
@@ -217,6 +218,8 @@ def main(argv=None) -> int:
                 json.dump(cache, f)
 
     failed = [k for k in specs if status(specs[k], results[k], args.max_seconds) != 'ok']
+    if args.markdown:
+        write_markdown(args.markdown, specs, results, args.max_seconds)
     print(f'\n{len(specs) - len(failed)} passed, {len(failed)} failed (of {len(specs)} specializations)')
     for arch in args.arch:
         rows = [(specs[k], results[k]) for k in specs if specs[k]['desc']['arch'] == arch and 'error' not in results[k]]
@@ -231,6 +234,35 @@ def main(argv=None) -> int:
         print(f'FAILED {specs[key]["desc"]["kernel"]} sm_{specs[key]["desc"]["arch"]} {specs[key]["dtype"]}: '
               f'{status(specs[key], results[key], args.max_seconds)}; shapes {", ".join(specs[key]["shapes"][:4])}')
     return 1 if failed else 0
+
+
+def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], max_seconds: float) -> None:
+    def order(key):
+        d = specs[key]['desc']
+        return d['arch'], specs[key]['dtype'], d['kernel'], str(sorted(d['constexprs'].items(), key=str))
+
+    lines = ['| kernel | arch | dtype | tiles and constexprs | warps | stages | shared KB | regs | spill B | '
+             'compile s | launched by | status |', '|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|']
+    for key in sorted(specs, key=order):
+        spec, result, d = specs[key], results[key], specs[key]['desc']
+        shapes = spec['shapes']
+        by = shapes[0] + (f' (+{len(shapes) - 1})' if len(shapes) > 1 else '')
+        cells = ['-'] * 4 if 'error' in result else [f'{result["shared"] / 1024:.1f}', str(result['registers']),
+                                                     str(result['spill']), f'{result["seconds"]:.1f}']
+        lines.append(f'| `{d["kernel"]}` | {d["arch"]} | {spec["dtype"]} | {tile_text(d["constexprs"])} | '
+                     f'{d["num_warps"]} | {d["num_stages"]} | {" | ".join(cells)} | {by} | '
+                     f'{status(spec, result, max_seconds)} |')
+    with open(path, 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+
+
+def tile_text(c: dict) -> str:
+    text = [f'{c.get("BLOCK_M")}x{c.get("BLOCK_N")}']
+    text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN') if name in c]
+    text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
+    text += [name.lower() for name in ('V2H', 'H2V', 'COLUMNS', 'SIGNED') if c.get(name)]
+    text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
+    return ' '.join(text)
 
 
 def status(spec: dict, result: dict, max_seconds: float) -> str:
@@ -252,17 +284,12 @@ def status(spec: dict, result: dict, max_seconds: float) -> str:
 def format_row(spec: dict, result: dict, max_seconds: float) -> str:
     desc = spec['desc']
     c = desc['constexprs']
-    tiles = f'{c.get("BLOCK_M")}x{c.get("BLOCK_N")}'
-    extra = [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN') if name in c]
-    extra += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
-    extra += ['cols' for name in ('COLUMNS', ) if c.get(name)]
-    extra += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
-    tiles = ' '.join([tiles] + extra)
+    tiles = tile_text(c)
     if 'error' in result:
-        return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<34} '
+        return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<44} '
                 f'{desc["num_warps"]:>5} {desc["num_stages"]:>6} {"-":>9} {"-":>4} {"-":>7} '
                 f'{result["seconds"]:>5.1f}  {status(spec, result, max_seconds)}')
-    return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<34} '
+    return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<44} '
             f'{desc["num_warps"]:>5} {desc["num_stages"]:>6} {result["shared"] / 1024:>9.1f} '
             f'{result["registers"]:>4} {result["spill"]:>7} {result["seconds"]:>5.1f}  '
             f'{status(spec, result, max_seconds)}{" (cached)" if result.get("cached") else ""}')
