@@ -205,17 +205,17 @@ def main(argv=None) -> int:
         else:
             futures = {pool.submit(compile_one, specs[key]['desc']): key for key in todo}
             done = ((futures[f], f.result()) for f in concurrent.futures.as_completed(futures))
-        for key, result in done:
+        for count, (key, result) in enumerate(done, 1):
             if 'error' not in result:
                 cache[key] = result
             report(key, result)
+            if count % 20 == 0 and not args.no_cache:
+                save_cache(cache)
     finally:
         if pool is not None:
             pool.shutdown()
         if not args.no_cache:
-            os.makedirs(os.path.dirname(CACHE), exist_ok=True)
-            with open(CACHE, 'w') as f:
-                json.dump(cache, f)
+            save_cache(cache)
 
     failed = [k for k in specs if status(specs[k], results[k], args.max_seconds) != 'ok']
     if args.markdown:
@@ -234,6 +234,13 @@ def main(argv=None) -> int:
         print(f'FAILED {specs[key]["desc"]["kernel"]} sm_{specs[key]["desc"]["arch"]} {specs[key]["dtype"]}: '
               f'{status(specs[key], results[key], args.max_seconds)}; shapes {", ".join(specs[key]["shapes"][:4])}')
     return 1 if failed else 0
+
+
+def save_cache(cache: dict) -> None:
+    os.makedirs(os.path.dirname(CACHE), exist_ok=True)
+    with open(CACHE + '.tmp', 'w') as f:
+        json.dump(cache, f)
+    os.replace(CACHE + '.tmp', CACHE)
 
 
 def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], max_seconds: float) -> None:
