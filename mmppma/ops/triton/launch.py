@@ -64,7 +64,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('whole_fwd', True, False): {0: Config(64, 32, 8, 2)},
-    ('whole_fwd', True, True): {0: Config(64, 64, 4, 2)},
+    ('whole_fwd', True, True): {0: Config(64, 64, 4, 2), **{cap: Config(64, 32, 4, 2) for cap in (80, 86, 89)}},
     # backward: dq's own (query) block is BLOCK_M, dk / dv's (key) block BLOCK_N, on the tiles' row axis
     ('whole_bwd_q', False, False): {0: Config(32, 16, 2, 1)},
     ('whole_bwd_q', False, True): {0: Config(32, 16, 2, 1)},
