@@ -364,10 +364,11 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     """
     check_choice('form', form, WHOLE_FORMS)
     check_qkv(q, k, v, la, lb)
-    impl = resolve_impl(impl, 'ppma_attention', (q, k, v))
+    requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v))
     if impl == 'triton':
-        from .triton import ppma_attention_triton
-        return ppma_attention_triton(q, k, v, la, lb, scale=scale, form=form)
+        from .triton import fallback_for, ppma_attention_triton
+        return ppma_attention_triton(q, k, v, la, lb, scale=scale, form=form, fallback=fallback_for(
+            requested, lambda: ppma_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch')))
     if impl == 'reference' or form == 'paper':
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise
         # log-sum-exp trick applies, so its torch path is the dense one
@@ -397,11 +398,12 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
     check_qkv(q, k, v)
     check_log_decay(log_decay, q)
     b, heads, h, w, _ = q.shape
-    impl = resolve_impl(impl, 'manhattan_attention', (q, k, v))
+    requested, impl = impl, resolve_impl(impl, 'manhattan_attention', (q, k, v))
     dtype = table_dtype(q, k, v, log_decay)
     if impl == 'triton':
-        from .triton import manhattan_attention_triton
-        return manhattan_attention_triton(q, k, v, log_decay, scale=scale)
+        from .triton import fallback_for, manhattan_attention_triton
+        return manhattan_attention_triton(q, k, v, log_decay, scale=scale, fallback=fallback_for(
+            requested, lambda: manhattan_attention(q, k, v, log_decay, scale=scale, impl='torch')))
     if impl == 'reference':
         m = manhattan_decay_mask(log_decay.to(dtype), h, w)
         m = m if m.dim() == 4 else m.unsqueeze(0)
@@ -464,17 +466,22 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
     def along_cols(x):
         return (cols @ x.transpose(2, 3)).transpose(2, 3)
 
+    return compose_criss_cross(along_rows, along_cols, v, order)
+
+
+def compose_criss_cross(along_rows, along_cols, v: torch.Tensor, order: str) -> torch.Tensor:
+    """Criss-cross attention of ``v`` (.., H, W, dv) from row attention ``along_rows`` and column attention
+    ``along_cols`` (each maps (.., H, W, c) to (.., H, W, c)) in ``order``; shared by the torch and Triton
+    paths."""
     if order == 'row_col':
-        out = along_cols(along_rows(v))
-    elif order == 'col_row':
-        out = along_rows(along_cols(v))
-    else:
-        # one column pass serves both orders, Ah [v, Aw v] = [Ah v, Ah Aw v]: with narrow heads the products
-        # are bound by reading the attention maps, so each map is read once per pass, not twice
-        dv = v.shape[-1]
-        both = along_cols(torch.cat([v, along_rows(v)], -1))
-        out = 0.5 * both[..., dv:] + 0.5 * along_rows(both[..., :dv])
-    return out
+        return along_cols(along_rows(v))
+    if order == 'col_row':
+        return along_rows(along_cols(v))
+    # one column pass serves both orders, Ah [v, Aw v] = [Ah v, Ah Aw v]: with narrow heads the products
+    # are bound by reading the attention maps, so each map is read once per pass, not twice
+    dv = v.shape[-1]
+    both = along_cols(torch.cat([v, along_rows(v)], -1))
+    return 0.5 * both[..., dv:] + 0.5 * along_rows(both[..., :dv])
 
 
 def _criss_cross_slices(q, k, v, row_bias, col_bias, scale, order):
@@ -559,10 +566,11 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     check_choice('form', form, CRISS_CROSS_FORMS)
     check_qkv(q, k, v, la, lb)
     order = _CRISS_CROSS_ORDER[form]
-    impl = resolve_impl(impl, 'criss_cross_attention', (q, k, v))
+    requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v))
     if impl == 'triton':
-        from .triton import criss_cross_attention_triton
-        return criss_cross_attention_triton(q, k, v, la, lb, scale=scale, order=order)
+        from .triton import criss_cross_attention_triton, fallback_for
+        return criss_cross_attention_triton(q, k, v, la, lb, scale=scale, order=order, fallback=fallback_for(
+            requested, lambda: criss_cross_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch')))
     if impl == 'reference':
         return _criss_cross_reference(q, k, v, la, lb, scale, order).to(v.dtype)
     dtype = table_dtype(q, k, v, la, lb)
@@ -601,10 +609,11 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_log_decay(log_decay, q)
     b, heads, h, w, _ = q.shape
     dtype = table_dtype(q, k, v, log_decay)
-    impl = resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v))
+    requested, impl = impl, resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v))
     if impl == 'triton':
-        from .triton import rmt_criss_cross_attention_triton
-        return rmt_criss_cross_attention_triton(q, k, v, log_decay, scale=scale)
+        from .triton import fallback_for, rmt_criss_cross_attention_triton
+        return rmt_criss_cross_attention_triton(q, k, v, log_decay, scale=scale, fallback=fallback_for(
+            requested, lambda: rmt_criss_cross_attention(q, k, v, log_decay, scale=scale, impl='torch')))
     if impl == 'reference':
         g = log_decay.to(dtype)
         g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)

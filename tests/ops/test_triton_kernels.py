@@ -13,6 +13,10 @@ from mmppma.ops import (criss_cross_attention, decay_scan_1d, manhattan_attentio
 from mmppma.ops.dispatch import resolve_impl
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from mmppma.ops.triton._tiles import slice_offset  # noqa: E402
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 TOL = dict(rtol=2e-4, atol=2e-5)
@@ -195,6 +199,28 @@ def test_half_precision_kernels_close_to_float32(dtype, interpreter_bf16_dot):
                       [whole[2], whole[3], whole[4]], {0}, dtype)
 
 
+def test_recorded_launches_are_the_ones_the_ops_run(monkeypatch):
+    """Recording on meta tensors (what the tool compiles) yields the launches a real call makes, constexprs,
+    argument types and config alike: the real call's launches are captured at ``Launch.__call__``."""
+    from mmppma.ops.triton import launch as lp
+    ran = []
+    monkeypatch.setattr(lp.Launch, '__call__', lambda self: ran.append(self))
+    monkeypatch.setattr(lp, 'capability', lambda device: 80)
+    q, k, v = (torch.randn(1, 2, 5, 40, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    la, lb = (-torch.rand(1, 2, 5, 40, device=DEVICE) for _ in range(2))
+    ppma_attention(q, k, v, la, lb, impl='triton').sum().backward()
+    meta = [t.detach().to('meta').requires_grad_() for t in (q, k, v, la, lb)]
+    with lp.recording(80) as forward:
+        out = ppma_attention(*meta, impl='triton')
+    with lp.recording(80) as backward:
+        torch.autograd.grad(out, meta[:3], torch.empty_like(out))
+
+    def describe(launch):
+        return launch.name, launch.grid, launch.signature(), launch.constexprs, launch.config
+
+    assert [describe(x) for x in forward + backward] == [describe(x) for x in ran]
+
+
 # ----------------------------------------------------------------------------------------------- dispatch
 def test_triton_on_cpu_without_interpreter_names_the_alternatives(monkeypatch):
     monkeypatch.setenv('TRITON_INTERPRET', '0')
@@ -223,3 +249,50 @@ def test_auto_resolution_and_environment_override(monkeypatch):
         resolve_impl('auto', 'ppma_attention', [cpu])
     with pytest.raises(ValueError, match="'auto', 'torch', 'triton', 'reference'"):
         resolve_impl('cuda', 'ppma_attention', [cpu])
+
+
+def test_auto_falls_back_to_torch_when_a_kernel_cannot_run_on_the_gpu(monkeypatch):
+    """Forced failure: every kernel raises OutOfResources when loaded on the (pretended) GPU. impl='auto' then
+    runs the torch path with one warning naming op, shape, dtype and GPU; impl='triton' raises."""
+    import mmppma.ops.triton as triton_ops
+    from mmppma.ops.triton import launch as lp
+    from triton.runtime.errors import OutOfResources
+
+    def out_of_shared_memory(self):
+        raise OutOfResources(300000, 232448, 'shared memory')
+
+    monkeypatch.setattr(lp.Launch, 'prepare', out_of_shared_memory)
+    monkeypatch.setattr(triton_ops, '_on_gpu', lambda t: True)
+    monkeypatch.setattr(triton_ops, '_device_name', lambda device: 'Pretend GPU')
+    monkeypatch.setattr(triton_ops, '_PREFLIGHT', {})
+    monkeypatch.setattr(attention_module, 'resolve_impl',  # 'auto' picks triton, as on a GPU
+                        lambda impl, *args: 'triton' if impl == 'auto' else resolve_impl(impl, *args))
+    q, k, v, la, lb = make(1, 2, 3, 5, 16, seed=7)
+    with pytest.warns(UserWarning, match=r"ppma_attention: .*Pretend GPU.*\(1, 2, 3, 5, 16\) torch.float32.*"
+                                         r"OutOfResources.*impl='torch'") as record:
+        got = outputs_and_grads(lambda *a: ppma_attention(*a, impl='auto'), [q, k, v, la, lb])
+        outputs_and_grads(lambda *a: ppma_attention(*a, impl='auto'), [q, k, v, la, lb])
+    assert len([w for w in record if 'ppma_attention' in str(w.message)]) == 1, 'one warning per input signature'
+    want = outputs_and_grads(lambda *a: ppma_attention(*a, impl='torch'), [q, k, v, la, lb])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    monkeypatch.setattr(lp.Launch, '__call__', out_of_shared_memory)
+    with pytest.raises(OutOfResources):
+        ppma_attention(q, k, v, la, lb, impl='triton')
+    with pytest.warns(UserWarning, match='criss_cross_attention: .*Pretend GPU'):
+        criss_cross_attention(q, k, v, la, lb, impl='auto')
+
+
+@triton.jit
+def _offset_probe(out_ptr, index, n, d):
+    tl.store(out_ptr, slice_offset(index, n, d))
+
+
+def test_slice_offsets_are_int64():
+    """batch * heads * N * d past 2**31: the kernels' slice offset (``slice_offset``) stays exact, and the line
+    and scan kernels' bases are computed in int64 the same way."""
+    out = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    index, n, d = 70000, 8192, 64  # 3.7e10 > 2**31; each factor an int32 argument
+    _offset_probe[(1, )](out, index, n, d)
+    assert out.item() == index * n * d

@@ -1,5 +1,8 @@
-"""Tile loads and stores shared by the Triton kernels: a (rows, cols) tile of a row-major (.., ncols) tensor,
-rows masked by ``row_mask``, columns beyond ``ncols`` (the padding up to the power-of-two block) by index."""
+"""Jitted helpers shared by the Triton kernels: tile loads and stores, 64-bit slice offsets, the online-softmax
+step and the segment sum.
+
+Tiles: a (rows, cols) tile of a row-major (.., ncols) tensor, rows masked by ``row_mask``, columns beyond
+``ncols`` (the padding up to the power-of-two block) by index."""
 import triton
 import triton.language as tl
 
@@ -13,3 +16,33 @@ def load_tile(ptr, rows, row_mask, cols, ncols):
 @triton.jit
 def store_tile(ptr, rows, row_mask, cols, ncols, value):
     tl.store(ptr + rows[:, None] * ncols + cols[None, :], value, mask=row_mask[:, None] & (cols[None, :] < ncols))
+
+
+@triton.jit
+def slice_offset(index, n, d):
+    """Element offset ``index * n * d`` of slice ``index`` of a (.., n, d) tensor, in int64: batch * heads * N * d
+    passes 2**31 at large inputs."""
+    return index.to(tl.int64) * n * d
+
+
+@triton.jit
+def online_softmax_step(x, v, m, l, acc, PRECISION: tl.constexpr):
+    """Fold one (BLOCK_M, BLOCK_N) block of logits ``x`` (masked keys at -inf) and its values ``v`` into the
+    running row maximum ``m``, normaliser ``l`` and unnormalised output ``acc``."""
+    m_new = tl.maximum(m, tl.max(x, 1))
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(x - m_new[:, None])
+    return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+                                                                         input_precision=PRECISION)
+
+
+@triton.jit
+def seg(c_first, c_second, ge):
+    """Segment sum between two indices of a line with cumsum C, in index order: C[first] - C[second] if ge
+    (first index >= second), else the reverse."""
+    return tl.where(ge, c_first - c_second, c_second - c_first)
+
+
+@triton.jit
+def sign(ge):
+    return tl.where(ge, 1.0, -1.0)

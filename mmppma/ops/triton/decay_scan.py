@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .whole_attention import _blocks, _pow2, _precision
+from . import launch as lp
 
 
 @triton.jit
@@ -22,6 +22,7 @@ def _scan_kernel(x_ptr, c_ptr, y_ptr, L, D, SIGNED: tl.constexpr, BLOCK_M: tl.co
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_m = offs_m < L
     mask_d = offs_d < D
+    line = line.to(tl.int64)  # lines * L * D can pass 2**31
     c_m = tl.load(c_ptr + line * L + offs_m, mask=mask_m, other=0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, L, BLOCK_N):
@@ -39,14 +40,21 @@ def _scan_kernel(x_ptr, c_ptr, y_ptr, L, D, SIGNED: tl.constexpr, BLOCK_M: tl.co
     tl.store(y_ptr + (line * L + offs_m[:, None]) * D + offs_d[None, :], acc, mask=mask_m[:, None] & mask_d[None, :])
 
 
-def _scan(x: torch.Tensor, c: torch.Tensor, signed: bool) -> torch.Tensor:
-    """x: (lines, L, D), c: (lines, L) float32 -> float32 (lines, L, D)."""
+def scan_launches(x: torch.Tensor, c: torch.Tensor, signed: bool, cap: int):
+    """x: (lines, L, D), c: (lines, L) float32 -> the launch and its output y, float32 (lines, L, D)."""
     lines, length, d = x.shape
     y = torch.empty(lines, length, d, device=x.device, dtype=torch.float32)
-    block_m, block_n = _blocks(length)
-    block_d = min(_pow2(d), 64)
-    _scan_kernel[(triton.cdiv(length, block_m), lines, triton.cdiv(d, block_d))](
-        x, c, y, length, d, signed, block_m, block_n, block_d, _precision(x.dtype))
+    cfg = lp.config('scan', length, x.dtype, cap)
+    block_d = min(lp.pow2(d), 64)
+    return [lp.Launch(_scan_kernel, (triton.cdiv(length, cfg.block_m), lines, triton.cdiv(d, block_d)),
+                      (x, c, y, length, d),
+                      dict(SIGNED=signed, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
+                           PRECISION=lp.precision(x.dtype)), cfg)], y
+
+
+def _scan(x: torch.Tensor, c: torch.Tensor, signed: bool) -> torch.Tensor:
+    launches, y = scan_launches(x, c, signed, lp.capability(x.device))
+    lp.run(launches)
     return y
 
 

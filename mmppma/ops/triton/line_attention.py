@@ -10,14 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._tiles import load_tile, store_tile
-from .whole_attention import _blocks, _pow2, _precision
+from ..attention import compose_criss_cross
+from . import launch as lp
+from ._tiles import load_tile, online_softmax_step, seg, sign, store_tile
 
 
 @triton.jit
 def _line_offsets(line, n_lines, H, W, COLUMNS: tl.constexpr):
-    """(token base, token stride) of a line, in tokens of a (BH, H, W) grid."""
-    bh = line // n_lines
+    """(token base, token stride) of a line, in tokens of a (BH, H, W) grid; the base in int64 (BH * H * W * D
+    can pass 2**31)."""
+    bh = (line // n_lines).to(tl.int64)
     a = line % n_lines
     if COLUMNS:
         return bh * H * W + a, W
@@ -48,16 +50,10 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale, H, W, L, n_line
         k = load_tile(k_ptr, tok_n, mask_n, offs_d, D)
         x = load_tile(x_ptr, tok_n, mask_n, offs_x, DX)
         c_n = tl.load(c_ptr + tok_n, mask=mask_n, other=0.0)
-        ge = offs_m[:, None] >= offs_n[None, :]
-        bias = tl.where(ge, c_m[:, None] - c_n[None, :], c_n[None, :] - c_m[:, None])
+        bias = seg(c_m[:, None], c_n[None, :], offs_m[:, None] >= offs_n[None, :])
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + bias
-        s = tl.where(mask_n[None, :], s, float('-inf'))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(x.dtype), x, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(tl.where(mask_n[None, :], s, float('-inf')), x, m_i, l_i, acc,
+                                            PRECISION)
     tl.store(o_ptr + tok_m[:, None] * DX + offs_x[None, :], acc / l_i[:, None],
              mask=mask_m[:, None] & (offs_x[None, :] < DX))
     tl.store(lse_ptr + tok_m, m_i + tl.log(l_i), mask=mask_m)
@@ -66,10 +62,9 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale, H, W, L, n_line
 @triton.jit
 def _line_tile(q, k, c_m, c_n, offs_m, offs_n, lse, valid, scale, PRECISION: tl.constexpr):
     ge = offs_m[:, None] >= offs_n[None, :]
-    bias = tl.where(ge, c_m[:, None] - c_n[None, :], c_n[None, :] - c_m[:, None])
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + bias
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + seg(c_m[:, None], c_n[None, :], ge)
     p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
-    return p, tl.where(ge, 1.0, -1.0)
+    return p, sign(ge)
 
 
 @triton.jit
@@ -147,20 +142,53 @@ def _line_bwd_q(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, 
     tl.store(gq_ptr + tok_m, gq, mask=mask_m)
 
 
+def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int):
+    """The forward's launch and outputs (out: (BH, H, W, dx), lse: (BH, H, W), float32)."""
+    bh, hh, ww, d = q.shape
+    dx = x.shape[-1]
+    length, n_lines = (hh, ww) if columns else (ww, hh)
+    out = torch.empty(bh, hh, ww, dx, device=q.device, dtype=torch.float32)
+    lse = torch.empty(bh, hh, ww, device=q.device, dtype=torch.float32)
+    cfg = lp.config('line_fwd', length, q.dtype, cap)
+    launch = lp.Launch(_line_fwd, (triton.cdiv(length, cfg.block_m), bh * n_lines),
+                       (q, k, x, c, out, lse, float(scale), hh, ww, length, n_lines, d, dx),
+                       _constexprs(cfg, columns, d, dx, q.dtype), cfg)
+    return [launch], out, lse
+
+
+def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dtype) -> dict:
+    return dict(COLUMNS=columns, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx),
+                PRECISION=lp.precision(dtype))
+
+
+def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int):
+    """The backward's launches and the buffers they fill: dq, dk, dx (float32) and the table-gradient parts
+    gq, gk (BH, H, W) (dc = gq - gk)."""
+    bh, hh, ww, d = q.shape
+    dx_dim = x.shape[-1]
+    length, n_lines = (hh, ww) if columns else (ww, hh)
+    delta = (dout.float() * out).sum(-1).contiguous()
+    dq = torch.empty_like(q, dtype=torch.float32)
+    dk = torch.empty_like(k, dtype=torch.float32)
+    dx = torch.empty_like(x, dtype=torch.float32)
+    gq = torch.empty_like(c)
+    gk = torch.empty_like(c)
+    cfg = lp.config('line_bwd', length, q.dtype, cap)
+    args = (float(scale), hh, ww, length, n_lines, d, dx_dim)
+    constexprs = _constexprs(cfg, columns, d, dx_dim, q.dtype)
+    return [lp.Launch(_line_bwd_kv, (triton.cdiv(length, cfg.block_n), bh * n_lines),
+                      (q, k, x, c, dout, lse, delta, dk, dx, gk, *args), constexprs, cfg),
+            lp.Launch(_line_bwd_q, (triton.cdiv(length, cfg.block_m), bh * n_lines),
+                      (q, k, x, c, dout, lse, delta, dq, gq, *args), constexprs, cfg)], (dq, dk, dx, gq, gk)
+
+
 class LineAttentionFunction(torch.autograd.Function):
     """q, k: (BH, H, W, d); x: (BH, H, W, dx); c: (BH, H, W) float32 cumsum along the lines."""
 
     @staticmethod
     def forward(ctx, q, k, x, c, scale: float, columns: bool):
-        bh, hh, ww, d = q.shape
-        dx = x.shape[-1]
-        length, n_lines = (hh, ww) if columns else (ww, hh)
-        out = torch.empty(bh, hh, ww, dx, device=q.device, dtype=torch.float32)
-        lse = torch.empty(bh, hh, ww, device=q.device, dtype=torch.float32)
-        block_m, block_n = _blocks(length)
-        _line_fwd[(triton.cdiv(length, block_m), bh * n_lines)](
-            q, k, x, c, out, lse, float(scale), hh, ww, length, n_lines, d, dx, columns, block_m, block_n,
-            _pow2(d), _pow2(dx), _precision(q.dtype))
+        launches, out, lse = forward_launches(q, k, x, c, scale, columns, lp.capability(q.device))
+        lp.run(launches)
         ctx.save_for_backward(q, k, x, c, out, lse)
         ctx.args = (float(scale), columns)
         return out.to(x.dtype)
@@ -169,22 +197,9 @@ class LineAttentionFunction(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, x, c, out, lse = ctx.saved_tensors
         scale, columns = ctx.args
-        bh, hh, ww, d = q.shape
-        dx_dim = x.shape[-1]
-        length, n_lines = (hh, ww) if columns else (ww, hh)
-        dout = dout.contiguous()
-        delta = (dout.float() * out).sum(-1).contiguous()
-        dq = torch.empty_like(q, dtype=torch.float32)
-        dk = torch.empty_like(k, dtype=torch.float32)
-        dx = torch.empty_like(x, dtype=torch.float32)
-        gq = torch.empty_like(c)
-        gk = torch.empty_like(c)
-        block_m, block_n = _blocks(length)
-        args = (float(scale), hh, ww, length, n_lines, d, dx_dim, columns, block_m, block_n, _pow2(d), _pow2(dx_dim),
-                _precision(q.dtype))
-        _line_bwd_kv[(triton.cdiv(length, block_n), bh * n_lines)](q, k, x, c, dout, lse, delta, dk, dx, gk,
-                                                                   *args)
-        _line_bwd_q[(triton.cdiv(length, block_m), bh * n_lines)](q, k, x, c, dout, lse, delta, dq, gq, *args)
+        launches, (dq, dk, dx, gq, gk) = backward_launches(q, k, x, c, out, lse, dout.contiguous(), scale, columns,
+                                                           lp.capability(q.device))
+        lp.run(launches)
         return dq.to(q.dtype), dk.to(k.dtype), dx.to(x.dtype), gq - gk, None, None
 
 
@@ -209,12 +224,4 @@ def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, order: str):
     def cols(x):
         return line_attention(q3, k3, x, cb3, scale, True)
 
-    if order == 'row_col':
-        out = cols(rows(v3))
-    elif order == 'col_row':
-        out = rows(cols(v3))
-    else:
-        # one column pass serves both orders: Ah [v, Aw v] = [Ah v, Ah Aw v]
-        ah = cols(torch.cat([v3, rows(v3)], -1))
-        out = 0.5 * ah[..., dv:] + 0.5 * rows(ah[..., :dv])
-    return out.reshape(b, heads, hh, ww, dv)
+    return compose_criss_cross(rows, cols, v3, order).reshape(b, heads, hh, ww, dv)

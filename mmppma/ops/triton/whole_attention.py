@@ -1,75 +1,85 @@
 """Fused whole polyline-masked attention (PPMVA, release form) - forward and backward, no N x N tensor.
 
 Scores ``S = scale * q k^T`` are computed once per tile; each path's bias (V2H: M, H2V: M^T) is built in
-registers from the O(N) cumsum tables Ca (rows) and Cb (columns), and each path keeps its own online
-softmax. The backward recomputes the tiles and reduces the bias gradient inside its loops straight onto the
-O(N) cumsum tables: every score's bias reads four table entries, two at the query's or key's own token (row
-sums of the score gradient, owned by that token's program) and two at a "corner" token (the query's row and
-the key's column for V2H, the reverse for H2V), reduced by one-hot ``tl.dot`` per image row of the owning
-block and stored in one slot per (row, block). The host sums the slots: no atomics, deterministic, and
-extra memory O(N) (a few floats per token).
+registers from the O(N) cumsum tables Ca (rows) and Cb (columns), and each path keeps its own online softmax.
+A bias reads each table at a token's own entry and at a "corner" (the query's row and the key's column for V2H,
+the reverse for H2V). A block of consecutive tokens covers at most ROWS image rows, so a tile's corners are a
+(ROWS x key columns) slab: one gathered vector per image row, selected by row.
+
+The backward recomputes the tiles and reduces the bias gradient onto the tables: own entries as row sums of the
+score gradient, corners by two one-hot ``tl.dot`` into a (ROWS, BLOCK_W) accumulator per block (image rows of
+the block x table columns), stored in one slot per (row, block). The host sums the slots: no atomics,
+deterministic, extra memory O(N).
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
-Segment sum from index u to t along a line with cumsum C: C[max] - C[min] (index order).
 """
 import torch
 import triton
 import triton.language as tl
 
-from ..dispatch import triton_interpreted
-from ._tiles import load_tile, store_tile
+from . import launch as lp
+from ._tiles import load_tile, online_softmax_step, sign, slice_offset, store_tile
 
 
 @triton.jit
-def _seg(c_hi_when_ge, c_other, ge):
-    """Segment sum in index order: if ge (first index >= second) C[first] - C[second], else reversed."""
-    return tl.where(ge, c_hi_when_ge - c_other, c_other - c_hi_when_ge)
+def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V: tl.constexpr, ROWS):
+    """Scores plus one path's log-mask for query block ``qb`` and key block ``kb`` (see :func:`_block`).
 
-
-@triton.jit
-def _bias(ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid, W, H2V: tl.constexpr):
-    """Log-mask tile (BLOCK_M, BLOCK_N) for queries (i_q, j_q) and keys (k_r, l_c)."""
+    V2H: M[p, s] = sgn(j >= l) (Ca[i, j] - Ca[i, l]) + sgn(i >= k) (Cb[i, l] - Cb[k, l]): along the query's row i
+    from column j to l, then along column l from row i to k. H2V: M[s, p], the key's row and the query's column
+    at the corner. The corner entries (Ca, Cb at (query row, key column) for V2H, at (key row, query column) for
+    H2V) come one image row at a time: ROWS rows from the first row of the block that holds them."""
+    ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
+    ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
     if H2V:
-        # M[s, p]: along the key's row k from column l to j, then along column j from row k to i
-        ca_kj = tl.load(ca_ptr + k_r[None, :] * W + j_q[:, None], mask=valid, other=0.0)
-        cb_kj = tl.load(cb_ptr + k_r[None, :] * W + j_q[:, None], mask=valid, other=0.0)
-        bias = _seg(ca_k[None, :], ca_kj, l_c[None, :] >= j_q[:, None])
-        bias += _seg(cb_kj, cb_q[:, None], k_r[None, :] >= i_q[:, None])
+        sa = sign(l_c[None, :] >= j_q[:, None])
+        sb = sign(k_r[None, :] >= i_q[:, None])
+        x = s + sa * ca_k[None, :] - sb * cb_q[:, None]
+        for r in range(ROWS):
+            at = (first_k + r) * W + j_q
+            va = tl.load(ca_ptr + at, mask=mask_m & (at < N), other=0.0)
+            vb = tl.load(cb_ptr + at, mask=mask_m & (at < N), other=0.0)
+            x = tl.where((k_r == first_k + r)[None, :], x - sa * va[:, None] + sb * vb[:, None], x)
     else:
-        # M[p, s]: along the query's row i from column j to l, then along column l from row i to k
-        ca_il = tl.load(ca_ptr + i_q[:, None] * W + l_c[None, :], mask=valid, other=0.0)
-        cb_il = tl.load(cb_ptr + i_q[:, None] * W + l_c[None, :], mask=valid, other=0.0)
-        bias = _seg(ca_q[:, None], ca_il, j_q[:, None] >= l_c[None, :])
-        bias += _seg(cb_il, cb_k[None, :], i_q[:, None] >= k_r[None, :])
-    return bias
+        sa = sign(j_q[:, None] >= l_c[None, :])
+        sb = sign(i_q[:, None] >= k_r[None, :])
+        x = s + sa * ca_q[:, None] - sb * cb_k[None, :]
+        for r in range(ROWS):
+            at = (first_q + r) * W + l_c
+            va = tl.load(ca_ptr + at, mask=mask_n & (at < N), other=0.0)
+            vb = tl.load(cb_ptr + at, mask=mask_n & (at < N), other=0.0)
+            x = tl.where((i_q == first_q + r)[:, None], x - sa * va[None, :] + sb * vb[None, :], x)
+    return x
 
 
 @triton.jit
-def _load_block(a_ptr, b_ptr, ca_ptr, cb_ptr, offs, mask, offs_d, offs_dv, W, D, DV):
-    """One (BH slice) block of tokens ``offs``: its (BLOCK, d) tile of a (q or k), (BLOCK, dv) tile of b (do or
-    v), cumsum-table entries, image row and column."""
-    a = load_tile(a_ptr, offs, mask, offs_d, D)
-    b = load_tile(b_ptr, offs, mask, offs_dv, DV)
+def _block(ca_ptr, cb_ptr, start, offs, mask, W):
+    """A block of consecutive tokens ``offs`` from ``start``: (Ca, Cb entries, image rows, columns, first image
+    row, mask, offsets)."""
     ca = tl.load(ca_ptr + offs, mask=mask, other=0.0)
     cb = tl.load(cb_ptr + offs, mask=mask, other=0.0)
-    return a, b, ca, cb, offs // W, offs % W
+    return ca, cb, offs // W, offs % W, start // W, mask, offs
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV,
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, ROWS_M, ROWS_N,
                V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per query block: both paths' online softmax over all key blocks; ROWS_M / ROWS_N bound the
+    image rows of a query / key block."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
+    q_ptr += slice_offset(bh, N, D)
+    k_ptr += slice_offset(bh, N, D)
+    v_ptr += slice_offset(bh, N, DV)
+    ca_ptr += slice_offset(bh, N, 1)
+    cb_ptr += slice_offset(bh, N, 1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     mask_m = offs_m < N
-    i_q = offs_m // W
-    j_q = offs_m % W
-    q = load_tile(q_ptr + bh * N * D, offs_m, mask_m, offs_d, D)
-    ca_q = tl.load(ca_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
-    cb_q = tl.load(cb_ptr + bh * N + offs_m, mask=mask_m, other=0.0)
+    q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
+    qb = _block(ca_ptr, cb_ptr, pid_m * BLOCK_M, offs_m, mask_m, W)
     m1 = tl.full([BLOCK_M], float('-inf'), tl.float32)
     l1 = tl.zeros([BLOCK_M], tl.float32)
     acc1 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -79,237 +89,271 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
-        valid = mask_m[:, None] & mask_n[None, :]
-        k, v, ca_k, cb_k, k_r, l_c = _load_block(k_ptr + bh * N * D, v_ptr + bh * N * DV, ca_ptr + bh * N,
-                                                 cb_ptr + bh * N, offs_n, mask_n, offs_d, offs_dv, W, D, DV)
+        k = load_tile(k_ptr, offs_n, mask_n, offs_d, D)
+        v = load_tile(v_ptr, offs_n, mask_n, offs_dv, DV)
+        kb = _block(ca_ptr, cb_ptr, start_n, offs_n, mask_n, W)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         if V2H:
-            x = s + _bias(ca_ptr + bh * N, cb_ptr + bh * N, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
-                          W, False)
-            x = tl.where(mask_n[None, :], x, float('-inf'))
-            m_new = tl.maximum(m1, tl.max(x, 1))
-            alpha = tl.exp(m1 - m_new)
-            p = tl.exp(x - m_new[:, None])
-            l1 = l1 * alpha + tl.sum(p, 1)
-            acc1 = acc1 * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m1 = m_new
+            x = tl.where(mask_n[None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, False, ROWS_M), float('-inf'))
+            m1, l1, acc1 = online_softmax_step(x, v, m1, l1, acc1, PRECISION)
         if H2V:
-            x = s + _bias(ca_ptr + bh * N, cb_ptr + bh * N, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
-                          W, True)
-            x = tl.where(mask_n[None, :], x, float('-inf'))
-            m_new = tl.maximum(m2, tl.max(x, 1))
-            alpha = tl.exp(m2 - m_new)
-            p = tl.exp(x - m_new[:, None])
-            l2 = l2 * alpha + tl.sum(p, 1)
-            acc2 = acc2 * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m2 = m_new
-    o_mask = mask_m[:, None] & (offs_dv[None, :] < DV)
-    path = 0
+            x = tl.where(mask_n[None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, True, ROWS_N), float('-inf'))
+            m2, l2, acc2 = online_softmax_step(x, v, m2, l2, acc2, PRECISION)
+    o_ptr += slice_offset(bh, N, DV)
+    lse_ptr += slice_offset(bh, N, 1)
     if V2H:
-        tl.store(o_ptr + bh * N * DV + offs_m[:, None] * DV + offs_dv[None, :], acc1 / l1[:, None], mask=o_mask)
-        tl.store(lse_ptr + bh * N + offs_m, m1 + tl.log(l1), mask=mask_m)
-        path = 1
+        store_tile(o_ptr, offs_m, mask_m, offs_dv, DV, acc1 / l1[:, None])
+        tl.store(lse_ptr + offs_m, m1 + tl.log(l1), mask=mask_m)
+        # the H2V path's slices follow the V2H path's
+        o_ptr += slice_offset(tl.num_programs(1), N, DV)
+        lse_ptr += slice_offset(tl.num_programs(1), N, 1)
     if H2V:
-        base = path * tl.num_programs(1) * N
-        tl.store(o_ptr + (base + bh * N) * DV + offs_m[:, None] * DV + offs_dv[None, :], acc2 / l2[:, None],
-                 mask=o_mask)
-        tl.store(lse_ptr + base + bh * N + offs_m, m2 + tl.log(l2), mask=mask_m)
+        store_tile(o_ptr, offs_m, mask_m, offs_dv, DV, acc2 / l2[:, None])
+        tl.store(lse_ptr + offs_m, m2 + tl.log(l2), mask=mask_m)
 
 
 @triton.jit
-def _probs(s, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid, lse, W, H2V: tl.constexpr):
-    x = s + _bias(ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid, W, H2V)
-    return tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
+def _score_grads(s, dp, lse_ptr, delta_ptr, rows, cols, ca_ptr, cb_ptr, weight, W, N, H2V: tl.constexpr, ROWS,
+                 QUERIES_ON_ROWS: tl.constexpr):
+    """One path's recomputed probabilities P and score gradients dS = P * (weight dP - delta) on a tile whose rows
+    are the tokens of block ``rows`` and columns those of ``cols`` (see :func:`_block`); the queries are the rows
+    (dq) or the columns (dk, dv: the tile is transposed). ``H2V`` and ``ROWS`` as :func:`_logits`."""
+    queries = rows if QUERIES_ON_ROWS else cols
+    lse = tl.load(lse_ptr + queries[6], mask=queries[5], other=0.0)
+    delta = tl.load(delta_ptr + queries[6], mask=queries[5], other=0.0)
+    x = _logits(s, ca_ptr, cb_ptr, rows, cols, W, N, H2V, ROWS)
+    valid = rows[5][:, None] & cols[5][None, :]
+    if QUERIES_ON_ROWS:
+        p = tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
+        ds = p * (weight * dp - delta[:, None])
+    else:
+        p = tl.where(valid, tl.exp(x - lse[None, :]), 0.0)
+        ds = p * (weight * dp - delta[None, :])
+    return p, ds
 
 
 @triton.jit
-def _sign(ge):
-    return tl.where(ge, 1.0, -1.0)
+def _add_corners(corner_a, corner_b, ds, rows, cols, first, ROWS_OWN: tl.constexpr, BLOCK: tl.constexpr,
+                 COLS: tl.constexpr):
+    """The gradient of M[r, c] = sgn(j_r >= l_c) (Ca[i_r, j_r] - Ca[i_r, l_c]) + sgn(i_r >= k_c) (Cb[i_r, l_c] - ...)
+    at the corners Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column): ``ds`` (BLOCK own tokens, other tokens:
+    image rows x COLS columns) folded over the other tile's rows, then summed per own image row into the
+    (ROWS_OWN, COLS) accumulators. Also returns the own entry's Ca gradient, sum_c sgn(j_r >= l_c) ds."""
+    ge = rows[3][:, None] >= cols[3][None, :]
+    folded = tl.sum(tl.reshape(tl.where(ge, -ds, ds), (BLOCK, ds.shape[1] // COLS, COLS)), 1)
+    corner_a = _add_row_sums(corner_a, folded, rows[2], first, ROWS_OWN)
+    folded = tl.sum(tl.reshape(tl.where(rows[2][:, None] >= cols[2][None, :], ds, -ds),
+                               (BLOCK, ds.shape[1] // COLS, COLS)), 1)
+    corner_b = _add_row_sums(corner_b, folded, rows[2], first, ROWS_OWN)
+    return corner_a, corner_b, tl.sum(tl.where(ge, ds, -ds), 1)
 
 
 @triton.jit
-def _store_owned_table_grads(acc_a, acc_b, own_row, own_col, mask, pid, offs_w, self_ptr, corner_a_ptr,
-                             corner_b_ptr, N, W, BLOCK: tl.constexpr, ROWS: tl.constexpr, SLOTS: tl.constexpr):
-    """Epilogue of a block's decay-table gradients. ``acc_a[t, c]``: the block token t's score gradients summed
-    over the other tokens in image column c; the Ca segment between t's column and c reads Ca at t itself
-    with sign sgn = +1 if own_col >= c else -1 and at the corner (own_row, c) with -sgn. ``acc_b[t, c]``: the
-    Cb corner sums at (own_row, c), already signed. Self entries go to ``self_ptr``; corners are summed over
-    the block's tokens of each image row and stored, row ``first + r``, into slot ``pid - first_block(row)`` of
-    a (H, SLOTS, W) buffer: each (row, slot) has exactly one owner program, so the host's sum over slots is
-    deterministic."""
-    sgn = _sign(own_col[:, None] >= offs_w[None, :])  # (BLOCK, BLOCK_W)
-    tl.store(self_ptr + pid * BLOCK + tl.arange(0, BLOCK), tl.sum(sgn * acc_a, 1), mask=mask)
-    first = (pid * BLOCK) // W
-    rows = first + tl.arange(0, ROWS)
-    onehot_rows = ((own_row[None, :] == rows[:, None]) & mask[None, :]).to(tl.float32)  # (ROWS, BLOCK)
+def _bwd_prologue(q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr, N, D, DV):
+    """Pointers of this program's (batch * head) slice of every input."""
+    bh = tl.program_id(1)
+    return (q_ptr + slice_offset(bh, N, D), k_ptr + slice_offset(bh, N, D), v_ptr + slice_offset(bh, N, DV),
+            do_ptr + slice_offset(bh, N, DV), ca_ptr + slice_offset(bh, N, 1), cb_ptr + slice_offset(bh, N, 1),
+            lse_ptr + slice_offset(bh, N, 1), delta_ptr + slice_offset(bh, N, 1))
+
+
+@triton.jit
+def _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK: tl.constexpr, COLS: tl.constexpr):
+    """A 2D tile of tokens: image rows r0.. (BLOCK // COLS of them) x columns c0..c0+COLS, as :func:`_block`."""
+    rows = r0 + tl.arange(0, BLOCK) // COLS
+    cols = c0 + tl.arange(0, BLOCK) % COLS
+    mask = (rows < H) & (cols < W)
+    offs = rows * W + cols
+    ca = tl.load(ca_ptr + offs, mask=mask, other=0.0)
+    cb = tl.load(cb_ptr + offs, mask=mask, other=0.0)
+    return ca, cb, rows, cols, r0, mask, offs
+
+
+@triton.jit
+def _add_row_sums(acc, x, own_row, first, ROWS: tl.constexpr):
+    """acc (ROWS, COLS) += for each image row ``first + r`` of the own block, the sum of ``x`` (own tokens, COLS)
+    over the block's tokens in that row."""
+    slot = tl.arange(0, ROWS)[:, None]
+    for r in range(ROWS):
+        part = tl.sum(tl.where((own_row == first + r)[:, None], x, 0.0), 0)
+        acc = tl.where(slot == r, acc + part[None, :], acc)
+    return acc
+
+
+@triton.jit
+def _store_corners(ptr, acc, pid, c0, N, W, SLOTS, BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Store a block's (ROWS, COLS) corner sums (image rows ``first + r`` of the block x table columns
+    ``c0 + c``) into slot ``pid - first_block(row)`` of a (H, SLOTS, W) buffer: each (row, slot) has exactly
+    one owner program, so the host's sum over slots is deterministic."""
+    rows = (pid * BLOCK) // W + tl.arange(0, ROWS)
+    cols = c0 + tl.arange(0, COLS)
     slot = pid - (rows * W) // BLOCK
-    offsets = (rows[:, None] * SLOTS + slot[:, None]) * W + offs_w[None, :]
-    store = (rows * W < tl.minimum((pid + 1) * BLOCK, N))[:, None] & (offs_w[None, :] < W)
-    tl.store(corner_a_ptr + offsets, tl.dot(onehot_rows, -sgn * acc_a, input_precision='ieee'), mask=store)
-    tl.store(corner_b_ptr + offsets, tl.dot(onehot_rows, acc_b, input_precision='ieee'), mask=store)
-
-
-@triton.jit
-def _score_grads(q, k, v, do, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid,
-                 lse1, delta1, lse2, delta2, scale, w1, w2, W,
-                 V2H: tl.constexpr, H2V: tl.constexpr, PRECISION: tl.constexpr):
-    """Recompute one (BLOCK_M, BLOCK_N) tile of each path's probabilities P and score gradients
-    dS = P * (w dP - delta); a disabled path gives zeros."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-    p1 = tl.zeros_like(s)
-    ds1 = tl.zeros_like(s)
-    p2 = tl.zeros_like(s)
-    ds2 = tl.zeros_like(s)
-    if V2H:
-        p1 = _probs(s, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid, lse1, W, False)
-        ds1 = p1 * (w1 * dp - delta1[:, None])
-    if H2V:
-        p2 = _probs(s, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k, valid, lse2, W, True)
-        ds2 = p2 * (w2 * dp - delta2[:, None])
-    return p1, ds1, p2, ds2
-
-
-@triton.jit
-def _path_stats(lse_ptr, delta_ptr, offs, mask, N, V2H: tl.constexpr):
-    """Log-sum-exp and delta of both paths for tokens ``offs`` (path 2 is stored first when V2H is off)."""
-    base2 = tl.num_programs(1) * N if V2H else 0
-    lse1 = tl.load(lse_ptr + offs, mask=mask, other=0.0)
-    delta1 = tl.load(delta_ptr + offs, mask=mask, other=0.0)
-    lse2 = tl.load(lse_ptr + base2 + offs, mask=mask, other=0.0)
-    delta2 = tl.load(delta_ptr + base2 + offs, mask=mask, other=0.0)
-    return lse1, delta1, lse2, delta2
+    offsets = (rows[:, None] * SLOTS + slot[:, None]) * W + cols[None, :]
+    store = (rows * W < tl.minimum((pid + 1) * BLOCK, N))[:, None] & (cols[None, :] < W)
+    tl.store(ptr + offsets, acc, mask=store)
 
 
 @triton.jit
 def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                  self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, w1, w2, N, H, W, D, DV,
+                  self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS,
                   V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr,
-                  SLOTS: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per key block: dk, dv, and the decay-table gradients the keys own:
-    V2H, Cb[k_s, l_s] (the key's own entry); H2V, Ca[k_s, l_s] and the corners Ca[k_s, j_p], Cb[k_s, j_p]
-    (key row, query column), reduced over the block's keys of each image row."""
+                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """One program per key block, one path (V2H or H2V) per launch: dk, dv, and the decay-table gradients the
+    keys own: V2H, Cb[k_s, l_s] (the key's own entry); H2V, Ca[k_s, l_s] and the corners Ca[k_s, j_p],
+    Cb[k_s, j_p] (key row, query column), summed over the block's keys of each image row. Tiles are transposed
+    (keys x queries): H2V's M[s, p] is then V2H's form with the key in the query's place. Queries come in tiles
+    of (BLOCK_M // COLS image rows x COLS columns), column chunk by column chunk, so the corners of one chunk
+    are complete when its rows are done."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
-    q_ptr += bh * N * D
-    k_ptr += bh * N * D
-    v_ptr += bh * N * DV
-    do_ptr += bh * N * DV
-    ca_ptr += bh * N
-    cb_ptr += bh * N
+    q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr = _bwd_prologue(
+        q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr, N, D, DV)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    offs_w = tl.arange(0, BLOCK_W)
     mask_n = offs_n < N
-    k, v, ca_k, cb_k, k_r, l_c = _load_block(k_ptr, v_ptr, ca_ptr, cb_ptr, offs_n, mask_n, offs_d, offs_dv, W, D,
-                                             DV)
+    k = load_tile(k_ptr, offs_n, mask_n, offs_d, D)
+    v = load_tile(v_ptr, offs_n, mask_n, offs_dv, DV)
+    kb = _block(ca_ptr, cb_ptr, pid_n * BLOCK_N, offs_n, mask_n, W)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    self_b = tl.zeros([BLOCK_N], tl.float32)
-    acc_a = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)  # sum over queries of column j of ds2
-    acc_b = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)  # the same, signed by sgn(k_s >= i_p)
-    for start_m in range(0, N, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < N
-        q, do, ca_q, cb_q, i_q, j_q = _load_block(q_ptr, do_ptr, ca_ptr, cb_ptr, offs_m, mask_m, offs_d, offs_dv,
-                                                  W, D, DV)
-        lse1, delta1, lse2, delta2 = _path_stats(lse_ptr + bh * N, delta_ptr + bh * N, offs_m, mask_m, N, V2H)
-        p1, ds1, p2, ds2 = _score_grads(q, k, v, do, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k,
-                                        mask_m[:, None] & mask_n[None, :], lse1, delta1, lse2, delta2, scale,
-                                        w1, w2, W, V2H, H2V, PRECISION)
-        dv += tl.dot(tl.trans((w1 * p1 + w2 * p2).to(do.dtype)), do, input_precision=PRECISION)
-        dk += tl.dot(tl.trans((ds1 + ds2).to(q.dtype)), q, input_precision=PRECISION)
-        if V2H:
-            self_b -= tl.sum(ds1 * _sign(i_q[:, None] >= k_r[None, :]), 0)
+    self_own = tl.zeros([BLOCK_N], tl.float32)  # V2H: Cb at the key; H2V: Ca at the key
+    corner_ptr = slice_offset(bh, H * SLOTS, W)
+    for c0 in range(0, W, COLS):
+        corner_a = tl.zeros([ROWS_OWN, COLS], tl.float32)
+        corner_b = tl.zeros([ROWS_OWN, COLS], tl.float32)
+        for r0 in range(0, H, BLOCK_M // COLS):
+            qb = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_M, COLS)
+            q = load_tile(q_ptr, qb[6], qb[5], offs_d, D)
+            do = load_tile(do_ptr, qb[6], qb[5], offs_dv, DV)
+            s = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale
+            dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            if V2H:  # M[p, s] on the transposed tile: H2V's form, the query tile's rows at the corners
+                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, kb, qb, ca_ptr, cb_ptr, weight, W, N, True,
+                                     BLOCK_M // COLS, False)
+                self_own -= tl.sum(tl.where(qb[2][None, :] >= kb[2][:, None], ds, -ds), 1)
+            else:
+                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, kb, qb, ca_ptr, cb_ptr, weight, W, N, False,
+                                     ROWS_OWN, False)
+                corner_a, corner_b, own = _add_corners(corner_a, corner_b, ds, kb, qb, kb[4], ROWS_OWN, BLOCK_N,
+                                                       COLS)
+                self_own += own
+            dv += tl.dot((weight * p).to(do.dtype), do, input_precision=PRECISION)
+            dk += tl.dot(ds.to(q.dtype), q, input_precision=PRECISION)
         if H2V:
-            onehot_j = (j_q[:, None] == offs_w[None, :]).to(tl.float32)  # (BLOCK_M, BLOCK_W)
-            acc_a += tl.dot(tl.trans(ds2), onehot_j, input_precision='ieee')
-            acc_b += tl.dot(tl.trans(ds2 * _sign(k_r[None, :] >= i_q[:, None])), onehot_j, input_precision='ieee')
-    store_tile(dk_ptr + bh * N * D, offs_n, mask_n, offs_d, D, dk * scale)
-    store_tile(dv_ptr + bh * N * DV, offs_n, mask_n, offs_dv, DV, dv)
-    if V2H:
-        tl.store(self_b_ptr + bh * N + offs_n, self_b, mask=mask_n)
-    if H2V:  # Ca[k, l] - Ca[k, j] if l >= j else the reverse; Cb corner (k_s, j_p)
-        _store_owned_table_grads(acc_a, acc_b, k_r, l_c, mask_n, pid_n, offs_w, self_a_ptr + bh * N,
-                                 corner_a_ptr + bh * H * SLOTS * W, corner_b_ptr + bh * H * SLOTS * W, N, W,
-                                 BLOCK_N, ROWS, SLOTS)
+            _store_corners(corner_a_ptr + corner_ptr, corner_a, pid_n, c0, N, W, SLOTS, BLOCK_N, ROWS_OWN, COLS)
+            _store_corners(corner_b_ptr + corner_ptr, corner_b, pid_n, c0, N, W, SLOTS, BLOCK_N, ROWS_OWN, COLS)
+    store_tile(dk_ptr + slice_offset(bh, N, D), offs_n, mask_n, offs_d, D, dk * scale)
+    store_tile(dv_ptr + slice_offset(bh, N, DV), offs_n, mask_n, offs_dv, DV, dv)
+    tl.store((self_b_ptr if V2H else self_a_ptr) + slice_offset(bh, N, 1) + offs_n, self_own, mask=mask_n)
 
 
 @triton.jit
 def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
-                 self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, w1, w2, N, H, W, D, DV,
+                 self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS,
                  V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_W: tl.constexpr, ROWS: tl.constexpr,
-                 SLOTS: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per query block: dq, and the decay-table gradients the queries own:
+                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    """One program per query block, one path per launch: dq, and the decay-table gradients the queries own:
     H2V, Cb[i_p, j_p] (the query's own entry); V2H, Ca[i_p, j_p] and the corners Ca[i_p, l_s], Cb[i_p, l_s]
-    (query row, key column), reduced over the block's queries of each image row."""
+    (query row, key column), summed over the block's queries of each image row. Keys come in tiles of
+    (BLOCK_N // COLS image rows x COLS columns), column chunk by column chunk."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
-    q_ptr += bh * N * D
-    k_ptr += bh * N * D
-    v_ptr += bh * N * DV
-    do_ptr += bh * N * DV
-    ca_ptr += bh * N
-    cb_ptr += bh * N
+    q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr = _bwd_prologue(
+        q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr, N, D, DV)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    offs_w = tl.arange(0, BLOCK_W)
     mask_m = offs_m < N
-    q, do, ca_q, cb_q, i_q, j_q = _load_block(q_ptr, do_ptr, ca_ptr, cb_ptr, offs_m, mask_m, offs_d, offs_dv, W, D,
-                                              DV)
-    lse1, delta1, lse2, delta2 = _path_stats(lse_ptr + bh * N, delta_ptr + bh * N, offs_m, mask_m, N, V2H)
+    q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
+    do = load_tile(do_ptr, offs_m, mask_m, offs_dv, DV)
+    qb = _block(ca_ptr, cb_ptr, pid_m * BLOCK_M, offs_m, mask_m, W)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    self_b = tl.zeros([BLOCK_M], tl.float32)
-    acc_a = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)  # sum over keys of column l of ds1
-    acc_b = tl.zeros([BLOCK_M, BLOCK_W], tl.float32)  # the same, signed by sgn(i_p >= k_s)
-    for start_n in range(0, N, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        k, v, ca_k, cb_k, k_r, l_c = _load_block(k_ptr, v_ptr, ca_ptr, cb_ptr, offs_n, mask_n, offs_d, offs_dv,
-                                                 W, D, DV)
-        p1, ds1, p2, ds2 = _score_grads(q, k, v, do, ca_ptr, cb_ptr, i_q, j_q, k_r, l_c, ca_q, cb_q, ca_k, cb_k,
-                                        mask_m[:, None] & mask_n[None, :], lse1, delta1, lse2, delta2, scale,
-                                        w1, w2, W, V2H, H2V, PRECISION)
-        dq += tl.dot((ds1 + ds2).to(k.dtype), k, input_precision=PRECISION)
+    self_own = tl.zeros([BLOCK_M], tl.float32)  # V2H: Ca at the query; H2V: Cb at the query
+    corner_ptr = slice_offset(bh, H * SLOTS, W)
+    for c0 in range(0, W, COLS):
+        corner_a = tl.zeros([ROWS_OWN, COLS], tl.float32)
+        corner_b = tl.zeros([ROWS_OWN, COLS], tl.float32)
+        for r0 in range(0, H, BLOCK_N // COLS):
+            kb = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_N, COLS)
+            k = load_tile(k_ptr, kb[6], kb[5], offs_d, D)
+            v = load_tile(v_ptr, kb[6], kb[5], offs_dv, DV)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            if V2H:
+                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, qb, kb, ca_ptr, cb_ptr, weight, W, N, False,
+                                     ROWS_OWN, True)
+                corner_a, corner_b, own = _add_corners(corner_a, corner_b, ds, qb, kb, qb[4], ROWS_OWN, BLOCK_M,
+                                                       COLS)
+                self_own += own
+            else:
+                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, qb, kb, ca_ptr, cb_ptr, weight, W, N, True,
+                                     BLOCK_N // COLS, True)
+                self_own -= tl.sum(tl.where(kb[2][None, :] >= qb[2][:, None], ds, -ds), 1)
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         if V2H:
-            onehot_l = (l_c[:, None] == offs_w[None, :]).to(tl.float32)  # (BLOCK_N, BLOCK_W)
-            acc_a += tl.dot(ds1, onehot_l, input_precision='ieee')
-            acc_b += tl.dot(ds1 * _sign(i_q[:, None] >= k_r[None, :]), onehot_l, input_precision='ieee')
-        if H2V:
-            self_b -= tl.sum(ds2 * _sign(k_r[None, :] >= i_q[:, None]), 1)
-    store_tile(dq_ptr + bh * N * D, offs_m, mask_m, offs_d, D, dq * scale)
-    if V2H:  # Ca[i, j] - Ca[i, l] if j >= l else the reverse; Cb corner (i_p, l_s)
-        _store_owned_table_grads(acc_a, acc_b, i_q, j_q, mask_m, pid_m, offs_w, self_a_ptr + bh * N,
-                                 corner_a_ptr + bh * H * SLOTS * W, corner_b_ptr + bh * H * SLOTS * W, N, W,
-                                 BLOCK_M, ROWS, SLOTS)
-    if H2V:
-        tl.store(self_b_ptr + bh * N + offs_m, self_b, mask=mask_m)
+            _store_corners(corner_a_ptr + corner_ptr, corner_a, pid_m, c0, N, W, SLOTS, BLOCK_M, ROWS_OWN, COLS)
+            _store_corners(corner_b_ptr + corner_ptr, corner_b, pid_m, c0, N, W, SLOTS, BLOCK_M, ROWS_OWN, COLS)
+    store_tile(dq_ptr + slice_offset(bh, N, D), offs_m, mask_m, offs_d, D, dq * scale)
+    tl.store((self_a_ptr if V2H else self_b_ptr) + slice_offset(bh, N, 1) + offs_m, self_own, mask=mask_m)
 
 
-def _pow2(x: int, least: int = 16) -> int:
-    return max(least, triton.next_power_of_2(int(x)))
+def _rows(block: int, h: int, w: int) -> int:
+    """Image rows a block of ``block`` consecutive tokens can touch, rounded up to a power of two."""
+    return lp.pow2(min(h, (block - 1) // w + 2), 1)
 
 
-def _blocks(n: int):
-    if triton_interpreted():  # one configuration, small tiles: the interpreter runs programs one by one
-        return 16, 16
-    return (64, 64) if n > 1024 else (32, 32)
+def forward_launches(q, k, v, ca, cb, scale: float, v2h: bool, h2v: bool, cap: int):
+    """The forward's launch and its outputs (o: (paths, BH, N, dv), lse: (paths, BH, N), float32)."""
+    bh, n, d = q.shape
+    dv = v.shape[-1]
+    hh, ww = ca.shape[-2:]
+    paths = int(v2h) + int(h2v)
+    o = torch.empty(paths, bh, n, dv, device=q.device, dtype=torch.float32)
+    lse = torch.empty(paths, bh, n, device=q.device, dtype=torch.float32)
+    cfg = lp.config('whole_fwd', n, q.dtype, cap)
+    launch = lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
+                       (q, k, v, ca, cb, o, lse, float(scale), n, ww, d, dv, _rows(cfg.block_m, hh, ww),
+                        _rows(cfg.block_n, hh, ww)),
+                       dict(V2H=v2h, H2V=h2v, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+                            BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg)
+    return [launch], o, lse
 
 
-def _precision(dtype: torch.dtype):
-    """float32 inputs: exact fp32 products (no TF32), so kernels match the torch path; half inputs: the
-    default (tensor cores with fp32 accumulation)."""
-    return 'ieee' if dtype == torch.float32 else None
-
-
-def _row_span(block: int, width: int):
-    """(ROWS, SLOTS) for blocks of ``block`` consecutive tokens of rows ``width`` long: the image rows one block
-    can touch (a power of two, at least 16 for ``tl.dot``), and the blocks one row can touch."""
-    return _pow2((block - 1) // width + 2), (width - 1) // block + 2
+def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2v: bool, cap: int):
+    """The backward's launches, one pair per path, and the buffers they fill: dq, dk, dv per path
+    (paths, BH, N, .) float32, and the table-gradient parts (each token's own entries ``self_q``, ``self_k``:
+    (2, BH, N); corner slots ``corner_k``, ``corner_q``: (2, BH, H, SLOTS, W); index 0 is Ca, 1 is Cb)."""
+    bh, n, d = q.shape
+    dv = v.shape[-1]
+    hh, ww = ca.shape[-2:]
+    paths = [flags for flags, on in (((True, False), v2h), ((False, True), h2v)) if on]
+    weight = 1.0 / len(paths)
+    # delta_p = rowsum(dP_p * P_p) = weight * (dout . o_p)
+    delta = (weight * (dout.float().unsqueeze(0) * o).sum(-1)).contiguous()
+    zeros = dict(device=q.device, dtype=torch.float32)
+    dq = torch.empty(len(paths), *q.shape, **zeros)
+    dk = torch.empty(len(paths), *k.shape, **zeros)
+    dvv = torch.empty(len(paths), *v.shape, **zeros)
+    cfg_kv, cfg_q = (lp.config(family, n, q.dtype, cap, ww) for family in ('whole_bwd_kv', 'whole_bwd_q'))
+    self_q, self_k = torch.zeros(2, bh, n, **zeros), torch.zeros(2, bh, n, **zeros)
+    slots = [(ww - 1) // own + 2 for own in (cfg_kv.block_n, cfg_q.block_m)]  # blocks one image row can touch
+    corner_k, corner_q = (torch.zeros(2, bh, hh, s, ww, **zeros) for s in slots)
+    launches = []
+    for i, (p_v2h, p_h2v) in enumerate(paths):
+        for kernel, cfg, own, other, grads, selfs, corner, nslots in (
+                (_whole_bwd_kv, cfg_kv, cfg_kv.block_n, cfg_kv.block_m, (dk[i], dvv[i]), self_k, corner_k, slots[0]),
+                (_whole_bwd_q, cfg_q, cfg_q.block_m, cfg_q.block_n, (dq[i], ), self_q, corner_q, slots[1])):
+            launches.append(lp.Launch(
+                kernel, (triton.cdiv(n, own), bh),
+                (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0], selfs[1], corner[0], corner[1],
+                 float(scale), weight, n, hh, ww, d, dv, nslots),
+                dict(V2H=p_v2h, H2V=p_h2v, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+                     BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)), ROWS_OWN=_rows(own, hh, ww),
+                     PRECISION=lp.precision(q.dtype)), cfg))
+    return launches, (dq, dk, dvv, self_q, self_k, corner_k, corner_q)
 
 
 class WholeAttentionFunction(torch.autograd.Function):
@@ -318,54 +362,25 @@ class WholeAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, ca, cb, scale: float, v2h: bool, h2v: bool):
-        bh, n, d = q.shape
-        dv_ = v.shape[-1]
-        hh, ww = ca.shape[-2:]
-        paths = int(v2h) + int(h2v)
-        o = torch.empty(paths, bh, n, dv_, device=q.device, dtype=torch.float32)
-        lse = torch.empty(paths, bh, n, device=q.device, dtype=torch.float32)
-        block_m, block_n = _blocks(n)
-        grid = (triton.cdiv(n, block_m), bh)
-        _whole_fwd[grid](q, k, v, ca, cb, o, lse, float(scale), n, ww, d, dv_, v2h, h2v, block_m, block_n,
-                         _pow2(d), _pow2(dv_), _precision(q.dtype))
+        launches, o, lse = forward_launches(q, k, v, ca, cb, scale, v2h, h2v, lp.capability(q.device))
+        lp.run(launches)
         out = o.mean(0)  # equal weights: 1 path -> itself, 2 paths -> the release's average
         ctx.save_for_backward(q, k, v, ca, cb, o, lse)
-        ctx.args = (float(scale), v2h, h2v, hh, ww)
+        ctx.args = (float(scale), v2h, h2v)
         return out.to(v.dtype)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, ca, cb, o, lse = ctx.saved_tensors
-        scale, v2h, h2v, hh, ww = ctx.args
-        bh, n, d = q.shape
-        dv_ = v.shape[-1]
-        paths = o.shape[0]
-        weight = 1.0 / paths
-        dout = dout.contiguous()
-        # delta_p = rowsum(dP_p * P_p) = weight * (dout . o_p)
-        delta = (weight * (dout.float().unsqueeze(0) * o).sum(-1)).contiguous()
-        dq = torch.empty_like(q, dtype=torch.float32)
-        dk = torch.empty_like(k, dtype=torch.float32)
-        dvv = torch.empty_like(v, dtype=torch.float32)
-        block_m, block_n = _blocks(n)
-        rows_m, slots_m = _row_span(block_m, ww)
-        rows_n, slots_n = _row_span(block_n, ww)
-        # O(N) table gradients: each token's own entries, and per image row the "corner" entries (query row,
-        # key column for V2H; key row, query column for H2V) summed over one block's tokens in that row.
-        zeros = dict(device=q.device, dtype=torch.float32)
-        self_q, self_k = torch.zeros(2, bh, n, **zeros), torch.zeros(2, bh, n, **zeros)
-        corner_q = torch.zeros(2, bh, hh, slots_m, ww, **zeros)
-        corner_k = torch.zeros(2, bh, hh, slots_n, ww, **zeros)
-        common = (float(scale), weight, weight, n, hh, ww, d, dv_, v2h, h2v)
-        _whole_bwd_kv[(triton.cdiv(n, block_n), bh)](
-            q, k, v, ca, cb, dout, lse, delta, dk, dvv, self_k[0], self_k[1], corner_k[0], corner_k[1], *common,
-            block_m, block_n, _pow2(d), _pow2(dv_), _pow2(ww), rows_n, slots_n, _precision(q.dtype))
-        _whole_bwd_q[(triton.cdiv(n, block_m), bh)](
-            q, k, v, ca, cb, dout, lse, delta, dq, self_q[0], self_q[1], corner_q[0], corner_q[1], *common,
-            block_m, block_n, _pow2(d), _pow2(dv_), _pow2(ww), rows_m, slots_m, _precision(q.dtype))
+        scale, v2h, h2v = ctx.args
+        bh, hh, ww = ca.shape
+        launches, (dq, dk, dvv, self_q, self_k, corner_k, corner_q) = backward_launches(
+            q, k, v, ca, cb, o, lse, dout.contiguous(), scale, v2h, h2v, lp.capability(q.device))
+        lp.run(launches)
         tables = (self_q + self_k).reshape(2, bh, hh, ww) + corner_q.sum(3) + corner_k.sum(3)
         dca, dcb = tables.unbind(0)
-        return dq.to(q.dtype), dk.to(k.dtype), dvv.to(v.dtype), dca, dcb, None, None, None
+        return (dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dvv.sum(0).to(v.dtype), dca, dcb, None, None,
+                None)
 
 
 def whole_attention_triton(q, k, v, ca, cb, scale: float, v2h: bool = True, h2v: bool = True):

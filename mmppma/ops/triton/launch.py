@@ -1,0 +1,183 @@
+"""Launch parameters of every Triton kernel: tiles, warps and stages per GPU capability, the dot precision, and
+:class:`Launch`, one kernel launch as the ops run it and as ``tools/check_kernels.py`` compiles it.
+
+The tables below were sized with ``tools/check_kernels.py`` (shared memory within each capability's per-block
+limit, no register spills); docs/benchmarks.md lists what they compile to.
+"""
+import contextlib
+import dataclasses
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import triton
+
+#: per-block shared memory limit in bytes, by compute capability (major * 10 + minor)
+SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+#: above this many tokens (whole attention) or this line length (row/column attention) the large tiles apply
+LARGE = 1024
+
+
+def pow2(x: int, least: int = 16) -> int:
+    """The power of two >= max(x, least): the padded size of a tile dimension of extent ``x``."""
+    return max(least, triton.next_power_of_2(int(x)))
+
+
+def capability(device: torch.device) -> int:
+    """Compute capability as major * 10 + minor of a CUDA device; 0 for the interpreter (CPU tensors); the
+    recorded capability inside :func:`recording`."""
+    if _RECORDING:
+        return _RECORDING[-1][0]
+    if device.type != 'cuda':
+        return 0
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+def precision(dtype: torch.dtype) -> Optional[str]:
+    """``tl.dot`` input precision: float32 inputs follow ``torch.backends.cuda.matmul.allow_tf32`` (TF32 tensor
+    cores when on, exact 'ieee' products otherwise); half inputs take triton's default (tensor cores with
+    float32 accumulation)."""
+    if dtype != torch.float32:
+        return None
+    return 'tf32' if torch.backends.cuda.matmul.allow_tf32 else 'ieee'
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# The interpreter runs programs one by one: one configuration with small tiles.
+_INTERPRETER = Config(16, 16, 1, 1)
+# Whole attention on images narrower than 16 tokens (N <= 16 H): a block spans many image rows, and the work per
+# row grows with them, so blocks stay short.
+_NARROW = Config(16, 16, 2, 1)
+
+# (family, long sequence, half precision) -> {capability (0: any other): config}. A tile's rows are split over
+# the warps 16 rows each (tensor-core layout), so num_warps = BLOCK_M / 16 and no warp holds a replica. Half
+# precision takes 64 x 64 tiles for sequences of LARGE tokens or more (FlashAttention's tile); exact float32
+# products run on the FMA units, whose operand tiles cost more registers, so float32 keys come 32 at a time.
+# Short float32 backward tiles take more warps per tile (fewer registers per thread) and per-capability shapes:
+# ptxas spills a few bytes in some of them at 2 warps, differently on sm_80 and sm_90.
+_TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
+    ('whole_fwd', False, False): {0: Config(32, 32, 4, 2)},
+    ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
+    ('whole_fwd', True, False): {0: Config(64, 32, 8, 2)},
+    ('whole_fwd', True, True): {0: Config(64, 64, 4, 2), **{cap: Config(64, 32, 4, 2) for cap in (80, 86, 89)}},
+    # backward: dq's own (query) block is BLOCK_M, dk / dv's (key) block BLOCK_N, on the tiles' row axis
+    ('whole_bwd_q', False, False): {0: Config(16, 16, 4, 1), 90: Config(32, 32, 4, 1)},
+    ('whole_bwd_q', False, True): {0: Config(32, 16, 2, 1)},
+    ('whole_bwd_q', True, False): {0: Config(64, 16, 8, 1)},
+    ('whole_bwd_q', True, True): {0: Config(64, 64, 4, 1), **{cap: Config(64, 32, 4, 1) for cap in (80, 86, 89)}},
+    ('whole_bwd_kv', False, False): {0: Config(16, 32, 8, 1), 90: Config(32, 32, 4, 1)},
+    ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
+    ('whole_bwd_kv', True, False): {0: Config(16, 64, 8, 1)},
+    ('whole_bwd_kv', True, True): {0: Config(64, 64, 4, 1), **{cap: Config(32, 64, 4, 1) for cap in (80, 86, 89)}},
+    ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
+    ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
+    ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},
+    ('line_fwd', True, True): {0: Config(64, 64, 4, 2)},
+    ('line_bwd', False, False): {0: Config(32, 32, 4, 1), 90: Config(32, 16, 4, 1)},
+    ('line_bwd', False, True): {0: Config(32, 32, 2, 1)},
+    ('line_bwd', True, False): {0: Config(64, 16, 8, 1)},
+    ('line_bwd', True, True): {0: Config(64, 64, 4, 1)},
+    ('scan', False, False): {0: Config(32, 32, 4, 2)},
+    ('scan', False, True): {0: Config(32, 32, 2, 2)},
+    ('scan', True, False): {0: Config(64, 32, 8, 2)},
+    ('scan', True, True): {0: Config(64, 64, 4, 2)},
+}
+
+
+def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = LARGE) -> Config:
+    """Tiles, warps and stages of kernel ``family`` for sequences (or lines) of ``length`` tokens, of images
+    ``width`` tokens wide (whole attention)."""
+    if cap == 0:
+        return _INTERPRETER
+    if width < 16:
+        return _NARROW
+    row = _TABLE[(family, length >= LARGE, dtype != torch.float32)]
+    return row.get(cap, row[0])
+
+
+@dataclasses.dataclass
+class Launch:
+    """One kernel launch: positional run-time arguments (tensors, ints, floats), constexprs, grid, config.
+    Tensors may live on the ``meta`` device: then the launch is only described (for compiling it elsewhere)."""
+    kernel: Any
+    grid: Tuple[int, ...]
+    args: Tuple[Any, ...]
+    constexprs: Dict[str, Any]
+    config: Config
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.config.num_warps,
+                               num_stages=self.config.num_stages)
+
+    def prepare(self) -> None:
+        """Compile for the current device and load the binary, without launching: raises what a launch would
+        (``OutOfResources`` when the shared memory exceeds the device's, a ``CompilationError``...)."""
+        compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.constexprs,
+                                      num_warps=self.config.num_warps, num_stages=self.config.num_stages)
+        compiled._init_handles()
+
+    @property
+    def name(self) -> str:
+        return self.kernel.fn.__name__ if hasattr(self.kernel, 'fn') else self.kernel.__name__
+
+    def signature(self) -> Tuple[Dict[str, str], Dict[Tuple[int], list]]:
+        """(signature, attrs) for ``triton.compiler.ASTSource``, specialized as the JIT launcher does: tensors
+        by dtype and 16-byte alignment, integers by divisibility by 16."""
+        names = [n for n in self.kernel.arg_names if n not in self.constexprs]
+        if len(names) != len(self.args):
+            raise ValueError(f'{self.name}: {len(self.args)} run-time arguments for parameters {names}')
+        signature, attrs = {}, {}
+        for name, value in zip(names, self.args):
+            index = (self.kernel.arg_names.index(name), )
+            if isinstance(value, torch.Tensor):
+                signature[name] = '*' + _TRITON_DTYPE[value.dtype]
+                if value.storage_offset() * value.element_size() % 16 == 0:  # allocations are 16-byte aligned
+                    attrs[index] = [['tt.divisibility', 16]]
+            elif isinstance(value, bool):
+                signature[name] = 'i1'
+            elif isinstance(value, int):
+                signature[name] = 'i32' if -2**31 <= value < 2**31 else 'i64'
+                if value % 16 == 0:
+                    attrs[index] = [['tt.divisibility', 16]]
+            elif isinstance(value, float):
+                signature[name] = 'fp32'
+            else:
+                raise TypeError(f'{self.name}: argument {name} of type {type(value).__name__}')
+        for name in self.constexprs:
+            signature[name] = 'constexpr'
+        return signature, attrs
+
+
+_TRITON_DTYPE = {torch.float32: 'fp32', torch.float16: 'fp16', torch.bfloat16: 'bf16', torch.int32: 'i32',
+                 torch.int64: 'i64'}
+
+
+_RECORDING: List[Tuple[int, List[Launch]]] = []
+
+
+def run(launches) -> None:
+    """Launch each of ``launches``; inside :func:`recording`, append them to its list instead."""
+    if _RECORDING:
+        _RECORDING[-1][1].extend(launches)
+        return
+    for launch in launches:
+        launch()
+
+
+@contextlib.contextmanager
+def recording(cap: int) -> Iterator[List[Launch]]:
+    """Within the block, the ops choose launch parameters for compute capability ``cap`` and record their
+    launches in the yielded list without running them (with ``meta`` tensors the ops run without data)."""
+    launches: List[Launch] = []
+    _RECORDING.append((cap, launches))
+    try:
+        yield launches
+    finally:
+        _RECORDING.pop()
