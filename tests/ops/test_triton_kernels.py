@@ -1,8 +1,9 @@
 """Every Triton kernel against the dense reference, outputs and all gradients, float32; fp16 / bf16 vs float32.
 
 On a machine without a GPU (CI) the kernels run under ``TRITON_INTERPRET=1`` (see conftest.py); with a GPU
-they run compiled on CUDA. Shapes cover N = 49 and 196, a 13 x 17 map, 1 x N and N x 1 maps, and
-lengths that leave a ragged last block.
+they run compiled on CUDA. Shapes cover N = 49 and 196, a 5 x 37 map (a row wider than a tile), 1 x N and
+N x 1 maps, and lengths that leave a ragged last block (checked against the tiles by
+``test_shapes_span_several_ragged_blocks``).
 """
 import pytest
 import torch
@@ -16,6 +17,7 @@ pytest.importorskip('triton', reason='triton is part of the pinned stack (requir
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from mmppma.ops.triton import launch as lp  # noqa: E402
 from mmppma.ops.triton._tiles import slice_offset  # noqa: E402
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -45,8 +47,11 @@ def assert_same(fn_triton, fn_ref, inputs):
         torch.testing.assert_close(a, b, **TOL, msg=lambda m: f'{name}: {m}')
 
 
-WHOLE_SHAPES = [(2, 2, 7, 7, 16, 16), (1, 1, 14, 14, 32, 32), (1, 1, 13, 17, 16, 8), (1, 1, 1, 9, 16, 16),
+WHOLE_SHAPES = [(2, 2, 7, 7, 16, 16), (1, 1, 14, 14, 32, 32), (1, 1, 5, 37, 16, 8), (1, 1, 1, 9, 16, 16),
                 (1, 1, 9, 1, 64, 16), (1, 1, 3, 5, 4, 3)]
+LINE_SHAPES = [(1, 2, 7, 7, 16, 16), (1, 1, 5, 37, 16, 8), (1, 1, 1, 9, 16, 16), (1, 1, 9, 1, 32, 16),
+               (1, 1, 35, 3, 16, 16)]
+SCAN_LENGTHS = [1, 5, 32, 33, 70]
 
 
 @pytest.mark.parametrize('form', ['release', 'v2h', 'h2v'])
@@ -69,9 +74,7 @@ def test_manhattan_kernel():
 
 
 @pytest.mark.parametrize('order', ['both', 'row_col', 'col_row'])
-@pytest.mark.parametrize('shape', [(1, 2, 7, 7, 16, 16), (1, 1, 13, 17, 16, 8), (1, 1, 1, 9, 16, 16),
-                                   (1, 1, 9, 1, 32, 16), (1, 1, 5, 20, 16, 16)],
-                         ids=lambda s: 'x'.join(map(str, s)))
+@pytest.mark.parametrize('shape', LINE_SHAPES, ids=lambda s: 'x'.join(map(str, s)))
 def test_criss_cross_kernel(shape, order):
     b, heads, h, w, d, dv = shape
     inputs = make(b, heads, h, w, d, dv, seed=h + w)
@@ -79,7 +82,7 @@ def test_criss_cross_kernel(shape, order):
                 lambda *a: criss_cross_attention(*a, scale=0.3, order=order, impl='reference'), inputs)
 
 
-@pytest.mark.parametrize('length', [1, 5, 16, 17, 49])
+@pytest.mark.parametrize('length', SCAN_LENGTHS)
 def test_decay_scan_kernel(length):
     g = torch.Generator().manual_seed(length)
     x = torch.randn(3, length, 5, generator=g).to(DEVICE).requires_grad_()
@@ -117,9 +120,29 @@ def test_extreme_decays_in_kernels_stay_finite():
         assert torch.isfinite(out).all() and all(torch.isfinite(g_).all() for g_ in grads)
 
 
+def test_shapes_span_several_ragged_blocks():
+    """The shapes above reach the kernels' block edges at the tiles the ops choose on this device: a map of several
+    blocks, not a multiple of either tile, wider than both (an image row spans blocks); lines of both axes longer
+    than a block and not a multiple of it; scans of exactly one block and of several ragged ones."""
+    cap = lp.capability(torch.device(DEVICE))
+    for family in ('whole_fwd', 'whole_bwd_q', 'whole_bwd_kv'):
+        assert any(
+            h * w > 2 * cfg.block_m and h * w % cfg.block_m and h * w % cfg.block_n and w > max(cfg.block_m,
+                                                                                                  cfg.block_n)
+            for *_, h, w, _, _ in WHOLE_SHAPES for cfg in [lp.config(family, h * w, torch.float32, cap, w)]), family
+    for family in ('line_fwd', 'line_bwd'):
+        for axis in (-4, -3):  # column length H, row length W
+            assert any(s[axis] > max(cfg.block_m, cfg.block_n) and s[axis] % cfg.block_m and s[axis] % cfg.block_n
+                       for s in LINE_SHAPES for cfg in [lp.config(family, s[axis], torch.float32, cap)]), family
+    blocks = {length: lp.config('scan', length, torch.float32, cap).block_m for length in SCAN_LENGTHS}
+    assert any(length == block for length, block in blocks.items())
+    assert any(length > 2 * block and length % block for length, block in blocks.items())
+
+
 def test_whole_kernel_backward_extra_memory_is_linear_in_n():
     """No tensor the backward allocates grows faster than N: the decay-table gradient is reduced onto the
-    H x W tables in-kernel (an N x W or N x H segment table - 12 N and 24 N floats here - would fail)."""
+    H x W tables in-kernel (an N x W or N x H segment table - 12 N floats each here, over the bound of 8 N -
+    would fail)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class LargestFloatTensor(TorchDispatchMode):
@@ -132,7 +155,7 @@ def test_whole_kernel_backward_extra_memory_is_linear_in_n():
                     self.largest = (t.numel(), str(func))
             return out
 
-    h, w, d = 24, 12, 2
+    h, w, d = 12, 12, 2
     q, k, v, la, lb = make(1, 1, h, w, d, seed=4)
     out = ppma_attention(q, k, v, la, lb, impl='triton')
     with LargestFloatTensor() as mode:
@@ -169,14 +192,14 @@ def interpreter_bf16_dot(monkeypatch):
     monkeypatch.setattr(interpreter.InterpreterBuilder, 'create_dot', create_dot)
 
 
-def assert_half_close(fn, inputs, half_indices, dtype, bound=1e-2):
-    """``fn`` with the inputs at ``half_indices`` in ``dtype`` (log-decays stay float32, as the ops require)
-    against ``fn`` in float32 on the same rounded values: output and every gradient within ``bound`` in
-    relative norm, and the output keeps the half dtype."""
+def assert_half_close(op, inputs, half_indices, dtype, bound=1e-2):
+    """``op(*inputs, impl='triton')`` with the inputs at ``half_indices`` in ``dtype`` (log-decays stay float32, as
+    the ops require) against the dense float32 reference ``op(..., impl='reference')`` on the same rounded values:
+    output and every gradient within ``bound`` in relative norm, and the output keeps the half dtype."""
     rounded = [t.detach().to(dtype).float() if i in half_indices else t.detach() for i, t in enumerate(inputs)]
-    want = outputs_and_grads(fn, [t.requires_grad_() for t in rounded])
+    want = outputs_and_grads(lambda *a: op(*a, impl='reference'), [t.requires_grad_() for t in rounded])
     half = [t.detach().to(dtype) if i in half_indices else t.detach() for i, t in enumerate(rounded)]
-    got = outputs_and_grads(fn, [t.requires_grad_() for t in half])
+    got = outputs_and_grads(lambda *a: op(*a, impl='triton'), [t.requires_grad_() for t in half])
     assert got[0].dtype == dtype
     names = ['out'] + [f'grad[{i}]' for i in range(len(inputs))]
     for name, a, b in zip(names, got, want):
@@ -188,21 +211,20 @@ def assert_half_close(fn, inputs, half_indices, dtype, bound=1e-2):
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
 def test_half_precision_kernels_close_to_float32(dtype, interpreter_bf16_dot):
     """Every kernel family with fp16 / bf16 q, k, v (float32 decay tables, float32 accumulation), forward and
-    backward, against float32 - the issue's "relative error near 1e-2 at most"."""
+    backward, against the dense float32 reference - the issue's "relative error near 1e-2 at most"."""
     whole = make(1, 2, 5, 7, 16, seed=5)
-    assert_half_close(lambda *a: ppma_attention(*a, scale=0.25, impl='triton'), whole, {0, 1, 2}, dtype)
-    assert_half_close(lambda *a: criss_cross_attention(*a, scale=0.25, impl='triton'), whole, {0, 1, 2}, dtype)
+    assert_half_close(lambda *a, impl: ppma_attention(*a, scale=0.25, impl=impl), whole, {0, 1, 2}, dtype)
+    assert_half_close(lambda *a, impl: criss_cross_attention(*a, scale=0.25, impl=impl), whole, {0, 1, 2}, dtype)
     gamma = torch.tensor([-0.2, -0.9], device=DEVICE)
-    assert_half_close(lambda *a: manhattan_attention(*a, gamma, scale=0.25, impl='triton'), whole[:3],
+    assert_half_close(lambda *a, impl: manhattan_attention(*a, gamma, scale=0.25, impl=impl), whole[:3],
                       {0, 1, 2}, dtype)
-    assert_half_close(lambda x, a, b: polyline_mask_matvec(x, a, b, '2d', impl='triton'),
+    assert_half_close(lambda x, a, b, impl: polyline_mask_matvec(x, a, b, '2d', impl=impl),
                       [whole[2], whole[3], whole[4]], {0}, dtype)
 
 
 def test_recorded_launches_are_the_ones_the_ops_run(monkeypatch):
     """Recording on meta tensors (what the tool compiles) yields the launches a real call makes, constexprs,
     argument types and config alike: the real call's launches are captured at ``Launch.__call__``."""
-    from mmppma.ops.triton import launch as lp
     ran = []
     monkeypatch.setattr(lp.Launch, '__call__', lambda self: ran.append(self))
     monkeypatch.setattr(lp, 'capability', lambda device: 80)
@@ -255,7 +277,6 @@ def test_auto_falls_back_to_torch_when_a_kernel_cannot_run_on_the_gpu(monkeypatc
     """Forced failure: every kernel raises OutOfResources when loaded on the (pretended) GPU. impl='auto' then
     runs the torch path with one warning naming op, shape, dtype and GPU; impl='triton' raises."""
     import mmppma.ops.triton as triton_ops
-    from mmppma.ops.triton import launch as lp
     from triton.runtime.errors import OutOfResources
 
     def out_of_shared_memory(self):
