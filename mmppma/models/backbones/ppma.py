@@ -172,17 +172,11 @@ class PPMA(StagedBackbone):
         return self._forward_channels_last(x)
 
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
-        """Block b of stage s: 1 + sum(depths[:s]) + b; a stage's Relpos goes with its first block, its
-        downsample with its last."""
-        if parts[0] != self.stages_name or len(parts) <= 2:
-            return None
-        stage = int(parts[1])
-        first = 1 + sum(self.depths[:stage])
-        if parts[2] == 'blocks':
-            return stage, first + int(parts[3])
-        if parts[2] == 'downsample':
-            return stage, first + self.depths[stage] - 1
-        return stage, first
+        """As :class:`StagedBackbone`, except that a stage's ``Relpos`` goes with its first block."""
+        if parts[0] == self.stages_name and len(parts) > 2 and parts[2] == 'Relpos':
+            stage = int(parts[1])
+            return stage, 1 + sum(self.depths[:stage])
+        return super()._stage_block_name(parts)
 
 
 @register_model
