@@ -120,7 +120,8 @@ def toy_config(work_dir: Path, crash_after: Optional[int], name: str) -> Config:
                 num_workers=0),
             test_cfg=dict(),
             test_evaluator=dict(type=f'{here}.ToyMSE'),
-            default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1), logger=dict(type='LoggerHook', interval=1)),
+            default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1),
+                               logger=dict(type='LoggerHook', interval=1)),
             custom_hooks=[] if crash_after is None else [dict(type=f'{here}.CrashAfterEpoch', epoch=crash_after)],
             randomness=dict(seed=0),
             log_level='INFO'))

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from mmppma.models import PPMA, RMT, PPMAClsHead
-from mmppma.models.utils import (CheckpointMismatchError, extract_state_dict, mmppma_to_official,
-                                 official_to_mmppma)
+from mmppma.models.utils import CheckpointMismatchError, extract_state_dict, mmppma_to_official, official_to_mmppma
 
 from .conftest import fixture_shapes
 
@@ -113,7 +112,8 @@ def test_rmt_and_shared_mask_checkpoints_are_recognized():
 def test_mismatches_are_errors_listing_the_keys():
     state = fake_release_state('T')
     extra = dict(state, **{'layers.1.blocks.0.retention.bias_table': torch.zeros(3)})
-    with pytest.raises(CheckpointMismatchError, match=r"1 unexpected keys \['layers.1.blocks.0.retention.bias_table'\]"):
+    unexpected = r"1 unexpected keys \['layers.1.blocks.0.retention.bias_table'\]"
+    with pytest.raises(CheckpointMismatchError, match=unexpected):
         official_to_mmppma(extra)
     missing = dict(state)
     del missing['layers.2.blocks.3.ffn.fc2.bias']

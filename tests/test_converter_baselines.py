@@ -19,8 +19,12 @@ from mmpretrain.registry import MODELS  # noqa: E402
 
 from mmppma.models import MLLA, VMINet  # noqa: E402
 from mmppma.models.layers.mlla import mlla_rope_tables  # noqa: E402
-from mmppma.models.utils.checkpoint_convert import (CheckpointMismatchError, mlla_rope_rotations,  # noqa: E402
-                                                    mmppma_to_release, release_to_mmppma)
+from mmppma.models.utils.checkpoint_convert import (  # noqa: E402
+    CheckpointMismatchError,
+    mlla_rope_rotations,
+    mmppma_to_release,
+    release_to_mmppma,
+)
 from mmppma.models.utils.checkpoint_convert import extract_state_dict as extract_release_state  # noqa: E402
 
 from .conftest import fixture_shapes  # noqa: E402

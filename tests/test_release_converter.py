@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmppma.models import MLLA, PPMA, VMINet, PPMAClsHead
+from mmppma.models import MLLA, PPMA, PPMAClsHead, VMINet
 from mmppma.models.utils import checkpoint_convert as cc
 
 CONVERTERS = Path(__file__).resolve().parents[1] / 'tools' / 'model_converters'

@@ -12,8 +12,15 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.config import Config  # noqa: E402
 
-from mmppma.utils import (apply_test_amp, build_runner, check_data, launcher_parser, load_launch_config,  # noqa: E402
-                          parse_launcher_args, setup_cpu_distributed)
+from mmppma.utils import (  # noqa: E402
+    apply_test_amp,
+    build_runner,
+    check_data,
+    launcher_parser,
+    load_launch_config,
+    parse_launcher_args,
+    setup_cpu_distributed,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -58,7 +58,8 @@ test_evaluator = val_evaluator
 
 # fp32 on CPU; same AdamW, weight decay exclusions as the recipe, a higher lr for a short run from scratch
 optim_wrapper = dict(type='OptimWrapper', optimizer=dict(lr=2e-4))
-train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, val_interval=val_interval)  # see param_scheduler below
+# see param_scheduler below
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters, val_interval=val_interval)
 # milestone and end follow max_iters here; with --cfg-options train_cfg.max_iters=N also pass
 # param_scheduler.1.end=N param_scheduler.1.milestones=[0.8N] (tools/tiny_coco_demo.sh does)
 param_scheduler = [

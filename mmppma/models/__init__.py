@@ -2,9 +2,7 @@
 
 Imports neither mmpretrain, mmdet nor mmseg: a user may have only one of them.
 """
-from .backbones import PPMA, RMT
-from .backbones import MLLA
-from .backbones import VMINet
+from .backbones import MLLA, PPMA, RMT, VMINet
 from .heads import PPMAClsHead
 
 __all__ = ['PPMA', 'RMT', 'PPMAClsHead']

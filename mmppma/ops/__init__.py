@@ -36,12 +36,24 @@ The previous release's spellings (positional options, ``order=``/``mask=`` for `
 ``order='both'|'col_row'|'row_col'`` for ``form='release'|'v2h'|'h2v'``, ``decay_scan_1d(a=...)``) still work
 for this release with a ``DeprecationWarning`` (:func:`mmppma.utils.deprecation.renamed_arguments`).
 """
-from .attention import (criss_cross_attention, manhattan_attention, ppma_attention,
-                        rmt_criss_cross_attention, whole_attention_branch)
+from .attention import (
+                        criss_cross_attention,
+                        manhattan_attention,
+                        ppma_attention,
+                        rmt_criss_cross_attention,
+                        whole_attention_branch,
+)
 from .dispatch import IMPLEMENTATIONS, IMPLS, resolve_impl
 from .linear_attention import ppma_decomposed_attention, ppma_linear_attention
-from .polyline_mask import (column_segment_sums, decay_tables, manhattan_decay_mask, polyline_mask,
-                            polyline_mask_3d, row_segment_sums, segment_sum)
+from .polyline_mask import (
+                        column_segment_sums,
+                        decay_tables,
+                        manhattan_decay_mask,
+                        polyline_mask,
+                        polyline_mask_3d,
+                        row_segment_sums,
+                        segment_sum,
+)
 from .scan import decay_scan_1d, polyline_mask_matvec, polyline_mask_matvec_3d
 
 #: The public ops, by their stable names.

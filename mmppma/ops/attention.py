@@ -23,8 +23,15 @@ from mmppma.utils.deprecation import renamed_arguments
 
 from ._checks import check_choice, check_log_decay, check_qkv, table_dtype
 from .dispatch import resolve_impl
-from .polyline_mask import (column_segment_sums, decay_tables, line_distance, manhattan_decay_mask,
-                            polyline_mask, row_segment_sums, v2h_log_mask)
+from .polyline_mask import (
+    column_segment_sums,
+    decay_tables,
+    line_distance,
+    manhattan_decay_mask,
+    polyline_mask,
+    row_segment_sums,
+    v2h_log_mask,
+)
 
 WHOLE_FORMS = ('release', 'paper', 'v2h', 'h2v')
 CRISS_CROSS_FORMS = ('release', 'v2h', 'h2v')

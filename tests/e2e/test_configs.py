@@ -37,8 +37,9 @@ def test_config_loads_and_builds(path):
         if scope != 'mmpretrain':
             raise
         # mmpretrain's datasets need torchvision, its models do not: build the model all the same
-        import mmppma  # noqa: F401
         import mmpretrain.models  # noqa: F401
+
+        import mmppma  # noqa: F401
     from mmengine.registry import MODELS
     with DefaultScope.overwrite_default_scope(scope):
         model = MODELS.build(cfg.model)
@@ -140,8 +141,8 @@ def test_weight_decay_exclusions_in_the_built_optimizer(tiny_env):
     """The detection recipe's paramwise_cfg on the real model: no decay on norms and A_log/dt_bias, decay
     on Linear/conv weights."""
     scope_ready('mmdet')
-    from mmengine.optim import build_optim_wrapper
     from mmdet.registry import MODELS
+    from mmengine.optim import build_optim_wrapper
     cfg = Config.fromfile(str(TINY_DET))
     with DefaultScope.overwrite_default_scope('mmdet'):
         model = MODELS.build(cfg.model)

@@ -1,6 +1,5 @@
 """LayerDecayOptimWrapperConstructor on mmpretrain/mmdet/mmseg-shaped models (a module with .backbone)."""
 import pytest
-import torch
 import torch.nn as nn
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 

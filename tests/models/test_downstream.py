@@ -17,9 +17,10 @@ IN1K_CONFIGS = sorted(p for f in ('ppma', 'rmt') for p in (REPO / 'configs').glo
 
 
 def test_bare_and_prefixed_names_build_in_every_scope(mmdet_ready, mmseg_ready):
-    import mmppma  # noqa: F401  (registers the bare names)
     from mmdet.registry import MODELS as DET
     from mmseg.registry import MODELS as SEG
+
+    import mmppma  # noqa: F401  (registers the bare names)
     for registry in (DET, SEG):
         for name in ('PPMA', 'mmppma.PPMA', 'RMT', 'mmppma.RMT'):
             model = registry.build(dict(type=name, arch=SMALL_ARCH, out_indices=(3, ))).eval()
@@ -132,6 +133,7 @@ def test_in1k_config_builds_and_trains_one_step(mmpretrain_ready):
 def test_init_model_loads_converted_release_checkpoint(tmp_path, mmpretrain_ready):
     """Release-layout state (from the fixture key list) -> converter CLI -> mmpretrain init_model, strict."""
     from mmpretrain.apis import init_model
+
     from tests.test_converter import fake_release_state
     state = fake_release_state('T')
     torch.save({'model': state}, tmp_path / 'official.pth')

@@ -332,8 +332,8 @@ def test_ppmla_in1k_config_is_mlla_t_with_ppmla(mmpretrain_ready):
 
 
 def test_in1k_classifier_builds_with_release_param_count(mmpretrain_ready):
-    from mmpretrain.registry import MODELS
     from mmengine.registry import init_default_scope
+    from mmpretrain.registry import MODELS
     init_default_scope('mmpretrain')
     with torch.device('meta'):
         model = MODELS.build(_cfg('mlla_t_8xb128_in1k.py').model)
@@ -352,7 +352,8 @@ def test_detection_config_contents(name, mmdet_ready):
     assert bb.get('attn', 'mlla') == ('ppmla' if 'ppmla' in name else 'mlla')
     assert cfg.model.neck.in_channels == MLLA_ARCH_ZOO[arch]['embed_dims']
     family = 'ppmla' if 'ppmla' in name else 'mlla'
-    assert bb.init_cfg == dict(type='Pretrained', checkpoint=f'checkpoints/{family}_{size}_in1k.pth', prefix='backbone.')
+    checkpoint = f'checkpoints/{family}_{size}_in1k.pth'
+    assert bb.init_cfg == dict(type='Pretrained', checkpoint=checkpoint, prefix='backbone.')
     opt = cfg.optim_wrapper
     assert (opt.optimizer.lr, opt.optimizer.weight_decay, opt.paramwise_cfg.norm_decay_mult) == (1e-4, 0.05, 0.0)
     assert cfg.train_cfg.max_epochs == 12 and cfg.param_scheduler[1].milestones == [8, 11]
@@ -368,7 +369,8 @@ def test_segmentation_config_contents(family, size, mmseg_ready):
     bb = cfg.model.backbone
     assert (bb.type, bb.arch, bb.drop_path_rate) == ('mmppma.MLLA', arch, {'t': 0.2, 's': 0.3, 'b': 0.5}[size])
     assert bb.get('attn', 'mlla') == family
-    assert bb.init_cfg == dict(type='Pretrained', checkpoint=f'checkpoints/{family}_{size}_in1k.pth', prefix='backbone.')
+    checkpoint = f'checkpoints/{family}_{size}_in1k.pth'
+    assert bb.init_cfg == dict(type='Pretrained', checkpoint=checkpoint, prefix='backbone.')
     assert cfg.model.decode_head.in_channels == dims and cfg.model.auxiliary_head.in_channels == dims[2]
     opt = cfg.optim_wrapper
     assert (opt.optimizer.lr, opt.optimizer.weight_decay) == (6e-5, 0.01)

@@ -429,9 +429,10 @@ def test_in1k_config_builds_trains_and_excludes_decay(mmpretrain_ready):
 
 
 def test_bare_and_prefixed_names_build_in_every_scope(mmdet_ready, mmseg_ready):
-    import mmppma  # noqa: F401
     from mmdet.registry import MODELS as DET
     from mmseg.registry import MODELS as SEG
+
+    import mmppma  # noqa: F401
     for registry in (DET, SEG):
         for name in ('VMINet', 'mmppma.VMINet'):
             model = registry.build(dict(type=name, arch=TINY_ARCH, out_indices=(3, ))).eval()

@@ -5,8 +5,14 @@ import pytest
 import torch
 
 import mmppma.ops.attention as attention_module
-from mmppma.ops import (criss_cross_attention, manhattan_attention, polyline_mask, ppma_attention,
-                        ppma_decomposed_attention, ppma_linear_attention, rmt_criss_cross_attention)
+from mmppma.ops import (
+    criss_cross_attention,
+    manhattan_attention,
+    ppma_attention,
+    ppma_decomposed_attention,
+    ppma_linear_attention,
+    rmt_criss_cross_attention,
+)
 
 from . import oracle
 from .test_masks_and_scans import SHAPES, decays

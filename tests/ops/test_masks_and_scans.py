@@ -3,8 +3,16 @@ import numpy as np
 import pytest
 import torch
 
-from mmppma.ops import (decay_scan_1d, decay_tables, manhattan_decay_mask, polyline_mask, polyline_mask_3d,
-                        polyline_mask_matvec, polyline_mask_matvec_3d, segment_sum)
+from mmppma.ops import (
+    decay_scan_1d,
+    decay_tables,
+    manhattan_decay_mask,
+    polyline_mask,
+    polyline_mask_3d,
+    polyline_mask_matvec,
+    polyline_mask_matvec_3d,
+    segment_sum,
+)
 
 from . import oracle
 

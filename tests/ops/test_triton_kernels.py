@@ -9,8 +9,16 @@ import pytest
 import torch
 
 import mmppma.ops.attention as attention_module
-from mmppma.ops import (criss_cross_attention, decay_scan_1d, manhattan_attention, polyline_mask_matvec,
-                        polyline_mask_matvec_3d, ppma_attention, ppma_linear_attention, rmt_criss_cross_attention)
+from mmppma.ops import (
+    criss_cross_attention,
+    decay_scan_1d,
+    manhattan_attention,
+    polyline_mask_matvec,
+    polyline_mask_matvec_3d,
+    ppma_attention,
+    ppma_linear_attention,
+    rmt_criss_cross_attention,
+)
 from mmppma.ops.dispatch import resolve_impl
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
@@ -276,8 +284,9 @@ def test_auto_resolution_and_environment_override(monkeypatch):
 def test_auto_falls_back_to_torch_when_a_kernel_cannot_run_on_the_gpu(monkeypatch):
     """Forced failure: every kernel raises OutOfResources when loaded on the (pretended) GPU. impl='auto' then
     runs the torch path with one warning naming op, shape, dtype and GPU; impl='triton' raises."""
-    import mmppma.ops.triton as triton_ops
     from triton.runtime.errors import OutOfResources
+
+    import mmppma.ops.triton as triton_ops
 
     def out_of_shared_memory(self):
         raise OutOfResources(300000, 232448, 'shared memory')

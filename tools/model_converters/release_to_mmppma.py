@@ -46,8 +46,14 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run from a checkout
 
 from mmppma.models.backbones.vminet import RELEASE_RECORD  # noqa: E402
-from mmppma.models.utils.checkpoint_convert import (FAMILIES, CheckpointMismatchError, check_family,  # noqa: E402
-                                                    extract_state_dict, release_to_mmppma, with_release_record)
+from mmppma.models.utils.checkpoint_convert import (  # noqa: E402
+    FAMILIES,
+    CheckpointMismatchError,
+    check_family,
+    extract_state_dict,
+    release_to_mmppma,
+    with_release_record,
+)
 
 
 def parse_args(argv: Optional[List[str]] = None, family: Optional[str] = None) -> argparse.Namespace:

@@ -22,8 +22,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmppma.ops import (criss_cross_attention, manhattan_attention, polyline_mask, ppma_attention,
-                        rmt_criss_cross_attention)
+from mmppma.ops import (
+    criss_cross_attention,
+    manhattan_attention,
+    polyline_mask,
+    ppma_attention,
+    rmt_criss_cross_attention,
+)
 from mmppma.utils.checks import check_choice
 
 from .conv import DWConv2d
