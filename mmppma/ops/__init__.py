@@ -38,21 +38,21 @@ for this release with a ``DeprecationWarning`` (:func:`mmppma.utils.deprecation.
 """
 from .attention import (
                         criss_cross_attention,
-                        manhattan_attention,
-                        ppma_attention,
-                        rmt_criss_cross_attention,
-                        whole_attention_branch,
+    manhattan_attention,
+    ppma_attention,
+    rmt_criss_cross_attention,
+    whole_attention_branch,
 )
 from .dispatch import IMPLEMENTATIONS, IMPLS, resolve_impl
 from .linear_attention import ppma_decomposed_attention, ppma_linear_attention
 from .polyline_mask import (
                         column_segment_sums,
-                        decay_tables,
-                        manhattan_decay_mask,
-                        polyline_mask,
-                        polyline_mask_3d,
-                        row_segment_sums,
-                        segment_sum,
+    decay_tables,
+    manhattan_decay_mask,
+    polyline_mask,
+    polyline_mask_3d,
+    row_segment_sums,
+    segment_sum,
 )
 from .scan import decay_scan_1d, polyline_mask_matvec, polyline_mask_matvec_3d
 

@@ -3,16 +3,16 @@
 from .checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
 from .launch import (
                      apply_test_amp,
-                     build_runner,
-                     check_data,
-                     launcher_parser,
-                     load_launch_config,
-                     missing_data,
-                     parse_launcher_args,
-                     register_scope_modules,
-                     set_local_rank,
-                     setup_cpu_distributed,
-                     setup_work_dir,
+    build_runner,
+    check_data,
+    launcher_parser,
+    load_launch_config,
+    missing_data,
+    parse_launcher_args,
+    register_scope_modules,
+    set_local_rank,
+    setup_cpu_distributed,
+    setup_work_dir,
 )
 
 __all__ = [

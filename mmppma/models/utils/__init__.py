@@ -1,14 +1,14 @@
 """Model utilities: release checkpoint conversion, FLOP counting."""
 from .checkpoint_convert import (
                                  FAMILIES,
-                                 CheckpointMismatchError,
-                                 detect_mask,
-                                 extract_state_dict,
-                                 match_arch,
-                                 mmppma_to_official,
-                                 mmppma_to_release,
-                                 official_to_mmppma,
-                                 release_to_mmppma,
+    CheckpointMismatchError,
+    detect_mask,
+    extract_state_dict,
+    match_arch,
+    mmppma_to_official,
+    mmppma_to_release,
+    official_to_mmppma,
+    release_to_mmppma,
 )
 from .flops import attention_flop_jit, count_flops
 
