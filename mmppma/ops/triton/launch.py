@@ -74,7 +74,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_q', True, True): {0: Config(64, 64, 4, 1), **{cap: Config(64, 32, 4, 1) for cap in (80, 86, 89)}},
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
-    ('whole_bwd_kv', True, False): {0: Config(16, 64, 8, 1)},
+    ('whole_bwd_kv', True, False): {0: Config(16, 64, 8, 1), **{cap: Config(16, 64, 4, 1) for cap in (86, 89)}},
     ('whole_bwd_kv', True, True): {0: Config(64, 64, 4, 1), **{cap: Config(32, 64, 4, 1) for cap in (80, 86, 89)}},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
