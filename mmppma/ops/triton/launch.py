@@ -54,34 +54,38 @@ class Config:
 # size: one configuration with tiles as large as the small GPU ones, so the tests' maps still span several blocks.
 _INTERPRETER = Config(32, 32, 1, 1)
 # Whole attention on images narrower than 16 tokens (N <= 16 H): a block spans many image rows, and the work per
-# row grows with them, so blocks stay short.
-_NARROW = Config(16, 16, 2, 1)
+# row grows with them, so blocks stay short. Half precision -> {capability (0: any other): config}; half precision
+# spills less over 4 warps on sm_86 / sm_89.
+_NARROW: Dict[bool, Dict[int, Config]] = {
+    False: {0: Config(16, 16, 2, 1)},
+    True: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89)}},
+}
 
 # (family, long sequence, half precision) -> {capability (0: any other): config}. A tile's rows are split over
 # the warps 16 rows each (tensor-core layout), so num_warps = BLOCK_M / 16 and no warp holds a replica. Half
 # precision takes 64 x 64 tiles for sequences of LARGE tokens or more (FlashAttention's tile); exact float32
 # products run on the FMA units, whose operand tiles cost more registers, so float32 keys come 32 at a time.
-# Short float32 backward tiles take more warps per tile (fewer registers per thread) and per-capability shapes:
-# ptxas spills a few bytes in some of them at 2 warps, differently on sm_80 and sm_90.
+# Short float32 backward tiles are 16 x 16 over 4 warps: ptxas spills a few bytes in larger or 2-warp ones at some
+# shapes and capabilities (tools/check_kernels.py).
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('whole_fwd', True, False): {0: Config(64, 32, 8, 2)},
     ('whole_fwd', True, True): {0: Config(64, 64, 4, 2), **{cap: Config(64, 32, 4, 2) for cap in (80, 86, 89)}},
     # backward: dq's own (query) block is BLOCK_M, dk / dv's (key) block BLOCK_N, on the tiles' row axis
-    ('whole_bwd_q', False, False): {0: Config(16, 16, 4, 1), 90: Config(32, 32, 4, 1)},
+    ('whole_bwd_q', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_q', False, True): {0: Config(32, 16, 2, 1)},
     ('whole_bwd_q', True, False): {0: Config(64, 16, 8, 1)},
     ('whole_bwd_q', True, True): {0: Config(64, 64, 4, 1), **{cap: Config(64, 32, 4, 1) for cap in (80, 86, 89)}},
-    ('whole_bwd_kv', False, False): {0: Config(16, 32, 8, 1), 90: Config(32, 32, 4, 1)},
+    ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
-    ('whole_bwd_kv', True, False): {0: Config(16, 64, 8, 1)},
+    ('whole_bwd_kv', True, False): {0: Config(16, 64, 8, 1), **{cap: Config(16, 64, 4, 1) for cap in (86, 89)}},
     ('whole_bwd_kv', True, True): {0: Config(64, 64, 4, 1), **{cap: Config(32, 64, 4, 1) for cap in (80, 86, 89)}},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},
     ('line_fwd', True, True): {0: Config(64, 64, 4, 2)},
-    ('line_bwd', False, False): {0: Config(32, 32, 4, 1), 90: Config(32, 16, 4, 1)},
+    ('line_bwd', False, False): {0: Config(16, 16, 4, 1)},
     ('line_bwd', False, True): {0: Config(32, 32, 2, 1)},
     ('line_bwd', True, False): {0: Config(64, 16, 8, 1)},
     ('line_bwd', True, True): {0: Config(64, 64, 4, 1)},
@@ -98,7 +102,8 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
     if cap == 0:
         return _INTERPRETER
     if width < 16:
-        return _NARROW
+        narrow = _NARROW[dtype != torch.float32]
+        return narrow.get(cap, narrow[0])
     row = _TABLE[(family, length >= LARGE, dtype != torch.float32)]
     return row.get(cap, row[0])
 
