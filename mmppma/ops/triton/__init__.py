@@ -84,15 +84,20 @@ def ppma_attention_triton(q, k, v, la, lb, scale: float = 1.0, form: str = 'rele
     return run(q, k, v, la, lb)
 
 
+def _constant_decay_tables(log_decay: torch.Tensor, q: torch.Tensor):
+    """Decay tables (Ca, Cb) of RMT's fixed per-head decay, (heads,) or (B, heads), on q's (B, heads, H, W) grid."""
+    b, heads, h, w, _ = q.shape
+    g = log_decay.float()
+    g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)
+    return decay_tables(g, g)
+
+
 def manhattan_attention_triton(q, k, v, log_decay, scale: float = 1.0, fallback=None):
     """RMT's Manhattan decay is the V2H polyline mask with constant decays."""
     from .whole_attention import whole_attention_triton
 
     def run(q, k, v, log_decay):
-        b, heads, h, w, _ = q.shape
-        g = log_decay.float()
-        g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)
-        ca, cb = decay_tables(g, g)
+        ca, cb = _constant_decay_tables(log_decay, q)
         return whole_attention_triton(q, k, v, ca, cb, scale, True, False)
 
     if not _kernels_fit('manhattan_attention', run, (q, k, v, log_decay), fallback):
@@ -116,10 +121,7 @@ def rmt_criss_cross_attention_triton(q, k, v, log_decay, scale: float = 1.0, fal
     from .line_attention import criss_cross_attention_triton as lines
 
     def run(q, k, v, log_decay):
-        b, heads, h, w, _ = q.shape
-        g = log_decay.float()
-        g = (g if g.dim() == 2 else g.unsqueeze(0))[:, :, None, None].expand(b, heads, h, w)
-        ca, cb = decay_tables(g, g)
+        ca, cb = _constant_decay_tables(log_decay, q)
         return lines(q, k, v, ca, cb, scale, 'row_col')
 
     if not _kernels_fit('rmt_criss_cross_attention', run, (q, k, v, log_decay), fallback):
