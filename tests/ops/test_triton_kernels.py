@@ -81,13 +81,13 @@ def test_manhattan_kernel():
                 lambda *a: rmt_criss_cross_attention(*a, gamma, scale=0.25, impl='reference'), [q, k, v])
 
 
-@pytest.mark.parametrize('order', ['both', 'row_col', 'col_row'])
+@pytest.mark.parametrize('form', ['release', 'h2v', 'v2h'])
 @pytest.mark.parametrize('shape', LINE_SHAPES, ids=lambda s: 'x'.join(map(str, s)))
-def test_criss_cross_kernel(shape, order):
+def test_criss_cross_kernel(shape, form):
     b, heads, h, w, d, dv = shape
     inputs = make(b, heads, h, w, d, dv, seed=h + w)
-    assert_same(lambda *a: criss_cross_attention(*a, scale=0.3, order=order, impl='triton'),
-                lambda *a: criss_cross_attention(*a, scale=0.3, order=order, impl='reference'), inputs)
+    assert_same(lambda *a: criss_cross_attention(*a, scale=0.3, form=form, impl='triton'),
+                lambda *a: criss_cross_attention(*a, scale=0.3, form=form, impl='reference'), inputs)
 
 
 @pytest.mark.parametrize('length', SCAN_LENGTHS)
@@ -99,12 +99,12 @@ def test_decay_scan_kernel(length):
                 [x, a])
 
 
-@pytest.mark.parametrize('order', ['v2h', 'h2v', '2d'])
-def test_matvec_and_linear_attention_on_the_scan_kernel(order):
+@pytest.mark.parametrize('form', ['v2h', 'h2v', '2d'])
+def test_matvec_and_linear_attention_on_the_scan_kernel(form):
     q, k, v, la, lb = make(1, 2, 7, 7, 4, seed=3)
-    assert_same(lambda x, a, b: polyline_mask_matvec(x, a, b, order, impl='triton'),
-                lambda x, a, b: polyline_mask_matvec(x, a, b, order, impl='reference'), [v, la, lb])
-    if order == '2d':
+    assert_same(lambda x, a, b: polyline_mask_matvec(x, a, b, form=form, impl='triton'),
+                lambda x, a, b: polyline_mask_matvec(x, a, b, form=form, impl='reference'), [v, la, lb])
+    if form == '2d':
         assert_same(lambda *t: ppma_linear_attention(*t, feature_map='elu', normalize=True, impl='triton'),
                     lambda *t: ppma_linear_attention(*t, feature_map='elu', normalize=True, impl='reference'),
                     [q, k, v, la, lb])
