@@ -8,7 +8,7 @@
 
 The inference table of docs/benchmarks.md (PPMA-T and RMT-T against the release's models)::
 
-    PYTHONPATH=<timm and einops> python tools/benchmark_model.py --mode infer --shape 224 224 --batch 8 \
+    PYTHONPATH=<timm and einops> python tools/benchmark_model.py --mode infer --shape 224 224 --batch 8 \\
         --rounds 3 --release-dir <folder with the release's PPMA.py and RMT.py>
 
 ``--task backbone`` (default) times the backbone alone (out_indices 0-3, release dense layout; the loss is the
