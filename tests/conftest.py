@@ -38,6 +38,26 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
+CONVERTERS = REPO_ROOT / 'tools' / 'model_converters'
+
+
+@pytest.fixture
+def converter_main():
+    """``main(argv)`` of tools/model_converters/release_to_mmppma.py, imported from its folder."""
+    sys.path.insert(0, str(CONVERTERS))
+    try:
+        from release_to_mmppma import main
+        yield main
+    finally:
+        sys.path.remove(str(CONVERTERS))
+
+
+@pytest.fixture
+def cli_main(converter_main):
+    """The converter CLI as ``cli_main(family, doc, argv)``: ``main(['--family', family, *argv])``."""
+    return lambda family, doc, argv: converter_main(['--family', family, *argv])
+
+
 def subprocess_env(extra_pythonpath: Sequence[str] = (), **env: str) -> Dict[str, str]:
     """The current environment plus ``extra_pythonpath`` and ``env``; single-threaded, quiet."""
     merged = dict(os.environ)

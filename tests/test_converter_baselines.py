@@ -267,16 +267,6 @@ def run_cli(script, *args, check=True):
                           text=True, check=check)
 
 
-@pytest.fixture
-def cli_main():
-    sys.path.insert(0, str(CONVERTERS))
-    try:
-        from release_to_mmppma import main
-        yield lambda family, doc, argv: main(['--family', family, *argv])
-    finally:
-        sys.path.remove(str(CONVERTERS))
-
-
 def test_cli(tmp_path, cli_main, capsys):
     # MLLA, through the script: the release file pickles its training config
     state = fake_release_state('MLLA', 'T', random=True)

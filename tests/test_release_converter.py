@@ -39,13 +39,8 @@ def _release_state(family: str) -> dict:
 
 
 @pytest.fixture
-def cli():
-    sys.path.insert(0, str(CONVERTERS))
-    try:
-        from release_to_mmppma import main
-        yield main
-    finally:
-        sys.path.remove(str(CONVERTERS))
+def cli(converter_main):
+    return converter_main
 
 
 @pytest.mark.parametrize('family,script', [

@@ -7,7 +7,6 @@ mmppma's modules: a random state dict in the release's key layout and a function
 """
 import math
 import re
-import sys
 from collections import OrderedDict
 from pathlib import Path
 from typing import Optional
@@ -22,7 +21,6 @@ from mmppma.models import VMINet  # noqa: E402
 from mmppma.models.utils.checkpoint_convert import CheckpointMismatchError, release_to_mmppma  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CONVERTERS = REPO / 'tools' / 'model_converters'
 FIXTURES = Path(__file__).resolve().parent / 'fixtures'
 
 # ---------------------------------------------------------------- the release, as an independent reference
@@ -152,16 +150,6 @@ def rel_max_error(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------- helpers
-@pytest.fixture
-def cli_main():
-    sys.path.insert(0, str(CONVERTERS))
-    try:
-        from release_to_mmppma import main
-        yield lambda family, doc, argv: main(['--family', family, *argv])
-    finally:
-        sys.path.remove(str(CONVERTERS))
-
-
 def convert(cli_main, capsys, state, tmp_path, *flags):
     src, dst = tmp_path / 'release.pth.tar', tmp_path / 'converted.pth'
     torch.save({'state_dict': state, 'epoch': 300}, src)
