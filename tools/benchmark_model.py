@@ -330,10 +330,10 @@ def main(argv=None) -> int:
     print(f'\n{args.task} ({args.arch}), input {args.batch}x3x{h}x{w}, {what}, device {first["device"]}, '
           f'{first["threads"]} threads, torch {first["torch"]}, amp={args.amp or "off"}, '
           f'{args.clock} clock, best of {args.rounds} round(s)')
-    print(f'{"model":6s} {"impl":14s} {"median time (s)":>12s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
+    print(f'{"model":6s} {"impl":14s} {"median time (ms)":>16s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
     for (name, impl), res in results.items():
         shown = impl if res['resolved'] == impl else f'{impl}->{res["resolved"]}'
-        print(f'{name:6s} {shown:14s} {res["time_s"]:12.3f} {args.batch / res["time_s"]:10.1f} '
+        print(f'{name:6s} {shown:14s} {1000 * res["time_s"]:16.3f} {args.batch / res["time_s"]:10.1f} '
               f'{res["peak_bytes"] / 2**20:18.1f}')
         if res['amp_error'] is not None:
             print(f'    {args.amp} outputs against float32: max abs error {res["amp_error"][0]:.3g}, '
