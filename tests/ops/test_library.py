@@ -79,3 +79,16 @@ def test_blockwise_op_values_and_gradients_match_reference(op, monkeypatch):
 
     for got, want in zip(run('torch'), run('reference')):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_interpreted_triton_impl_refuses_torch_compile_by_name():
+    pytest.importorskip('triton')
+    if torch.cuda.is_available():
+        pytest.skip('CPU tensors on the Triton interpreter only')
+    q, k, v = (torch.randn(1, 2, 3, 4, 16) for _ in range(3))
+    la, lb = decays(1, 2, 3, 4)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *xs: ppma_attention(*xs, impl='triton'))
+    with pytest.raises(RuntimeError, match=r"ppma_attention: impl='triton' on CPU tensors runs the Triton "
+                                           r"interpreter, which torch.compile cannot trace"):
+        compiled(q, k, v, la.float(), lb.float())
