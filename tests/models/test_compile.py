@@ -21,9 +21,9 @@ BACKBONES = {
     'VMINet': lambda: VMINet(arch=dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2]), img_size=64,
                              out_indices=(0, 1)),
 }
-# (H, W) of the input images: the first compiles static shapes, the second recompiles with dynamic ones,
-# the third must run on the dynamic graph
-SIZES = [(64, 64), (96, 64), (128, 96)]
+# (H, W) of the input images: the first compiles static shapes, the second (both sides new) recompiles with
+# dynamic ones, the third must run on that dynamic graph
+SIZES = [(64, 64), (96, 128), (128, 96)]
 
 
 def _step(model, module, x):

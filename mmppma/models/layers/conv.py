@@ -37,11 +37,13 @@ class ConvStem(nn.Module):
             nn.Conv2d(embed_dims, embed_dims, 3, 1, 1), nn.BatchNorm2d(embed_dims))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).permute(0, 2, 3, 1)
+        # contiguous tokens: the blocks' depthwise convs then run channels-last, their adds and norms stride 1
+        return self.proj(x).permute(0, 2, 3, 1).contiguous()
 
 
 class ConvDownsample(nn.Module):
-    """3x3 stride-2 conv (with bias) + BatchNorm: (B, H, W, C_in) -> (B, ceil(H/2), ceil(W/2), C_out)."""
+    """3x3 stride-2 conv (with bias) + BatchNorm: (B, H, W, C_in) -> (B, ceil(H/2), ceil(W/2), C_out)
+    contiguous."""
 
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()
@@ -49,4 +51,4 @@ class ConvDownsample(nn.Module):
         self.norm = nn.BatchNorm2d(out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1)
+        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1).contiguous()
