@@ -442,8 +442,9 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
     if scale != 1.0:  # the models fold the scale into k
         q = q * scale
     rows = row_probs(q @ k.transpose(-1, -2))  # (B, heads, H, W, W)
-    qc, kc = q.transpose(2, 3), k.transpose(2, 3)  # (B, heads, W, H, d)
-    cols = col_probs(qc @ kc.transpose(-1, -2))  # (B, heads, W, H, H)
+    # k as (B, heads, W, d, H) in one permute: inductor's SDPA pattern for T5-style attention matches a
+    # transposed query against a twice-permuted key whatever their rank, and its rewrite fails on 5-D tensors
+    cols = col_probs(q.transpose(2, 3) @ k.permute(0, 1, 3, 4, 2))  # (B, heads, W, H, H)
 
     def along_rows(x):
         return rows @ x
