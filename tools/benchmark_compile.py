@@ -84,25 +84,26 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-    rows = []
+    rows, failed = [], False
     for mode in args.modes:
         for name in args.models:
             cmd = [sys.executable, osp.abspath(__file__), *(argv if argv is not None else sys.argv[1:]),
                    '--worker', name, '--worker-mode', mode]
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             if proc.returncode != 0:
-                print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
-                return proc.returncode
-            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            print(f'done: {name} {mode}', file=sys.stderr, flush=True)
-    print(f'| model | mode | batch x H x W | eager (s) | compiled (s) | eager / compiled | compile (s) | '
-          f'max rel diff |')
+                print(f'{name} {mode} failed:', proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+                failed = True
+                continue
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append(f"| {r['model']}-{args.arch[0].upper()} | {r['mode']} | {r['batch']} x {r['shape'][0]} x "
+                        f"{r['shape'][1]} | {r['eager']:.3f} | {r['compiled']:.3f} | "
+                        f"{r['eager'] / r['compiled']:.2f} | {r['compile']:.0f} | {r['diff']:.1e} |")
+            print(rows[-1], file=sys.stderr, flush=True)
+    print('| model | mode | batch x H x W | eager (s) | compiled (s) | eager / compiled | compile (s) | '
+          'max rel diff |')
     print('|---|---|---|---|---|---|---|---|')
-    for r in rows:
-        print(f"| {r['model']}-{args.arch[0].upper()} | {r['mode']} | {r['batch']} x {r['shape'][0]} x "
-              f"{r['shape'][1]} | {r['eager']:.3f} | {r['compiled']:.3f} | {r['eager'] / r['compiled']:.2f} | "
-              f"{r['compile']:.0f} | {r['diff']:.1e} |")
-    return 0
+    print('\n'.join(rows))
+    return 1 if failed else 0
 
 
 if __name__ == '__main__':
