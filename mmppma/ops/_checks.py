@@ -24,15 +24,17 @@ def check_decays(la: torch.Tensor, lb: torch.Tensor, what: str = 'la, lb') -> No
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: Optional[torch.Tensor] = None,
               lb: Optional[torch.Tensor] = None) -> None:
-    """Check q, k, v (and, when given, the log-decays la, lb) against :data:`QKV_LAYOUT`."""
-    got = f'got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}'
-    if la is not None:
-        got += f', la {_shape(la)}, lb {_shape(lb)}'
-    if q.dim() != 5 or k.shape != q.shape or v.dim() != 5 or v.shape[:-1] != q.shape[:-1]:
+    """Check q, k, v (and, when given, the log-decays la, lb) against :data:`QKV_LAYOUT`.
+
+    The message is formatted only on failure: formatting shapes (``str`` of a symbolic size) is what
+    ``torch.compile`` cannot trace, so a check that formats eagerly breaks the graph of every op."""
+    if (q.dim() != 5 or k.shape != q.shape or v.dim() != 5 or v.shape[:-1] != q.shape[:-1]
+            or (la is not None and (la.shape != q.shape[:-1] or lb.shape != q.shape[:-1]))):
+        got = f'got q {_shape(q)}, k {_shape(k)}, v {_shape(v)}'
+        if la is not None:
+            got += f', la {_shape(la)}, lb {_shape(lb)}'
         raise ValueError(f'expected {QKV_LAYOUT}; {got}')
     if la is not None:
-        if la.shape != q.shape[:-1] or lb.shape != q.shape[:-1]:
-            raise ValueError(f'expected {QKV_LAYOUT}; {got}')
         check_decays(la, lb)
     for name, t in (('q', q), ('k', k), ('v', v)):
         if not t.is_floating_point():

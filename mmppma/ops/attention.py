@@ -57,6 +57,12 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+def _eager_inference(*tensors: torch.Tensor) -> bool:
+    """Whether the criss-cross ops take their per-image inference loops: autograd not recording, and not
+    while torch.compile traces (a Python loop over the batch would specialise the graph on its size)."""
+    return not _needs_grad(*tensors) and not torch.compiler.is_compiling()
+
+
 def _flatten(t: torch.Tensor) -> torch.Tensor:
     b, h, hh, ww, d = t.shape
     return t.reshape(b, h, hh * ww, d)
@@ -220,72 +226,111 @@ def _masked_softmax_blocks(q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]
     return out
 
 
-class _MaskedSoftmaxAttention(torch.autograd.Function):
-    """c * sum_p softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'} (one weight c), blockwise over query
-    rows.
-
-    q is pre-scaled. The forward is :func:`_masked_softmax_blocks`; it saves only q, k, v and the tables, and
-    each block's probabilities are recomputed in the backward (one fused softmax per path costs no more than
-    re-reading a saved log-sum-exp).
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]):
-        out = _masked_softmax_blocks(q, k, v, sa, sb, paths)
-        ctx.save_for_backward(q, k, v, sa, sb)
-        ctx.paths = paths
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, sa, sb = ctx.saved_tensors
-        paths = ctx.paths
-        weight = _common_weight(paths)
-        b, heads, n, _ = q.shape
-        h, w = sb.shape[-1], sa.shape[-1]
-        need_tables = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
-        dq = torch.empty_like(q)
-        dk = torch.zeros_like(k)
-        dv = torch.zeros_like(v)
-        tables = _BlockTables(sa, sb, [path for path, _ in paths])
-        step = _rows_per_block(b, heads, h, w)
-        # scores (then the last path's probabilities / score gradient), dprobs, one per further path,
-        # and the probability sum when there are several paths
-        multi = len(paths) > 1
-        buffers = _BlockBuffers(q, 2 + (len(paths) - 1) + multi, b * heads * step * w * n)
-        kt = k.transpose(-1, -2)
-        vt = v.transpose(-1, -2)
-        for r0, r1, rows in _blocks(b, heads, h, w):
-            s, dprobs, *bufs = buffers.get(b, heads, (r1 - r0) * w, n)
-            p_sum = bufs.pop() if multi else None
-            outs = bufs + [s]  # the last path works in the score buffer
-            qb, db = q[:, :, rows], dout[:, :, rows]
-            torch.matmul(qb, kt, out=s)
-            torch.matmul(db, vt, out=dprobs)  # d(loss) / d(probabilities), before the weight
-            for idx, (path, _) in enumerate(paths):
-                p = _softmax_(tables.with_bias(s, path, r0, r1, out=outs[idx]))
-                if multi:
-                    p_sum.copy_(p) if idx == 0 else p_sum.add_(p)
-                else:
-                    dv += p.transpose(-1, -2) @ db
-                ds = _softmax_backward_(dprobs, p)  # into p's storage on CPU
-                if need_tables:
-                    tables.reduce_grad(ds, path, r0, r1)
-                outs[idx] = ds
+def _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...],
+                                    table_grads: bool):
+    """Gradients (dq, dk, dv, dsa, dsb) of :func:`_masked_softmax_blocks` for the output gradient ``dout``;
+    each block's probabilities are recomputed (one fused softmax per path costs no more than re-reading a
+    saved log-sum-exp). dsa, dsb are None unless ``table_grads``."""
+    weight = _common_weight(paths)
+    b, heads, n, _ = q.shape
+    h, w = sb.shape[-1], sa.shape[-1]
+    dq = torch.empty_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    tables = _BlockTables(sa, sb, [path for path, _ in paths])
+    step = _rows_per_block(b, heads, h, w)
+    # scores (then the last path's probabilities / score gradient), dprobs, one per further path,
+    # and the probability sum when there are several paths
+    multi = len(paths) > 1
+    buffers = _BlockBuffers(q, 2 + (len(paths) - 1) + multi, b * heads * step * w * n)
+    kt = k.transpose(-1, -2)
+    vt = v.transpose(-1, -2)
+    for r0, r1, rows in _blocks(b, heads, h, w):
+        s, dprobs, *bufs = buffers.get(b, heads, (r1 - r0) * w, n)
+        p_sum = bufs.pop() if multi else None
+        outs = bufs + [s]  # the last path works in the score buffer
+        qb, db = q[:, :, rows], dout[:, :, rows]
+        torch.matmul(qb, kt, out=s)
+        torch.matmul(db, vt, out=dprobs)  # d(loss) / d(probabilities), before the weight
+        for idx, (path, _) in enumerate(paths):
+            p = _softmax_(tables.with_bias(s, path, r0, r1, out=outs[idx]))
             if multi:
-                dv += p_sum.transpose(-1, -2) @ db
-            ds_sum = outs[-1]
-            for ds in outs[:-1]:
-                ds_sum = ds_sum.add_(ds)
-            dq[:, :, rows] = ds_sum @ k
-            dk += ds_sum.transpose(-1, -2) @ qb
-        if weight != 1.0:
-            for t in (dq, dk, dv):
-                t.mul_(weight)
+                p_sum.copy_(p) if idx == 0 else p_sum.add_(p)
+            else:
+                dv += p.transpose(-1, -2) @ db
+            ds = _softmax_backward_(dprobs, p)  # into p's storage on CPU
+            if table_grads:
+                tables.reduce_grad(ds, path, r0, r1)
+            outs[idx] = ds
+        if multi:
+            dv += p_sum.transpose(-1, -2) @ db
+        ds_sum = outs[-1]
+        for ds in outs[:-1]:
+            ds_sum = ds_sum.add_(ds)
+        dq[:, :, rows] = ds_sum @ k
+        dk += ds_sum.transpose(-1, -2) @ qb
+    if weight != 1.0:
+        for t in (dq, dk, dv):
+            t.mul_(weight)
+    dsa = dsb = None
+    if table_grads:
+        dsa, dsb = tables.table_grads(sa.shape, sb.shape, weight)
+    return dq, dk, dv, dsa, dsb
+
+
+# The blockwise branch as torch.library ops: its Python loop over row blocks (as many as the shapes ask for)
+# and its in-place block buffers are eager code, so torch.compile sees one node per call, with the output
+# shapes the fake implementations give, and the backward as a second node.
+@torch.library.custom_op('mmppma::whole_attention_blockwise', mutates_args=())
+def whole_attention_blockwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sa: torch.Tensor,
+                              sb: torch.Tensor, form: str) -> torch.Tensor:
+    """The ``'blockwise'`` and ``'inference'`` branches of whole attention: ``form`` ('release' | 'v2h' | 'h2v') of
+    softmax(q k^T + M) v, q pre-scaled. q, k (B, heads, N, d); v (B, heads, N, d_v); sa (B|1, heads, H, W, W),
+    sb (B|1, heads, W, H, H) segment-sum tables, all one float dtype -> (B, heads, N, d_v). Memory O(N^1.5):
+    the backward recomputes each block's probabilities."""
+    return _masked_softmax_blocks(q, k, v, sa, sb, _paths_for(form), pad=True)
+
+
+@whole_attention_blockwise.register_fake
+def _(q, k, v, sa, sb, form):
+    return q.new_empty(*q.shape[:-1], v.shape[-1])
+
+
+@torch.library.custom_op('mmppma::whole_attention_blockwise_backward', mutates_args=())
+def whole_attention_blockwise_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                       sa: torch.Tensor, sb: torch.Tensor, form: str,
+                                       table_grads: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                   torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsa, dsb) of :func:`whole_attention_blockwise`; dsa, dsb (shaped as sa, sb) only with
+    ``table_grads``, else empty (0,) tensors."""
+    dq, dk, dv, dsa, dsb = _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, _paths_for(form), table_grads)
+    if not table_grads:
+        dsa, dsb = sa.new_empty(0), sb.new_empty(0)
+    return dq, dk, dv, dsa, dsb
+
+
+@whole_attention_blockwise_backward.register_fake
+def _(dout, q, k, v, sa, sb, form, table_grads):
+    tables = (sa.new_empty(sa.shape), sb.new_empty(sb.shape)) if table_grads else (sa.new_empty(0), sb.new_empty(0))
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)) + tables
+
+
+def _blockwise_setup_context(ctx, inputs, output):
+    q, k, v, sa, sb, form = inputs
+    ctx.save_for_backward(q, k, v, sa, sb)
+    ctx.form = form
+
+
+def _blockwise_backward(ctx, dout):
+    q, k, v, sa, sb = ctx.saved_tensors
+    table_grads = ctx.needs_input_grad[3] or ctx.needs_input_grad[4]
+    dq, dk, dv, dsa, dsb = whole_attention_blockwise_backward(dout, q, k, v, sa, sb, ctx.form, table_grads)
+    if not table_grads:
         dsa = dsb = None
-        if need_tables:
-            dsa, dsb = tables.table_grads(sa.shape, sb.shape, weight)
-        return dq, dk, dv, dsa, dsb, None
+    return dq, dk, dv, dsa, dsb, None
+
+
+whole_attention_blockwise.register_autograd(_blockwise_backward, setup_context=_blockwise_setup_context)
 
 
 def _whole_torch_small(q, k, v, sa, sb, paths):
@@ -312,7 +357,7 @@ def whole_attention_branch(batch: int, heads: int, height: int, width: int, form
     return 'autograd' if batch * heads * (height * width)**2 <= SMALL_ELEMENTS else 'blockwise'
 
 
-def _whole_torch(q, k, v, sa, sb, scale, paths):
+def _whole_torch(q, k, v, sa, sb, scale, form):
     dtype = table_dtype(q, k, v, sa, sb)
     b, heads, h, w, _ = q.shape
     qf, kf, vf = _flatten(q).to(dtype), _flatten(k).to(dtype), _flatten(v).to(dtype)
@@ -320,12 +365,11 @@ def _whole_torch(q, k, v, sa, sb, scale, paths):
         qf = qf * scale
     sa, sb = sa.to(dtype), sb.to(dtype)
     branch = whole_attention_branch(b, heads, h, w, grad=_needs_grad(qf, kf, vf, sa, sb))
-    if branch == 'inference':
-        out = _masked_softmax_blocks(qf, kf, vf, sa, sb, tuple(paths), pad=True)
-    elif branch == 'autograd':
-        out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1), paths)
+    if branch == 'autograd':
+        out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1),
+                                 _paths_for(form))
     else:
-        out = _MaskedSoftmaxAttention.apply(qf, kf, vf, sa, sb, tuple(paths))
+        out = whole_attention_blockwise(qf, kf, vf, sa, sb, form)
     return out.reshape(*v.shape).to(v.dtype)
 
 
@@ -380,7 +424,7 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise
         # log-sum-exp trick applies, so its torch path is the dense one
         return _whole_reference(q, k, v, polyline_mask(la, lb, form='v2h'), scale, form)
-    return _whole_torch(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, _paths_for(form))
+    return _whole_torch(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, form)
 
 
 def _manhattan_tables(log_decay: torch.Tensor, h: int, w: int, dtype: torch.dtype):
@@ -416,7 +460,7 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
         m = m if m.dim() == 4 else m.unsqueeze(0)
         return _whole_reference(q, k, v, m.expand(b, -1, -1, -1), scale, 'v2h')
     sa, sb = _manhattan_tables(log_decay, h, w, dtype)
-    return _whole_torch(q, k, v, sa, sb, scale, (('v2h', 1.0), ))
+    return _whole_torch(q, k, v, sa, sb, scale, 'v2h')
 
 
 # --------------------------------------------------------------------------------------------------
@@ -433,7 +477,9 @@ class _SegmentMaskedSoftmax(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, c):
         sign = _sign_table(c.shape[-1], c.dtype, c.device)
-        if scores.device.type == 'cpu':  # all in place: the probabilities take the scores' storage
+        if scores.device.type == 'cpu' and not torch.compiler.is_compiling():
+            # eager CPU: all in place, the probabilities take the scores' storage (compiled code plans its
+            # own buffers, and dynamo traces an autograd.Function only if it marks no input dirty)
             probs = _softmax_(scores.addcmul_(c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0))
             ctx.mark_dirty(scores)
         else:
@@ -464,8 +510,9 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
     if scale != 1.0:  # the models fold the scale into k
         q = q * scale
     rows = row_probs(q @ k.transpose(-1, -2))  # (B, heads, H, W, W)
-    qc, kc = q.transpose(2, 3), k.transpose(2, 3)  # (B, heads, W, H, d)
-    cols = col_probs(qc @ kc.transpose(-1, -2))  # (B, heads, W, H, H)
+    # k as (B, heads, W, d, H) in one permute: inductor's SDPA pattern for T5-style attention matches a
+    # transposed query against a twice-permuted key whatever their rank, and its rewrite fails on 5-D tensors
+    cols = col_probs(q.transpose(2, 3) @ k.permute(0, 1, 3, 4, 2))  # (B, heads, W, H, H)
 
     def along_rows(x):
         return rows @ x
@@ -582,7 +629,7 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         return _criss_cross_reference(q, k, v, la, lb, scale, order).to(v.dtype)
     dtype = table_dtype(q, k, v, la, lb)
     ca, cb = decay_tables(la, lb)
-    if not _needs_grad(q, k, v, la, lb):
+    if _eager_inference(q, k, v, la, lb):
         def segment_bias(c):
             """s[..., t, u] += sign[t, u] * (c[t] - c[u]) as _SegmentMaskedSoftmax, for padded rows of s: there
             sign is +1 and c[u] is +inf, so the padding gets -inf."""
@@ -627,7 +674,7 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return criss_cross_attention(q, k, v, g, g, scale=scale, form='h2v', impl='reference')
     sa, sb = _manhattan_tables(log_decay, h, w, dtype)
     sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
-    if not _needs_grad(q, k, v, log_decay):
+    if _eager_inference(q, k, v, log_decay):
         def head_bias(table):  # (B|1, heads, 1, L, L) -> -inf in the padding of the rows
             table = _pad_last(table, _padded(table.shape[-1], table.device), float('-inf'))
             return lambda s, i, n0, n1: s.add_(table[i if table.shape[0] > 1 else 0, n0:n1])

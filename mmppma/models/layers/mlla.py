@@ -113,9 +113,11 @@ class MLLAAttention(nn.Module):
         (its 1/sqrt(N) scalings keep k~^T v small in half precision)."""
         shape = v.shape
         q, k, v, q_rope, k_rope = (t.flatten(2, 3) for t in (q, k, v, q_rope, k_rope))  # (B, n, N, d)
-        n = q.shape[2]
+        # 1 / sqrt(N) as a tensor: a Python float from the token count is a symbolic float under
+        # torch.compile with dynamic shapes, which its scalar pass cannot lower when N comes from the padding
+        scale = torch.full((), q.shape[2], dtype=torch.float64, device=q.device).rsqrt()
         z = 1.0 / (q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) + self.eps)  # (B, n, N, 1)
-        kv = (k_rope.transpose(-2, -1) * n**-0.5) @ (v * n**-0.5)  # (B, n, d, d)
+        kv = (k_rope.transpose(-2, -1) * scale) @ (v * scale)  # (B, n, d, d)
         return ((q_rope @ kv) * z).view(shape)
 
     def _masked_linear_attention(self, q, k, v, q_rope, k_rope, la, lb) -> torch.Tensor:

@@ -60,10 +60,12 @@ class PathEmbed(nn.Module):
         b, h, w, _ = x.shape
         with torch.autocast(device_type=x.device.type, enabled=False):
             xh = x.float().view(b, h, w, self.num_heads, self.head_dims)
-            dt = F.linear(xh, self.dt_linear.weight.float())  # (B, H, W, n, directions)
+            # (B, n, directions, H, W), made contiguous before the softplus: with a permuted gradient, eager
+            # softplus_backward returns the gradient's strides while its fake (meta) implementation, which
+            # torch.compile plans with, returns contiguous ones, and the compiled backward then fails
+            dt = F.linear(xh, self.dt_linear.weight.float()).permute(0, 3, 4, 1, 2).contiguous()
             a = -torch.exp(self.A_log.float())  # (n,)
-            log_decay = F.softplus(dt + self.dt_bias.float()[:, None]) * a[:, None]
-            log_decay = log_decay.permute(0, 3, 4, 1, 2)  # (B, n, directions, H, W)
+            log_decay = F.softplus(dt + self.dt_bias.float()[:, None, None, None]) * a[:, None, None, None]
         la = log_decay[:, :, 0].contiguous()
         lb = la if self.directions == 1 else log_decay[:, :, 1].contiguous()
         return la, lb

@@ -1,0 +1,130 @@
+"""``torch.compile`` with its defaults (as mmengine's ``compile=True`` calls it): the four backbones and the
+attention ops trace without graph breaks; compiled forward and backward equal eager at several input sizes in
+one process, where the second size recompiles with dynamic shapes and a third reuses that graph."""
+import pytest
+import torch
+import torch._dynamo
+
+import mmppma.ops.attention as attention_module
+from mmppma import ops
+from mmppma.models.backbones import MLLA, PPMA, RMT, VMINet
+
+CC, WHOLE = 'criss_cross', 'whole'
+# two stages of one block each: a criss-cross stage, then a whole-attention stage (PPMA, RMT)
+PPMA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 2], mlp_ratios=[2, 2], attn_types=[CC, WHOLE])
+MLLA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 2])
+BACKBONES = {
+    'PPMA': lambda: PPMA(arch=PPMA_ARCH, impl='torch', out_indices=(0, 1)),
+    'RMT': lambda: RMT(arch=PPMA_ARCH, impl='torch', out_indices=(0, 1)),
+    'MLLA': lambda: MLLA(arch=MLLA_ARCH, out_indices=(0, 1)),
+    'PPMLA': lambda: MLLA(arch=MLLA_ARCH, attn='ppmla', impl='torch', out_indices=(0, 1)),
+    'VMINet': lambda: VMINet(arch=dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2]), img_size=64,
+                             out_indices=(0, 1)),
+}
+# (H, W) of the input images: the first compiles static shapes, the second (both sides new) recompiles with
+# dynamic ones, the third must run on that dynamic graph
+SIZES = [(64, 64), (96, 128), (128, 96)]
+
+
+def _step(model, module, x):
+    """Outputs and parameter gradients of a fixed linear functional of the outputs."""
+    outs = module(x)
+    loss = sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [o.detach() for o in outs], list(torch.autograd.grad(loss, params))
+
+
+def _assert_close(got, want, what):
+    """max |got - want| <= 1e-4 * max |want| per tensor. A bias followed by a BatchNorm has a gradient that is
+    zero up to float32 rounding (of sums over every position, as large as the largest gradients), so the scale
+    has a floor at 1e-1 of the largest gradient: such a tensor is compared to within 1e-5 of that."""
+    floor = 1e-1 * max(w.abs().max().item() for w in want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        scale = max(w.abs().max().item(), floor)
+        err = (g - w).abs().max().item()
+        assert err <= 1e-4 * scale, f'{what} {i}: max abs error {err:.3g}, scale {scale:.3g}'
+
+
+@pytest.mark.parametrize('name', list(BACKBONES))
+def test_backbone_traces_without_graph_breaks(name):
+    model = BACKBONES[name]().train()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(torch.randn(2, 3, 64, 96))
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', list(BACKBONES))
+def test_backbone_compiles_with_dynamic_shapes_and_equals_eager(name):
+    torch.manual_seed(0)
+    model = BACKBONES[name]().train()
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    for i, (h, w) in enumerate(SIZES):
+        x = torch.randn(2, 3, h, w)
+        # the first two sizes may compile; the third runs on the dynamic graph of the second or fails here
+        with torch._dynamo.config.patch(error_on_recompile=i == 2):
+            got_outs, got_grads = _step(model, compiled, x)
+        want_outs, want_grads = _step(model, model, x)
+        _assert_close(got_outs, want_outs, f'{name} {h}x{w} output')
+        _assert_close(got_grads, want_grads, f'{name} {h}x{w} gradient')
+
+
+def _op_inputs(h, w, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(2, 2, h, w, 8, generator=g) for _ in range(3))
+    la, lb = (-torch.rand(2, 2, h, w, generator=g) for _ in range(2))
+    log_decay = -torch.rand(2, generator=g)
+    return q, k, v, la, lb, log_decay
+
+
+OPS = {
+    'ppma_attention': lambda q, k, v, la, lb, g: ops.ppma_attention(q, k, v, la, lb, impl='torch'),
+    'ppma_attention_paper': lambda q, k, v, la, lb, g: ops.ppma_attention(q, k, v, la, lb, form='paper',
+                                                                          impl='torch'),
+    'manhattan_attention': lambda q, k, v, la, lb, g: ops.manhattan_attention(q, k, v, g, impl='torch'),
+    'criss_cross_attention': lambda q, k, v, la, lb, g: ops.criss_cross_attention(q, k, v, la, lb, impl='torch'),
+    'rmt_criss_cross_attention': lambda q, k, v, la, lb, g: ops.rmt_criss_cross_attention(q, k, v, g,
+                                                                                          impl='torch'),
+    'ppma_linear_attention': lambda q, k, v, la, lb, g: ops.ppma_linear_attention(
+        q, k, v, la, lb, feature_map='elu', normalize=True, impl='torch', chunk=4),
+}
+
+
+WHOLE_OPS = ('ppma_attention', 'manhattan_attention')
+# every op with autograd recording and without; whole attention also in its blockwise branch (autograd
+# recording, above SMALL_ELEMENTS), which like its inference branch is the torch.library op
+OP_RUNS = [(op, grad) for op in OPS for grad in ('autograd', 'inference')] + [(op, 'blockwise') for op in WHOLE_OPS]
+
+
+@pytest.mark.parametrize('op, branch', OP_RUNS)
+def test_torch_path_ops_trace_without_graph_breaks(op, branch, monkeypatch):
+    if branch == 'blockwise':
+        monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
+        monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 64)
+    inputs = [t.requires_grad_(branch != 'inference') for t in _op_inputs(5, 7)]
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(OPS[op])(*inputs)
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+    code = '\n'.join(graph.code for graph in explained.graphs)
+    uses_library_op = op in WHOLE_OPS and branch in ('blockwise', 'inference')
+    assert ('mmppma.whole_attention_blockwise' in code) == uses_library_op
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('op', ['ppma_attention', 'manhattan_attention'])
+def test_blockwise_branch_compiles_with_dynamic_shapes_and_equals_eager(op, monkeypatch):
+    monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
+    monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 64)
+    fn = OPS[op]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn)
+    for h, w in [(5, 7), (6, 9)]:
+        leaves = _op_inputs(h, w, seed=h)
+        results = []
+        for run in (compiled, fn):
+            xs = [t.clone().requires_grad_() for t in leaves]
+            out = run(*xs)
+            out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
+            results.append([out.detach()] + [x.grad for x in xs if x.grad is not None])
+        _assert_close(results[0], results[1], f'{op} {h}x{w}')

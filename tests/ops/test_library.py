@@ -1,0 +1,94 @@
+"""The torch.library ops of the torch path (``mmppma::whole_attention_blockwise`` and its backward): schema,
+fake implementations, autograd registration and dynamic-shape tracing checked by ``torch.library.opcheck``;
+values against the dense reference path."""
+import pytest
+import torch
+
+from mmppma.ops import manhattan_attention, ppma_attention
+from mmppma.ops.attention import _manhattan_tables
+from mmppma.ops.polyline_mask import column_segment_sums, row_segment_sums
+
+from .test_masks_and_scans import decays
+
+BLOCKWISE = torch.ops.mmppma.whole_attention_blockwise
+BLOCKWISE_BACKWARD = torch.ops.mmppma.whole_attention_blockwise_backward
+
+
+def _inputs(b, heads, h, w, d, dv, dtype=torch.float64, table_batch=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(b, heads, h * w, d, generator=g, dtype=dtype, requires_grad=True) for _ in range(2))
+    v = torch.randn(b, heads, h * w, dv, generator=g, dtype=dtype, requires_grad=True)
+    la, lb = decays(table_batch or b, heads, h, w, seed=seed + 1)
+    sa = row_segment_sums(la).to(dtype).requires_grad_()
+    sb = column_segment_sums(lb).to(dtype).requires_grad_()
+    return q, k, v, sa, sb
+
+
+@pytest.mark.parametrize('form', ['release', 'v2h', 'h2v'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_blockwise_op_passes_opcheck(form, dtype):
+    q, k, v, sa, sb = _inputs(2, 2, 3, 5, 4, 3, dtype)
+    torch.library.opcheck(BLOCKWISE, (q, k, v, sa, sb, form))
+
+
+def test_blockwise_op_passes_opcheck_with_tables_broadcast_over_batch():
+    """The Manhattan tables: one per head, broadcast (stride 0) over the batch and the image rows."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 4 * 6, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    sa, sb = _manhattan_tables(-torch.rand(3, generator=g, dtype=torch.float64), 4, 6, torch.float64)
+    torch.library.opcheck(BLOCKWISE, (q, k, v, sa, sb, 'v2h'))
+
+
+@pytest.mark.parametrize('table_grads', [True, False])
+def test_blockwise_backward_op_passes_opcheck(table_grads):
+    q, k, v, sa, sb = _inputs(2, 2, 4, 3, 4, 2, table_batch=1)
+    dout = torch.randn(2, 2, 12, 2, dtype=torch.float64)
+    args = (dout, q.detach(), k.detach(), v.detach(), sa.detach(), sb.detach(), 'release', table_grads)
+    # no autograd registration: a backward op is not differentiated again
+    torch.library.opcheck(BLOCKWISE_BACKWARD, args, test_utils=('test_schema', 'test_faketensor',
+                                                                 'test_aot_dispatch_dynamic'))
+    dq, dk, dv, dsa, dsb = BLOCKWISE_BACKWARD(*args)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    if table_grads:
+        assert dsa.shape == sa.shape and dsb.shape == sb.shape
+    else:
+        assert dsa.numel() == 0 and dsb.numel() == 0
+
+
+@pytest.mark.parametrize('op', ['ppma', 'manhattan'])
+def test_blockwise_op_values_and_gradients_match_reference(op, monkeypatch):
+    """The torch path through the registered op (forced onto the blockwise branch) equals the dense
+    reference, outputs and every input gradient."""
+    import mmppma.ops.attention as attention_module
+    monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
+    monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 1)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 5, 7, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    la, lb = decays(2, 2, 5, 7, seed=4)
+    log_decay = -torch.rand(2, generator=g, dtype=torch.float64)
+    leaves = [q, k, v, la, lb] if op == 'ppma' else [q, k, v, log_decay]
+
+    def run(impl):
+        xs = [t.clone().requires_grad_() for t in leaves]
+        if op == 'ppma':
+            out = ppma_attention(*xs, scale=0.7, impl=impl)
+        else:
+            out = manhattan_attention(*xs, scale=0.7, impl=impl)
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out))
+        return [out.detach()] + [x.grad for x in xs]
+
+    for got, want in zip(run('torch'), run('reference')):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_interpreted_triton_impl_refuses_torch_compile_by_name():
+    pytest.importorskip('triton')
+    if torch.cuda.is_available():
+        pytest.skip('CPU tensors on the Triton interpreter only')
+    q, k, v = (torch.randn(1, 2, 3, 4, 16) for _ in range(3))
+    la, lb = decays(1, 2, 3, 4)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *xs: ppma_attention(*xs, impl='triton'))
+    with pytest.raises(RuntimeError, match=r"ppma_attention: impl='triton' on CPU tensors runs the Triton "
+                                           r"interpreter, which torch.compile cannot trace"):
+        compiled(q, k, v, la.float(), lb.float())
