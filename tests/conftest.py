@@ -1,8 +1,11 @@
 """Shared test setup: thread count, RNG seeds, the release key lists in ``tests/fixtures`` and a helper for
 running Python in a fresh subprocess."""
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -11,6 +14,12 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / 'fixtures'
+
+# torch.compile's caches in a folder of this run's own (inherited by the tools the tests start): a cache shared
+# with other runs can hold a file another process was killed while writing
+if 'TORCHINDUCTOR_CACHE_DIR' not in os.environ:
+    os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.mkdtemp(prefix='mmppma-inductor-')
+    atexit.register(shutil.rmtree, os.environ['TORCHINDUCTOR_CACHE_DIR'], ignore_errors=True)
 
 # CI has 2 cores; on a big machine more threads only add overhead for the tiny tensors used here.
 torch.set_num_threads(int(os.environ.get('MMPPMA_TEST_THREADS', min(4, os.cpu_count() or 1))))

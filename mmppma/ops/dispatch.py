@@ -48,13 +48,6 @@ def triton_interpreted() -> bool:
     return os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
 
 
-@torch.compiler.disable
-def _refuse_to_compile(message: str) -> None:
-    """Raise ``message``. Run eagerly: an exception raised while dynamo traces only makes it fall back to
-    eager code, where the condition is no longer visible."""
-    raise RuntimeError(message)
-
-
 def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
     """Return the concrete implementation ('torch' | 'triton' | 'reference') of ``op`` (a key of
     :data:`IMPLEMENTATIONS`) for ``impl`` and the device of ``tensors``."""
@@ -86,8 +79,4 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
             raise RuntimeError(f"{op}: impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before "
                                f"triton is imported, for CPU debugging); use impl='torch' or impl='auto' "
                                f"on this device")
-        if not on_cuda and torch.compiler.is_compiling():
-            _refuse_to_compile(f"{op}: impl='triton' on CPU tensors runs the Triton interpreter, which "
-                               f"torch.compile cannot trace; use impl='torch' (what impl='auto' picks on CPU) "
-                               f"or run uncompiled")
     return impl

@@ -2,6 +2,10 @@
 
 Importing this package imports triton; :mod:`mmppma.ops` does so only when ``impl`` resolves to
 ``'triton'``, so everything else works where triton is missing.
+
+Under ``torch.compile`` each entry point is a graph break and runs eagerly (``torch.compiler.disable``): the
+launch parameters and the fallback are chosen by Python code on the shapes and the device, and the kernels are
+not registered as ``torch.library`` ops, so the compiled graph stops at each Triton op and resumes after it.
 """
 import contextlib
 import os
@@ -70,6 +74,7 @@ def _check_form(form: str) -> tuple:
     return form in ('release', 'v2h'), form in ('release', 'h2v')
 
 
+@torch.compiler.disable
 def ppma_attention_triton(q, k, v, la, lb, scale: float = 1.0, form: str = 'release', fallback=None):
     """``fallback``: see :func:`fallback_for` (likewise for the other entry points)."""
     from .whole_attention import whole_attention_triton
@@ -92,6 +97,7 @@ def _constant_decay_tables(log_decay: torch.Tensor, q: torch.Tensor):
     return decay_tables(g, g)
 
 
+@torch.compiler.disable
 def manhattan_attention_triton(q, k, v, log_decay, scale: float = 1.0, fallback=None):
     """RMT's Manhattan decay is the V2H polyline mask with constant decays."""
     from .whole_attention import whole_attention_triton
@@ -105,6 +111,7 @@ def manhattan_attention_triton(q, k, v, log_decay, scale: float = 1.0, fallback=
     return run(q, k, v, log_decay)
 
 
+@torch.compiler.disable
 def criss_cross_attention_triton(q, k, v, la, lb, scale: float = 1.0, order: str = 'both', fallback=None):
     from .line_attention import criss_cross_attention_triton as lines
 
@@ -117,6 +124,7 @@ def criss_cross_attention_triton(q, k, v, la, lb, scale: float = 1.0, order: str
     return run(q, k, v, la, lb)
 
 
+@torch.compiler.disable
 def rmt_criss_cross_attention_triton(q, k, v, log_decay, scale: float = 1.0, fallback=None):
     from .line_attention import criss_cross_attention_triton as lines
 
