@@ -538,13 +538,29 @@ def compose_criss_cross(along_rows, along_cols, v: torch.Tensor, order: str) -> 
     return 0.5 * both[..., dv:] + 0.5 * along_rows(both[..., :dv])
 
 
-def _criss_cross_slices(q, k, v, row_bias, col_bias, scale, order):
-    """:func:`_criss_cross_core` without autograd, for a group of heads of one image at a time, so that the
-    group's maps stay in cache from the bias to the last product.
+def _slices(b: int, heads: int, per_map: int):
+    """(i0, i1, n0, n1): images [i0, i1) and heads [n0, n1) per group of (image, head) maps, each group about
+    ``SLICE_ELEMENTS`` elements for ``per_map`` elements per map: whole images while one image's heads fit, else
+    groups of heads of one image."""
+    group = max(1, SLICE_ELEMENTS // per_map)
+    if group >= heads:
+        images = group // heads
+        for i0 in range(0, b, images):
+            yield i0, min(b, i0 + images), 0, heads
+    else:
+        for i in range(b):
+            for n0 in range(0, heads, group):
+                yield i, i + 1, n0, min(heads, n0 + group)
 
-    The maps' rows are :func:`_padded` (keys padded with zero rows): ``row_bias(s, i, n0, n1)`` adds the bias
-    of image i, heads [n0, n1) to row scores s (G, H, W, W_pad) in place, -inf in the padding, and
-    ``col_bias`` likewise to column scores (G, W, H, H_pad). Returns (B, heads, H, W, d_v), a view of a
+
+def _criss_cross_slices(q, k, v, row_bias, col_bias, scale, order):
+    """:func:`_criss_cross_core` without autograd, for a group of (image, head) maps at a time (:func:`_slices`),
+    so that the group's maps stay in cache from the bias to the last product, while the ops on small maps still
+    span several images.
+
+    The maps' rows are :func:`_padded` (keys padded with zero rows): ``row_bias(s, i0, i1, n0, n1)`` adds the
+    bias of images [i0, i1), heads [n0, n1) to row scores s (I, G, H, W, W_pad) in place, -inf in the padding,
+    and ``col_bias`` likewise to column scores (I, G, W, H, H_pad). Returns (B, heads, H, W, d_v), a view of a
     (B, H, W, heads, d_v) tensor (the layers' token layout).
     """
     if scale != 1.0:
@@ -552,26 +568,25 @@ def _criss_cross_slices(q, k, v, row_bias, col_bias, scale, order):
     b, heads, h, w, d = q.shape
     dv = v.shape[-1]
     out = torch.empty(b, h, w, heads, dv, dtype=v.dtype, device=v.device).permute(0, 3, 1, 2, 4)
-    group = max(1, min(heads, SLICE_ELEMENTS // (h * w * max(h, w))))
-    # the group's keys along rows (G, H, W_pad, d) and along columns (G, W, H_pad, d); padding rows stay 0
-    k_rows = k.new_zeros(group, h, _padded(w, k.device), d)
-    k_cols = k.new_zeros(group, w, _padded(h, k.device), d)
-    for i in range(b):
-        for n0 in range(0, heads, group):
-            n1 = min(heads, n0 + group)
-            qg, vg = q[i, n0:n1], v[i, n0:n1]  # (G, H, W, d)
-            kr, kc = k_rows[:n1 - n0], k_cols[:n1 - n0]
-            kr[:, :, :w] = k[i, n0:n1]
-            kc[:, :, :h] = k[i, n0:n1].transpose(1, 2)
-            rows = _softmax_(row_bias(qg @ kr.transpose(-1, -2), i, n0, n1))[..., :w]  # (G, H, W, W)
-            cols = _softmax_(col_bias(qg.transpose(1, 2) @ kc.transpose(-1, -2), i, n0, n1))[..., :h]  # (G, W, H, H)
-            if order == 'row_col':
-                out[i, n0:n1] = (cols @ (rows @ vg).transpose(1, 2)).transpose(1, 2)
-            elif order == 'col_row':
-                out[i, n0:n1] = rows @ (cols @ vg.transpose(1, 2)).transpose(1, 2)
-            else:  # as _criss_cross_core: Ah [v, Aw v] = [Ah v, Ah Aw v]; 0.5 a + 0.5 b == 0.5 (a + b) exactly
-                both = (cols @ torch.cat([vg, rows @ vg], -1).transpose(1, 2)).transpose(1, 2)
-                out[i, n0:n1] = (rows @ both[..., :dv]).add_(both[..., dv:]).mul_(0.5)
+    slices = list(_slices(b, heads, h * w * max(h, w)))
+    images, group = max(i1 - i0 for i0, i1, _, _ in slices), max(n1 - n0 for _, _, n0, n1 in slices)
+    # the group's keys along rows (I, G, H, W_pad, d) and along columns (I, G, W, H_pad, d); padding rows stay 0
+    k_rows = k.new_zeros(images, group, h, _padded(w, k.device), d)
+    k_cols = k.new_zeros(images, group, w, _padded(h, k.device), d)
+    for i0, i1, n0, n1 in slices:
+        qg, vg = q[i0:i1, n0:n1], v[i0:i1, n0:n1]  # (I, G, H, W, d)
+        kr, kc = k_rows[:i1 - i0, :n1 - n0], k_cols[:i1 - i0, :n1 - n0]
+        kr[..., :w, :] = k[i0:i1, n0:n1]
+        kc[..., :h, :] = k[i0:i1, n0:n1].transpose(2, 3)
+        rows = _softmax_(row_bias(qg @ kr.transpose(-1, -2), i0, i1, n0, n1))[..., :w]  # (I, G, H, W, W)
+        cols = _softmax_(col_bias(qg.transpose(2, 3) @ kc.transpose(-1, -2), i0, i1, n0, n1))[..., :h]
+        if order == 'row_col':
+            out[i0:i1, n0:n1] = (cols @ (rows @ vg).transpose(2, 3)).transpose(2, 3)
+        elif order == 'col_row':
+            out[i0:i1, n0:n1] = rows @ (cols @ vg.transpose(2, 3)).transpose(2, 3)
+        else:  # as _criss_cross_core: Ah [v, Aw v] = [Ah v, Ah Aw v]; 0.5 a + 0.5 b == 0.5 (a + b) exactly
+            both = (cols @ torch.cat([vg, rows @ vg], -1).transpose(2, 3)).transpose(2, 3)
+            out[i0:i1, n0:n1] = (rows @ both[..., :dv]).add_(both[..., dv:]).mul_(0.5)
     return out
 
 
@@ -638,9 +653,9 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
             sign = _pad_last(_sign_table(length, dtype, c.device), padded, 1.0)
             c_keys = _pad_last(c, padded, float('inf'))
 
-            def add(s, i, n0, n1):
-                s.addcmul_(c[i, n0:n1].unsqueeze(-1), sign)
-                return s.addcmul_(c_keys[i, n0:n1].unsqueeze(-2), sign, value=-1.0)
+            def add(s, i0, i1, n0, n1):
+                s.addcmul_(c[i0:i1, n0:n1].unsqueeze(-1), sign)
+                return s.addcmul_(c_keys[i0:i1, n0:n1].unsqueeze(-2), sign, value=-1.0)
             return add
 
         return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), segment_bias(ca),
@@ -676,8 +691,8 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
     if _eager_inference(q, k, v, log_decay):
         def head_bias(table):  # (B|1, heads, 1, L, L) -> -inf in the padding of the rows
-            table = _pad_last(table, _padded(table.shape[-1], table.device), float('-inf'))
-            return lambda s, i, n0, n1: s.add_(table[i if table.shape[0] > 1 else 0, n0:n1])
+            table = _pad_last(table, _padded(table.shape[-1], table.device), float('-inf')).expand(b, -1, -1, -1, -1)
+            return lambda s, i0, i1, n0, n1: s.add_(table[i0:i1, n0:n1])
         return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), head_bias(sa), head_bias(sb), scale,
                                    'row_col').to(v.dtype)
     return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype), lambda s: s.add_(sa).softmax(-1),

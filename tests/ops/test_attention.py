@@ -107,11 +107,13 @@ def test_per_sample_manhattan_decay():
                                manhattan_attention(q, k, v, gamma, impl='reference'))
 
 
-@pytest.mark.parametrize('slice_elements', [1, 1 << 18])  # criss-cross: one head per group, all heads
+# criss-cross slices (at 4x7, 196 elements per map): one head per group, two heads of one image, one image,
+# all images (and at 1x6 / 5x1 more maps per group)
+@pytest.mark.parametrize('slice_elements', [1, 400, 600, 1 << 18])
 @pytest.mark.parametrize('hw', [(1, 6), (5, 1), (4, 7)])
 def test_inference_and_autograd_paths_match_oracle(hw, slice_elements, monkeypatch):
     """Without autograd the torch path takes its inference branches (blockwise whole attention, criss-cross
-    per group of heads of one image), with it the autograd ones: both equal the oracle."""
+    per group of (image, head) maps), with it the autograd ones: both equal the oracle."""
     monkeypatch.setattr(attention_module, 'SLICE_ELEMENTS', slice_elements)
     h, w = hw
     q, k, v = qkv(2, 3, h, w, 4, seed=h + w, dv=5)
