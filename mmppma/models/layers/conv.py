@@ -10,6 +10,14 @@ import torch.nn as nn
 from .inplace import add_into
 
 
+def nchw(x: torch.Tensor) -> torch.Tensor:
+    """Channels-last tokens (B, H, W, C) as the (B, C, H, W) input of an NCHW conv: a permuted view (channels-last
+    memory format). While torch.compile traces, a channels-last copy instead: the conv saves its input for the
+    backward, and inductor cannot order the strides of a saved view whose sizes are symbolic quotients."""
+    x = x.permute(0, 3, 1, 2)
+    return x.clone(memory_format=torch.channels_last) if torch.compiler.is_compiling() else x
+
+
 class DWConv2d(nn.Module):
     """Depthwise ``k x k`` convolution on channels-last tokens: (B, H, W, C) -> (B, H, W, C).
 
@@ -22,7 +30,7 @@ class DWConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor, add: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``conv(x)``, or ``conv(x) + add`` (same shape; in inference summed into the conv's output)."""
-        out = self.conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        out = self.conv(nchw(x)).permute(0, 2, 3, 1)
         return out if add is None else add_into(out, add)
 
 

@@ -22,6 +22,7 @@ from mmppma.ops import ppma_linear_attention
 from mmppma.utils.checks import check_choice
 
 from .block import DropPath, run_blocks
+from .conv import nchw
 from .path_embed import PathEmbed
 from .rope import apply_rope
 
@@ -50,7 +51,7 @@ def mlla_rope_tables(height: int, width: int, channels: int, device=None,
 
 def dwconv_cl(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """Apply an NCHW conv to channels-last tokens (B, H, W, C) -> (B, H', W', C')."""
-    return conv(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    return conv(nchw(x)).permute(0, 2, 3, 1)
 
 
 def depthwise_conv3x3(channels: int) -> nn.Conv2d:
@@ -113,9 +114,9 @@ class MLLAAttention(nn.Module):
         (its 1/sqrt(N) scalings keep k~^T v small in half precision)."""
         shape = v.shape
         q, k, v, q_rope, k_rope = (t.flatten(2, 3) for t in (q, k, v, q_rope, k_rope))  # (B, n, N, d)
-        # 1 / sqrt(N) as a tensor: a Python float from the token count is a symbolic float under
-        # torch.compile with dynamic shapes, which its scalar pass cannot lower when N comes from the padding
-        scale = torch.full((), q.shape[2], dtype=torch.float64, device=q.device).rsqrt()
+        # 1 / sqrt(N) from a tensor of N ones: under torch.compile with dynamic shapes, a Python scalar made
+        # from the token count (which the padding derives with a modulo) is one inductor's scalar pass cannot lower
+        scale = q.new_ones(q.shape[2], dtype=torch.float64).sum().rsqrt()
         z = 1.0 / (q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) + self.eps)  # (B, n, N, 1)
         kv = (k_rope.transpose(-2, -1) * scale) @ (v * scale)  # (B, n, d, d)
         return ((q_rope @ kv) * z).view(shape)
@@ -232,10 +233,14 @@ class MLLAStem(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2:]
-        x = F.pad(x, (0, -w % 4, 0, -h % 4))
+        # padding to a multiple of 4 by floor division: under torch.compile with dynamic shapes a modulo of a
+        # size reaches BatchNorm's running-variance correction, where inductor's scalar pass cannot lower it
+        x = F.pad(x, (0, (w + 3) // 4 * 4 - w, 0, (h + 3) // 4 * 4 - h))
         x = self.conv1(x)
         x = self.conv2(x) + x
-        return self.conv3(x).permute(0, 2, 3, 1)
+        # contiguous tokens, as PPMA's stem (layers/conv.py): the blocks then read stride-1 channels, and
+        # torch.compile with dynamic shapes does not save a permuted view with symbolic strides
+        return self.conv3(x).permute(0, 2, 3, 1).contiguous()
 
 
 class MLLADownsample(nn.Module):
@@ -254,8 +259,8 @@ class MLLADownsample(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[1:3]
-        x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
-        return dwconv_cl(self.conv, x)
+        x = F.pad(x, (0, 0, 0, (w + 1) // 2 * 2 - w, 0, (h + 1) // 2 * 2 - h))  # as the stem: no modulo
+        return dwconv_cl(self.conv, x).contiguous()  # as the stem
 
 
 class MLLAStage(nn.Module):
