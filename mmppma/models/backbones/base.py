@@ -98,7 +98,8 @@ class StagedBackbone(BaseModule):
     documented once, here.
 
     Args:
-        depths: blocks per stage (from the resolved arch); their number is ``num_stages``.
+        arch_settings: the resolved arch (a full settings dict), kept as ``arch_settings``; its ``depths`` (blocks
+            per stage, one entry per stage) and ``embed_dims`` (channels per stage) become attributes.
         in_channels: image channels.
         drop_path_rate: stochastic depth, linear from 0 to this over all blocks (:attr:`drop_paths`).
         out_indices: stages whose outputs are returned (negative counts from the end).
@@ -113,7 +114,7 @@ class StagedBackbone(BaseModule):
             ``mmcls://``) is an error that says how to give weights through ``init_cfg``
             (:func:`pretrained_init_cfg`).
 
-    A subclass resolves its arch, calls ``super().__init__(depths, in_channels, **kwargs)``, builds
+    A subclass resolves its arch, calls ``super().__init__(arch_settings, in_channels, **kwargs)``, builds
     ``self.<stem_name>`` and ``self.<stages_name>`` (stage i's blocks with drop paths ``self.drop_paths[i]``),
     adds its output norms (:meth:`_add_out_norms`) and calls :meth:`_freeze_stages` at the end.
     """
@@ -121,7 +122,7 @@ class StagedBackbone(BaseModule):
     stages_name = 'layers'
 
     def __init__(self,
-                 depths: Sequence[int],
+                 arch_settings: dict,
                  in_channels: int = 3,
                  *,
                  drop_path_rate: float = 0.0,
@@ -135,7 +136,9 @@ class StagedBackbone(BaseModule):
         if not isinstance(in_channels, int) or in_channels < 1:
             raise ValueError(f'in_channels must be a positive int (3 for RGB); got {in_channels!r}')
         self.in_channels = in_channels
-        self.depths: List[int] = list(depths)
+        self.arch_settings = arch_settings
+        self.depths: List[int] = list(arch_settings['depths'])
+        self.embed_dims: List[int] = list(arch_settings['embed_dims'])
         self.num_stages = len(self.depths)
         self.num_layers = sum(self.depths) + 2  # stem, blocks, everything after the last block
         self.out_indices = self._check_out_indices(out_indices)

@@ -14,7 +14,7 @@ The release's ``attn.rope.rotations`` buffers are not kept (RoPE is computed per
 ``attn='ppmla'`` multiplies every block's linear attention by the polyline path mask (PPMA paper, Appendix
 A.7), O(N); see :class:`~mmppma.models.layers.mlla.MLLAAttention`.
 """
-from typing import Dict, List, Tuple, Union
+from typing import Dict, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -84,10 +84,8 @@ class MLLA(StagedBackbone):
                  out_norm: bool = True,
                  **kwargs) -> None:
         check_choice('attn', attn, MLLA_ATTNS)
-        s = resolve_mlla_arch(arch)
-        super().__init__(s['depths'], in_channels, **kwargs)
-        self.arch_settings = s
-        self.embed_dims: List[int] = s['embed_dims']
+        super().__init__(resolve_mlla_arch(arch), in_channels, **kwargs)
+        s = self.arch_settings
         self.attn, self.impl, self.out_norm = attn, impl, out_norm
 
         self.patch_embed = MLLAStem(in_channels, self.embed_dims[0])
@@ -95,7 +93,7 @@ class MLLA(StagedBackbone):
         for i, (dims, heads) in enumerate(zip(self.embed_dims, s['num_heads'])):
             blocks = [MLLABlock(dims, heads, s['mlp_ratio'], attn, impl, p) for p in self.drop_paths[i]]
             downsample = MLLADownsample(dims, self.embed_dims[i + 1]) if i < self.num_stages - 1 else None
-            self.layers.append(MLLAStage(dims, blocks, downsample, self.with_cp))
+            self.layers.append(MLLAStage(blocks, downsample, self.with_cp))
         if out_norm:
             self._add_out_norms(lambda i: nn.LayerNorm(self.embed_dims[i]))
         self._release_init()

@@ -99,10 +99,8 @@ class PPMA(StagedBackbone):
                  **kwargs) -> None:
         check_choice('mask', mask, MASKS)
         check_choice('attn_form', attn_form, ATTN_FORMS)
-        s = resolve_arch(arch)
-        super().__init__(s['depths'], in_channels, **kwargs)
-        self.arch_settings = s
-        self.embed_dims: List[int] = s['embed_dims']
+        super().__init__(resolve_arch(arch), in_channels, **kwargs)
+        s = self.arch_settings
         self.mask, self.attn_form, self.impl, self.out_norm = mask, attn_form, impl, out_norm
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0])

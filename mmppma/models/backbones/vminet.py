@@ -101,10 +101,8 @@ class VMINet(StagedBackbone):
                  **kwargs) -> None:
         check_choice('context_mask', context_mask, CONTEXT_MASKS)
         out_norm = self._check_out_norm(out_norm)
-        s = resolve_arch(arch)
-        super().__init__(s['depths'], in_channels, **kwargs)
-        self.arch_settings = s
-        self.embed_dims: List[int] = s['embed_dims']
+        super().__init__(resolve_arch(arch), in_channels, **kwargs)
+        s = self.arch_settings
         self.context_mask, self.proj_norm, self.out_norm = context_mask, proj_norm, out_norm
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
 

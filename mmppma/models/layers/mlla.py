@@ -12,7 +12,7 @@ state dicts map one to one (``cpe1``, ``norm1``, ``in_proj``, ``act_proj``, ``dw
 * The stem pads the image to a multiple of 4 and each downsample pads an odd map to even (bottom/right,
   zeros), as the release's dense-prediction model does; at sizes divisible by 32 nothing is padded.
 """
-from typing import Iterable, Optional, Tuple
+from typing import Tuple
 
 import torch
 import torch.nn as nn
@@ -242,19 +242,11 @@ class MLLADownsample(nn.Module):
 
 
 class MLLAStage(BlockStage):
-    """MLLA blocks sharing one RoPE table (computed for the input's H, W), then an optional downsample
+    """MLLA blocks sharing one RoPE table (computed for the input's H, W, C), then an optional downsample
     (:class:`MLLADownsample`).
 
     forward: (B, H, W, C) -> (stage output before downsample (B, H, W, C), next stage input).
     """
 
-    def __init__(self,
-                 embed_dims: int,
-                 blocks: Iterable[MLLABlock],
-                 downsample: Optional[nn.Module] = None,
-                 with_cp: bool = False) -> None:
-        super().__init__(blocks, downsample, with_cp)
-        self.embed_dims = embed_dims
-
     def block_args(self, x: torch.Tensor) -> Tuple[Tuple[torch.Tensor, torch.Tensor]]:
-        return (mlla_rope_tables(x.shape[1], x.shape[2], self.embed_dims, device=x.device), )
+        return (mlla_rope_tables(x.shape[1], x.shape[2], x.shape[3], device=x.device), )
