@@ -6,6 +6,7 @@ A backbone is a stem (``stem_name``) followed by ``num_stages`` stages (the Modu
 with an optional norm per returned stage (:meth:`StagedBackbone.out_norm_module`).
 """
 import copy
+import inspect
 import warnings
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -91,6 +92,10 @@ def pretrained_init_cfg(backbone: str, pretrained: Optional[str],
     return dict(type='Pretrained', checkpoint=pretrained)
 
 
+#: The keywords every backbone takes after its own and passes on to :class:`StagedBackbone`.
+SHARED_KEYWORDS = ('drop_path_rate', 'out_indices', 'frozen_stages', 'norm_eval', 'with_cp', 'init_cfg', 'pretrained')
+
+
 class StagedBackbone(BaseModule):
     """Base class: the standard fields of an OpenMMLab backbone over a stem and stages.
 
@@ -131,7 +136,13 @@ class StagedBackbone(BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  init_cfg: Optional[Union[dict, List[dict]]] = None,
-                 pretrained: Optional[str] = None) -> None:
+                 pretrained: Optional[str] = None,
+                 **unknown) -> None:
+        if unknown:
+            own = [name for name in inspect.signature(type(self).__init__).parameters
+                   if name not in ('self', 'kwargs')]
+            raise TypeError(f'{type(self).__name__} got unexpected keyword arguments {sorted(unknown)}; its keywords '
+                            f'are {", ".join(own)}, and {", ".join(SHARED_KEYWORDS)} (StagedBackbone)')
         super().__init__(init_cfg=pretrained_init_cfg(type(self).__name__, pretrained, init_cfg))
         if not isinstance(in_channels, int) or in_channels < 1:
             raise ValueError(f'in_channels must be a positive int (3 for RGB); got {in_channels!r}')

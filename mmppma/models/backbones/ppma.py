@@ -145,9 +145,10 @@ class RMT(PPMA):
     Each stage's ``Relpos`` holds the ``angle`` and ``decay`` buffers.
     """
 
-    def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3, impl: str = 'auto', **kwargs) -> None:
+    def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3, impl: str = 'auto', *,
+                 out_norm: bool = True, **kwargs) -> None:
         fixed = sorted({'mask', 'attn_form'} & set(kwargs))
         if fixed:
             raise TypeError(f'RMT takes no {" or ".join(fixed)}: its mask is the fixed decay (PPMA(mask=\'rmt\')); '
                             f'for a learned mask use PPMA(mask=...)')
-        super().__init__(arch, in_channels, 'rmt', impl=impl, **kwargs)
+        super().__init__(arch, in_channels, 'rmt', impl=impl, out_norm=out_norm, **kwargs)
