@@ -105,8 +105,26 @@ def test_other_argument_errors():
         PPMA(SMALL_ARCH, mask='cross_scan')
     with pytest.raises(ValueError, match='attn_form'):
         PPMA(SMALL_ARCH, attn_form='dense')
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r'RMT takes no mask.*PPMA\(mask=\.\.\.\)'):
         RMT(SMALL_ARCH, mask='polyline')  # RMT's mask is fixed
+    with pytest.raises(TypeError, match='RMT takes no attn_form'):
+        RMT(SMALL_ARCH, attn_form='paper')
+    with pytest.raises(TypeError, match=r"PPMA got unexpected keyword arguments \['drop_rate'\]; its keywords are "
+                       r'arch, in_channels, mask, attn_form, impl, out_norm, and drop_path_rate, out_indices'):
+        PPMA(SMALL_ARCH, drop_rate=0.1)  # not a keyword any backbone shares
+    with pytest.raises(TypeError, match='positional'):
+        PPMA(SMALL_ARCH, 3, 'polyline', 'release', 'auto', 0.1)  # the keywords after impl are keyword only
+
+
+def test_shared_keywords_reach_the_base():
+    """The keywords every backbone passes on to StagedBackbone land as they do there, RMT's included."""
+    model = RMT(SMALL_ARCH, in_channels=1, drop_path_rate=0.3, out_indices=(-1, ), frozen_stages=1, norm_eval=True,
+                with_cp=True, out_norm=False)
+    assert (model.in_channels, model.out_indices, model.frozen_stages, model.norm_eval) == (1, (3, ), 1, True)
+    assert model.mask == 'rmt' and not model.out_norm and not hasattr(model, 'outnorm3')
+    assert all(stage.with_cp for stage in model.layers)
+    rates = [block.drop_path.drop_prob for stage in model.layers for block in stage.blocks]
+    assert rates == pytest.approx(torch.linspace(0, 0.3, sum(SMALL_ARCH['depths'])).tolist())
 
 
 # ---------------------------------------------------------------- forward

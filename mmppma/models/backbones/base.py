@@ -6,6 +6,7 @@ A backbone is a stem (``stem_name``) followed by ``num_stages`` stages (the Modu
 with an optional norm per returned stage (:meth:`StagedBackbone.out_norm_module`).
 """
 import copy
+import inspect
 import warnings
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -91,39 +92,83 @@ def pretrained_init_cfg(backbone: str, pretrained: Optional[str],
     return dict(type='Pretrained', checkpoint=pretrained)
 
 
+#: The keywords every backbone takes after its own and passes on to :class:`StagedBackbone`.
+SHARED_KEYWORDS = ('drop_path_rate', 'out_indices', 'frozen_stages', 'norm_eval', 'with_cp', 'init_cfg', 'pretrained')
+
+
 class StagedBackbone(BaseModule):
     """Base class: the standard fields of an OpenMMLab backbone over a stem and stages.
 
-    Subclasses pass ``init_cfg`` and ``pretrained`` to ``__init__`` (see :func:`pretrained_init_cfg`), call
-    :meth:`_init_common` early in their ``__init__`` (after ``num_stages`` is known), build
-    ``self.<stem_name>`` and ``self.<stages_name>``, and call :meth:`_freeze_stages` at the end.
+    Every backbone takes the keywords below after its own (keyword-only) and passes them on here; they are
+    documented once, here.
+
+    Args:
+        arch_settings: the resolved arch (a full settings dict), kept as ``arch_settings``; its ``depths`` (blocks
+            per stage, one entry per stage) and ``embed_dims`` (channels per stage) become attributes.
+        in_channels: image channels.
+        drop_path_rate: stochastic depth, linear from 0 to this over all blocks (:attr:`drop_paths`).
+        out_indices: stages whose outputs are returned (negative counts from the end).
+        frozen_stages: -1 none; 0 the stem; k >= 1 the stem and stages 0..k-1 (with their downsample and output
+            norm). Frozen parts stay in eval mode with ``requires_grad=False``, also after ``train()``.
+        norm_eval: keep every BatchNorm in eval mode during training.
+        with_cp: gradient checkpointing per block (``use_reentrant=False``), for the stages to apply.
+        init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
+            Without one the family's release init applies, already at construction.
+        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
+            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
+            ``mmcls://``) is an error that says how to give weights through ``init_cfg``
+            (:func:`pretrained_init_cfg`).
+
+    A subclass resolves its arch, calls ``super().__init__(arch_settings, in_channels, **kwargs)``, builds
+    ``self.<stem_name>`` and ``self.<stages_name>`` (stage i's blocks with drop paths ``self.drop_paths[i]``),
+    adds its output norms (:meth:`_add_out_norms`) and calls :meth:`_freeze_stages` at the end.
     """
     stem_name = 'patch_embed'
     stages_name = 'layers'
 
     def __init__(self,
+                 arch_settings: dict,
+                 in_channels: int = 3,
+                 *,
+                 drop_path_rate: float = 0.0,
+                 out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
                  init_cfg: Optional[Union[dict, List[dict]]] = None,
-                 pretrained: Optional[str] = None) -> None:
+                 pretrained: Optional[str] = None,
+                 **unknown) -> None:
+        if unknown:
+            own = [name for name in inspect.signature(type(self).__init__).parameters
+                   if name not in ('self', 'kwargs')]
+            raise TypeError(f'{type(self).__name__} got unexpected keyword arguments {sorted(unknown)}; its keywords '
+                            f'are {", ".join(own)}, and {", ".join(SHARED_KEYWORDS)} (StagedBackbone)')
         super().__init__(init_cfg=pretrained_init_cfg(type(self).__name__, pretrained, init_cfg))
-
-    def _init_common(self, in_channels: int, depths: Sequence[int], out_indices: Union[int, Sequence[int]],
-                     frozen_stages: int, norm_eval: bool) -> None:
         if not isinstance(in_channels, int) or in_channels < 1:
             raise ValueError(f'in_channels must be a positive int (3 for RGB); got {in_channels!r}')
         self.in_channels = in_channels
-        self.depths: List[int] = list(depths)
+        self.arch_settings = arch_settings
+        self.depths: List[int] = list(arch_settings['depths'])
+        self.embed_dims: List[int] = list(arch_settings['embed_dims'])
         self.num_stages = len(self.depths)
         self.num_layers = sum(self.depths) + 2  # stem, blocks, everything after the last block
         self.out_indices = self._check_out_indices(out_indices)
         if not -1 <= frozen_stages <= self.num_stages:
             raise ValueError(f'frozen_stages must be in [-1, {self.num_stages}]; got {frozen_stages}')
-        self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.drop_paths = self.drop_path_rates(drop_path_rate)
 
     def drop_path_rates(self, drop_path_rate: float) -> List[List[float]]:
         """Stochastic depth per block, linear from 0 to ``drop_path_rate`` over all blocks, one list per stage."""
         rates = torch.linspace(0, drop_path_rate, sum(self.depths), device='cpu').tolist()
         starts = [sum(self.depths[:i]) for i in range(self.num_stages)]
         return [rates[start:start + depth] for start, depth in zip(starts, self.depths)]
+
+    def _add_out_norms(self, make_norm: Callable[[int], nn.Module]) -> None:
+        """Register ``make_norm(i)`` as the output norm of every stage i in ``out_indices``, under the name
+        :meth:`out_norm_name` gives."""
+        for i in self.out_indices:
+            self.add_module(self.out_norm_name(i), make_norm(i))
 
     def _check_out_indices(self, out_indices: Union[int, Sequence[int]]) -> Tuple[int, ...]:
         if isinstance(out_indices, int):
@@ -157,9 +202,13 @@ class StagedBackbone(BaseModule):
                 outs.append(out.permute(0, 3, 1, 2).contiguous())
         return tuple(outs)
 
+    def out_norm_name(self, i: int) -> str:
+        """The attribute name of stage i's output norm (default ``outnorm{i}``)."""
+        return f'outnorm{i}'
+
     def out_norm_module(self, i: int) -> Optional[nn.Module]:
-        """The norm applied to stage i's output, if any (default: an attribute ``outnorm{i}``)."""
-        return getattr(self, f'outnorm{i}', None)
+        """The norm applied to stage i's output, if any."""
+        return getattr(self, self.out_norm_name(i), None)
 
     @torch.no_grad()
     def _trunc_normal_init(self) -> None:

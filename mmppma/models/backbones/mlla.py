@@ -14,14 +14,14 @@ The release's ``attn.rope.rotations`` buffers are not kept (RoPE is computed per
 ``attn='ppmla'`` multiplies every block's linear attention by the polyline path mask (PPMA paper, Appendix
 A.7), O(N); see :class:`~mmppma.models.layers.mlla.MLLAAttention`.
 """
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Tuple, Union
 
 import torch
 import torch.nn as nn
 
 from mmppma.registry import register_model
 
-from ..layers.mlla import MLLA_ATTNS, MLLAStage, MLLAStem
+from ..layers.mlla import MLLA_ATTNS, MLLABlock, MLLADownsample, MLLAStage, MLLAStem
 from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 _TINY = dict(embed_dims=[64, 128, 256, 512], depths=[2, 4, 8, 4], num_heads=[2, 4, 8, 16], mlp_ratio=4.0)
@@ -65,20 +65,11 @@ class MLLA(StagedBackbone):
         attn: 'mlla' (default: the release's normalized linear attention) or 'ppmla' (the same attention
             times the polyline path mask with learned per-head decays, normalized by the masked mass).
         impl: the ops' implementation for PPMLA ('auto' | 'torch' | 'triton' | 'reference').
-        drop_path_rate: stochastic depth, linear from 0 to this over all blocks.
-        out_indices: stages whose outputs are returned (negative counts from the end).
         out_norm: LayerNorm (eps 1e-5) each returned output (``norm{i}``), as the release's dense backbones;
             for classification use ``out_indices=(3, )``: ``norm3`` is the release's final ``norm``.
-        frozen_stages: -1 none; 0 the stem; k >= 1 the stem and stages 0..k-1 (with their downsample and
-            norm). Frozen parts stay in eval mode with ``requires_grad=False``, also after ``train()``.
-        norm_eval: keep every BatchNorm in eval mode during training.
-        with_cp: gradient checkpointing per block (``use_reentrant=False``).
-        init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
-            Without one the release init applies (Linear trunc_normal .02 / bias 0, LayerNorm 1 / 0), already
-            at construction.
-        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
-            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
-            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
+        **kwargs: the keywords every backbone shares (keyword only), documented in :class:`StagedBackbone`:
+            drop_path_rate, out_indices, frozen_stages, norm_eval, with_cp, init_cfg, pretrained. Without
+            ``init_cfg`` the release init applies (Linear trunc_normal .02 / bias 0, LayerNorm 1 / 0).
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices, for any H, W >= 1.
     """
@@ -89,45 +80,27 @@ class MLLA(StagedBackbone):
                  in_channels: int = 3,
                  attn: str = 'mlla',
                  impl: str = 'auto',
-                 drop_path_rate: float = 0.0,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 *,
                  out_norm: bool = True,
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None,
-                 pretrained: Optional[str] = None) -> None:
-        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
+                 **kwargs) -> None:
         check_choice('attn', attn, MLLA_ATTNS)
-        self.arch_settings = resolve_mlla_arch(arch)
+        super().__init__(resolve_mlla_arch(arch), in_channels, **kwargs)
         s = self.arch_settings
-        self._init_common(in_channels, s['depths'], out_indices, frozen_stages, norm_eval)
-        self.embed_dims: List[int] = s['embed_dims']
         self.attn, self.impl, self.out_norm = attn, impl, out_norm
 
         self.patch_embed = MLLAStem(in_channels, self.embed_dims[0])
-        drop_paths = self.drop_path_rates(drop_path_rate)
         self.layers = nn.ModuleList()
-        for i in range(self.num_stages):
-            self.layers.append(
-                MLLAStage(
-                    embed_dims=self.embed_dims[i],
-                    depth=self.depths[i],
-                    num_heads=s['num_heads'][i],
-                    mlp_ratio=s['mlp_ratio'],
-                    attn=attn,
-                    impl=impl,
-                    drop_paths=tuple(drop_paths[i]),
-                    out_channels=self.embed_dims[i + 1] if i < self.num_stages - 1 else None,
-                    with_cp=with_cp))
+        for i, (dims, heads) in enumerate(zip(self.embed_dims, s['num_heads'])):
+            blocks = [MLLABlock(dims, heads, s['mlp_ratio'], attn, impl, p) for p in self.drop_paths[i]]
+            downsample = MLLADownsample(dims, self.embed_dims[i + 1]) if i < self.num_stages - 1 else None
+            self.layers.append(MLLAStage(blocks, downsample, self.with_cp))
         if out_norm:
-            for i in self.out_indices:
-                self.add_module(f'norm{i}', nn.LayerNorm(self.embed_dims[i]))
+            self._add_out_norms(lambda i: nn.LayerNorm(self.embed_dims[i]))
         self._release_init()
         self._freeze_stages()
 
-    def out_norm_module(self, i: int) -> Optional[nn.Module]:
-        return getattr(self, f'norm{i}', None)
+    def out_norm_name(self, i: int) -> str:
+        return f'norm{i}'
 
     def _release_init(self) -> None:
         """Every Linear trunc_normal(std .02) and bias 0; LayerNorm weight 1, bias 0. Convs, BatchNorms and

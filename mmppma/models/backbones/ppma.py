@@ -7,44 +7,26 @@ LayerNorm'ed (eps 1e-5, ``outnorm{i}``) when ``out_norm``, as NCHW.
 Module names follow the release's checkpoint layout (docs/method.md §8), so official weights load with an
 identity key mapping (see :mod:`mmppma.models.utils.checkpoint_convert`).
 """
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 
 from mmppma.registry import register_model
 
-from ..layers import ATTN_FORMS, ATTN_TYPES, MASKS, ConvStem, PPMAStage
+from ..layers import ATTN_FORMS, ATTN_TYPES, MASKS, ConvDownsample, ConvStem, PPMABlock, PPMAStage, RasterRoPE2D
 from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 CC, WHOLE = 'criss_cross', 'whole'
-_TINY = dict(
-    embed_dims=[64, 128, 256, 512],
-    depths=[2, 2, 8, 2],
-    num_heads=[4, 4, 8, 16],
-    mlp_ratios=[3, 3, 3, 3],
-    attn_types=[CC, CC, WHOLE, WHOLE],
-    layer_scales=[False, False, False, False],
-    layer_scale_init_value=1e-6,
-    heads_ranges=[4, 4, 6, 6])
-_SMALL = dict(
-    embed_dims=[64, 128, 256, 512],
-    depths=[3, 4, 18, 4],
-    num_heads=[4, 4, 8, 16],
-    mlp_ratios=[4, 4, 3, 3],
-    attn_types=[CC, CC, CC, WHOLE],
-    layer_scales=[False, False, False, False],
-    layer_scale_init_value=1e-6,
-    heads_ranges=[4, 4, 6, 6])
-_BASE = dict(
-    embed_dims=[80, 160, 320, 512],
-    depths=[4, 8, 25, 8],
-    num_heads=[5, 5, 10, 16],
-    mlp_ratios=[4, 4, 3, 3],
-    attn_types=[CC, CC, CC, WHOLE],
-    layer_scales=[False, False, True, True],
-    layer_scale_init_value=1e-6,
-    heads_ranges=[5, 5, 6, 6])
+_TINY = dict(embed_dims=[64, 128, 256, 512], depths=[2, 2, 8, 2], num_heads=[4, 4, 8, 16], mlp_ratios=[3, 3, 3, 3],
+             attn_types=[CC, CC, WHOLE, WHOLE], heads_ranges=[4, 4, 6, 6],
+             layer_scales=[False] * 4, layer_scale_init_value=1e-6)
+_SMALL = dict(embed_dims=[64, 128, 256, 512], depths=[3, 4, 18, 4], num_heads=[4, 4, 8, 16], mlp_ratios=[4, 4, 3, 3],
+              attn_types=[CC, CC, CC, WHOLE], heads_ranges=[4, 4, 6, 6],
+              layer_scales=[False] * 4, layer_scale_init_value=1e-6)
+_BASE = dict(embed_dims=[80, 160, 320, 512], depths=[4, 8, 25, 8], num_heads=[5, 5, 10, 16], mlp_ratios=[4, 4, 3, 3],
+             attn_types=[CC, CC, CC, WHOLE], heads_ranges=[5, 5, 6, 6],
+             layer_scales=[False, False, True, True], layer_scale_init_value=1e-6)
 
 #: The one architecture table (docs/method.md §7). ``heads_ranges`` are RMT's fixed-decay ranges r (mask='rmt').
 ARCH_ZOO: Dict[str, dict] = {
@@ -95,20 +77,12 @@ class PPMA(StagedBackbone):
             decay for both directions), 'v2h' (V2H path only), 'rmt' (fixed Manhattan decay), 'none'.
         attn_form: whole-attention form with a learned mask, 'release' (default) or 'paper'.
         impl: attention implementation passed to :mod:`mmppma.ops` ('auto' | 'torch' | 'triton' | 'reference').
-        drop_path_rate: stochastic depth, linear from 0 to this over all blocks.
-        out_indices: stages whose outputs are returned (negative counts from the end).
         out_norm: LayerNorm (eps 1e-5) each returned output (``outnorm{i}``; the release's dense backbones).
             Classification checkpoints have none: classification configs set False.
-        frozen_stages: -1 none; 0 the stem; k >= 1 the stem and stages 0..k-1 (with their downsample and
-            outnorm). Frozen parts stay in eval mode with ``requires_grad=False``, also after ``train()``.
-        norm_eval: keep every BatchNorm in eval mode during training.
-        with_cp: gradient checkpointing per block (``use_reentrant=False``).
-        init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
-            Without one the release init applies (Linear trunc_normal .02 / bias 0, LayerNorm 1 / 0, decays per
-            docs/method.md §1), already at construction.
-        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
-            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
-            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
+        **kwargs: the keywords every backbone shares (keyword only), documented in :class:`StagedBackbone`:
+            drop_path_rate, out_indices, frozen_stages, norm_eval, with_cp, init_cfg, pretrained. Without
+            ``init_cfg`` the release init applies (Linear trunc_normal .02 / bias 0, LayerNorm 1 / 0, decays per
+            docs/method.md §1).
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
@@ -120,45 +94,29 @@ class PPMA(StagedBackbone):
                  mask: str = 'polyline',
                  attn_form: str = 'release',
                  impl: str = 'auto',
-                 drop_path_rate: float = 0.0,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 *,
                  out_norm: bool = True,
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None,
-                 pretrained: Optional[str] = None) -> None:
-        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
+                 **kwargs) -> None:
         check_choice('mask', mask, MASKS)
         check_choice('attn_form', attn_form, ATTN_FORMS)
-        self.arch_settings = resolve_arch(arch)
+        super().__init__(resolve_arch(arch), in_channels, **kwargs)
         s = self.arch_settings
-        self._init_common(in_channels, s['depths'], out_indices, frozen_stages, norm_eval)
-        self.embed_dims: List[int] = s['embed_dims']
         self.mask, self.attn_form, self.impl, self.out_norm = mask, attn_form, impl, out_norm
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0])
-        drop_paths = self.drop_path_rates(drop_path_rate)
         self.layers = nn.ModuleList()
-        for i in range(self.num_stages):
-            self.layers.append(
-                PPMAStage(
-                    embed_dims=self.embed_dims[i],
-                    depth=self.depths[i],
-                    num_heads=s['num_heads'][i],
-                    mlp_ratio=s['mlp_ratios'][i],
-                    attn_type=s['attn_types'][i],
-                    mask=mask,
-                    attn_form=attn_form,
-                    impl=impl,
-                    drop_paths=tuple(drop_paths[i]),
-                    layer_scale_init_value=s['layer_scale_init_value'] if s['layer_scales'][i] else None,
-                    heads_range=s['heads_ranges'][i],
-                    out_channels=self.embed_dims[i + 1] if i < self.num_stages - 1 else None,
-                    with_cp=with_cp))
+        for i, (dims, heads) in enumerate(zip(self.embed_dims, s['num_heads'])):
+            layer_scale = s['layer_scale_init_value'] if s['layer_scales'][i] else None
+            blocks = [
+                PPMABlock(dims, heads, s['mlp_ratios'][i], s['attn_types'][i], mask, attn_form, impl, drop_path,
+                          layer_scale) for drop_path in self.drop_paths[i]
+            ]
+            # Only the fixed-decay (RMT) mask stores decays with the position tables.
+            relpos = RasterRoPE2D(dims // heads, heads, s['heads_ranges'][i] if mask == 'rmt' else None)
+            downsample = ConvDownsample(dims, self.embed_dims[i + 1]) if i < self.num_stages - 1 else None
+            self.layers.append(PPMAStage(relpos, blocks, downsample, self.with_cp))
         if out_norm:
-            for i in self.out_indices:
-                self.add_module(f'outnorm{i}', nn.LayerNorm(self.embed_dims[i], eps=1e-5))
+            self._add_out_norms(lambda i: nn.LayerNorm(self.embed_dims[i], eps=1e-5))
         self._release_init()
         self._freeze_stages()
 
@@ -187,28 +145,10 @@ class RMT(PPMA):
     Each stage's ``Relpos`` holds the ``angle`` and ``decay`` buffers.
     """
 
-    def __init__(self,
-                 arch: Union[str, dict] = 'tiny',
-                 in_channels: int = 3,
-                 impl: str = 'auto',
-                 drop_path_rate: float = 0.0,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
-                 out_norm: bool = True,
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None,
-                 pretrained: Optional[str] = None) -> None:
-        super().__init__(
-            arch=arch,
-            in_channels=in_channels,
-            mask='rmt',
-            impl=impl,
-            drop_path_rate=drop_path_rate,
-            out_indices=out_indices,
-            out_norm=out_norm,
-            frozen_stages=frozen_stages,
-            norm_eval=norm_eval,
-            with_cp=with_cp,
-            init_cfg=init_cfg,
-            pretrained=pretrained)
+    def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3, impl: str = 'auto', *,
+                 out_norm: bool = True, **kwargs) -> None:
+        fixed = sorted({'mask', 'attn_form'} & set(kwargs))
+        if fixed:
+            raise TypeError(f'RMT takes no {" or ".join(fixed)}: its mask is the fixed decay (PPMA(mask=\'rmt\')); '
+                            f'for a learned mask use PPMA(mask=...)')
+        super().__init__(arch, in_channels, 'rmt', impl=impl, out_norm=out_norm, **kwargs)

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from mmppma.registry import register_model
 
-from ..layers.vminet import CONTEXT_MASKS, ConvBN, VMIStage, stage_sizes
+from ..layers.conv import ConvBN
+from ..layers.vminet import CONTEXT_MASKS, VMISABlock, VMIStage, stage_sizes
 from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 _DEPTHS = [2, 2, 18, 2]  # the release: every size has 24 blocks, as Vim's 24 Mamba blocks
@@ -75,21 +76,13 @@ class VMINet(StagedBackbone):
             14, 7 tokens). Other input sizes resize the tables (see the module docstring).
         context_mask: 'tril' (paper Eq. 10, default) or 'none'.
         proj_norm: BatchNorm after each block's output projection (release revision 6b11d4a; default True).
-        drop_path_rate: stochastic depth, linear from 0 to this over all blocks.
-        out_indices: stages whose outputs are returned (negative counts from the end).
         out_norm: per-output norm: 'LN' (``outnorm{i}``, channel LayerNorm, eps 1e-6; also ``True``), 'BN'
             (``norm{i}``, BatchNorm2d: the release classifier's norm), or None / False.
-        frozen_stages: -1 none; 0 the stem; k >= 1 the stem and stages 0..k-1 (with their output norms). Frozen
-            parts stay in eval mode with ``requires_grad=False``, also after ``train()``.
-        norm_eval: keep every BatchNorm in eval mode during training (frozen statistics).
-        with_cp: gradient checkpointing per block (``use_reentrant=False``). BatchNorm statistics inside a
-            checkpointed block are updated again on recomputation, as in mmcv's ResNet ``with_cp``.
-        init_cfg: mmengine init config, e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``.
-            Without one the release init applies at construction (Linear-style context weights trunc_normal
-            .02, BatchNorm 1 / 0, ``stack`` 1, convs PyTorch default).
-        pretrained: mmseg's deprecated spelling of ``init_cfg=dict(type='Pretrained', checkpoint=pretrained)``
-            (a path or URL; warns). A model-zoo URI of another architecture (``open-mmlab://``, ``torchvision://``,
-            ``mmcls://``) is an error that says how to give weights through ``init_cfg``.
+        **kwargs: the keywords every backbone shares (keyword only), documented in :class:`StagedBackbone`:
+            drop_path_rate, out_indices, frozen_stages, norm_eval, with_cp, init_cfg, pretrained. With
+            ``with_cp``, BatchNorm statistics inside a checkpointed block are updated again on recomputation, as
+            in mmcv's ResNet ``with_cp``. Without ``init_cfg`` the release init applies at construction
+            (Linear-style context weights trunc_normal .02, BatchNorm 1 / 0, ``stack`` 1, convs PyTorch default).
 
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
@@ -103,47 +96,31 @@ class VMINet(StagedBackbone):
                  img_size: Union[int, Sequence[int]] = 224,
                  context_mask: str = 'tril',
                  proj_norm: bool = True,
-                 drop_path_rate: float = 0.0,
-                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 *,
                  out_norm: Union[str, bool, None] = 'LN',
-                 frozen_stages: int = -1,
-                 norm_eval: bool = False,
-                 with_cp: bool = False,
-                 init_cfg: Optional[Union[dict, List[dict]]] = None,
-                 pretrained: Optional[str] = None) -> None:
-        super().__init__(init_cfg=init_cfg, pretrained=pretrained)
+                 **kwargs) -> None:
         check_choice('context_mask', context_mask, CONTEXT_MASKS)
-        self.out_norm = self._check_out_norm(out_norm)
-        self.arch_settings = resolve_arch(arch)
+        out_norm = self._check_out_norm(out_norm)
+        super().__init__(resolve_arch(arch), in_channels, **kwargs)
         s = self.arch_settings
-        self._init_common(in_channels, s['depths'], out_indices, frozen_stages, norm_eval)
-        self.embed_dims: List[int] = s['embed_dims']
-        self.context_mask, self.proj_norm = context_mask, proj_norm
+        self.context_mask, self.proj_norm, self.out_norm = context_mask, proj_norm, out_norm
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
 
         stem_channels = s['stem_channels']
         self.stem = nn.Sequential(ConvBN(in_channels, stem_channels, 3, stride=2), nn.ReLU6())
-        drop_paths = self.drop_path_rates(drop_path_rate)
-        sizes = stage_sizes(self.img_size, self.num_stages)
         self.stages = nn.ModuleList()
-        for i in range(self.num_stages):
-            self.stages.append(
-                VMIStage(
-                    in_channels=self.embed_dims[i - 1] if i else stem_channels,
-                    dim=self.embed_dims[i],
-                    depth=self.depths[i],
-                    mlp_ratio=s['mlp_ratios'][i],
-                    base_size=sizes[i],
-                    context_mask=context_mask,
-                    proj_norm=proj_norm,
-                    kernel_size=s['kernel_size'],
-                    drop_paths=drop_paths[i],
-                    with_cp=with_cp))
-        if self.out_norm is not None:
-            for i in self.out_indices:
-                norm = (nn.BatchNorm2d(self.embed_dims[i]) if self.out_norm == 'BN' else ChannelLayerNorm(
-                    self.embed_dims[i], eps=1e-6))
-                self.add_module(self.out_norm_name(i), norm)
+        for i, (size, drop_paths) in enumerate(zip(stage_sizes(self.img_size, self.num_stages), self.drop_paths)):
+            dims = self.embed_dims[i]
+            downsample = ConvBN(self.embed_dims[i - 1] if i else stem_channels, dims, 3, stride=2)
+            blocks = [
+                VMISABlock(dims, s['mlp_ratios'][i], size, context_mask, proj_norm, s['kernel_size'], p)
+                for p in drop_paths
+            ]
+            self.stages.append(VMIStage(downsample, blocks, self.with_cp))
+        if out_norm == 'BN':
+            self._add_out_norms(lambda i: nn.BatchNorm2d(self.embed_dims[i]))
+        elif out_norm == 'LN':
+            self._add_out_norms(lambda i: ChannelLayerNorm(self.embed_dims[i], eps=1e-6))
         self._freeze_stages()
 
     def out_norm_name(self, i: int) -> str:
@@ -162,9 +139,6 @@ class VMINet(StagedBackbone):
         raise ValueError(f'out_norm={out_norm!r}; choose one of {", ".join(map(repr, OUT_NORMS))}, True (= \'LN\') '
                          f'or None / False')
 
-    def out_norm_module(self, i: int) -> Optional[nn.Module]:
-        return getattr(self, self.out_norm_name(i)) if self.out_norm is not None else None
-
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
         self._check_input(x)
@@ -173,8 +147,8 @@ class VMINet(StagedBackbone):
         for i, stage in enumerate(self.stages):
             x = stage(x)
             if i in self.out_indices:
-                out = getattr(self, self.out_norm_name(i))(x) if self.out_norm is not None else x
-                outs.append(out)
+                norm = self.out_norm_module(i)
+                outs.append(norm(x) if norm is not None else x)
         return tuple(outs)
 
     def check_release_record(self, record: Mapping) -> None:

@@ -1,5 +1,6 @@
-"""One PPMA/RMT block and one stage (docs/method.md §7), channels-last tokens (B, H, W, C); the stochastic depth and
-the (optionally checkpointed) block loop that every family's stages share."""
+"""One PPMA/RMT block and one stage (docs/method.md §7), channels-last tokens (B, H, W, C); the stochastic depth,
+the (optionally checkpointed) block loop that every family's stages share, and the stage of blocks PPMA and MLLA
+share."""
 from typing import Iterable, Optional, Tuple
 
 import torch
@@ -7,7 +8,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as cp
 
 from .attention import PolylinePathAttention
-from .conv import ConvDownsample, DWConv2d
+from .conv import DWConv2d
 from .ffn import ConvFFN
 from .rope import PositionTables, RasterRoPE2D
 
@@ -77,37 +78,42 @@ class PPMABlock(nn.Module):
         return ffn_in + self.drop_path(self.gamma_2 * ffn if self.layer_scale else ffn)
 
 
-class PPMAStage(nn.Module):
-    """Blocks sharing one position module (``Relpos``), then an optional downsample.
+class BlockStage(nn.Module):
+    """A stage's blocks, run in order (each under checkpointing with ``with_cp``), then an optional downsample.
 
-    forward: (B, H, W, C) -> (stage output before downsample (B, H, W, C), next stage input).
+    forward: (B, H, W, C) -> (stage output before downsample (B, H, W, C), next stage input). Each block is
+    called as ``block(x, *self.block_args(x))``: subclasses give the tables their blocks share.
     """
 
     def __init__(self,
-                 embed_dims: int,
-                 depth: int,
-                 num_heads: int,
-                 mlp_ratio: float,
-                 attn_type: str,
-                 mask: str = 'polyline',
-                 attn_form: str = 'release',
-                 impl: str = 'auto',
-                 drop_paths: Tuple[float, ...] = (),
-                 layer_scale_init_value: Optional[float] = None,
-                 heads_range: Optional[float] = None,
-                 out_channels: Optional[int] = None,
+                 blocks: Iterable[nn.Module],
+                 downsample: Optional[nn.Module] = None,
                  with_cp: bool = False) -> None:
         super().__init__()
-        drop_paths = tuple(drop_paths) or (0.0, ) * depth
         self.with_cp = with_cp
-        # Only the fixed-decay (RMT) mask stores decays with the position tables.
-        self.Relpos = RasterRoPE2D(embed_dims // num_heads, num_heads, heads_range if mask == 'rmt' else None)
-        self.blocks = nn.ModuleList([
-            PPMABlock(embed_dims, num_heads, mlp_ratio, attn_type, mask, attn_form, impl, drop_paths[i],
-                      layer_scale_init_value) for i in range(depth)
-        ])
-        self.downsample = ConvDownsample(embed_dims, out_channels) if out_channels is not None else None
+        self.blocks = nn.ModuleList(blocks)
+        self.downsample = downsample
+
+    def block_args(self, x: torch.Tensor) -> tuple:
+        """The arguments after x that every block of the stage takes, for input x (B, H, W, C)."""
+        return ()
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        x = run_blocks(self.blocks, x, self.Relpos(x.shape[1], x.shape[2]), with_cp=self.with_cp)
+        x = run_blocks(self.blocks, x, *self.block_args(x), with_cp=self.with_cp)
         return x, (self.downsample(x) if self.downsample is not None else x)
+
+
+class PPMAStage(BlockStage):
+    """PPMA blocks sharing one position module (``Relpos``: the RoPE tables, and RMT's fixed decays), then an
+    optional downsample (:class:`~mmppma.models.layers.conv.ConvDownsample`)."""
+
+    def __init__(self,
+                 relpos: RasterRoPE2D,
+                 blocks: Iterable[PPMABlock],
+                 downsample: Optional[nn.Module] = None,
+                 with_cp: bool = False) -> None:
+        super().__init__(blocks, downsample, with_cp)
+        self.Relpos = relpos
+
+    def block_args(self, x: torch.Tensor) -> Tuple[PositionTables]:
+        return (self.Relpos(x.shape[1], x.shape[2]), )

@@ -1,6 +1,7 @@
 """Convolutional pieces of the PPMA/RMT macro architecture (docs/method.md §7), on channels-last tokens.
 
 Attribute names (``conv``, ``proj``, ``reduction``, ``norm``) follow the release's checkpoint layout.
+:class:`ConvBN` is the conv-BatchNorm-activation unit of MLLA's and VMINet's stems and downsamples.
 """
 from typing import Optional
 
@@ -66,3 +67,29 @@ class ConvDownsample(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1).contiguous()
+
+
+class ConvBN(nn.Sequential):
+    """``conv`` (k x k, stride, padding k // 2, groups, bias), then optionally a BatchNorm2d named ``norm_name``
+    (None: no BatchNorm) and an activation ``act``. (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride)).
+
+    The BatchNorm's name follows each release's layout: ``bn`` in VMINet's ``Conv2d_BN``, ``norm`` in MLLA's
+    ``ConvLayer``.
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: int,
+                 kernel_size: int = 1,
+                 stride: int = 1,
+                 groups: int = 1,
+                 bias: bool = True,
+                 norm_name: Optional[str] = 'bn',
+                 act: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        self.add_module('conv', nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
+                                          groups=groups, bias=bias))
+        if norm_name is not None:
+            self.add_module(norm_name, nn.BatchNorm2d(out_channels))
+        if act is not None:
+            self.add_module('act', act)

@@ -12,7 +12,7 @@ state dicts map one to one (``cpe1``, ``norm1``, ``in_proj``, ``act_proj``, ``dw
 * The stem pads the image to a multiple of 4 and each downsample pads an odd map to even (bottom/right,
   zeros), as the release's dense-prediction model does; at sizes divisible by 32 nothing is padded.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import torch.nn as nn
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from mmppma.ops import ppma_linear_attention
 from mmppma.utils.checks import check_choice
 
-from .block import DropPath, run_blocks
-from .conv import nchw
+from .block import BlockStage, DropPath
+from .conv import ConvBN, nchw
 from .path_embed import PathEmbed
 from .rope import apply_rope
 
@@ -187,29 +187,12 @@ class MLLABlock(nn.Module):
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
-class ConvLayer(nn.Module):
-    """Conv2d, then optionally BatchNorm (``norm``) and ReLU (``act``): the release's ``ConvLayer``."""
-
-    def __init__(self,
-                 in_channels: int,
-                 out_channels: int,
-                 kernel_size: int = 3,
-                 stride: int = 1,
-                 padding: int = 0,
-                 groups: int = 1,
-                 bias: bool = True,
-                 norm: bool = True,
-                 act: bool = True) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, groups=groups, bias=bias)
-        self.norm = nn.BatchNorm2d(out_channels) if norm else None
-        self.act = nn.ReLU() if act else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv(x)
-        if self.norm is not None:
-            x = self.norm(x)
-        return self.act(x) if self.act is not None else x
+def conv_layer(in_channels: int, out_channels: int, kernel_size: int, norm: bool = True, relu: bool = True,
+               **conv) -> ConvBN:
+    """The release's ``ConvLayer``: conv (``conv``: stride, groups, bias, as :class:`~.conv.ConvBN`), then
+    BatchNorm ``norm`` and ReLU ``act`` where asked."""
+    return ConvBN(in_channels, out_channels, kernel_size, norm_name='norm' if norm else None,
+                  act=nn.ReLU() if relu else None, **conv)
 
 
 class MLLAStem(nn.Module):
@@ -223,13 +206,12 @@ class MLLAStem(nn.Module):
     def __init__(self, in_channels: int, embed_dims: int) -> None:
         super().__init__()
         half = embed_dims // 2
-        self.conv1 = ConvLayer(in_channels, half, 3, stride=2, padding=1, bias=False)
+        self.conv1 = conv_layer(in_channels, half, 3, stride=2, bias=False)
         self.conv2 = nn.Sequential(
-            ConvLayer(half, half, 3, padding=1, bias=False), ConvLayer(half, half, 3, padding=1, bias=False,
-                                                                      act=False))
+            conv_layer(half, half, 3, bias=False), conv_layer(half, half, 3, relu=False, bias=False))
         self.conv3 = nn.Sequential(
-            ConvLayer(half, embed_dims * 4, 3, stride=2, padding=1, bias=False),
-            ConvLayer(embed_dims * 4, embed_dims, 1, bias=False, act=False))
+            conv_layer(half, embed_dims * 4, 3, stride=2, bias=False),
+            conv_layer(embed_dims * 4, embed_dims, 1, relu=False, bias=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2:]
@@ -253,9 +235,9 @@ class MLLADownsample(nn.Module):
         super().__init__()
         hidden = int(out_channels * ratio)
         self.conv = nn.Sequential(
-            ConvLayer(in_channels, hidden, 1, norm=False),
-            ConvLayer(hidden, hidden, 3, stride=2, padding=1, groups=hidden, norm=False),
-            ConvLayer(hidden, out_channels, 1, act=False))
+            conv_layer(in_channels, hidden, 1, norm=False),
+            conv_layer(hidden, hidden, 3, stride=2, groups=hidden, norm=False),
+            conv_layer(hidden, out_channels, 1, relu=False))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[1:3]
@@ -263,30 +245,12 @@ class MLLADownsample(nn.Module):
         return dwconv_cl(self.conv, x).contiguous()  # as the stem
 
 
-class MLLAStage(nn.Module):
-    """MLLA blocks sharing one RoPE table (computed for the input's H, W), then an optional downsample.
+class MLLAStage(BlockStage):
+    """MLLA blocks sharing one RoPE table (computed for the input's H, W, C), then an optional downsample
+    (:class:`MLLADownsample`).
 
     forward: (B, H, W, C) -> (stage output before downsample (B, H, W, C), next stage input).
     """
 
-    def __init__(self,
-                 embed_dims: int,
-                 depth: int,
-                 num_heads: int,
-                 mlp_ratio: float = 4.0,
-                 attn: str = 'mlla',
-                 impl: str = 'auto',
-                 drop_paths: Tuple[float, ...] = (),
-                 out_channels: Optional[int] = None,
-                 with_cp: bool = False) -> None:
-        super().__init__()
-        drop_paths = tuple(drop_paths) or (0.0, ) * depth
-        self.embed_dims, self.with_cp = embed_dims, with_cp
-        self.blocks = nn.ModuleList(
-            [MLLABlock(embed_dims, num_heads, mlp_ratio, attn, impl, drop_paths[i]) for i in range(depth)])
-        self.downsample = MLLADownsample(embed_dims, out_channels) if out_channels is not None else None
-
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        rope = mlla_rope_tables(x.shape[1], x.shape[2], self.embed_dims, device=x.device)
-        x = run_blocks(self.blocks, x, rope, with_cp=self.with_cp)
-        return x, (self.downsample(x) if self.downsample is not None else x)
+    def block_args(self, x: torch.Tensor) -> Tuple[Tuple[torch.Tensor, torch.Tensor]]:
+        return (mlla_rope_tables(x.shape[1], x.shape[2], x.shape[3], device=x.device), )

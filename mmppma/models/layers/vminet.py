@@ -1,12 +1,12 @@
 """VMINet's pieces (Vision Mamba Inspired Separable Self-Attention), on NCHW feature maps.
 
-Attribute names (``conv``/``bn`` inside :class:`ConvBN`, ``dwconv``, ``f1``, ``f2``, ``sum``, ``g``,
-``stack``; a stage is ``[downsample, block, block, ...]``) follow the release's module layout
-(github.com/yws-wxs/VMINet, ``vminet.py``), so its state dicts map onto ours with identity keys inside the
+Attribute names (``conv``/``bn`` inside :class:`~mmppma.models.layers.conv.ConvBN`, ``dwconv``, ``f1``,
+``f2``, ``sum``, ``g``, ``stack``; a stage is ``[downsample, block, block, ...]``) follow the release's module
+layout (github.com/yws-wxs/VMINet, ``vminet.py``), so its state dicts map onto ours with identity keys inside the
 stages.
 """
 import math
-from typing import Optional, Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn as nn
@@ -15,28 +15,11 @@ import torch.nn.functional as F
 from mmppma.utils.checks import check_choice
 
 from .block import DropPath, run_blocks
+from .conv import ConvBN
 
 #: Context-vector masks: 'none' (plain per-token weighted sum) or 'tril' (the release's lower-triangular
 #: mask on the (tokens x channels) matrix: channel c sums only over raster tokens n >= c).
 CONTEXT_MASKS = ('none', 'tril')
-
-
-class ConvBN(nn.Sequential):
-    """``conv`` (k x k, stride, padding k // 2, groups, with bias) optionally followed by ``bn``
-    (BatchNorm2d, weight 1 / bias 0). (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))."""
-
-    def __init__(self,
-                 in_channels: int,
-                 out_channels: int,
-                 kernel_size: int = 1,
-                 stride: int = 1,
-                 groups: int = 1,
-                 with_bn: bool = True) -> None:
-        super().__init__()
-        self.add_module('conv', nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
-                                          groups=groups))
-        if with_bn:
-            self.add_module('bn', nn.BatchNorm2d(out_channels))
 
 
 class TokenWeights(nn.Module):
@@ -98,11 +81,11 @@ class VMISABlock(nn.Module):
         check_choice('context_mask', context_mask, CONTEXT_MASKS)
         hidden = int(mlp_ratio * dim)
         self.context_mask = context_mask
-        self.dwconv = ConvBN(dim, dim, kernel_size, groups=dim, with_bn=True)
-        self.f1 = ConvBN(dim, hidden, 1, with_bn=False)
-        self.f2 = ConvBN(dim, hidden, 1, with_bn=False)
+        self.dwconv = ConvBN(dim, dim, kernel_size, groups=dim)
+        self.f1 = ConvBN(dim, hidden, norm_name=None)
+        self.f2 = ConvBN(dim, hidden, norm_name=None)
         self.sum = TokenWeights(base_size)
-        self.g = ConvBN(hidden, dim, 1, with_bn=proj_norm)
+        self.g = ConvBN(hidden, dim, norm_name='bn' if proj_norm else None)
         self.stack = nn.Parameter(torch.ones(2))
         self.act = nn.ReLU6()
         self.drop_path = DropPath(drop_path)
@@ -125,33 +108,18 @@ class VMISABlock(nn.Module):
 
 
 class VMIStage(nn.Sequential):
-    """``[0]`` the stride-2 3x3 ConvBN downsample (no activation), ``[1:]`` the VMI-SA blocks.
+    """``[0]`` the downsample (the release's stride-2 3x3 ConvBN, no activation), ``[1:]`` the VMI-SA blocks.
 
     forward: (B, C_in, H, W) -> (B, C, ceil(H/2), ceil(W/2)); with ``with_cp`` each block runs under
     ``torch.utils.checkpoint`` (non-reentrant) while grad mode is on.
     """
 
-    def __init__(self,
-                 in_channels: int,
-                 dim: int,
-                 depth: int,
-                 mlp_ratio: int,
-                 base_size: Sequence[int],
-                 context_mask: str = 'tril',
-                 proj_norm: bool = True,
-                 kernel_size: int = 7,
-                 drop_paths: Optional[Sequence[float]] = None,
-                 with_cp: bool = False) -> None:
-        drop_paths = list(drop_paths) if drop_paths is not None else [0.0] * depth
-        blocks = [
-            VMISABlock(dim, mlp_ratio, base_size, context_mask, proj_norm, kernel_size, drop_paths[i])
-            for i in range(depth)
-        ]
-        super().__init__(ConvBN(in_channels, dim, 3, stride=2), *blocks)
+    def __init__(self, downsample: nn.Module, blocks: Iterable[VMISABlock], with_cp: bool = False) -> None:
+        super().__init__(downsample, *blocks)
         self.with_cp = with_cp
 
     @property
-    def downsample(self) -> ConvBN:
+    def downsample(self) -> nn.Module:
         return self[0]
 
     @property
