@@ -11,12 +11,27 @@ import torch.nn as nn
 from .inplace import add_into
 
 
+@torch.library.custom_op('mmppma::tokens_to_nchw', mutates_args=())
+def tokens_to_nchw(x: torch.Tensor) -> torch.Tensor:
+    """A channels-last copy of tokens (B, H, W, C) as a (B, C, H, W) map."""
+    return x.permute(0, 3, 1, 2).clone(memory_format=torch.channels_last)
+
+
+@tokens_to_nchw.register_fake
+def _(x):
+    b, h, w, c = x.shape
+    return torch.empty((b, c, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+
+
+tokens_to_nchw.register_autograd(lambda ctx, grad: grad.permute(0, 2, 3, 1))
+
+
 def nchw(x: torch.Tensor) -> torch.Tensor:
     """Channels-last tokens (B, H, W, C) as the (B, C, H, W) input of an NCHW conv: a permuted view (channels-last
-    memory format). While torch.compile traces, a channels-last copy instead: the conv saves its input for the
-    backward, and inductor cannot order the strides of a saved view whose sizes are symbolic quotients."""
-    x = x.permute(0, 3, 1, 2)
-    return x.clone(memory_format=torch.channels_last) if torch.compiler.is_compiling() else x
+    memory format). While torch.compile traces, a copy made by an op of its own (:func:`tokens_to_nchw`): the conv
+    saves its input for the backward, and inductor cannot order the strides of a saved view whose sizes are
+    symbolic quotients (a copy by a plain clone would be recomputed from that view)."""
+    return tokens_to_nchw(x) if torch.compiler.is_compiling() else x.permute(0, 3, 1, 2)
 
 
 class DWConv2d(nn.Module):
@@ -66,7 +81,7 @@ class ConvDownsample(nn.Module):
         self.norm = nn.BatchNorm2d(out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.reduction(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1).contiguous()
+        return self.norm(self.reduction(nchw(x))).permute(0, 2, 3, 1).contiguous()
 
 
 class ConvBN(nn.Sequential):

@@ -45,8 +45,9 @@ class TokenWeights(nn.Module):
             return self.weight.t()
         table = self.weight.view(1, 1, *self.base_size)
         table = F.interpolate(table, size=(h, w), mode='bilinear', align_corners=False)
-        scale = self.base_size[0] * self.base_size[1] / (h * w)
-        return (table * scale).reshape(h * w, 1)
+        # the tensor divided by the token count (an int): a Python float made from h * w would be a value that
+        # torch.compile specialises on, recompiling at every new size
+        return (table * (self.base_size[0] * self.base_size[1]) / (h * w)).reshape(h * w, 1)
 
     def extra_repr(self) -> str:
         return f'base_size={self.base_size}'
