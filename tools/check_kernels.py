@@ -273,10 +273,10 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
 
 
 def tile_text(c: dict) -> str:
-    text = [f'{c.get("BLOCK_M")}x{c.get("BLOCK_N")}']
+    text = [f'{c.get("BLOCK_M", c.get("BLOCK_OWN"))}x{c.get("BLOCK_N", c.get("BLOCK_OTHER"))}']
     text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN') if name in c]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
-    text += [name.lower() for name in ('V2H', 'H2V', 'COLUMNS', 'SIGNED') if c.get(name)]
+    text += [name.lower() for name in ('KEYS', 'CORNERS', 'V2H', 'H2V', 'COLUMNS', 'SIGNED') if c.get(name)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)
 

@@ -63,10 +63,10 @@ def _block(ca_ptr, cb_ptr, start, offs, mask, W):
 
 @triton.jit
 def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, ROWS_M, ROWS_N,
-               V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per query block: both paths' online softmax over all key blocks; ROWS_M / ROWS_N bound the
-    image rows of a query / key block."""
+               H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per query block, one path (V2H, or H2V if ``H2V``) per launch: the path's online softmax over
+    all key blocks; ROWS_M / ROWS_N bound the image rows of a query / key block."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     q_ptr += slice_offset(bh, N, D)
@@ -80,12 +80,9 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
     mask_m = offs_m < N
     q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
     qb = _block(ca_ptr, cb_ptr, pid_m * BLOCK_M, offs_m, mask_m, W)
-    m1 = tl.full([BLOCK_M], float('-inf'), tl.float32)
-    l1 = tl.zeros([BLOCK_M], tl.float32)
-    acc1 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    m2 = tl.full([BLOCK_M], float('-inf'), tl.float32)
-    l2 = tl.zeros([BLOCK_M], tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    m = tl.full([BLOCK_M], float('-inf'), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
@@ -93,43 +90,38 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
         v = load_tile(v_ptr, offs_n, mask_n, offs_dv, DV)
         kb = _block(ca_ptr, cb_ptr, start_n, offs_n, mask_n, W)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        if V2H:
-            x = tl.where(mask_n[None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, False, ROWS_M), float('-inf'))
-            m1, l1, acc1 = online_softmax_step(x, v, m1, l1, acc1, PRECISION)
-        if H2V:
-            x = tl.where(mask_n[None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, True, ROWS_N), float('-inf'))
-            m2, l2, acc2 = online_softmax_step(x, v, m2, l2, acc2, PRECISION)
-    o_ptr += slice_offset(bh, N, DV)
-    lse_ptr += slice_offset(bh, N, 1)
-    if V2H:
-        store_tile(o_ptr, offs_m, mask_m, offs_dv, DV, acc1 / l1[:, None])
-        tl.store(lse_ptr + offs_m, m1 + tl.log(l1), mask=mask_m)
-        # the H2V path's slices follow the V2H path's
-        o_ptr += slice_offset(tl.num_programs(1), N, DV)
-        lse_ptr += slice_offset(tl.num_programs(1), N, 1)
-    if H2V:
-        store_tile(o_ptr, offs_m, mask_m, offs_dv, DV, acc2 / l2[:, None])
-        tl.store(lse_ptr + offs_m, m2 + tl.log(l2), mask=mask_m)
+        x = _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V, ROWS_N if H2V else ROWS_M)
+        m, l, acc = online_softmax_step(tl.where(mask_n[None, :], x, float('-inf')), v, m, l, acc, PRECISION)
+    store_tile(o_ptr + slice_offset(bh, N, DV), offs_m, mask_m, offs_dv, DV, acc / l[:, None])
+    tl.store(lse_ptr + slice_offset(bh, N, 1) + offs_m, m + tl.log(l), mask=mask_m)
 
 
 @triton.jit
-def _score_grads(s, dp, lse_ptr, delta_ptr, rows, cols, ca_ptr, cb_ptr, weight, W, N, H2V: tl.constexpr, ROWS,
-                 QUERIES_ON_ROWS: tl.constexpr):
-    """One path's recomputed probabilities P and score gradients dS = P * (weight dP - delta) on a tile whose rows
-    are the tokens of block ``rows`` and columns those of ``cols`` (see :func:`_block`); the queries are the rows
-    (dq) or the columns (dk, dv: the tile is transposed). ``H2V`` and ``ROWS`` as :func:`_logits`."""
-    queries = rows if QUERIES_ON_ROWS else cols
+def _probs(s, lse_ptr, own, other, ca_ptr, cb_ptr, W, N, CORNERS: tl.constexpr, ROWS_OWN: tl.constexpr,
+           ROWS_OTHER: tl.constexpr, QUERIES_OWN: tl.constexpr):
+    """One path's recomputed probabilities P on a tile whose rows are the program's own block ``own`` and columns
+    the tokens of ``other`` (see :func:`_block`); the queries are the rows (QUERIES_OWN, the dq program) or the
+    columns (the dk, dv program: the tile is transposed). CORNERS: the own tokens hold the corners (M's V2H form,
+    own rows at the corners); otherwise the H2V form, the other tile's rows at the corners."""
+    queries = own if QUERIES_OWN else other
     lse = tl.load(lse_ptr + queries[6], mask=queries[5], other=0.0)
-    delta = tl.load(delta_ptr + queries[6], mask=queries[5], other=0.0)
-    x = _logits(s, ca_ptr, cb_ptr, rows, cols, W, N, H2V, ROWS)
-    valid = rows[5][:, None] & cols[5][None, :]
-    if QUERIES_ON_ROWS:
-        p = tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
-        ds = p * (weight * dp - delta[:, None])
+    if CORNERS:
+        x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, False, ROWS_OWN)
     else:
-        p = tl.where(valid, tl.exp(x - lse[None, :]), 0.0)
-        ds = p * (weight * dp - delta[None, :])
-    return p, ds
+        x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, True, ROWS_OTHER)
+    valid = own[5][:, None] & other[5][None, :]
+    if QUERIES_OWN:
+        return tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
+    return tl.where(valid, tl.exp(x - lse[None, :]), 0.0)
+
+
+@triton.jit
+def _score_grad(p, dp, delta_ptr, queries, weight, QUERIES_OWN: tl.constexpr):
+    """dS = P * (weight dP - delta), delta per query (the rows if QUERIES_OWN, else the columns)."""
+    delta = tl.load(delta_ptr + queries[6], mask=queries[5], other=0.0)
+    if QUERIES_OWN:
+        return p * (weight * dp - delta[:, None])
+    return p * (weight * dp - delta[None, :])
 
 
 @triton.jit
@@ -146,15 +138,6 @@ def _add_corners(corner_a, corner_b, ds, rows, cols, first, ROWS_OWN: tl.constex
                                (BLOCK, ds.shape[1] // COLS, COLS)), 1)
     corner_b = _add_row_sums(corner_b, folded, rows[2], first, ROWS_OWN)
     return corner_a, corner_b, tl.sum(tl.where(ge, ds, -ds), 1)
-
-
-@triton.jit
-def _bwd_prologue(q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr, N, D, DV):
-    """Pointers of this program's (batch * head) slice of every input."""
-    bh = tl.program_id(1)
-    return (q_ptr + slice_offset(bh, N, D), k_ptr + slice_offset(bh, N, D), v_ptr + slice_offset(bh, N, DV),
-            do_ptr + slice_offset(bh, N, DV), ca_ptr + slice_offset(bh, N, 1), cb_ptr + slice_offset(bh, N, 1),
-            lse_ptr + slice_offset(bh, N, 1), delta_ptr + slice_offset(bh, N, 1))
 
 
 @triton.jit
@@ -194,110 +177,76 @@ def _store_corners(ptr, acc, pid, c0, N, W, SLOTS, BLOCK: tl.constexpr, ROWS: tl
 
 
 @triton.jit
-def _whole_bwd_kv(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                  self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS,
-                  V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    """One program per key block, one path (V2H or H2V) per launch: dk, dv, and the decay-table gradients the
-    keys own: V2H, Cb[k_s, l_s] (the key's own entry); H2V, Ca[k_s, l_s] and the corners Ca[k_s, j_p],
-    Cb[k_s, j_p] (key row, query column), summed over the block's keys of each image row. Tiles are transposed
-    (keys x queries): H2V's M[s, p] is then V2H's form with the key in the query's place. Queries come in tiles
-    of (BLOCK_M // COLS image rows x COLS columns), column chunk by column chunk, so the corners of one chunk
+def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr,
+               corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS, KEYS: tl.constexpr,
+               CORNERS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dv) or queries (g1 = dq), one path per launch,
+    and the decay-table gradients those tokens own, into ``self_ptr`` and the corner slots. CORNERS (V2H for
+    queries, H2V for keys): Ca at the own token, and the corners Ca, Cb at (own row, other column), summed over
+    the block's tokens of each image row; otherwise Cb at the own token. Tiles are (own x other tokens): for keys
+    H2V's M[s, p] is then V2H's form with the key in the query's place. The other tokens come in tiles of
+    (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column chunk, so the corners of one chunk
     are complete when its rows are done."""
-    pid_n = tl.program_id(0)
+    pid = tl.program_id(0)
     bh = tl.program_id(1)
-    q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr = _bwd_prologue(
-        q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr, N, D, DV)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    q_ptr += slice_offset(bh, N, D)
+    k_ptr += slice_offset(bh, N, D)
+    v_ptr += slice_offset(bh, N, DV)
+    do_ptr += slice_offset(bh, N, DV)
+    ca_ptr += slice_offset(bh, N, 1)
+    cb_ptr += slice_offset(bh, N, 1)
+    lse_ptr += slice_offset(bh, N, 1)
+    delta_ptr += slice_offset(bh, N, 1)
+    offs = pid * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    mask_n = offs_n < N
-    k = load_tile(k_ptr, offs_n, mask_n, offs_d, D)
-    v = load_tile(v_ptr, offs_n, mask_n, offs_dv, DV)
-    kb = _block(ca_ptr, cb_ptr, pid_n * BLOCK_N, offs_n, mask_n, W)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
-    self_own = tl.zeros([BLOCK_N], tl.float32)  # V2H: Cb at the key; H2V: Ca at the key
+    mask = offs < N
+    own = _block(ca_ptr, cb_ptr, pid * BLOCK_OWN, offs, mask, W)
+    # scores S = a b^T and dP = da db^T: (k, v) against (q, do) for keys, (q, do) against (k, v) for queries
+    if KEYS:
+        a = load_tile(k_ptr, offs, mask, offs_d, D)
+        da = load_tile(v_ptr, offs, mask, offs_dv, DV)
+        b_ptr, db_ptr = q_ptr, do_ptr
+    else:
+        a = load_tile(q_ptr, offs, mask, offs_d, D)
+        da = load_tile(do_ptr, offs, mask, offs_dv, DV)
+        b_ptr, db_ptr = k_ptr, v_ptr
+    g1 = tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32)
+    g2 = tl.zeros([BLOCK_OWN, BLOCK_DV], tl.float32)
+    self_own = tl.zeros([BLOCK_OWN], tl.float32)
     corner_ptr = slice_offset(bh, H * SLOTS, W)
     for c0 in range(0, W, COLS):
         corner_a = tl.zeros([ROWS_OWN, COLS], tl.float32)
         corner_b = tl.zeros([ROWS_OWN, COLS], tl.float32)
-        for r0 in range(0, H, BLOCK_M // COLS):
-            qb = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_M, COLS)
-            q = load_tile(q_ptr, qb[6], qb[5], offs_d, D)
-            do = load_tile(do_ptr, qb[6], qb[5], offs_dv, DV)
-            s = tl.dot(k, tl.trans(q), input_precision=PRECISION) * scale
-            dp = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-            if V2H:  # M[p, s] on the transposed tile: H2V's form, the query tile's rows at the corners
-                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, kb, qb, ca_ptr, cb_ptr, weight, W, N, True,
-                                     BLOCK_M // COLS, False)
-                self_own -= tl.sum(tl.where(qb[2][None, :] >= kb[2][:, None], ds, -ds), 1)
+        for r0 in range(0, H, BLOCK_OTHER // COLS):
+            other = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_OTHER, COLS)
+            b = load_tile(b_ptr, other[6], other[5], offs_d, D)
+            db = load_tile(db_ptr, other[6], other[5], offs_dv, DV)
+            s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
+            p = _probs(s, lse_ptr, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS,
+                       QUERIES_OWN=not KEYS)
+            if KEYS:
+                g2 += tl.dot((weight * p).to(db.dtype), db, input_precision=PRECISION)
+                ds = _score_grad(p, tl.dot(da, tl.trans(db), input_precision=PRECISION), delta_ptr, other, weight,
+                                 False)
             else:
-                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, kb, qb, ca_ptr, cb_ptr, weight, W, N, False,
-                                     ROWS_OWN, False)
-                corner_a, corner_b, own = _add_corners(corner_a, corner_b, ds, kb, qb, kb[4], ROWS_OWN, BLOCK_N,
-                                                       COLS)
-                self_own += own
-            dv += tl.dot((weight * p).to(do.dtype), do, input_precision=PRECISION)
-            dk += tl.dot(ds.to(q.dtype), q, input_precision=PRECISION)
-        if H2V:
-            _store_corners(corner_a_ptr + corner_ptr, corner_a, pid_n, c0, N, W, SLOTS, BLOCK_N, ROWS_OWN, COLS)
-            _store_corners(corner_b_ptr + corner_ptr, corner_b, pid_n, c0, N, W, SLOTS, BLOCK_N, ROWS_OWN, COLS)
-    store_tile(dk_ptr + slice_offset(bh, N, D), offs_n, mask_n, offs_d, D, dk * scale)
-    store_tile(dv_ptr + slice_offset(bh, N, DV), offs_n, mask_n, offs_dv, DV, dv)
-    tl.store((self_b_ptr if V2H else self_a_ptr) + slice_offset(bh, N, 1) + offs_n, self_own, mask=mask_n)
-
-
-@triton.jit
-def _whole_bwd_q(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
-                 self_a_ptr, self_b_ptr, corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS,
-                 V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr,
-                 PRECISION: tl.constexpr):
-    """One program per query block, one path per launch: dq, and the decay-table gradients the queries own:
-    H2V, Cb[i_p, j_p] (the query's own entry); V2H, Ca[i_p, j_p] and the corners Ca[i_p, l_s], Cb[i_p, l_s]
-    (query row, key column), summed over the block's queries of each image row. Keys come in tiles of
-    (BLOCK_N // COLS image rows x COLS columns), column chunk by column chunk."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr = _bwd_prologue(
-        q_ptr, k_ptr, v_ptr, do_ptr, ca_ptr, cb_ptr, lse_ptr, delta_ptr, N, D, DV)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_m = offs_m < N
-    q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
-    do = load_tile(do_ptr, offs_m, mask_m, offs_dv, DV)
-    qb = _block(ca_ptr, cb_ptr, pid_m * BLOCK_M, offs_m, mask_m, W)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    self_own = tl.zeros([BLOCK_M], tl.float32)  # V2H: Ca at the query; H2V: Cb at the query
-    corner_ptr = slice_offset(bh, H * SLOTS, W)
-    for c0 in range(0, W, COLS):
-        corner_a = tl.zeros([ROWS_OWN, COLS], tl.float32)
-        corner_b = tl.zeros([ROWS_OWN, COLS], tl.float32)
-        for r0 in range(0, H, BLOCK_N // COLS):
-            kb = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_N, COLS)
-            k = load_tile(k_ptr, kb[6], kb[5], offs_d, D)
-            v = load_tile(v_ptr, kb[6], kb[5], offs_dv, DV)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            if V2H:
-                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, qb, kb, ca_ptr, cb_ptr, weight, W, N, False,
-                                     ROWS_OWN, True)
-                corner_a, corner_b, own = _add_corners(corner_a, corner_b, ds, qb, kb, qb[4], ROWS_OWN, BLOCK_M,
-                                                       COLS)
-                self_own += own
+                ds = _score_grad(p, tl.dot(da, tl.trans(db), input_precision=PRECISION), delta_ptr, own, weight,
+                                 True)
+            if CORNERS:
+                corner_a, corner_b, g = _add_corners(corner_a, corner_b, ds, own, other, own[4], ROWS_OWN,
+                                                     BLOCK_OWN, COLS)
+                self_own += g
             else:
-                p, ds = _score_grads(s, dp, lse_ptr, delta_ptr, qb, kb, ca_ptr, cb_ptr, weight, W, N, True,
-                                     BLOCK_N // COLS, True)
-                self_own -= tl.sum(tl.where(kb[2][None, :] >= qb[2][:, None], ds, -ds), 1)
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-        if V2H:
-            _store_corners(corner_a_ptr + corner_ptr, corner_a, pid_m, c0, N, W, SLOTS, BLOCK_M, ROWS_OWN, COLS)
-            _store_corners(corner_b_ptr + corner_ptr, corner_b, pid_m, c0, N, W, SLOTS, BLOCK_M, ROWS_OWN, COLS)
-    store_tile(dq_ptr + slice_offset(bh, N, D), offs_m, mask_m, offs_d, D, dq * scale)
-    tl.store((self_a_ptr if V2H else self_b_ptr) + slice_offset(bh, N, 1) + offs_m, self_own, mask=mask_m)
+                self_own -= tl.sum(tl.where(other[2][None, :] >= own[2][:, None], ds, -ds), 1)
+            g1 += tl.dot(ds.to(b.dtype), b, input_precision=PRECISION)
+        if CORNERS:
+            _store_corners(corner_a_ptr + corner_ptr, corner_a, pid, c0, N, W, SLOTS, BLOCK_OWN, ROWS_OWN, COLS)
+            _store_corners(corner_b_ptr + corner_ptr, corner_b, pid, c0, N, W, SLOTS, BLOCK_OWN, ROWS_OWN, COLS)
+    store_tile(g1_ptr + slice_offset(bh, N, D), offs, mask, offs_d, D, g1 * scale)
+    if KEYS:
+        store_tile(g2_ptr + slice_offset(bh, N, DV), offs, mask, offs_dv, DV, g2)
+    tl.store(self_ptr + slice_offset(bh, N, 1) + offs, self_own, mask=mask)
 
 
 def _rows(block: int, h: int, w: int) -> int:
@@ -306,20 +255,22 @@ def _rows(block: int, h: int, w: int) -> int:
 
 
 def forward_launches(q, k, v, ca, cb, scale: float, v2h: bool, h2v: bool, cap: int):
-    """The forward's launch and its outputs (o: (paths, BH, N, dv), lse: (paths, BH, N), float32)."""
+    """The forward's launches, one per path, and their outputs (o: (paths, BH, N, dv), lse: (paths, BH, N),
+    float32; V2H first)."""
     bh, n, d = q.shape
     dv = v.shape[-1]
     hh, ww = ca.shape[-2:]
-    paths = int(v2h) + int(h2v)
-    o = torch.empty(paths, bh, n, dv, device=q.device, dtype=torch.float32)
-    lse = torch.empty(paths, bh, n, device=q.device, dtype=torch.float32)
+    paths = [h2v_path for h2v_path, on in ((False, v2h), (True, h2v)) if on]
+    o = torch.empty(len(paths), bh, n, dv, device=q.device, dtype=torch.float32)
+    lse = torch.empty(len(paths), bh, n, device=q.device, dtype=torch.float32)
     cfg = lp.config('whole_fwd', n, q.dtype, cap)
-    launch = lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
-                       (q, k, v, ca, cb, o, lse, float(scale), n, ww, d, dv, _rows(cfg.block_m, hh, ww),
-                        _rows(cfg.block_n, hh, ww)),
-                       dict(V2H=v2h, H2V=h2v, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
-                            BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg)
-    return [launch], o, lse
+    launches = [lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
+                          (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv, _rows(cfg.block_m, hh, ww),
+                           _rows(cfg.block_n, hh, ww)),
+                          dict(H2V=h2v_path, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+                               BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg)
+                for i, h2v_path in enumerate(paths)]
+    return launches, o, lse
 
 
 def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2v: bool, cap: int):
@@ -343,14 +294,15 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
     corner_k, corner_q = (torch.zeros(2, bh, hh, s, ww, **zeros) for s in slots)
     launches = []
     for i, (p_v2h, p_h2v) in enumerate(paths):
-        for kernel, cfg, own, other, grads, selfs, corner, nslots in (
-                (_whole_bwd_kv, cfg_kv, cfg_kv.block_n, cfg_kv.block_m, (dk[i], dvv[i]), self_k, corner_k, slots[0]),
-                (_whole_bwd_q, cfg_q, cfg_q.block_m, cfg_q.block_n, (dq[i], ), self_q, corner_q, slots[1])):
+        for keys, cfg, own, other, grads, selfs, corner, nslots in (
+                (True, cfg_kv, cfg_kv.block_n, cfg_kv.block_m, (dk[i], dvv[i]), self_k, corner_k, slots[0]),
+                (False, cfg_q, cfg_q.block_m, cfg_q.block_n, (dq[i], dq[i]), self_q, corner_q, slots[1])):
+            corners = p_h2v if keys else p_v2h
             launches.append(lp.Launch(
-                kernel, (triton.cdiv(n, own), bh),
-                (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0], selfs[1], corner[0], corner[1],
+                _whole_bwd, (triton.cdiv(n, own), bh),
+                (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0 if corners else 1], corner[0], corner[1],
                  float(scale), weight, n, hh, ww, d, dv, nslots),
-                dict(V2H=p_v2h, H2V=p_h2v, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+                dict(KEYS=keys, CORNERS=corners, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
                      BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)), ROWS_OWN=_rows(own, hh, ww),
                      PRECISION=lp.precision(q.dtype)), cfg))
     return launches, (dq, dk, dvv, self_q, self_k, corner_k, corner_q)
