@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from . import launch as lp
-from ._tiles import load_tile, online_softmax_step, sign, slice_offset, store_tile
+from ._tiles import bwd_operands, load_tile, online_softmax_step, sign, slice_offset, store_tile, token_block
 
 
 @triton.jit
@@ -53,9 +53,17 @@ def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V: tl.constexpr, ROWS):
 
 
 @triton.jit
-def _block(ca_ptr, cb_ptr, start, offs, mask, W):
-    """A block of consecutive tokens ``offs`` from ``start``: (Ca, Cb entries, image rows, columns, first image
+def _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV):
+    """Pointers to slice ``bh`` (batch * head) of q, k (N, D), v (N, DV) and the tables (N)."""
+    return (q_ptr + slice_offset(bh, N, D), k_ptr + slice_offset(bh, N, D), v_ptr + slice_offset(bh, N, DV),
+            ca_ptr + slice_offset(bh, N, 1), cb_ptr + slice_offset(bh, N, 1))
+
+
+@triton.jit
+def _block(ca_ptr, cb_ptr, start, BLOCK: tl.constexpr, N, W):
+    """The block of BLOCK consecutive tokens from ``start``: (Ca, Cb entries, image rows, columns, first image
     row, mask, offsets)."""
+    offs, mask, _ = token_block(start, BLOCK, N, 0, 1)
     ca = tl.load(ca_ptr + offs, mask=mask, other=0.0)
     cb = tl.load(cb_ptr + offs, mask=mask, other=0.0)
     return ca, cb, offs // W, offs % W, start // W, mask, offs
@@ -67,31 +75,22 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """One program per query block, one path (V2H, or H2V if ``H2V``) per launch: the path's online softmax over
     all key blocks; ROWS_M / ROWS_N bound the image rows of a query / key block."""
-    pid_m = tl.program_id(0)
     bh = tl.program_id(1)
-    q_ptr += slice_offset(bh, N, D)
-    k_ptr += slice_offset(bh, N, D)
-    v_ptr += slice_offset(bh, N, DV)
-    ca_ptr += slice_offset(bh, N, 1)
-    cb_ptr += slice_offset(bh, N, 1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
+    qb = _block(ca_ptr, cb_ptr, tl.program_id(0) * BLOCK_M, BLOCK_M, N, W)
+    offs_m, mask_m = qb[6], qb[5]
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    mask_m = offs_m < N
     q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
-    qb = _block(ca_ptr, cb_ptr, pid_m * BLOCK_M, offs_m, mask_m, W)
     m = tl.full([BLOCK_M], float('-inf'), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for start_n in range(0, N, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        k = load_tile(k_ptr, offs_n, mask_n, offs_d, D)
-        v = load_tile(v_ptr, offs_n, mask_n, offs_dv, DV)
-        kb = _block(ca_ptr, cb_ptr, start_n, offs_n, mask_n, W)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        x = _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V, ROWS_N if H2V else ROWS_M)
-        m, l, acc = online_softmax_step(tl.where(mask_n[None, :], x, float('-inf')), v, m, l, acc, PRECISION)
+        kb = _block(ca_ptr, cb_ptr, start_n, BLOCK_N, N, W)
+        s = tl.dot(q, tl.trans(load_tile(k_ptr, kb[6], kb[5], offs_d, D)), input_precision=PRECISION) * scale
+        x = tl.where(kb[5][None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V, ROWS_N if H2V else ROWS_M),
+                     float('-inf'))
+        m, l, acc = online_softmax_step(x, load_tile(v_ptr, kb[6], kb[5], offs_dv, DV), m, l, acc, PRECISION)
     store_tile(o_ptr + slice_offset(bh, N, DV), offs_m, mask_m, offs_dv, DV, acc / l[:, None])
     tl.store(lse_ptr + slice_offset(bh, N, 1) + offs_m, m + tl.log(l), mask=mask_m)
 
@@ -111,8 +110,10 @@ def _probs(s, lse_ptr, own, other, ca_ptr, cb_ptr, W, N, CORNERS: tl.constexpr, 
         x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, True, ROWS_OTHER)
     valid = own[5][:, None] & other[5][None, :]
     if QUERIES_OWN:
-        return tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
-    return tl.where(valid, tl.exp(x - lse[None, :]), 0.0)
+        p = tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
+    else:
+        p = tl.where(valid, tl.exp(x - lse[None, :]), 0.0)
+    return p
 
 
 @triton.jit
@@ -120,24 +121,35 @@ def _score_grad(p, dp, delta_ptr, queries, weight, QUERIES_OWN: tl.constexpr):
     """dS = P * (weight dP - delta), delta per query (the rows if QUERIES_OWN, else the columns)."""
     delta = tl.load(delta_ptr + queries[6], mask=queries[5], other=0.0)
     if QUERIES_OWN:
-        return p * (weight * dp - delta[:, None])
-    return p * (weight * dp - delta[None, :])
+        ds = p * (weight * dp - delta[:, None])
+    else:
+        ds = p * (weight * dp - delta[None, :])
+    return ds
 
 
 @triton.jit
-def _add_corners(corner_a, corner_b, ds, rows, cols, first, ROWS_OWN: tl.constexpr, BLOCK: tl.constexpr,
-                 COLS: tl.constexpr):
+def _add_corners(corner_a_ptr, corner_b_ptr, ds, own, other, pid, c0, N, W, SLOTS, ROWS_OWN: tl.constexpr,
+                 BLOCK: tl.constexpr, COLS: tl.constexpr):
     """The gradient of M[r, c] = sgn(j_r >= l_c) (Ca[i_r, j_r] - Ca[i_r, l_c]) + sgn(i_r >= k_c) (Cb[i_r, l_c] - ...)
     at the corners Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column): ``ds`` (BLOCK own tokens, other tokens:
-    image rows x COLS columns) folded over the other tile's rows, then summed per own image row into the
-    (ROWS_OWN, COLS) accumulators. Also returns the own entry's Ca gradient, sum_c sgn(j_r >= l_c) ds."""
-    ge = rows[3][:, None] >= cols[3][None, :]
-    folded = tl.sum(tl.reshape(tl.where(ge, -ds, ds), (BLOCK, ds.shape[1] // COLS, COLS)), 1)
-    corner_a = _add_row_sums(corner_a, folded, rows[2], first, ROWS_OWN)
-    folded = tl.sum(tl.reshape(tl.where(rows[2][:, None] >= cols[2][None, :], ds, -ds),
-                               (BLOCK, ds.shape[1] // COLS, COLS)), 1)
-    corner_b = _add_row_sums(corner_b, folded, rows[2], first, ROWS_OWN)
-    return corner_a, corner_b, tl.sum(tl.where(ge, ds, -ds), 1)
+    image rows x COLS columns) summed over the block's tokens of each own image row ``first + r`` and folded over
+    the other tile's rows, added into slot ``pid - first_block(row)`` of the (H, SLOTS, W) corner buffers at
+    columns ``c0 + c``. Each (row, slot) has exactly one owner program, which adds into it in place: no atomics,
+    and the host's sum over slots is deterministic. Returns the own entry's Ca gradient, sum_c sgn(j_r >= l_c) ds."""
+    signed_a = tl.where(own[3][:, None] >= other[3][None, :], -ds, ds)
+    signed_b = tl.where(own[2][:, None] >= other[2][None, :], ds, -ds)
+    cols = c0 + tl.arange(0, COLS)
+    for r in range(ROWS_OWN):
+        row = own[4] + r
+        in_row = (own[2] == row)[:, None]
+        part_a = tl.sum(tl.reshape(tl.sum(tl.where(in_row, signed_a, 0.0), 0), (ds.shape[1] // COLS, COLS)), 0)
+        part_b = tl.sum(tl.reshape(tl.sum(tl.where(in_row, signed_b, 0.0), 0), (ds.shape[1] // COLS, COLS)), 0)
+        at = (row * SLOTS + pid - (row * W) // BLOCK) * W + cols
+        keep = (row * W < tl.minimum((pid + 1) * BLOCK, N)) & (cols < W)
+        tl.debug_barrier()  # the previous tile's additions, by whichever thread made them, are visible
+        tl.store(corner_a_ptr + at, tl.load(corner_a_ptr + at, mask=keep, other=0.0) + part_a, mask=keep)
+        tl.store(corner_b_ptr + at, tl.load(corner_b_ptr + at, mask=keep, other=0.0) + part_b, mask=keep)
+    return -tl.sum(signed_a, 1)
 
 
 @triton.jit
@@ -150,30 +162,6 @@ def _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK: tl.constexpr, COLS: tl.constexpr)
     ca = tl.load(ca_ptr + offs, mask=mask, other=0.0)
     cb = tl.load(cb_ptr + offs, mask=mask, other=0.0)
     return ca, cb, rows, cols, r0, mask, offs
-
-
-@triton.jit
-def _add_row_sums(acc, x, own_row, first, ROWS: tl.constexpr):
-    """acc (ROWS, COLS) += for each image row ``first + r`` of the own block, the sum of ``x`` (own tokens, COLS)
-    over the block's tokens in that row."""
-    slot = tl.arange(0, ROWS)[:, None]
-    for r in range(ROWS):
-        part = tl.sum(tl.where((own_row == first + r)[:, None], x, 0.0), 0)
-        acc = tl.where(slot == r, acc + part[None, :], acc)
-    return acc
-
-
-@triton.jit
-def _store_corners(ptr, acc, pid, c0, N, W, SLOTS, BLOCK: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """Store a block's (ROWS, COLS) corner sums (image rows ``first + r`` of the block x table columns
-    ``c0 + c``) into slot ``pid - first_block(row)`` of a (H, SLOTS, W) buffer: each (row, slot) has exactly
-    one owner program, so the host's sum over slots is deterministic."""
-    rows = (pid * BLOCK) // W + tl.arange(0, ROWS)
-    cols = c0 + tl.arange(0, COLS)
-    slot = pid - (rows * W) // BLOCK
-    offsets = (rows[:, None] * SLOTS + slot[:, None]) * W + cols[None, :]
-    store = (rows * W < tl.minimum((pid + 1) * BLOCK, N))[:, None] & (cols[None, :] < W)
-    tl.store(ptr + offsets, acc, mask=store)
 
 
 @triton.jit
@@ -190,59 +178,41 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     are complete when its rows are done."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
-    q_ptr += slice_offset(bh, N, D)
-    k_ptr += slice_offset(bh, N, D)
-    v_ptr += slice_offset(bh, N, DV)
+    q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
     do_ptr += slice_offset(bh, N, DV)
-    ca_ptr += slice_offset(bh, N, 1)
-    cb_ptr += slice_offset(bh, N, 1)
     lse_ptr += slice_offset(bh, N, 1)
     delta_ptr += slice_offset(bh, N, 1)
-    offs = pid * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
+    own = _block(ca_ptr, cb_ptr, pid * BLOCK_OWN, BLOCK_OWN, N, W)
+    offs, mask = own[6], own[5]
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    mask = offs < N
-    own = _block(ca_ptr, cb_ptr, pid * BLOCK_OWN, offs, mask, W)
-    # scores S = a b^T and dP = da db^T: (k, v) against (q, do) for keys, (q, do) against (k, v) for queries
-    if KEYS:
-        a = load_tile(k_ptr, offs, mask, offs_d, D)
-        da = load_tile(v_ptr, offs, mask, offs_dv, DV)
-        b_ptr, db_ptr = q_ptr, do_ptr
-    else:
-        a = load_tile(q_ptr, offs, mask, offs_d, D)
-        da = load_tile(do_ptr, offs, mask, offs_dv, DV)
-        b_ptr, db_ptr = k_ptr, v_ptr
+    a, da, b_ptr, db_ptr = bwd_operands(q_ptr, k_ptr, v_ptr, do_ptr, offs, mask, offs_d, D, offs_dv, DV, KEYS)
     g1 = tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32)
     g2 = tl.zeros([BLOCK_OWN, BLOCK_DV], tl.float32)
     self_own = tl.zeros([BLOCK_OWN], tl.float32)
-    corner_ptr = slice_offset(bh, H * SLOTS, W)
+    corner_a_ptr += slice_offset(bh, H * SLOTS, W)
+    corner_b_ptr += slice_offset(bh, H * SLOTS, W)
     for c0 in range(0, W, COLS):
-        corner_a = tl.zeros([ROWS_OWN, COLS], tl.float32)
-        corner_b = tl.zeros([ROWS_OWN, COLS], tl.float32)
         for r0 in range(0, H, BLOCK_OTHER // COLS):
             other = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_OTHER, COLS)
             b = load_tile(b_ptr, other[6], other[5], offs_d, D)
             db = load_tile(db_ptr, other[6], other[5], offs_dv, DV)
             s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
-            p = _probs(s, lse_ptr, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS,
-                       QUERIES_OWN=not KEYS)
             if KEYS:
+                p = _probs(s, lse_ptr, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS, False)
                 g2 += tl.dot((weight * p).to(db.dtype), db, input_precision=PRECISION)
                 ds = _score_grad(p, tl.dot(da, tl.trans(db), input_precision=PRECISION), delta_ptr, other, weight,
                                  False)
             else:
+                p = _probs(s, lse_ptr, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS, True)
                 ds = _score_grad(p, tl.dot(da, tl.trans(db), input_precision=PRECISION), delta_ptr, own, weight,
                                  True)
             if CORNERS:
-                corner_a, corner_b, g = _add_corners(corner_a, corner_b, ds, own, other, own[4], ROWS_OWN,
-                                                     BLOCK_OWN, COLS)
-                self_own += g
+                self_own += _add_corners(corner_a_ptr, corner_b_ptr, ds, own, other, pid, c0, N, W, SLOTS, ROWS_OWN,
+                                         BLOCK_OWN, COLS)
             else:
                 self_own -= tl.sum(tl.where(other[2][None, :] >= own[2][:, None], ds, -ds), 1)
             g1 += tl.dot(ds.to(b.dtype), b, input_precision=PRECISION)
-        if CORNERS:
-            _store_corners(corner_a_ptr + corner_ptr, corner_a, pid, c0, N, W, SLOTS, BLOCK_OWN, ROWS_OWN, COLS)
-            _store_corners(corner_b_ptr + corner_ptr, corner_b, pid, c0, N, W, SLOTS, BLOCK_OWN, ROWS_OWN, COLS)
     store_tile(g1_ptr + slice_offset(bh, N, D), offs, mask, offs_d, D, g1 * scale)
     if KEYS:
         store_tile(g2_ptr + slice_offset(bh, N, DV), offs, mask, offs_dv, DV, g2)
@@ -274,7 +244,7 @@ def forward_launches(q, k, v, ca, cb, scale: float, v2h: bool, h2v: bool, cap: i
 
 
 def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2v: bool, cap: int):
-    """The backward's launches, one pair per path, and the buffers they fill: dq, dk, dv per path
+    """The backward's launches, one pair (keys, queries) per path, and the buffers they fill: dq, dk, dv per path
     (paths, BH, N, .) float32, and the table-gradient parts (each token's own entries ``self_q``, ``self_k``:
     (2, BH, N); corner slots ``corner_k``, ``corner_q``: (2, BH, H, SLOTS, W); index 0 is Ca, 1 is Cb)."""
     bh, n, d = q.shape
@@ -288,24 +258,28 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
     dq = torch.empty(len(paths), *q.shape, **zeros)
     dk = torch.empty(len(paths), *k.shape, **zeros)
     dvv = torch.empty(len(paths), *v.shape, **zeros)
-    cfg_kv, cfg_q = (lp.config(family, n, q.dtype, cap, ww) for family in ('whole_bwd_kv', 'whole_bwd_q'))
     self_q, self_k = torch.zeros(2, bh, n, **zeros), torch.zeros(2, bh, n, **zeros)
-    slots = [(ww - 1) // own + 2 for own in (cfg_kv.block_n, cfg_q.block_m)]  # blocks one image row can touch
-    corner_k, corner_q = (torch.zeros(2, bh, hh, s, ww, **zeros) for s in slots)
+    # the corners are the V2H path's for the queries, the H2V path's for the keys: (own, other) block per role
+    blocks = {}
+    for keys, corners in ((True, False), (True, True), (False, False), (False, True)):
+        cfg = lp.config(('whole_bwd_kv' if keys else 'whole_bwd_q') + ('_corners' if corners else ''), n, q.dtype,
+                        cap, ww)
+        blocks[keys, corners] = cfg, (cfg.block_n, cfg.block_m) if keys else (cfg.block_m, cfg.block_n)
+    slots = {keys: (ww - 1) // blocks[keys, True][1][0] + 2 for keys in (True, False)}  # blocks a row can touch
+    corner = {keys: torch.zeros(2, bh, hh, slots[keys], ww, **zeros) for keys in (True, False)}
     launches = []
     for i, (p_v2h, p_h2v) in enumerate(paths):
-        for keys, cfg, own, other, grads, selfs, corner, nslots in (
-                (True, cfg_kv, cfg_kv.block_n, cfg_kv.block_m, (dk[i], dvv[i]), self_k, corner_k, slots[0]),
-                (False, cfg_q, cfg_q.block_m, cfg_q.block_n, (dq[i], dq[i]), self_q, corner_q, slots[1])):
+        for keys, grads, selfs in ((True, (dk[i], dvv[i]), self_k), (False, (dq[i], dq[i]), self_q)):
             corners = p_h2v if keys else p_v2h
+            cfg, (own, other) = blocks[keys, corners]
             launches.append(lp.Launch(
                 _whole_bwd, (triton.cdiv(n, own), bh),
-                (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0 if corners else 1], corner[0], corner[1],
-                 float(scale), weight, n, hh, ww, d, dv, nslots),
+                (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0 if corners else 1], corner[keys][0],
+                 corner[keys][1], float(scale), weight, n, hh, ww, d, dv, slots[keys]),
                 dict(KEYS=keys, CORNERS=corners, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
                      BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)), ROWS_OWN=_rows(own, hh, ww),
                      PRECISION=lp.precision(q.dtype)), cfg))
-    return launches, (dq, dk, dvv, self_q, self_k, corner_k, corner_q)
+    return launches, (dq, dk, dvv, self_q, self_k, corner[True], corner[False])
 
 
 class WholeAttentionFunction(torch.autograd.Function):
