@@ -48,6 +48,9 @@ class Config:
     block_n: int
     num_warps: int
     num_stages: int
+    #: register budget per thread (ptxas's .maxnreg). Without one ptxas picks its own, favouring occupancy, and
+    #: spills small-tile float32 kernels at 64-168 registers; 255 is the ISA's maximum.
+    maxnreg: int = 255
 
 
 # The interpreter runs programs one by one, at a cost per program and per operation nearly independent of the tile
@@ -57,7 +60,7 @@ _INTERPRETER = Config(32, 32, 1, 1)
 # row grows with them, so blocks stay short. Half precision -> {capability (0: any other): config}; half precision
 # spills less over 4 warps on sm_86 / sm_89.
 _NARROW: Dict[bool, Dict[int, Config]] = {
-    False: {0: Config(16, 16, 2, 1)},
+    False: {0: Config(16, 16, 2, 1), 90: Config(16, 16, 4, 1)},
     True: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89)}},
 }
 
@@ -84,11 +87,11 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_q_corners', True, True): {0: Config(128, 32, 8, 1)},
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
-    ('whole_bwd_kv', True, False): {0: Config(16, 64, 8, 1), **{cap: Config(16, 64, 4, 1) for cap in (86, 89)}},
-    ('whole_bwd_kv', True, True): {0: Config(64, 128, 8, 1)},
+    ('whole_bwd_kv', True, False): {0: Config(16, 32, 4, 1), 90: Config(16, 32, 8, 1)},
+    ('whole_bwd_kv', True, True): {0: Config(64, 128, 8, 1), **{cap: Config(64, 64, 4, 1) for cap in (86, 89)}},
     ('whole_bwd_kv_corners', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv_corners', False, True): {0: Config(32, 32, 2, 1)},
-    ('whole_bwd_kv_corners', True, False): {0: Config(16, 64, 8, 1), **{cap: Config(16, 64, 4, 1) for cap in (86, 89)}},
+    ('whole_bwd_kv_corners', True, False): {0: Config(16, 64, 8, 1)},
     ('whole_bwd_kv_corners', True, True): {0: Config(32, 128, 8, 1)},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
@@ -128,15 +131,18 @@ class Launch:
     config: Config
 
     def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.config.num_warps,
-                               num_stages=self.config.num_stages)
+        self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
     def prepare(self) -> None:
         """Compile for the current device and load the binary, without launching: raises what a launch would
         (``OutOfResources`` when the shared memory exceeds the device's, a ``CompilationError``...)."""
-        compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.constexprs,
-                                      num_warps=self.config.num_warps, num_stages=self.config.num_stages)
+        compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.constexprs, **self.options)
         compiled._init_handles()
+
+    @property
+    def options(self) -> Dict[str, int]:
+        """Compile options of the launch."""
+        return dict(num_warps=self.config.num_warps, num_stages=self.config.num_stages, maxnreg=self.config.maxnreg)
 
     @property
     def name(self) -> str:
