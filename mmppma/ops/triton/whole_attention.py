@@ -1,15 +1,14 @@
 """Fused whole polyline-masked attention (PPMVA, release form) - forward and backward, no N x N tensor.
 
-Scores ``S = scale * q k^T`` are computed once per tile; each path's bias (V2H: M, H2V: M^T) is built in
-registers from the O(N) cumsum tables Ca (rows) and Cb (columns), and each path keeps its own online softmax.
-A bias reads each table at a token's own entry and at a "corner" (the query's row and the key's column for V2H,
-the reverse for H2V). A block of consecutive tokens covers at most ROWS image rows, so a tile's corners are a
-(ROWS x key columns) slab: one gathered vector per image row, selected by row.
+One launch per path (V2H: bias M, H2V: M^T): scores ``S = scale * q k^T`` per tile plus the path's bias, built in
+registers from the O(N) cumsum tables Ca (rows) and Cb (columns), under an online softmax. A bias reads each
+table at a token's own entry and at a "corner" (the query's row and the key's column for V2H, the reverse for
+H2V). A block of consecutive tokens covers at most ROWS image rows, so a tile's corners are a (ROWS x key
+columns) slab: one gathered vector per image row, selected by row.
 
 The backward recomputes the tiles and reduces the bias gradient onto the tables: own entries as row sums of the
-score gradient, corners by two one-hot ``tl.dot`` into a (ROWS, BLOCK_W) accumulator per block (image rows of
-the block x table columns), stored in one slot per (row, block). The host sums the slots: no atomics,
-deterministic, extra memory O(N).
+score gradient; corners summed per own image row and added, tile by tile, into the program's own slot of a
+(H, SLOTS, W) buffer. The host sums the slots: no atomics, deterministic, extra memory O(N).
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
@@ -174,8 +173,7 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     queries, H2V for keys): Ca at the own token, and the corners Ca, Cb at (own row, other column), summed over
     the block's tokens of each image row; otherwise Cb at the own token. Tiles are (own x other tokens): for keys
     H2V's M[s, p] is then V2H's form with the key in the query's place. The other tokens come in tiles of
-    (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column chunk, so the corners of one chunk
-    are complete when its rows are done."""
+    (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column chunk."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
