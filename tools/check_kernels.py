@@ -112,7 +112,7 @@ def spec_key(launch: lp.Launch, arch: int) -> Tuple[str, dict]:
     signature, attrs = launch.signature()
     desc = dict(kernel=launch.name, module=launch.kernel.__module__, signature=signature,
                 attrs={str(k[0]): v for k, v in attrs.items()}, constexprs=launch.constexprs,
-                num_warps=launch.config.num_warps, num_stages=launch.config.num_stages, arch=arch)
+                options=launch.options, arch=arch)
     blob = json.dumps([triton.__version__, launch.kernel.cache_key, desc], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:24], desc
 
@@ -133,7 +133,7 @@ def compile_one(desc: dict) -> dict:
         with contextlib.redirect_stdout(log):
             compiled = triton.compile(ASTSource(kernel, desc['signature'], desc['constexprs'], attrs),
                                       target=GPUTarget('cuda', desc['arch'], 32),
-                                      options=dict(num_warps=desc['num_warps'], num_stages=desc['num_stages']))
+                                      options=desc['options'])
     except Exception as e:  # a compile failure is a result to report
         return dict(error=f'{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}'[:200],
                     seconds=time.perf_counter() - start)
@@ -266,17 +266,17 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
         cells = ['-'] * 4 if 'error' in result else [f'{result["shared"] / 1024:.1f}', str(result['registers']),
                                                      str(result['spill']), f'{result["seconds"]:.1f}']
         lines.append(f'| `{d["kernel"]}` | {d["arch"]} | {spec["dtype"]} | {tile_text(d["constexprs"])} | '
-                     f'{d["num_warps"]} | {d["num_stages"]} | {" | ".join(cells)} | {by} | '
+                     f'{d["options"]["num_warps"]} | {d["options"]["num_stages"]} | {" | ".join(cells)} | {by} | '
                      f'{status(spec, result, max_seconds)} |')
     with open(path, 'w') as f:
         f.write('\n'.join(lines) + '\n')
 
 
 def tile_text(c: dict) -> str:
-    text = [f'{c.get("BLOCK_M")}x{c.get("BLOCK_N")}']
+    text = [f'{c.get("BLOCK_M", c.get("BLOCK_OWN"))}x{c.get("BLOCK_N", c.get("BLOCK_OTHER"))}']
     text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN') if name in c]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
-    text += [name.lower() for name in ('V2H', 'H2V', 'COLUMNS', 'SIGNED') if c.get(name)]
+    text += [name.lower() for name in ('KEYS', 'CORNERS', 'V2H', 'H2V', 'COLUMNS', 'SIGNED') if c.get(name)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)
 
@@ -303,10 +303,10 @@ def format_row(spec: dict, result: dict, max_seconds: float) -> str:
     tiles = tile_text(c)
     if 'error' in result:
         return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<44} '
-                f'{desc["num_warps"]:>5} {desc["num_stages"]:>6} {"-":>9} {"-":>4} {"-":>7} '
+                f'{desc["options"]["num_warps"]:>5} {desc["options"]["num_stages"]:>6} {"-":>9} {"-":>4} {"-":>7} '
                 f'{result["seconds"]:>5.1f}  {status(spec, result, max_seconds)}')
     return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<44} '
-            f'{desc["num_warps"]:>5} {desc["num_stages"]:>6} {result["shared"] / 1024:>9.1f} '
+            f'{desc["options"]["num_warps"]:>5} {desc["options"]["num_stages"]:>6} {result["shared"] / 1024:>9.1f} '
             f'{result["registers"]:>4} {result["spill"]:>7} {result["seconds"]:>5.1f}  '
             f'{status(spec, result, max_seconds)}{" (cached)" if result.get("cached") else ""}')
 

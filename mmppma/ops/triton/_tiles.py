@@ -1,5 +1,5 @@
-"""Jitted helpers shared by the Triton kernels: tile loads and stores, 64-bit slice offsets, the online-softmax
-step and the segment sum.
+"""Jitted helpers shared by the Triton kernels: token blocks, tile loads and stores, 64-bit slice offsets, the
+online-softmax step, the segment sum and the backward programs' operands.
 
 Tiles: a (rows, cols) tile of a row-major (.., ncols) tensor, rows masked by ``row_mask``, columns beyond
 ``ncols`` (the padding up to the power-of-two block) by index."""
@@ -11,6 +11,14 @@ import triton.language as tl
 def load_tile(ptr, rows, row_mask, cols, ncols):
     return tl.load(ptr + rows[:, None] * ncols + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < ncols),
                    other=0.0)
+
+
+@triton.jit
+def token_block(start, BLOCK: tl.constexpr, L, base, step):
+    """Indices ``start .. start + BLOCK`` of a sequence of ``L`` tokens stored at ``base + index * step``:
+    (indices, mask, token offsets)."""
+    offs = start + tl.arange(0, BLOCK)
+    return offs, offs < L, base + offs * step
 
 
 @triton.jit
@@ -46,3 +54,19 @@ def seg(c_first, c_second, ge):
 @triton.jit
 def sign(ge):
     return tl.where(ge, 1.0, -1.0)
+
+
+@triton.jit
+def bwd_operands(q_ptr, k_ptr, v_ptr, do_ptr, rows, row_mask, offs_d, D, offs_v, DV, KEYS: tl.constexpr):
+    """A backward program's own tiles and the other tokens' tensors: scores S = a b^T and dP = da db^T on tiles of
+    (own x other tokens). A program of keys holds a = k, da = v and reads b from q, db from do; one of queries the
+    reverse. Returns (a, da, b_ptr, db_ptr)."""
+    if KEYS:
+        a = load_tile(k_ptr, rows, row_mask, offs_d, D)
+        da = load_tile(v_ptr, rows, row_mask, offs_v, DV)
+        b_ptr, db_ptr = q_ptr, do_ptr
+    else:
+        a = load_tile(q_ptr, rows, row_mask, offs_d, D)
+        da = load_tile(do_ptr, rows, row_mask, offs_v, DV)
+        b_ptr, db_ptr = k_ptr, v_ptr
+    return a, da, b_ptr, db_ptr

@@ -48,39 +48,53 @@ class Config:
     block_n: int
     num_warps: int
     num_stages: int
+    #: register budget per thread (ptxas's .maxnreg). Without one ptxas picks its own, favouring occupancy, and
+    #: spills small-tile float32 kernels at 64-168 registers; 255 is the ISA's maximum.
+    maxnreg: int = 255
 
 
 # The interpreter runs programs one by one, at a cost per program and per operation nearly independent of the tile
 # size: one configuration with tiles as large as the small GPU ones, so the tests' maps still span several blocks.
 _INTERPRETER = Config(32, 32, 1, 1)
 # Whole attention on images narrower than 16 tokens (N <= 16 H): a block spans many image rows, and the work per
-# row grows with them, so blocks stay short. Half precision -> {capability (0: any other): config}; half precision
-# spills less over 4 warps on sm_86 / sm_89.
+# row grows with them, so blocks stay short. Half precision -> {capability (0: any other): config}; over 4 warps
+# where 2 spill (half precision on sm_86 / sm_89, float32 on sm_90).
 _NARROW: Dict[bool, Dict[int, Config]] = {
-    False: {0: Config(16, 16, 2, 1)},
+    False: {0: Config(16, 16, 2, 1), 90: Config(16, 16, 4, 1)},
     True: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89)}},
 }
 
-# (family, long sequence, half precision) -> {capability (0: any other): config}. A tile's rows are split over
-# the warps 16 rows each (tensor-core layout), so num_warps = BLOCK_M / 16 and no warp holds a replica. Half
-# precision takes 64 x 64 tiles for sequences of LARGE tokens or more (FlashAttention's tile); exact float32
-# products run on the FMA units, whose operand tiles cost more registers, so float32 keys come 32 at a time.
-# Short float32 backward tiles are 16 x 16 over 4 warps: ptxas spills a few bytes in larger or 2-warp ones at some
-# shapes and capabilities (tools/check_kernels.py).
+# (family, long sequence, half precision) -> {capability (0: any other): config}. In the tensor-core layout a
+# tile's rows are split over the warps 16 rows each, so num_warps = own block / 16 and no warp holds a replica;
+# each vector along the other axis costs (other block) / 4 registers per thread. Half precision at LARGE tokens
+# or more: the forward takes 64 x 64 tiles (FlashAttention's), the backward 128 own tokens over 8 warps against
+# 64 others, and 32 others in the '_corners' programs, which hold more such vectors and spill with 64 on every
+# capability (tools/check_kernels.py). Exact float32 products run on the FMA units, whose operand tiles cost more
+# registers, so float32 tiles are 16-32 wide. The remaining choices are the ones that compile without spills at
+# the checked shapes.
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('whole_fwd', True, False): {0: Config(64, 32, 8, 2)},
-    ('whole_fwd', True, True): {0: Config(64, 64, 4, 2), **{cap: Config(64, 32, 4, 2) for cap in (80, 86, 89)}},
-    # backward: dq's own (query) block is BLOCK_M, dk / dv's (key) block BLOCK_N, on the tiles' row axis
+    ('whole_fwd', True, True): {0: Config(64, 64, 4, 2)},
+    # backward: dq's own (query) block is BLOCK_M, dk / dv's (key) block BLOCK_N, on the tiles' row axis. The
+    # '_corners' programs (the path whose corners the own tokens hold) also add the corner table gradients.
     ('whole_bwd_q', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_q', False, True): {0: Config(32, 16, 2, 1)},
     ('whole_bwd_q', True, False): {0: Config(64, 16, 8, 1)},
-    ('whole_bwd_q', True, True): {0: Config(64, 64, 4, 1), **{cap: Config(64, 32, 4, 1) for cap in (80, 86, 89)}},
+    ('whole_bwd_q', True, True): {0: Config(128, 64, 8, 1)},
+    ('whole_bwd_q_corners', False, False): {0: Config(16, 16, 4, 1)},
+    ('whole_bwd_q_corners', False, True): {0: Config(32, 16, 2, 1)},
+    ('whole_bwd_q_corners', True, False): {0: Config(64, 16, 8, 1)},
+    ('whole_bwd_q_corners', True, True): {0: Config(128, 32, 8, 1)},
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
-    ('whole_bwd_kv', True, False): {0: Config(16, 64, 8, 1), **{cap: Config(16, 64, 4, 1) for cap in (86, 89)}},
-    ('whole_bwd_kv', True, True): {0: Config(64, 64, 4, 1), **{cap: Config(32, 64, 4, 1) for cap in (80, 86, 89)}},
+    ('whole_bwd_kv', True, False): {0: Config(16, 32, 4, 1), 90: Config(16, 32, 8, 1)},
+    ('whole_bwd_kv', True, True): {0: Config(64, 128, 8, 1), **{cap: Config(64, 64, 4, 1) for cap in (86, 89)}},
+    ('whole_bwd_kv_corners', False, False): {0: Config(16, 16, 4, 1)},
+    ('whole_bwd_kv_corners', False, True): {0: Config(32, 32, 2, 1)},
+    ('whole_bwd_kv_corners', True, False): {0: Config(16, 64, 8, 1)},
+    ('whole_bwd_kv_corners', True, True): {0: Config(32, 128, 8, 1)},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},
@@ -119,15 +133,18 @@ class Launch:
     config: Config
 
     def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.config.num_warps,
-                               num_stages=self.config.num_stages)
+        self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
     def prepare(self) -> None:
         """Compile for the current device and load the binary, without launching: raises what a launch would
         (``OutOfResources`` when the shared memory exceeds the device's, a ``CompilationError``...)."""
-        compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.constexprs,
-                                      num_warps=self.config.num_warps, num_stages=self.config.num_stages)
+        compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.constexprs, **self.options)
         compiled._init_handles()
+
+    @property
+    def options(self) -> Dict[str, int]:
+        """Compile options of the launch."""
+        return dict(num_warps=self.config.num_warps, num_stages=self.config.num_stages, maxnreg=self.config.maxnreg)
 
     @property
     def name(self) -> str:

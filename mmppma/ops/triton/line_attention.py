@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ..attention import compose_criss_cross
 from . import launch as lp
-from ._tiles import load_tile, online_softmax_step, seg, sign, store_tile
+from ._tiles import bwd_operands, load_tile, online_softmax_step, seg, sign, store_tile, token_block
 
 
 @triton.jit
@@ -30,116 +30,69 @@ def _line_offsets(line, n_lines, H, W, COLUMNS: tl.constexpr):
 def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale, H, W, L, n_lines, D, DX,
               COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    line = tl.program_id(1)
-    base, step = _line_offsets(line, n_lines, H, W, COLUMNS)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    base, step = _line_offsets(tl.program_id(1), n_lines, H, W, COLUMNS)
+    offs_m, mask_m, tok_m = token_block(tl.program_id(0) * BLOCK_M, BLOCK_M, L, base, step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
-    mask_m = offs_m < L
-    tok_m = base + offs_m * step
     q = load_tile(q_ptr, tok_m, mask_m, offs_d, D)
     c_m = tl.load(c_ptr + tok_m, mask=mask_m, other=0.0)
     m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_X], tl.float32)
     for start_n in range(0, L, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < L
-        tok_n = base + offs_n * step
-        k = load_tile(k_ptr, tok_n, mask_n, offs_d, D)
-        x = load_tile(x_ptr, tok_n, mask_n, offs_x, DX)
+        offs_n, mask_n, tok_n = token_block(start_n, BLOCK_N, L, base, step)
         c_n = tl.load(c_ptr + tok_n, mask=mask_n, other=0.0)
-        bias = seg(c_m[:, None], c_n[None, :], offs_m[:, None] >= offs_n[None, :])
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + bias
-        m_i, l_i, acc = online_softmax_step(tl.where(mask_n[None, :], s, float('-inf')), x, m_i, l_i, acc,
-                                            PRECISION)
-    tl.store(o_ptr + tok_m[:, None] * DX + offs_x[None, :], acc / l_i[:, None],
-             mask=mask_m[:, None] & (offs_x[None, :] < DX))
+        s = tl.dot(q, tl.trans(load_tile(k_ptr, tok_n, mask_n, offs_d, D)), input_precision=PRECISION) * scale
+        s += seg(c_m[:, None], c_n[None, :], offs_m[:, None] >= offs_n[None, :])
+        m_i, l_i, acc = online_softmax_step(tl.where(mask_n[None, :], s, float('-inf')),
+                                            load_tile(x_ptr, tok_n, mask_n, offs_x, DX), m_i, l_i, acc, PRECISION)
+    store_tile(o_ptr, tok_m, mask_m, offs_x, DX, acc / l_i[:, None])
     tl.store(lse_ptr + tok_m, m_i + tl.log(l_i), mask=mask_m)
 
 
 @triton.jit
-def _line_tile(q, k, c_m, c_n, offs_m, offs_n, lse, valid, scale, PRECISION: tl.constexpr):
-    ge = offs_m[:, None] >= offs_n[None, :]
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + seg(c_m[:, None], c_n[None, :], ge)
-    p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
-    return p, sign(ge)
-
-
-@triton.jit
-def _line_bwd_kv(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dx_ptr, gk_ptr, scale,
-                 H, W, L, n_lines, D, DX, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
-    pid_n = tl.program_id(0)
-    line = tl.program_id(1)
-    base, step = _line_offsets(line, n_lines, H, W, COLUMNS)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gc_ptr, scale,
+              H, W, L, n_lines, D, DX, KEYS: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr,
+              BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx, gc = gk) or queries (g1 = dq, gc = gq) of
+    one line, looping over the line's other tokens; gc is the own tokens' part of the table gradient,
+    sum over the other tokens of sgn(query >= key) dS. Tiles are (own x other tokens)."""
+    base, step = _line_offsets(tl.program_id(1), n_lines, H, W, COLUMNS)
+    offs, mask, tok = token_block(tl.program_id(0) * BLOCK_OWN, BLOCK_OWN, L, base, step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
-    mask_n = offs_n < L
-    tok_n = base + offs_n * step
-    k = load_tile(k_ptr, tok_n, mask_n, offs_d, D)
-    x = load_tile(x_ptr, tok_n, mask_n, offs_x, DX)
-    c_n = tl.load(c_ptr + tok_n, mask=mask_n, other=0.0)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dx = tl.zeros([BLOCK_N, BLOCK_X], tl.float32)
-    gk = tl.zeros([BLOCK_N], tl.float32)
-    for start_m in range(0, L, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < L
-        tok_m = base + offs_m * step
-        q = load_tile(q_ptr, tok_m, mask_m, offs_d, D)
-        do = load_tile(do_ptr, tok_m, mask_m, offs_x, DX)
-        c_m = tl.load(c_ptr + tok_m, mask=mask_m, other=0.0)
-        lse = tl.load(lse_ptr + tok_m, mask=mask_m, other=0.0)
-        delta = tl.load(delta_ptr + tok_m, mask=mask_m, other=0.0)
-        p, sign = _line_tile(q, k, c_m, c_n, offs_m, offs_n, lse, mask_m[:, None] & mask_n[None, :], scale,
-                             PRECISION)
-        dx += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
-        dp = tl.dot(do, tl.trans(x), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
-        gk += tl.sum(ds * sign, 0)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
-    store_tile(dk_ptr, tok_n, mask_n, offs_d, D, dk * scale)
-    store_tile(dx_ptr, tok_n, mask_n, offs_x, DX, dx)
-    tl.store(gk_ptr + tok_n, gk, mask=mask_n)
-
-
-@triton.jit
-def _line_bwd_q(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, gq_ptr, scale,
-                H, W, L, n_lines, D, DX, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    line = tl.program_id(1)
-    base, step = _line_offsets(line, n_lines, H, W, COLUMNS)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_x = tl.arange(0, BLOCK_X)
-    mask_m = offs_m < L
-    tok_m = base + offs_m * step
-    q = load_tile(q_ptr, tok_m, mask_m, offs_d, D)
-    do = load_tile(do_ptr, tok_m, mask_m, offs_x, DX)
-    c_m = tl.load(c_ptr + tok_m, mask=mask_m, other=0.0)
-    lse = tl.load(lse_ptr + tok_m, mask=mask_m, other=0.0)
-    delta = tl.load(delta_ptr + tok_m, mask=mask_m, other=0.0)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    gq = tl.zeros([BLOCK_M], tl.float32)
-    for start_n in range(0, L, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < L
-        tok_n = base + offs_n * step
-        k = load_tile(k_ptr, tok_n, mask_n, offs_d, D)
-        x = load_tile(x_ptr, tok_n, mask_n, offs_x, DX)
-        c_n = tl.load(c_ptr + tok_n, mask=mask_n, other=0.0)
-        p, sign = _line_tile(q, k, c_m, c_n, offs_m, offs_n, lse, mask_m[:, None] & mask_n[None, :], scale,
-                             PRECISION)
-        dp = tl.dot(do, tl.trans(x), input_precision=PRECISION)
-        ds = p * (dp - delta[:, None])
-        gq += tl.sum(ds * sign, 1)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    store_tile(dq_ptr, tok_m, mask_m, offs_d, D, dq * scale)
-    tl.store(gq_ptr + tok_m, gq, mask=mask_m)
+    c_own = tl.load(c_ptr + tok, mask=mask, other=0.0)
+    a, da, b_ptr, db_ptr = bwd_operands(q_ptr, k_ptr, x_ptr, do_ptr, tok, mask, offs_d, D, offs_x, DX, KEYS)
+    if not KEYS:
+        lse = tl.load(lse_ptr + tok, mask=mask, other=0.0)
+        delta = tl.load(delta_ptr + tok, mask=mask, other=0.0)
+    g1 = tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32)
+    g2 = tl.zeros([BLOCK_OWN, BLOCK_X], tl.float32)
+    gc = tl.zeros([BLOCK_OWN], tl.float32)
+    for start in range(0, L, BLOCK_OTHER):
+        offs_o, mask_o, tok_o = token_block(start, BLOCK_OTHER, L, base, step)
+        b = load_tile(b_ptr, tok_o, mask_o, offs_d, D)
+        db = load_tile(db_ptr, tok_o, mask_o, offs_x, DX)
+        c_o = tl.load(c_ptr + tok_o, mask=mask_o, other=0.0)
+        s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
+        valid = mask[:, None] & mask_o[None, :]
+        if KEYS:
+            ge = offs_o[None, :] >= offs[:, None]  # query >= key
+            lse_o = tl.load(lse_ptr + tok_o, mask=mask_o, other=0.0)
+            delta_o = tl.load(delta_ptr + tok_o, mask=mask_o, other=0.0)
+            p = tl.where(valid, tl.exp(s + seg(c_o[None, :], c_own[:, None], ge) - lse_o[None, :]), 0.0)
+            g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
+            ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta_o[None, :])
+        else:
+            ge = offs[:, None] >= offs_o[None, :]
+            p = tl.where(valid, tl.exp(s + seg(c_own[:, None], c_o[None, :], ge) - lse[:, None]), 0.0)
+            ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta[:, None])
+        gc += tl.sum(ds * sign(ge), 1)
+        g1 += tl.dot(ds.to(b.dtype), b, input_precision=PRECISION)
+    store_tile(g1_ptr, tok, mask, offs_d, D, g1 * scale)
+    if KEYS:
+        store_tile(g2_ptr, tok, mask, offs_x, DX, g2)
+    tl.store(gc_ptr + tok, gc, mask=mask)
 
 
 def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int):
@@ -175,11 +128,14 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
     gk = torch.empty_like(c)
     cfg = lp.config('line_bwd', length, q.dtype, cap)
     args = (float(scale), hh, ww, length, n_lines, d, dx_dim)
-    constexprs = _constexprs(cfg, columns, d, dx_dim, q.dtype)
-    return [lp.Launch(_line_bwd_kv, (triton.cdiv(length, cfg.block_n), bh * n_lines),
-                      (q, k, x, c, dout, lse, delta, dk, dx, gk, *args), constexprs, cfg),
-            lp.Launch(_line_bwd_q, (triton.cdiv(length, cfg.block_m), bh * n_lines),
-                      (q, k, x, c, dout, lse, delta, dq, gq, *args), constexprs, cfg)], (dq, dk, dx, gq, gk)
+    launches = []
+    for keys, own, other, grads in ((True, cfg.block_n, cfg.block_m, (dk, dx, gk)), (False, cfg.block_m, cfg.block_n,
+                                                                                    (dq, dq, gq))):
+        launches.append(lp.Launch(_line_bwd, (triton.cdiv(length, own), bh * n_lines),
+                                  (q, k, x, c, dout, lse, delta, *grads, *args),
+                                  dict(KEYS=keys, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
+                                       BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype)), cfg))
+    return launches, (dq, dk, dx, gq, gk)
 
 
 class LineAttentionFunction(torch.autograd.Function):
