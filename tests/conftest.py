@@ -21,6 +21,11 @@ if 'TORCHINDUCTOR_CACHE_DIR' not in os.environ:
     os.environ['TORCHINDUCTOR_CACHE_DIR'] = tempfile.mkdtemp(prefix='mmppma-inductor-')
     atexit.register(shutil.rmtree, os.environ['TORCHINDUCTOR_CACHE_DIR'], ignore_errors=True)
 
+# Without a GPU the Triton kernel tests run on the interpreter, which must be chosen before triton is first
+# imported (torch's compiler imports it while test modules are collected); with a GPU they run compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
+
 # CI has 2 cores; on a big machine more threads only add overhead for the tiny tensors used here.
 torch.set_num_threads(int(os.environ.get('MMPPMA_TEST_THREADS', min(4, os.cpu_count() or 1))))
 

@@ -69,23 +69,20 @@ def test_whole_attention_branch_is_the_one_taken(monkeypatch):
     assert ops.whole_attention_branch(1, 1, 1, 1, form='paper') == 'dense'
     assert ops.whole_attention_branch(1, 4, 32, 33, grad=False) == 'inference'
     calls = []
-    blockwise = attention_module._MaskedSoftmaxAttention.apply
-    monkeypatch.setattr(attention_module._MaskedSoftmaxAttention, 'apply',
-                        lambda *a: calls.append(1) or blockwise(*a))
-    inference = attention_module._masked_softmax_blocks
-    monkeypatch.setattr(attention_module, '_masked_softmax_blocks',
-                        lambda *a, **kw: calls.append(kw.get('pad', False)) or inference(*a, **kw))
+    library_op = attention_module.whole_attention_blockwise
+    monkeypatch.setattr(attention_module, 'whole_attention_blockwise',
+                        lambda *a: calls.append(torch.is_grad_enabled()) or library_op(*a))
     q, k, v = (t.requires_grad_() for t in qkv(1, 1, 3, 4, 2))
     la, lb = decays(1, 1, 3, 4)
     ops.ppma_attention(q, k, v, la, lb, impl='torch')
-    assert calls == []
+    assert calls == []  # the autograd branch
     with torch.no_grad():
         ops.ppma_attention(q, k, v, la, lb, impl='torch')
-    assert calls == [True]  # the inference branch
+    assert calls == [False]  # the inference branch: the torch.library op, autograd off
     monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 143)  # 12^2 = 144 elements
     assert ops.whole_attention_branch(1, 1, 3, 4) == 'blockwise'
     ops.ppma_attention(q, k, v, la, lb, impl='torch')
-    assert calls == [True, 1, False]  # the autograd Function, whose forward is the unpadded block loop
+    assert calls == [False, True]  # the blockwise branch: the same op, recorded by autograd
 
 
 def _new_and_old():
