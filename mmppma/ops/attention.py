@@ -12,7 +12,7 @@ the O(N^1.5) segment-sum tables; one N x N probability map per path is kept for 
 above that (blocks of query rows, each block's bias built from the tables, only q, k, v and the tables saved;
 the backward recomputes each block's probabilities and reduces the bias gradient back into the tables). The
 criss-cross torch path works on (W x W) and (H x H) line maps only; without autograd it runs per group of
-heads of one image, the group's maps kept in cache.
+(image, head) maps, the group's maps kept in cache.
 """
 import math
 from typing import List, Sequence, Tuple
@@ -58,8 +58,9 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
 
 
 def _eager_inference(*tensors: torch.Tensor) -> bool:
-    """Whether the criss-cross ops take their per-image inference loops: autograd not recording, and not
-    while torch.compile traces (a Python loop over the batch would specialise the graph on its size)."""
+    """Whether the criss-cross ops take their inference loop over groups of (image, head) maps: autograd not
+    recording, and not while torch.compile traces (a Python loop over the batch would specialise the graph on
+    its size)."""
     return not _needs_grad(*tensors) and not torch.compiler.is_compiling()
 
 
@@ -191,19 +192,18 @@ def _blocks(b: int, heads: int, h: int, w: int):
         yield r0, r1, slice(r0 * w, r1 * w)
 
 
-def _masked_softmax_blocks(q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...],
-                           pad: bool = False) -> torch.Tensor:
+def _masked_softmax_blocks(q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]) -> torch.Tensor:
     """c * sum_p softmax(q k^T + M_p) v over paths p in {'v2h', 'h2v'} (one weight c), blockwise over query
     rows, no autograd: q, k (B, heads, N, d) (q pre-scaled), v (B, heads, N, d_v) -> (B, heads, N, d_v).
 
     Each block's probabilities are summed over the paths before the one product with v. Block tensors live
-    in buffers reused across blocks and are updated in place. ``pad``: score rows :func:`_padded` (keys
-    padded with zero rows, their scores set to -inf), for the faster softmax.
+    in buffers reused across blocks and are updated in place. Score rows are :func:`_padded` (keys padded with
+    zero rows, their scores set to -inf), for the faster softmax.
     """
     b, heads, n, _ = q.shape
     h, w = sb.shape[-1], sa.shape[-1]
     weight = _common_weight(paths)
-    n_pad = _padded(n, q.device) if pad else n
+    n_pad = _padded(n, q.device)
     out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
     tables = _BlockTables(sa, sb, [path for path, _ in paths])
     step = _rows_per_block(b, heads, h, w)
@@ -288,7 +288,7 @@ def whole_attention_blockwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     softmax(q k^T + M) v, q pre-scaled. q, k (B, heads, N, d); v (B, heads, N, d_v); sa (B|1, heads, H, W, W),
     sb (B|1, heads, W, H, H) segment-sum tables, all one float dtype -> (B, heads, N, d_v). Memory O(N^1.5):
     the backward recomputes each block's probabilities."""
-    return _masked_softmax_blocks(q, k, v, sa, sb, _paths_for(form), pad=True)
+    return _masked_softmax_blocks(q, k, v, sa, sb, _paths_for(form))
 
 
 @whole_attention_blockwise.register_fake
@@ -533,9 +533,10 @@ def compose_criss_cross(along_rows, along_cols, v: torch.Tensor, order: str) -> 
         return along_rows(along_cols(v))
     # one column pass serves both orders, Ah [v, Aw v] = [Ah v, Ah Aw v]: with narrow heads the products
     # are bound by reading the attention maps, so each map is read once per pass, not twice
+    # 0.5 a + 0.5 b == 0.5 (a + b) exactly (scaling by a power of two)
     dv = v.shape[-1]
     both = along_cols(torch.cat([v, along_rows(v)], -1))
-    return 0.5 * both[..., dv:] + 0.5 * along_rows(both[..., :dv])
+    return (along_rows(both[..., :dv]) + both[..., dv:]).mul_(0.5)
 
 
 def _slices(b: int, heads: int, per_map: int):
@@ -580,13 +581,8 @@ def _criss_cross_slices(q, k, v, row_bias, col_bias, scale, order):
         kc[..., :h, :] = k[i0:i1, n0:n1].transpose(2, 3)
         rows = _softmax_(row_bias(qg @ kr.transpose(-1, -2), i0, i1, n0, n1))[..., :w]  # (I, G, H, W, W)
         cols = _softmax_(col_bias(qg.transpose(2, 3) @ kc.transpose(-1, -2), i0, i1, n0, n1))[..., :h]
-        if order == 'row_col':
-            out[i0:i1, n0:n1] = (cols @ (rows @ vg).transpose(2, 3)).transpose(2, 3)
-        elif order == 'col_row':
-            out[i0:i1, n0:n1] = rows @ (cols @ vg.transpose(2, 3)).transpose(2, 3)
-        else:  # as _criss_cross_core: Ah [v, Aw v] = [Ah v, Ah Aw v]; 0.5 a + 0.5 b == 0.5 (a + b) exactly
-            both = (cols @ torch.cat([vg, rows @ vg], -1).transpose(2, 3)).transpose(2, 3)
-            out[i0:i1, n0:n1] = (rows @ both[..., :dv]).add_(both[..., dv:]).mul_(0.5)
+        out[i0:i1, n0:n1] = compose_criss_cross(lambda x: rows @ x,
+                                                lambda x: (cols @ x.transpose(2, 3)).transpose(2, 3), vg, order)
     return out
 
 

@@ -34,6 +34,11 @@ def nchw(x: torch.Tensor) -> torch.Tensor:
     return tokens_to_nchw(x) if torch.compiler.is_compiling() else x.permute(0, 3, 1, 2)
 
 
+def conv_tokens(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Apply an NCHW conv (or a sequence of them) to channels-last tokens: (B, H, W, C) -> (B, H', W', C')."""
+    return conv(nchw(x)).permute(0, 2, 3, 1)
+
+
 class DWConv2d(nn.Module):
     """Depthwise ``k x k`` convolution on channels-last tokens: (B, H, W, C) -> (B, H, W, C).
 
@@ -46,7 +51,7 @@ class DWConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor, add: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``conv(x)``, or ``conv(x) + add`` (same shape; in inference summed into the conv's output)."""
-        out = self.conv(nchw(x)).permute(0, 2, 3, 1)
+        out = conv_tokens(self.conv, x)
         return out if add is None else add_into(out, add)
 
 

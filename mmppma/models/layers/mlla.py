@@ -22,7 +22,7 @@ from mmppma.ops import ppma_linear_attention
 from mmppma.utils.checks import check_choice
 
 from .block import BlockStage, DropPath
-from .conv import ConvBN, nchw
+from .conv import ConvBN, conv_tokens
 from .path_embed import PathEmbed
 from .rope import apply_rope
 
@@ -47,11 +47,6 @@ def mlla_rope_tables(height: int, width: int, channels: int, device=None,
     angles = torch.cat([rows.expand(height, width, quarter), cols.expand(height, width, quarter)], dim=-1)
     angles = angles.repeat_interleave(2, dim=-1).float()  # (H, W, C): one angle per channel pair
     return angles.sin(), angles.cos()
-
-
-def dwconv_cl(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """Apply an NCHW conv to channels-last tokens (B, H, W, C) -> (B, H', W', C')."""
-    return conv(nchw(x)).permute(0, 2, 3, 1)
 
 
 def depthwise_conv3x3(channels: int) -> nn.Conv2d:
@@ -107,7 +102,7 @@ class MLLAAttention(nn.Module):
             la, lb = self.path_embed(x)
             out = self._masked_linear_attention(q, k, v, q_rope, k_rope, la, lb)
         out = out.permute(0, 2, 3, 1, 4).reshape(b, h, w, c)
-        return out + dwconv_cl(self.lepe, x)
+        return out + conv_tokens(self.lepe, x)
 
     def _linear_attention(self, q, k, v, q_rope, k_rope) -> torch.Tensor:
         """The release's normalized linear attention on (B, n, H, W, d) tensors, in its order of products
@@ -178,12 +173,12 @@ class MLLABlock(nn.Module):
         self.mlp = MLLAMlp(embed_dims, int(embed_dims * mlp_ratio))
 
     def forward(self, x: torch.Tensor, rope: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = x + dwconv_cl(self.cpe1, x)
+        x = x + conv_tokens(self.cpe1, x)
         h = self.norm1(x)
         gate = self.act(self.act_proj(h))
-        h = self.act(dwconv_cl(self.dwc, self.in_proj(h)))
+        h = self.act(conv_tokens(self.dwc, self.in_proj(h)))
         x = x + self.drop_path(self.out_proj(self.attn(h, rope) * gate))
-        x = x + dwconv_cl(self.cpe2, x)
+        x = x + conv_tokens(self.cpe2, x)
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
@@ -242,7 +237,7 @@ class MLLADownsample(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[1:3]
         x = F.pad(x, (0, 0, 0, (w + 1) // 2 * 2 - w, 0, (h + 1) // 2 * 2 - h))  # as the stem: no modulo
-        return dwconv_cl(self.conv, x).contiguous()  # as the stem
+        return conv_tokens(self.conv, x).contiguous()  # as the stem
 
 
 class MLLAStage(BlockStage):
