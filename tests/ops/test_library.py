@@ -109,3 +109,16 @@ def test_triton_impl_under_torch_compile_is_one_graph_break_and_equals_eager(op)
         results.append([out.detach()] + [x.grad for x in xs])
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_tokens_to_nchw_op_is_a_channels_last_copy_and_passes_opcheck():
+    """The conv input op the layers use while compiling: the permuted tokens' values in a tensor of its own."""
+    from mmppma.models.layers.conv import tokens_to_nchw
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True)
+    y = tokens_to_nchw(x)
+    assert y.shape == (2, 4, 3, 5) and y.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(y, x.detach().permute(0, 3, 1, 2)) and y.data_ptr() != x.data_ptr()
+    grad = torch.randn(2, 4, 3, 5, dtype=torch.float64)
+    y.backward(grad)
+    assert torch.equal(x.grad, grad.permute(0, 2, 3, 1))
+    torch.library.opcheck(torch.ops.mmppma.tokens_to_nchw, (x.detach().requires_grad_(), ))
