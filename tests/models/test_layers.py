@@ -129,6 +129,27 @@ def test_rope_matches_reference(h, w):
     assert rope.angle.shape == (d, )
 
 
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('inplace', [False, True])
+def test_rope_inference_paths_match_reference(dtype, inplace):
+    """Without autograd: the complex product (contiguous float), the pair swap (other dtypes, strided x),
+    in place or not, on tokens with the heads interleaved (tables broadcast over the head axis)."""
+    h, w, heads, d = 3, 5, 2, 8
+    tables = RasterRoPE2D(d, num_heads=heads).double()(h, w)
+    sin, cos = tables.sin.to(dtype).unsqueeze(-2), tables.cos.to(dtype).unsqueeze(-2)
+    tokens = torch.randn(2, h, w, heads, d, dtype=torch.float64)
+    want = ref_rope(tokens.permute(0, 3, 1, 2, 4)).permute(0, 2, 3, 1, 4)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for x in (tokens.to(dtype), tokens.to(dtype).transpose(0, 1).contiguous().transpose(0, 1)):
+        before = x.clone()
+        with torch.no_grad():
+            got = apply_rope(x, sin, cos, inplace=inplace)
+        torch.testing.assert_close(got.double(), want, **tol)
+        assert (got.data_ptr() == x.data_ptr()) == inplace
+        if not inplace:
+            assert torch.equal(x, before)
+
+
 def test_rmt_log_decay_values():
     # docs/method.md §6: log(1 - 2^(-2 - r*h/n)); e.g. n=4, r=4: h=0 -> log(3/4), h=2 -> log(1 - 2^-4)
     got = rmt_log_decay(4, 4)

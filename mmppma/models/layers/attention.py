@@ -111,7 +111,15 @@ class PolylinePathAttention(nn.Module):
         k = self.k_proj(x)
         k = k * self.scaling if records_grad(k) else k.mul_(self.scaling)
         sin, cos = pos.sin.to(q.dtype), pos.cos.to(q.dtype)
-        return apply_rope(self._heads(q), sin, cos), apply_rope(self._heads(k), sin, cos)
+        return self._rotated_heads(q, sin, cos), self._rotated_heads(k, sin, cos)
+
+    def _rotated_heads(self, t: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+        """Projected tokens t (B, H, W, C) as heads (B, n, H, W, d) rotated by the RoPE tables (H, W, d). In
+        inference the rotation runs in t's own storage before the heads are split off (contiguous passes)."""
+        if records_grad(t):
+            return apply_rope(self._heads(t), sin, cos)
+        heads = t.unflatten(-1, (self.num_heads, self.head_dims))
+        return self._heads(apply_rope(heads, sin.unsqueeze(-2), cos.unsqueeze(-2), inplace=True).flatten(-2))
 
     def _decays(self, x: torch.Tensor, pos: PositionTables) -> Tuple[torch.Tensor, ...]:
         """What the mask reads: (la, lb) (B, n, H, W) learned from x, (log_decay,) (n,) for 'rmt', () for 'none'."""

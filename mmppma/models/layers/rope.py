@@ -30,18 +30,27 @@ def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
-def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (..., H, W, d) by tables ``sin``, ``cos`` (H, W, d): ``x*cos + rot(x)*sin``.
+def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """Rotate ``x`` (..., d) by tables ``sin``, ``cos`` broadcasting against it (e.g. (H, W, d) for x
+    (..., H, W, d)): ``x*cos + rot(x)*sin``.
 
-    In inference ``rot(x)*sin`` is the pair-swapped ``x`` times ``sin`` with its even channels negated, in
-    place (equal bit for bit, three passes over ``x`` instead of five).
+    ``inplace`` (inference only: while autograd records the result is a new tensor) writes the result into
+    ``x``, a tensor nothing else reads. For contiguous float32 / float64 ``x`` this is one complex product
+    per channel pair, ``(x_2m + i x_2m+1) e^(i theta)``: the tables hold each angle for both channels of its
+    pair, as :func:`rope_angles` makes them. Otherwise, in inference, ``rot(x)*sin`` is the pair-swapped ``x``
+    times ``sin`` with its even channels negated (equal bit for bit, three passes over ``x`` instead of five).
     """
     if records_grad(x) or not x.dtype == sin.dtype == cos.dtype:
         return x * cos + rotate_every_two(x) * sin
+    if inplace and x.dtype in (torch.float32, torch.float64) and x.is_contiguous():
+        turn = torch.complex(cos[..., 0::2], sin[..., 0::2])
+        torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(turn)
+        return x
     sign = torch.ones(2, dtype=sin.dtype, device=sin.device)
     sign[0] = -1.0
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return (x * cos).add_(swapped.mul_((sin.unflatten(-1, (-1, 2)) * sign).flatten(-2)))
+    swapped.mul_((sin.unflatten(-1, (-1, 2)) * sign).flatten(-2))
+    return (x.mul_(cos) if inplace else x * cos).add_(swapped)
 
 
 class PositionTables(NamedTuple):
