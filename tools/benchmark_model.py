@@ -3,16 +3,18 @@
 
     python tools/benchmark_model.py [--arch tiny] [--shape 512 768] [--batch 1] [--iters 3] [--device cpu]
                                     [--impl auto [torch reference ...]] [--models PPMA RMT]
-                                    [--task backbone|mask_rcnn] [--mode train|infer] [--amp fp16|bf16]
+                                    [--task backbone|classifier|mask_rcnn] [--mode train|infer] [--amp fp16|bf16]
                                     [--rounds 1] [--profile] [--release-dir DIR]
 
 The inference table of docs/benchmarks.md (PPMA-T and RMT-T against the release's models)::
 
-    PYTHONPATH=<timm and einops> python tools/benchmark_model.py --mode infer --shape 224 224 --batch 8 \\
-        --rounds 3 --release-dir <folder with the release's PPMA.py and RMT.py>
+    PYTHONPATH=<timm and einops> python tools/benchmark_model.py --mode infer --task classifier \\
+        --shape 224 224 --batch 8 --rounds 3 --release-dir <folder with the release's PPMA.py and RMT.py>
 
 ``--task backbone`` (default) times the backbone alone (out_indices 0-3, release dense layout; the loss is the
-sum of its outputs). ``--task mask_rcnn`` times a whole Mask R-CNN training step from our configs
+sum of its outputs). ``--task classifier`` times the classification trunk of our ImageNet configs
+(``configs/{ppma,rmt}_{t,s,b}_8xb128_in1k.py``: the backbone's last stage and the head up to the pooled
+features; the loss is their sum). ``--task mask_rcnn`` times a whole Mask R-CNN training step from our configs
 (``configs/mask_rcnn_{ppma,rmt}_{t,s,b}_1x_coco.py``, no pretrained weights): data preprocessor, backbone,
 FPN, RPN and RoI heads with their losses, on a synthetic batch (random images, three boxes with masks each).
 
@@ -32,8 +34,8 @@ run's per-op profile (``torch.profiler`` over two steps, top ops by self CPU tim
 
 ``--release-dir DIR`` also times the official release's models (``zhongchenzhao/PPMA``,
 ``classification/models/{PPMA,RMT}.py`` placed in DIR, not part of this project; they import timm and
-einops) through their ``forward_features`` (inference of the classification trunk, the stage-4 features
-through the release's projection; ours return all four stage outputs), and prints ours against theirs.
+einops) through their ``forward_features`` (the classification trunk up to the pooled features, the work of
+``--task classifier``, which it requires), and prints ours against theirs.
 
 Each (model, impl) runs in its own fresh subprocess, one after the other, so that none sees another's
 allocations or caches. Per run: build the model, make the input, then run the step ``1 + iters`` times.
@@ -72,6 +74,29 @@ def build_backbone(args, device):
     def loss(train: bool):
         outs = model(x)
         return sum(o.float().sum() for o in outs) if train else outs
+
+    return model, x, loss
+
+
+def build_classifier(args, device):
+    """The classification trunk of our ImageNet config (``configs/{ppma,rmt}_{t,s,b}_8xb128_in1k.py``): the
+    backbone (last stage only, no output norm) and the head's pre-logits (projection, BatchNorm, Swish, average
+    pool), the work of the release's ``forward_features``. The step's loss is the sum of the pooled features."""
+    import torch
+    from mmengine.config import Config
+
+    import mmppma  # noqa: F401  (registers the backbones and the head)
+    from mmppma.registry import MODELS
+    path = osp.join(ROOT, 'configs', f'{args.worker.lower()}_{args.arch[0].lower()}_8xb128_in1k.py')
+    cfg = Config.fromfile(path).model
+    backbone = MODELS.build(dict(cfg.backbone, impl=args.impl))
+    head = MODELS.build(dict(cfg.head, loss=torch.nn.Identity()))  # the loss is not run here
+    model = torch.nn.ModuleDict(dict(backbone=backbone, head=head)).to(device)
+    x = torch.randn(args.batch, 3, *args.shape, device=device)
+
+    def loss(train: bool):
+        feats = head.pre_logits(backbone(x))
+        return feats.float().sum() if train else feats
 
     return model, x, loss
 
@@ -147,7 +172,7 @@ def worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     device = torch.device(args.device)
     train = args.mode == 'train'
-    builds = {'backbone': build_backbone, 'mask_rcnn': build_mask_rcnn}
+    builds = {'backbone': build_backbone, 'classifier': build_classifier, 'mask_rcnn': build_mask_rcnn}
     build = build_release if args.impl == RELEASE else builds[args.task]
     model, x, loss = build(args, device)
     model.train(train)
@@ -182,7 +207,7 @@ def worker(args: argparse.Namespace) -> dict:
         times.append(clock() - start)
     profile = op_profile(step) if args.profile else ''
     amp_error = None
-    if amp_dtype is not None and not train and args.task == 'backbone':
+    if amp_dtype is not None and not train and args.task != 'mask_rcnn':
         amp_error = amp_errors(model, loss, amp_dtype)
     if args.impl == RELEASE:
         return dict(model=args.worker, impl=RELEASE, resolved=RELEASE, time_s=statistics.median(times),
@@ -257,8 +282,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--impl', '--impls', dest='impl', nargs='+', default=['auto'], choices=IMPLS,
                         help='attention implementation(s) passed to the ops; each model runs once per impl')
     parser.add_argument('--models', nargs='+', default=['PPMA', 'RMT'], choices=['PPMA', 'RMT'])
-    parser.add_argument('--task', default='backbone', choices=['backbone', 'mask_rcnn'],
-                        help='time the backbone alone or a whole Mask R-CNN step (configs/mask_rcnn_*_1x_coco.py)')
+    parser.add_argument('--task', default='backbone', choices=['backbone', 'classifier', 'mask_rcnn'],
+                        help='time the backbone alone, the classification trunk (configs/*_8xb128_in1k.py: '
+                        'backbone and head up to the pooled features) or a whole Mask R-CNN step '
+                        '(configs/mask_rcnn_*_1x_coco.py)')
     parser.add_argument('--mode', default='train', choices=['train', 'infer'],
                         help='time a training step (forward + backward) or inference')
     parser.add_argument('--amp', choices=['fp16', 'bf16'], help='run under torch.autocast with this dtype')
@@ -283,9 +310,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.rounds < 1:
         parser.error(f'--rounds must be at least 1; got {args.rounds}')
     if args.release_dir:
-        if args.mode != 'infer' or args.task != 'backbone':
-            parser.error("--release-dir times the release's forward_features: use it with --mode infer "
-                         '(and --task backbone)')
+        if args.mode != 'infer' or args.task != 'classifier':
+            parser.error("--release-dir times the release's forward_features against our classification trunk: "
+                         'use it with --mode infer --task classifier')
         missing = [f'{name}.py' for name in args.models if not osp.isfile(osp.join(args.release_dir, f'{name}.py'))]
         if missing:
             parser.error(f'--release-dir {args.release_dir}: no {", ".join(missing)} there; put the release\'s '

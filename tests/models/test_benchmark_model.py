@@ -86,8 +86,9 @@ def test_benchmark_model_inference_rounds_against_release_models(run_python, tmp
     each run's error against float32."""
     (tmp_path / 'PPMA.py').write_text(STAND_IN.format(channels=8, factory='PPMAViT_'))
     (tmp_path / 'RMT.py').write_text(STAND_IN.format(channels=4, factory='RMT_'))
-    out = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--shape', '20', '36', '--batch', '2',
-                      '--iters', '1', '--rounds', '2', '--release-dir', str(tmp_path), '--profile', '--amp', 'bf16'],
+    out = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--task', 'classifier', '--shape', '20', '36',
+                      '--batch', '2', '--iters', '1', '--rounds', '2', '--release-dir', str(tmp_path), '--profile',
+                      '--amp', 'bf16'],
                      timeout=600, MMPPMA_IMPL='').stdout
     rows = _rows(out)
     assert set(rows) == {(m, i) for m in ('PPMA', 'RMT') for i in ('auto->torch', 'release')}
@@ -107,6 +108,9 @@ def test_benchmark_model_inference_rounds_against_release_models(run_python, tmp
 
 def test_benchmark_model_release_dir_needs_inference_and_the_files(run_python, tmp_path):
     proc = run_python(['tools/benchmark_model.py', '--release-dir', str(tmp_path)], check=False)
-    assert proc.returncode == 2 and '--mode infer' in proc.stderr
+    assert proc.returncode == 2 and '--mode infer --task classifier' in proc.stderr
     proc = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--release-dir', str(tmp_path)], check=False)
+    assert proc.returncode == 2 and '--task classifier' in proc.stderr
+    proc = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--task', 'classifier', '--release-dir',
+                       str(tmp_path)], check=False)
     assert proc.returncode == 2 and 'PPMA.py' in proc.stderr and 'RMT.py' in proc.stderr
