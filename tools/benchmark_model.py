@@ -298,7 +298,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='time the steps by wall clock, or by the CPU time of the process (all its threads; '
                         'with OMP_NUM_THREADS=1 a measure that other jobs on the machine barely disturb)')
     parser.add_argument('--release-dir', metavar='DIR',
-                        help="also time the release's models from DIR/PPMA.py and DIR/RMT.py (inference)")
+                        help="also time the release's models from DIR/PPMA.py and DIR/RMT.py (with --task classifier)")
     parser.add_argument('--worker', choices=['PPMA', 'RMT'], help=argparse.SUPPRESS)
     parser.add_argument('--worker-impl', choices=IMPLS + [RELEASE], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -310,9 +310,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.rounds < 1:
         parser.error(f'--rounds must be at least 1; got {args.rounds}')
     if args.release_dir:
-        if args.mode != 'infer' or args.task != 'classifier':
+        if args.task != 'classifier':
             parser.error("--release-dir times the release's forward_features against our classification trunk: "
-                         'use it with --mode infer --task classifier')
+                         'use it with --task classifier')
         missing = [f'{name}.py' for name in args.models if not osp.isfile(osp.join(args.release_dir, f'{name}.py'))]
         if missing:
             parser.error(f'--release-dir {args.release_dir}: no {", ".join(missing)} there; put the release\'s '

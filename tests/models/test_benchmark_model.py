@@ -106,10 +106,22 @@ def test_benchmark_model_inference_rounds_against_release_models(run_python, tmp
     assert len(errors) == 4 and all(0 < float(rel) < 0.05 for _, rel in errors), out
 
 
-def test_benchmark_model_release_dir_needs_inference_and_the_files(run_python, tmp_path):
+def test_benchmark_model_training_step_against_a_release_model(run_python, tmp_path):
+    """In training mode too, one run times our trunk's and the release's forward_features' forward + backward."""
+    (tmp_path / 'RMT.py').write_text(STAND_IN.format(channels=4, factory='RMT_'))
+    out = run_python(['tools/benchmark_model.py', '--task', 'classifier', '--models', 'RMT', '--shape', '20', '36',
+                      '--iters', '1', '--no-stages', '--release-dir', str(tmp_path)], timeout=300,
+                     MMPPMA_IMPL='').stdout
+    rows = _rows(out)
+    assert set(rows) == {('RMT', 'auto->torch'), ('RMT', 'release')} and 'training step' in out
+    m = re.search(r'RMT impl=auto / release RMT: images/s ([\d.]+)x', out)
+    assert m, out
+    want = rows['RMT', 'release'][0] / rows['RMT', 'auto->torch'][0]
+    assert float(m.group(1)) == pytest.approx(want, rel=0.02, abs=0.01)
+
+
+def test_benchmark_model_release_dir_needs_the_classifier_task_and_the_files(run_python, tmp_path):
     proc = run_python(['tools/benchmark_model.py', '--release-dir', str(tmp_path)], check=False)
-    assert proc.returncode == 2 and '--mode infer --task classifier' in proc.stderr
-    proc = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--release-dir', str(tmp_path)], check=False)
     assert proc.returncode == 2 and '--task classifier' in proc.stderr
     proc = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--task', 'classifier', '--release-dir',
                        str(tmp_path)], check=False)
