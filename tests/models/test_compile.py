@@ -75,6 +75,20 @@ def test_backbone_compiles_with_dynamic_shapes_and_equals_eager(name):
         _assert_close(got_grads, want_grads, f'{name} {h}x{w} gradient')
 
 
+@pytest.mark.slow
+def test_backbone_inference_compiles_and_equals_eager():
+    """eval() under inference_mode (the inference-only paths of the layers, e.g. RoPE in the projections'
+    storage in eager mode) compiles and equals eager; RMT: its criss-cross and whole attention."""
+    torch.manual_seed(0)
+    model = BACKBONES['RMT']().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.inference_mode():
+        got, want = compiled(x), model(x)
+    _assert_close(got, want, 'RMT inference output')
+
+
 def _op_inputs(h, w, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(2, 2, h, w, 8, generator=g) for _ in range(3))

@@ -114,9 +114,11 @@ class PolylinePathAttention(nn.Module):
         return self._rotated_heads(q, sin, cos), self._rotated_heads(k, sin, cos)
 
     def _rotated_heads(self, t: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
-        """Projected tokens t (B, H, W, C) as heads (B, n, H, W, d) rotated by the RoPE tables (H, W, d). In
-        inference the rotation runs in t's own storage before the heads are split off (contiguous passes)."""
-        if records_grad(t):
+        """Projected tokens t (B, H, W, C) as heads (B, n, H, W, d) rotated by the RoPE tables (H, W, d). In eager
+        inference the rotation runs in t's own storage before the heads are split off (contiguous passes). While
+        torch.compile traces, the heads are rotated: inductor fuses the rotation into one kernel anyway, and its
+        attention pattern rewrite fails on 5-D permuted views of the tokens taken as queries."""
+        if records_grad(t) or torch.compiler.is_compiling():
             return apply_rope(self._heads(t), sin, cos)
         heads = t.unflatten(-1, (self.num_heads, self.head_dims))
         return self._heads(apply_rope(heads, sin.unsqueeze(-2), cos.unsqueeze(-2), inplace=True).flatten(-2))
