@@ -33,6 +33,8 @@ optim_wrapper = dict(
     _delete_=True,
     type='AmpOptimWrapper',
     optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.05),
+    # mmengine's default constructor with plain-dict param groups, which compile=True can trace
+    constructor='mmppma.ParamwiseOptimWrapperConstructor',
     paramwise_cfg=dict(
         norm_decay_mult=0.0, custom_keys={
             '.A_log': dict(decay_mult=0.0),

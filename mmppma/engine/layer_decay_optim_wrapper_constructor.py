@@ -8,18 +8,19 @@ from typing import Dict, List, Optional, Tuple
 
 import torch.nn as nn
 from mmengine.logging import print_log
-from mmengine.optim import DefaultOptimWrapperConstructor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from mmppma.registry import register_optim_wrapper_constructor
+
+from .paramwise_optim_wrapper_constructor import ParamwiseOptimWrapperConstructor
 
 NORMS = (_BatchNorm, _InstanceNorm, nn.GroupNorm, nn.LayerNorm)
 PARAMWISE_KEYS = ('layer_decay_rate', 'no_decay_names', 'custom_keys')
 
 
 @register_optim_wrapper_constructor
-class LayerDecayOptimWrapperConstructor(DefaultOptimWrapperConstructor):
+class LayerDecayOptimWrapperConstructor(ParamwiseOptimWrapperConstructor):
     """Param groups with ``lr = base_lr * layer_decay_rate ** (num_layers - 1 - layer_id) * lr_mult`` and
     ``weight_decay = 0`` for 1-D parameters, biases, normalization layers and names containing any of
     ``no_decay_names`` (default: the decay parameters ``A_log``, ``dt_bias``).
