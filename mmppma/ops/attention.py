@@ -226,6 +226,13 @@ def _masked_softmax_blocks(q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...]
     return out
 
 
+def _add_transposed_product(acc_t: torch.Tensor, x: torch.Tensor, block: torch.Tensor) -> None:
+    """``acc_t += x^T @ block`` per (image, head): acc_t (B * heads, d, N), x (B, heads, rows, d) (a slice of
+    whole rows), block (B, heads, rows, N)."""
+    bh, d, n = acc_t.shape
+    acc_t.baddbmm_(x.reshape(bh, -1, d).transpose(1, 2), block.reshape(bh, -1, n))
+
+
 def _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, paths: Tuple[Tuple[str, float], ...],
                                     table_grads: bool):
     """Gradients (dq, dk, dv, dsa, dsb) of :func:`_masked_softmax_blocks` for the output gradient ``dout``;
@@ -235,8 +242,10 @@ def _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, paths: Tuple[Tuple[st
     b, heads, n, _ = q.shape
     h, w = sb.shape[-1], sa.shape[-1]
     dq = torch.empty_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
+    # dk, dv accumulate transposed, (B * heads, d, N): each block adds (its d x rows) @ (rows x N) in place,
+    # a product with contiguous operands (the (N x rows) @ (rows x d) form runs on a transposed operand)
+    dk_t = k.new_zeros(b * heads, k.shape[-1], n)
+    dv_t = v.new_zeros(b * heads, v.shape[-1], n)
     tables = _BlockTables(sa, sb, [path for path, _ in paths])
     step = _rows_per_block(b, heads, h, w)
     # scores (then the last path's probabilities / score gradient), dprobs, one per further path,
@@ -257,18 +266,20 @@ def _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, paths: Tuple[Tuple[st
             if multi:
                 p_sum.copy_(p) if idx == 0 else p_sum.add_(p)
             else:
-                dv += p.transpose(-1, -2) @ db
+                _add_transposed_product(dv_t, db, p)
             ds = _softmax_backward_(dprobs, p)  # into p's storage on CPU
             if table_grads:
                 tables.reduce_grad(ds, path, r0, r1)
             outs[idx] = ds
         if multi:
-            dv += p_sum.transpose(-1, -2) @ db
+            _add_transposed_product(dv_t, db, p_sum)
         ds_sum = outs[-1]
         for ds in outs[:-1]:
             ds_sum = ds_sum.add_(ds)
         dq[:, :, rows] = ds_sum @ k
-        dk += ds_sum.transpose(-1, -2) @ qb
+        _add_transposed_product(dk_t, qb, ds_sum)
+    dk = dk_t.view(b, heads, -1, n).transpose(-1, -2).contiguous()
+    dv = dv_t.view(b, heads, -1, n).transpose(-1, -2).contiguous()
     if weight != 1.0:
         for t in (dq, dk, dv):
             t.mul_(weight)
