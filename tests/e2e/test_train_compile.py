@@ -1,0 +1,52 @@
+"""mmengine's ``compile=True`` through tools/train.py: the tiny Mask R-CNN and UPerNet configs train two and three
+iterations with a compiled ``train_step`` (forward, backward and the optimizer step). The backbone has one
+block per stage (what compiling costs grows with the number of blocks; every kind of block is still there)."""
+import math
+
+import pytest
+
+from .conftest import TINY_DET, TINY_SEG, TOOLS, run_tool, scalar_records, train_iters
+
+pytestmark = pytest.mark.slow
+
+# PPMA-T's widths, heads and attention types, one block per stage
+ONE_BLOCK_PER_STAGE = dict(embed_dims=[64, 128, 256, 512], depths=[1, 1, 1, 1], num_heads=[4, 4, 8, 16],
+                           mlp_ratios=[3, 3, 3, 3], attn_types=['criss_cross', 'criss_cross', 'whole', 'whole'])
+
+
+# Detection: every image resized to 192 x 192, so that Mask R-CNN's many graphs (mmdet's heads break the graph
+# often) compile once, not once more per new input size (minutes each on 2 cores; recompiling for new input sizes
+# is tests/models/test_compile.py's subject). Its second iteration still recompiles the heads' graphs whose shapes
+# follow the number of objects (about 2 minutes): two iterations, where segmentation runs three.
+FIXED_SIZE_DET = """
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+    dict(type='Resize', scale=(192, 192), keep_ratio=False),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs'),
+]
+train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+"""
+
+
+@pytest.mark.parametrize('config, library, extra, iters', [(TINY_DET, 'mmdet', FIXED_SIZE_DET, 2),
+                                                           (TINY_SEG, 'mmseg', '', 3)], ids=['det', 'seg'])
+def test_tiny_config_trains_with_compile(config, library, extra, iters, tiny_env, tmp_path):
+    pytest.importorskip(f'{library}.models')
+    cfg_file = tmp_path / 'one_block_per_stage.py'
+    cfg_file.write_text(f'_base_ = {str(config)!r}\n'
+                        f'model = dict(backbone=dict(arch=dict(_delete_=True, **{ONE_BLOCK_PER_STAGE!r})))\n'
+                        + extra)
+    work = tmp_path / 'work'
+    # dynamo's INFO log names each frame it compiles: train_step itself must be among them
+    env = dict(tiny_env, TORCH_LOGS='dynamo')
+    proc = run_tool([TOOLS / 'train.py', cfg_file, '--work-dir', work, '--cfg-options', 'compile=True',
+                     f'train_cfg.max_iters={iters}', 'train_cfg.val_interval=100', 'default_hooks.logger.interval=1',
+                     'default_hooks.checkpoint.interval=100'], env, timeout=1200)
+    log = proc.stdout + proc.stderr
+    assert 'start tracing train_step' in log, log[-3000:]
+    assert 'recompile_limit' not in log and 'cache_size_limit' not in log
+    assert train_iters(log) == list(range(1, iters + 1))
+    losses = [r['loss'] for r in scalar_records(work) if 'loss' in r]
+    assert len(losses) == iters and all(math.isfinite(v) for v in losses), losses
