@@ -226,7 +226,7 @@ def test_half_precision_kernels_close_to_float32(dtype, interpreter_bf16_dot):
     gamma = torch.tensor([-0.2, -0.9], device=DEVICE)
     assert_half_close(lambda *a, impl: manhattan_attention(*a, gamma, scale=0.25, impl=impl), whole[:3],
                       {0, 1, 2}, dtype)
-    assert_half_close(lambda x, a, b, impl: polyline_mask_matvec(x, a, b, '2d', impl=impl),
+    assert_half_close(lambda x, a, b, impl: polyline_mask_matvec(x, a, b, form='2d', impl=impl),
                       [whole[2], whole[3], whole[4]], {0}, dtype)
 
 

@@ -7,8 +7,9 @@ H2V). A block of consecutive tokens covers at most ROWS image rows, so a tile's 
 columns) slab: one gathered vector per image row, selected by row.
 
 The backward recomputes the tiles and reduces the bias gradient onto the tables: own entries as row sums of the
-score gradient; corners summed per own image row and added, tile by tile, into the program's own slot of a
-(H, SLOTS, W) buffer. The host sums the slots: no atomics, deterministic, extra memory O(N).
+score gradient; corners summed in registers over the other tiles of a column chunk, then per own image row, and
+stored into the program's own slot of a (H, SLOTS, W) buffer. The host sums the slots: no atomics,
+deterministic, extra memory O(N).
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
@@ -127,27 +128,27 @@ def _score_grad(p, dp, delta_ptr, queries, weight, QUERIES_OWN: tl.constexpr):
 
 
 @triton.jit
-def _add_corners(corner_a_ptr, corner_b_ptr, ds, own, other, pid, c0, N, W, SLOTS, ROWS_OWN: tl.constexpr,
-                 BLOCK: tl.constexpr, COLS: tl.constexpr):
+def _store_corners(corner_a_ptr, corner_b_ptr, sum_ds, sum_b, own, pid, c0, N, W, SLOTS, ROWS_OWN: tl.constexpr,
+                   BLOCK: tl.constexpr, BLOCK_OTHER: tl.constexpr, COLS: tl.constexpr):
     """The gradient of M[r, c] = sgn(j_r >= l_c) (Ca[i_r, j_r] - Ca[i_r, l_c]) + sgn(i_r >= k_c) (Cb[i_r, l_c] - ...)
-    at the corners Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column): ``ds`` (BLOCK own tokens, other tokens:
-    image rows x COLS columns) summed over the block's tokens of each own image row ``first + r`` and folded over
-    the other tile's rows, added into slot ``pid - first_block(row)`` of the (H, SLOTS, W) corner buffers at
-    columns ``c0 + c``. Each (row, slot) has exactly one owner program, which adds into it in place: no atomics,
-    and the host's sum over slots is deterministic. Returns the own entry's Ca gradient, sum_c sgn(j_r >= l_c) ds."""
-    signed_a = tl.where(own[3][:, None] >= other[3][None, :], -ds, ds)
-    signed_b = tl.where(own[2][:, None] >= other[2][None, :], ds, -ds)
+    at the corners Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column) for the other tokens of columns ``c0 + c``.
+    ``sum_ds`` and ``sum_b`` (BLOCK own tokens x BLOCK_OTHER, i.e. other-tile rows x COLS columns) hold the
+    column chunk's ds and sgn(i_r >= k_c) ds summed over its other tiles. Per own image row ``first + r``: summed
+    over the block's tokens of that row, folded over the other-tile rows and stored into slot
+    ``pid - first_block(row)`` of the (H, SLOTS, W) corner buffers. Each (row, slot, column) has exactly one
+    writer: no atomics, and the host's sum over slots is deterministic. Returns the own entry's Ca gradient over
+    the chunk, sum_c sgn(j_r >= l_c) ds."""
+    signed_a = tl.where(own[3][:, None] >= (c0 + tl.arange(0, BLOCK_OTHER) % COLS)[None, :], -sum_ds, sum_ds)
     cols = c0 + tl.arange(0, COLS)
     for r in range(ROWS_OWN):
         row = own[4] + r
         in_row = (own[2] == row)[:, None]
-        part_a = tl.sum(tl.reshape(tl.sum(tl.where(in_row, signed_a, 0.0), 0), (ds.shape[1] // COLS, COLS)), 0)
-        part_b = tl.sum(tl.reshape(tl.sum(tl.where(in_row, signed_b, 0.0), 0), (ds.shape[1] // COLS, COLS)), 0)
+        part_a = tl.sum(tl.reshape(tl.sum(tl.where(in_row, signed_a, 0.0), 0), (BLOCK_OTHER // COLS, COLS)), 0)
+        part_b = tl.sum(tl.reshape(tl.sum(tl.where(in_row, sum_b, 0.0), 0), (BLOCK_OTHER // COLS, COLS)), 0)
         at = (row * SLOTS + pid - (row * W) // BLOCK) * W + cols
         keep = (row * W < tl.minimum((pid + 1) * BLOCK, N)) & (cols < W)
-        tl.debug_barrier()  # the previous tile's additions, by whichever thread made them, are visible
-        tl.store(corner_a_ptr + at, tl.load(corner_a_ptr + at, mask=keep, other=0.0) + part_a, mask=keep)
-        tl.store(corner_b_ptr + at, tl.load(corner_b_ptr + at, mask=keep, other=0.0) + part_b, mask=keep)
+        tl.store(corner_a_ptr + at, part_a, mask=keep)
+        tl.store(corner_b_ptr + at, part_b, mask=keep)
     return -tl.sum(signed_a, 1)
 
 
@@ -191,6 +192,9 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     corner_a_ptr += slice_offset(bh, H * SLOTS, W)
     corner_b_ptr += slice_offset(bh, H * SLOTS, W)
     for c0 in range(0, W, COLS):
+        if CORNERS:  # the column chunk's corner sums, over its other tiles
+            sum_ds = tl.zeros([BLOCK_OWN, BLOCK_OTHER], tl.float32)
+            sum_b = tl.zeros([BLOCK_OWN, BLOCK_OTHER], tl.float32)
         for r0 in range(0, H, BLOCK_OTHER // COLS):
             other = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_OTHER, COLS)
             b = load_tile(b_ptr, other[6], other[5], offs_d, D)
@@ -206,11 +210,14 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
                 ds = _score_grad(p, tl.dot(da, tl.trans(db), input_precision=PRECISION), delta_ptr, own, weight,
                                  True)
             if CORNERS:
-                self_own += _add_corners(corner_a_ptr, corner_b_ptr, ds, own, other, pid, c0, N, W, SLOTS, ROWS_OWN,
-                                         BLOCK_OWN, COLS)
+                sum_ds += ds
+                sum_b += tl.where(own[2][:, None] >= other[2][None, :], ds, -ds)
             else:
                 self_own -= tl.sum(tl.where(other[2][None, :] >= own[2][:, None], ds, -ds), 1)
             g1 += tl.dot(ds.to(b.dtype), b, input_precision=PRECISION)
+        if CORNERS:
+            self_own += _store_corners(corner_a_ptr, corner_b_ptr, sum_ds, sum_b, own, pid, c0, N, W, SLOTS, ROWS_OWN,
+                                       BLOCK_OWN, BLOCK_OTHER, COLS)
     store_tile(g1_ptr + slice_offset(bh, N, D), offs, mask, offs_d, D, g1 * scale)
     if KEYS:
         store_tile(g2_ptr + slice_offset(bh, N, DV), offs, mask, offs_dv, DV, g2)
