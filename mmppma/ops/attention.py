@@ -145,8 +145,11 @@ def _softmax_(x: torch.Tensor) -> torch.Tensor:
     return x.copy_(x.softmax(-1))
 
 
-def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """``probs * (grad - rowsum(probs * grad))`` (the softmax backward), into ``probs``'s storage on CPU."""
+def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor:
+    """``probs * (grad - rowsum(probs * grad))`` (the softmax backward), into ``out`` if given, else into
+    ``probs``'s storage on CPU."""
+    if out is not None:
+        return torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=out)
     if probs.device.type == 'cpu':
         return torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=probs)
     return torch._softmax_backward_data(grad, probs, -1, probs.dtype)
@@ -249,25 +252,31 @@ def _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, paths: Tuple[Tuple[st
     tables = _BlockTables(sa, sb, [path for path, _ in paths])
     step = _rows_per_block(b, heads, h, w)
     # scores (then the last path's probabilities / score gradient), dprobs, one per further path,
-    # and the probability sum when there are several paths
+    # and one more with several paths: the first path's score gradient goes there, so that its
+    # probabilities stay in place to become the probability sum (no copy)
     multi = len(paths) > 1
     buffers = _BlockBuffers(q, 2 + (len(paths) - 1) + multi, b * heads * step * w * n)
     kt = k.transpose(-1, -2)
     vt = v.transpose(-1, -2)
     for r0, r1, rows in _blocks(b, heads, h, w):
         s, dprobs, *bufs = buffers.get(b, heads, (r1 - r0) * w, n)
-        p_sum = bufs.pop() if multi else None
+        ds_first = bufs.pop() if multi else None
         outs = bufs + [s]  # the last path works in the score buffer
         qb, db = q[:, :, rows], dout[:, :, rows]
         torch.matmul(qb, kt, out=s)
         torch.matmul(db, vt, out=dprobs)  # d(loss) / d(probabilities), before the weight
+        p_sum = None
         for idx, (path, _) in enumerate(paths):
             p = _softmax_(tables.with_bias(s, path, r0, r1, out=outs[idx]))
-            if multi:
-                p_sum.copy_(p) if idx == 0 else p_sum.add_(p)
-            else:
+            if not multi:
                 _add_transposed_product(dv_t, db, p)
-            ds = _softmax_backward_(dprobs, p)  # into p's storage on CPU
+                ds = _softmax_backward_(dprobs, p)  # into p's storage on CPU
+            elif idx == 0:
+                p_sum = p
+                ds = _softmax_backward_(dprobs, p, out=ds_first)
+            else:
+                p_sum.add_(p)
+                ds = _softmax_backward_(dprobs, p)
             if table_grads:
                 tables.reduce_grad(ds, path, r0, r1)
             outs[idx] = ds
