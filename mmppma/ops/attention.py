@@ -514,8 +514,12 @@ class _SegmentMaskedSoftmax(torch.autograd.Function):
         ds = torch._softmax_backward_data(grad, probs, -1, probs.dtype)  # probs may be needed again
         dc = None
         if ctx.needs_input_grad[1]:
-            signed = ds * _sign_table(c.shape[-1], c.dtype, c.device)
+            # the sign in place and back (multiplying by +-1 twice is exact): a second ds-sized tensor costs
+            # more (page faults of a fresh allocation) than the two passes over ds
+            sign = _sign_table(c.shape[-1], c.dtype, c.device)
+            signed = ds.mul_(sign)
             dc = signed.sum(-1) - signed.sum(-2)
+            ds = signed.mul_(sign)
         return ds, dc
 
 
