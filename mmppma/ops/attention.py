@@ -538,6 +538,10 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
     # transposed query against a twice-permuted key whatever their rank, and its rewrite fails on 5-D tensors
     cols = col_probs(q.transpose(2, 3) @ k.permute(0, 1, 3, 4, 2))  # (B, heads, W, H, H)
 
+    if (order == 'both' and _needs_grad(rows, cols, v) and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled(v.device.type)):  # autocast: the products' dtypes differ
+        return _CrissCrossBoth.apply(rows, cols, v)
+
     def along_rows(x):
         return rows @ x
 
@@ -545,6 +549,38 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
         return (cols @ x.transpose(2, 3)).transpose(2, 3)
 
     return compose_criss_cross(along_rows, along_cols, v, order)
+
+
+class _CrissCrossBoth(torch.autograd.Function):
+    """:func:`compose_criss_cross` with order ``'both'`` for row maps ``rows`` (B, heads, H, W, W), column maps
+    ``cols`` (B, heads, W, H, H) and v (B, heads, H, W, d_v): the same forward ops, and a backward that forms
+    the row maps' gradient in one product, [g, da] @ [Ah v, v]^T, where autograd adds two map-sized products
+    (the row maps serve two products). Saves what autograd saves: the maps, [v, Aw v] and the column pass."""
+
+    @staticmethod
+    def forward(ctx, rows, cols, v):
+        dv = v.shape[-1]
+        x = torch.cat([v, rows @ v], -1)  # [v, Aw v], (B, heads, H, W, 2 d_v)
+        y = cols @ x.transpose(2, 3)  # [Ah v, Ah Aw v] along columns, (B, heads, W, H, 2 d_v)
+        both = y.transpose(2, 3)
+        ctx.save_for_backward(rows, cols, x, y)
+        return (rows @ both[..., :dv] + both[..., dv:]).mul_(0.5)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, cols, x, y = ctx.saved_tensors
+        dv = x.shape[-1] // 2
+        g = grad * 0.5
+        rows_t = rows.transpose(-1, -2)
+        dy = torch.cat([rows_t @ g, g], -1).transpose(2, 3)  # gradient of y, (B, heads, W, H, 2 d_v)
+        dcols = dy @ x.permute(0, 1, 3, 4, 2) if ctx.needs_input_grad[1] else None
+        dx = (cols.transpose(-1, -2) @ dy).transpose(2, 3)  # gradient of x, (B, heads, H, W, 2 d_v)
+        da = dx[..., dv:]
+        drows = None
+        if ctx.needs_input_grad[0]:
+            drows = torch.cat([g, da], -1) @ torch.cat([y.transpose(2, 3)[..., :dv], x[..., :dv]], -1).transpose(-1, -2)
+        dvv = dx[..., :dv] + rows_t @ da if ctx.needs_input_grad[2] else None
+        return drows, dcols, dvv
 
 
 def compose_criss_cross(along_rows, along_cols, v: torch.Tensor, order: str) -> torch.Tensor:
