@@ -538,10 +538,6 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
     # transposed query against a twice-permuted key whatever their rank, and its rewrite fails on 5-D tensors
     cols = col_probs(q.transpose(2, 3) @ k.permute(0, 1, 3, 4, 2))  # (B, heads, W, H, H)
 
-    if (order == 'both' and _needs_grad(rows, cols, v) and not torch.compiler.is_compiling()
-            and not torch.is_autocast_enabled(v.device.type)):  # autocast: the products' dtypes differ
-        return _CrissCrossBoth.apply(rows, cols, v)
-
     def along_rows(x):
         return rows @ x
 
@@ -551,36 +547,68 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
     return compose_criss_cross(along_rows, along_cols, v, order)
 
 
-class _CrissCrossBoth(torch.autograd.Function):
-    """:func:`compose_criss_cross` with order ``'both'`` for row maps ``rows`` (B, heads, H, W, W), column maps
-    ``cols`` (B, heads, W, H, H) and v (B, heads, H, W, d_v): the same forward ops, and a backward that forms
-    the row maps' gradient in one product, [g, da] @ [Ah v, v]^T, where autograd adds two map-sized products
-    (the row maps serve two products). Saves what autograd saves: the maps, [v, Aw v] and the column pass."""
+class _SegmentCrissCrossBoth(torch.autograd.Function):
+    """Criss-cross form ``'release'`` under autograd (torch path): the scores, the in-place segment bias and
+    softmax of :class:`_SegmentMaskedSoftmax` for the row maps (table ``ca`` (B, heads, H, W)) and the column
+    maps (``cbt`` (B, heads, W, H)), and :func:`compose_criss_cross`'s ops for order ``'both'``, with one hand
+    backward. q (pre-scaled), k (B, heads, H, W, d); v (B, heads, H, W, d_v).
+
+    It saves what autograd saves for the same ops (q, k, the tables, both maps' probabilities, [v, Aw v] and
+    the column pass [Ah v, Ah Aw v]); its backward forms the row maps' gradient in one product,
+    [g, da] @ [Ah v, v]^T (autograd adds two map-sized products: the row maps serve two products), and turns
+    each map's gradient into the score gradient in that tensor's own storage.
+    """
 
     @staticmethod
-    def forward(ctx, rows, cols, v):
+    def forward(ctx, q, k, v, ca, cbt):
         dv = v.shape[-1]
+        rows = _segment_softmax_(q @ k.transpose(-1, -2), ca)  # (B, heads, H, W, W)
+        cols = _segment_softmax_(q.transpose(2, 3) @ k.permute(0, 1, 3, 4, 2), cbt)  # (B, heads, W, H, H)
         x = torch.cat([v, rows @ v], -1)  # [v, Aw v], (B, heads, H, W, 2 d_v)
         y = cols @ x.transpose(2, 3)  # [Ah v, Ah Aw v] along columns, (B, heads, W, H, 2 d_v)
         both = y.transpose(2, 3)
-        ctx.save_for_backward(rows, cols, x, y)
+        ctx.save_for_backward(q, k, ca, cbt, rows, cols, x, y)
         return (rows @ both[..., :dv] + both[..., dv:]).mul_(0.5)
 
     @staticmethod
     def backward(ctx, grad):
-        rows, cols, x, y = ctx.saved_tensors
+        q, k, ca, cbt, rows, cols, x, y = ctx.saved_tensors
         dv = x.shape[-1] // 2
         g = grad * 0.5
         rows_t = rows.transpose(-1, -2)
         dy = torch.cat([rows_t @ g, g], -1).transpose(2, 3)  # gradient of y, (B, heads, W, H, 2 d_v)
-        dcols = dy @ x.permute(0, 1, 3, 4, 2) if ctx.needs_input_grad[1] else None
+        dcols = dy @ x.permute(0, 1, 3, 4, 2)
         dx = (cols.transpose(-1, -2) @ dy).transpose(2, 3)  # gradient of x, (B, heads, H, W, 2 d_v)
         da = dx[..., dv:]
-        drows = None
-        if ctx.needs_input_grad[0]:
-            drows = torch.cat([g, da], -1) @ torch.cat([y.transpose(2, 3)[..., :dv], x[..., :dv]], -1).transpose(-1, -2)
+        drows = torch.cat([g, da], -1) @ torch.cat([y.transpose(2, 3)[..., :dv], x[..., :dv]], -1).transpose(-1, -2)
         dvv = dx[..., :dv] + rows_t @ da if ctx.needs_input_grad[2] else None
-        return drows, dcols, dvv
+        ds_rows, dca = _segment_softmax_backward_(drows, rows, ca, ctx.needs_input_grad[3])
+        ds_cols, dcbt = _segment_softmax_backward_(dcols, cols, cbt, ctx.needs_input_grad[4])
+        dq = dk = None
+        if ctx.needs_input_grad[0]:
+            dq = ds_rows @ k + (ds_cols @ k.transpose(2, 3)).transpose(2, 3)
+        if ctx.needs_input_grad[1]:
+            dk = ds_rows.transpose(-1, -2) @ q + (ds_cols.transpose(-1, -2) @ q.transpose(2, 3)).transpose(2, 3)
+        return dq, dk, dvv, dca, dcbt
+
+
+def _segment_softmax_(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The forward of :class:`_SegmentMaskedSoftmax` in the storage of ``scores`` (no autograd)."""
+    sign = _sign_table(c.shape[-1], c.dtype, c.device)
+    return _softmax_(scores.addcmul_(c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0))
+
+
+def _segment_softmax_backward_(grad: torch.Tensor, probs: torch.Tensor, c: torch.Tensor, table_grad: bool):
+    """(score gradient, table gradient or None) of :class:`_SegmentMaskedSoftmax`; the score gradient takes
+    ``grad``'s storage (a tensor of the caller's own)."""
+    ds = torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=grad)
+    dc = None
+    if table_grad:
+        sign = _sign_table(c.shape[-1], c.dtype, c.device)
+        signed = ds.mul_(sign)
+        dc = signed.sum(-1) - signed.sum(-2)
+        ds = signed.mul_(sign)
+    return ds, dc
 
 
 def compose_criss_cross(along_rows, along_cols, v: torch.Tensor, order: str) -> torch.Tensor:
@@ -716,6 +744,10 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
 
         return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), segment_bias(ca),
                                    segment_bias(cb.transpose(-1, -2)), scale, order).to(v.dtype)
+    if order == 'both' and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(q.device.type):
+        # eager, no autocast (under autocast the products' dtypes differ): one autograd.Function
+        qs = q.to(dtype) * scale if scale != 1.0 else q.to(dtype)
+        return _SegmentCrissCrossBoth.apply(qs, k.to(dtype), v.to(dtype), ca, cb.transpose(-1, -2)).to(v.dtype)
     return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype),
                              lambda s: _SegmentMaskedSoftmax.apply(s, ca),
                              lambda s: _SegmentMaskedSoftmax.apply(s, cb.transpose(-1, -2)), scale,
