@@ -12,7 +12,8 @@ the O(N^1.5) segment-sum tables; one N x N probability map per path is kept for 
 above that (blocks of query rows, each block's bias built from the tables, only q, k, v and the tables saved;
 the backward recomputes each block's probabilities and reduces the bias gradient back into the tables). The
 criss-cross torch path works on (W x W) and (H x H) line maps only; without autograd it runs per group of
-(image, head) maps, the group's maps kept in cache.
+(image, head) maps, the group's maps kept in cache; under autograd its form 'release' is one autograd.Function
+with a hand backward (eager, without autocast; otherwise plain autograd).
 """
 import math
 from typing import List, Sequence, Tuple
