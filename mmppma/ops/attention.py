@@ -12,7 +12,8 @@ the O(N^1.5) segment-sum tables; one N x N probability map per path is kept for 
 above that (blocks of query rows, each block's bias built from the tables, only q, k, v and the tables saved;
 the backward recomputes each block's probabilities and reduces the bias gradient back into the tables). The
 criss-cross torch path works on (W x W) and (H x H) line maps only; without autograd it runs per group of
-(image, head) maps, the group's maps kept in cache.
+(image, head) maps, the group's maps kept in cache; under autograd its form 'release' is one autograd.Function
+with a hand backward (eager, without autocast; otherwise plain autograd).
 """
 import math
 from typing import List, Sequence, Tuple
@@ -145,8 +146,11 @@ def _softmax_(x: torch.Tensor) -> torch.Tensor:
     return x.copy_(x.softmax(-1))
 
 
-def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """``probs * (grad - rowsum(probs * grad))`` (the softmax backward), into ``probs``'s storage on CPU."""
+def _softmax_backward_(grad: torch.Tensor, probs: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor:
+    """``probs * (grad - rowsum(probs * grad))`` (the softmax backward), into ``out`` if given, else into
+    ``probs``'s storage on CPU."""
+    if out is not None:
+        return torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=out)
     if probs.device.type == 'cpu':
         return torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=probs)
     return torch._softmax_backward_data(grad, probs, -1, probs.dtype)
@@ -249,25 +253,31 @@ def _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, paths: Tuple[Tuple[st
     tables = _BlockTables(sa, sb, [path for path, _ in paths])
     step = _rows_per_block(b, heads, h, w)
     # scores (then the last path's probabilities / score gradient), dprobs, one per further path,
-    # and the probability sum when there are several paths
+    # and one more with several paths: the first path's score gradient goes there, so that its
+    # probabilities stay in place to become the probability sum (no copy)
     multi = len(paths) > 1
     buffers = _BlockBuffers(q, 2 + (len(paths) - 1) + multi, b * heads * step * w * n)
     kt = k.transpose(-1, -2)
     vt = v.transpose(-1, -2)
     for r0, r1, rows in _blocks(b, heads, h, w):
         s, dprobs, *bufs = buffers.get(b, heads, (r1 - r0) * w, n)
-        p_sum = bufs.pop() if multi else None
+        ds_first = bufs.pop() if multi else None
         outs = bufs + [s]  # the last path works in the score buffer
         qb, db = q[:, :, rows], dout[:, :, rows]
         torch.matmul(qb, kt, out=s)
         torch.matmul(db, vt, out=dprobs)  # d(loss) / d(probabilities), before the weight
+        p_sum = None
         for idx, (path, _) in enumerate(paths):
             p = _softmax_(tables.with_bias(s, path, r0, r1, out=outs[idx]))
-            if multi:
-                p_sum.copy_(p) if idx == 0 else p_sum.add_(p)
-            else:
+            if not multi:
                 _add_transposed_product(dv_t, db, p)
-            ds = _softmax_backward_(dprobs, p)  # into p's storage on CPU
+                ds = _softmax_backward_(dprobs, p)  # into p's storage on CPU
+            elif idx == 0:
+                p_sum = p
+                ds = _softmax_backward_(dprobs, p, out=ds_first)
+            else:
+                p_sum.add_(p)
+                ds = _softmax_backward_(dprobs, p)
             if table_grads:
                 tables.reduce_grad(ds, path, r0, r1)
             outs[idx] = ds
@@ -505,8 +515,12 @@ class _SegmentMaskedSoftmax(torch.autograd.Function):
         ds = torch._softmax_backward_data(grad, probs, -1, probs.dtype)  # probs may be needed again
         dc = None
         if ctx.needs_input_grad[1]:
-            signed = ds * _sign_table(c.shape[-1], c.dtype, c.device)
+            # the sign in place and back (multiplying by +-1 twice is exact): a second ds-sized tensor costs
+            # more (page faults of a fresh allocation) than the two passes over ds
+            sign = _sign_table(c.shape[-1], c.dtype, c.device)
+            signed = ds.mul_(sign)
             dc = signed.sum(-1) - signed.sum(-2)
+            ds = signed.mul_(sign)
         return ds, dc
 
 
@@ -532,6 +546,70 @@ def _criss_cross_core(q, k, v, row_probs, col_probs, scale, order):
         return (cols @ x.transpose(2, 3)).transpose(2, 3)
 
     return compose_criss_cross(along_rows, along_cols, v, order)
+
+
+class _SegmentCrissCrossBoth(torch.autograd.Function):
+    """Criss-cross form ``'release'`` under autograd (torch path): the scores, the in-place segment bias and
+    softmax of :class:`_SegmentMaskedSoftmax` for the row maps (table ``ca`` (B, heads, H, W)) and the column
+    maps (``cbt`` (B, heads, W, H)), and :func:`compose_criss_cross`'s ops for order ``'both'``, with one hand
+    backward. q (pre-scaled), k (B, heads, H, W, d); v (B, heads, H, W, d_v).
+
+    It saves what autograd saves for the same ops (q, k, the tables, both maps' probabilities, [v, Aw v] and
+    the column pass [Ah v, Ah Aw v]); its backward forms the row maps' gradient in one product,
+    [g, da] @ [Ah v, v]^T (autograd adds two map-sized products: the row maps serve two products), and turns
+    each map's gradient into the score gradient in that tensor's own storage.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, ca, cbt):
+        dv = v.shape[-1]
+        rows = _segment_softmax_(q @ k.transpose(-1, -2), ca)  # (B, heads, H, W, W)
+        cols = _segment_softmax_(q.transpose(2, 3) @ k.permute(0, 1, 3, 4, 2), cbt)  # (B, heads, W, H, H)
+        x = torch.cat([v, rows @ v], -1)  # [v, Aw v], (B, heads, H, W, 2 d_v)
+        y = cols @ x.transpose(2, 3)  # [Ah v, Ah Aw v] along columns, (B, heads, W, H, 2 d_v)
+        both = y.transpose(2, 3)
+        ctx.save_for_backward(q, k, ca, cbt, rows, cols, x, y)
+        return (rows @ both[..., :dv] + both[..., dv:]).mul_(0.5)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, ca, cbt, rows, cols, x, y = ctx.saved_tensors
+        dv = x.shape[-1] // 2
+        g = grad * 0.5
+        rows_t = rows.transpose(-1, -2)
+        dy = torch.cat([rows_t @ g, g], -1).transpose(2, 3)  # gradient of y, (B, heads, W, H, 2 d_v)
+        dcols = dy @ x.permute(0, 1, 3, 4, 2)
+        dx = (cols.transpose(-1, -2) @ dy).transpose(2, 3)  # gradient of x, (B, heads, H, W, 2 d_v)
+        da = dx[..., dv:]
+        drows = torch.cat([g, da], -1) @ torch.cat([y.transpose(2, 3)[..., :dv], x[..., :dv]], -1).transpose(-1, -2)
+        dvv = dx[..., :dv] + rows_t @ da if ctx.needs_input_grad[2] else None
+        ds_rows, dca = _segment_softmax_backward_(drows, rows, ca, ctx.needs_input_grad[3])
+        ds_cols, dcbt = _segment_softmax_backward_(dcols, cols, cbt, ctx.needs_input_grad[4])
+        dq = dk = None
+        if ctx.needs_input_grad[0]:
+            dq = ds_rows @ k + (ds_cols @ k.transpose(2, 3)).transpose(2, 3)
+        if ctx.needs_input_grad[1]:
+            dk = ds_rows.transpose(-1, -2) @ q + (ds_cols.transpose(-1, -2) @ q.transpose(2, 3)).transpose(2, 3)
+        return dq, dk, dvv, dca, dcbt
+
+
+def _segment_softmax_(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The forward of :class:`_SegmentMaskedSoftmax` in the storage of ``scores`` (no autograd)."""
+    sign = _sign_table(c.shape[-1], c.dtype, c.device)
+    return _softmax_(scores.addcmul_(c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0))
+
+
+def _segment_softmax_backward_(grad: torch.Tensor, probs: torch.Tensor, c: torch.Tensor, table_grad: bool):
+    """(score gradient, table gradient or None) of :class:`_SegmentMaskedSoftmax`; the score gradient takes
+    ``grad``'s storage (a tensor of the caller's own)."""
+    ds = torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=grad)
+    dc = None
+    if table_grad:
+        sign = _sign_table(c.shape[-1], c.dtype, c.device)
+        signed = ds.mul_(sign)
+        dc = signed.sum(-1) - signed.sum(-2)
+        ds = signed.mul_(sign)
+    return ds, dc
 
 
 def compose_criss_cross(along_rows, along_cols, v: torch.Tensor, order: str) -> torch.Tensor:
@@ -667,6 +745,10 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
 
         return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), segment_bias(ca),
                                    segment_bias(cb.transpose(-1, -2)), scale, order).to(v.dtype)
+    if order == 'both' and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(q.device.type):
+        # eager, no autocast (under autocast the products' dtypes differ): one autograd.Function
+        qs = q.to(dtype) * scale if scale != 1.0 else q.to(dtype)
+        return _SegmentCrissCrossBoth.apply(qs, k.to(dtype), v.to(dtype), ca, cb.transpose(-1, -2)).to(v.dtype)
     return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype),
                              lambda s: _SegmentMaskedSoftmax.apply(s, ca),
                              lambda s: _SegmentMaskedSoftmax.apply(s, cb.transpose(-1, -2)), scale,
