@@ -153,3 +153,19 @@ def test_blockwise_branch_compiles_with_dynamic_shapes_and_equals_eager(op, monk
             out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
             results.append([out.detach()] + [x.grad for x in xs if x.grad is not None])
         _assert_close(results[0], results[1], f'{op} {h}x{w}')
+
+
+def test_blockwise_ops_return_the_strides_of_their_fake_impls():
+    """Compiled code asserts a custom op's output strides against its fake impl (contiguous): with q, k, v
+    permuted views of token-layout tensors (B, N, heads, d), as the layers hand them over, the real ops'
+    outputs are contiguous too (a training step of PPMA-T at 512x768 runs the blockwise branch)."""
+    from mmppma.ops.attention import whole_attention_blockwise, whole_attention_blockwise_backward
+    g = torch.Generator().manual_seed(0)
+    b, heads, h, w, d = 1, 2, 3, 4, 8
+    q, k, v = (torch.randn(b, h * w, heads, d, generator=g).transpose(1, 2) for _ in range(3))
+    sa, sb = -torch.rand(b, heads, h, w, w, generator=g), -torch.rand(b, heads, w, h, h, generator=g)
+    out = whole_attention_blockwise(q, k, v, sa, sb, 'release')
+    grads = whole_attention_blockwise_backward(torch.randn_like(out), q, k, v, sa, sb, 'release', True)
+    assert out.is_contiguous() and all(t.is_contiguous() for t in grads), [t.stride() for t in (out, *grads)]
+    torch.library.opcheck(whole_attention_blockwise_backward, (torch.randn_like(out), q, k, v, sa, sb, 'release',
+                                                               True))
