@@ -245,7 +245,7 @@ def _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, paths: Tuple[Tuple[st
     weight = _common_weight(paths)
     b, heads, n, _ = q.shape
     h, w = sb.shape[-1], sa.shape[-1]
-    dq = torch.empty_like(q)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # contiguous, as the fake impl says
     # dk, dv accumulate transposed, (B * heads, d, N): each block adds (its d x rows) @ (rows x N) in place,
     # a product with contiguous operands (the (N x rows) @ (rows x d) form runs on a transposed operand)
     dk_t = k.new_zeros(b * heads, k.shape[-1], n)
@@ -309,7 +309,7 @@ def whole_attention_blockwise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     softmax(q k^T + M) v, q pre-scaled. q, k (B, heads, N, d); v (B, heads, N, d_v); sa (B|1, heads, H, W, W),
     sb (B|1, heads, W, H, H) segment-sum tables, all one float dtype -> (B, heads, N, d_v). Memory O(N^1.5):
     the backward recomputes each block's probabilities."""
-    return _masked_softmax_blocks(q, k, v, sa, sb, _paths_for(form))
+    return _masked_softmax_blocks(q, k, v, sa, sb, _paths_for(form)).contiguous()  # as the fake impl
 
 
 @whole_attention_blockwise.register_fake
@@ -327,7 +327,8 @@ def whole_attention_blockwise_backward(dout: torch.Tensor, q: torch.Tensor, k: t
     dq, dk, dv, dsa, dsb = _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, _paths_for(form), table_grads)
     if not table_grads:
         dsa, dsb = sa.new_empty(0), sb.new_empty(0)
-    return dq, dk, dv, dsa, dsb
+    # contiguous whatever the inputs' strides, as the fake impl says (compiled code asserts the strides)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), dsa.contiguous(), dsb.contiguous()
 
 
 @whole_attention_blockwise_backward.register_fake

@@ -1,6 +1,6 @@
 """``torch.compile`` with its defaults (as mmengine's ``compile=True`` calls it): the four backbones and the
-attention ops trace without graph breaks; compiled forward and backward equal eager at two input sizes in one
-process, where the second size recompiles with dynamic shapes."""
+attention ops trace without graph breaks; compiled forward and backward equal eager at three input sizes in one
+process, where the second size recompiles with dynamic shapes and the third runs that dynamic graph."""
 import os
 
 import pytest
@@ -24,8 +24,8 @@ BACKBONES = {
                              out_indices=(0, 1)),
 }
 # (H, W) of the input images: the first compiles static shapes, the second (both sides new) recompiles with
-# dynamic ones. (A third size compiles once more: see the README's torch.compile section.)
-SIZES = [(64, 64), (96, 128)]
+# dynamic ones, the third (again both sides new, each stage's sizes too) must run the dynamic graph as it is
+SIZES = [(64, 64), (96, 128), (128, 96)]
 
 
 def _step(model, module, x):
@@ -53,6 +53,11 @@ def test_backbone_traces_without_graph_breaks(name):
     torch._dynamo.reset()
     explained = torch._dynamo.explain(model)(torch.randn(2, 3, 64, 96))
     assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+    # every conv is the mmppma::conv2d op (layers/conv.py: an aten conv in the graph would pin a dynamic
+    # graph's sizes on CPU)
+    code = '\n'.join(graph.code for graph in explained.graphs)
+    assert 'mmppma.conv2d' in code
+    assert 'torch.conv2d' not in code and 'aten.convolution' not in code
 
 
 # One compile of forward and backward costs about a minute on 2 cores, so CI compiles PPMA (stem, criss-cross
@@ -67,9 +72,10 @@ def test_backbone_compiles_with_dynamic_shapes_and_equals_eager(name):
     model = BACKBONES[name]().train()
     torch._dynamo.reset()
     compiled = torch.compile(model)
-    for h, w in SIZES:
+    for i, (h, w) in enumerate(SIZES):
         x = torch.randn(2, 3, h, w)
-        got_outs, got_grads = _step(model, compiled, x)
+        with torch._dynamo.config.patch(error_on_recompile=i >= 2):
+            got_outs, got_grads = _step(model, compiled, x)
         want_outs, want_grads = _step(model, model, x)
         _assert_close(got_outs, want_outs, f'{name} {h}x{w} output')
         _assert_close(got_grads, want_grads, f'{name} {h}x{w} gradient')
@@ -147,3 +153,19 @@ def test_blockwise_branch_compiles_with_dynamic_shapes_and_equals_eager(op, monk
             out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
             results.append([out.detach()] + [x.grad for x in xs if x.grad is not None])
         _assert_close(results[0], results[1], f'{op} {h}x{w}')
+
+
+def test_blockwise_ops_return_the_strides_of_their_fake_impls():
+    """Compiled code asserts a custom op's output strides against its fake impl (contiguous): with q, k, v
+    permuted views of token-layout tensors (B, N, heads, d), as the layers hand them over, the real ops'
+    outputs are contiguous too (a training step of PPMA-T at 512x768 runs the blockwise branch)."""
+    from mmppma.ops.attention import whole_attention_blockwise, whole_attention_blockwise_backward
+    g = torch.Generator().manual_seed(0)
+    b, heads, h, w, d = 1, 2, 3, 4, 8
+    q, k, v = (torch.randn(b, h * w, heads, d, generator=g).transpose(1, 2) for _ in range(3))
+    sa, sb = -torch.rand(b, heads, h, w, w, generator=g), -torch.rand(b, heads, w, h, h, generator=g)
+    out = whole_attention_blockwise(q, k, v, sa, sb, 'release')
+    grads = whole_attention_blockwise_backward(torch.randn_like(out), q, k, v, sa, sb, 'release', True)
+    assert out.is_contiguous() and all(t.is_contiguous() for t in grads), [t.stride() for t in (out, *grads)]
+    torch.library.opcheck(whole_attention_blockwise_backward, (torch.randn_like(out), q, k, v, sa, sb, 'release',
+                                                               True))

@@ -3,10 +3,11 @@
 Attribute names (``conv``, ``proj``, ``reduction``, ``norm``) follow the release's checkpoint layout.
 :class:`ConvBN` is the conv-BatchNorm-activation unit of MLLA's and VMINet's stems and downsamples.
 """
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .inplace import add_into
 
@@ -24,6 +25,91 @@ def _(x):
 
 
 tokens_to_nchw.register_autograd(lambda ctx, grad: grad.permute(0, 2, 3, 1))
+
+
+def _conv_memory_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format of a conv's output on x: channels-last for a channels-last (and not also contiguous)
+    input, else contiguous. The op below and its fake impl both apply it, so their strides agree."""
+    if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+@torch.library.custom_op('mmppma::conv2d', mutates_args=())
+def conv2d_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: List[int],
+              padding: List[int], dilation: List[int], groups: int) -> torch.Tensor:
+    """``F.conv2d`` as one opaque op (see :class:`Conv2d`)."""
+    out = F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    return out.contiguous(memory_format=_conv_memory_format(x))
+
+
+@conv2d_op.register_fake
+def _(x, weight, bias, stride, padding, dilation, groups):
+    return F.conv2d(x, weight, bias, stride, padding, dilation, groups).contiguous(
+        memory_format=_conv_memory_format(x))
+
+
+def _conv2d_grads(grad, x, weight, stride, padding, dilation, groups, output_mask):
+    """The gradients of :func:`conv2d_op` that ``output_mask`` asks for, in the order (x, weight, bias): x's in
+    the memory format of the conv's output on x, the others contiguous."""
+    bias_sizes = [weight.shape[0]] if output_mask[2] else None
+    grads = torch.ops.aten.convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, False,
+                                                [0, 0], groups, output_mask)
+    formats = (_conv_memory_format(x), torch.contiguous_format, torch.contiguous_format)
+    return [g.contiguous(memory_format=f) for g, f, m in zip(grads, formats, output_mask) if m]
+
+
+@torch.library.custom_op('mmppma::conv2d_backward', mutates_args=())
+def conv2d_backward_op(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: List[int],
+                       padding: List[int], dilation: List[int], groups: int,
+                       output_mask: List[bool]) -> List[torch.Tensor]:
+    """``aten.convolution_backward`` of :func:`conv2d_op` as one opaque op: inductor lowers
+    ``aten.convolution_backward`` of an input that needs a gradient with that gradient's strides guarded to
+    the numbers of the first compile, which would again compile every input size anew."""
+    return _conv2d_grads(grad, x, weight, stride, padding, dilation, groups, output_mask)
+
+
+@conv2d_backward_op.register_fake
+def _(grad, x, weight, stride, padding, dilation, groups, output_mask):
+    return _conv2d_grads(grad, x, weight, stride, padding, dilation, groups, output_mask)
+
+
+def _conv2d_setup_context(ctx, inputs, output):
+    x, weight, bias, ctx.stride, ctx.padding, ctx.dilation, ctx.groups = inputs
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, weight)
+
+
+def _conv2d_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+    grads = iter(conv2d_backward_op(grad, x, weight, ctx.stride, ctx.padding, ctx.dilation, ctx.groups, mask))
+    dx, dw, db = (next(grads) if m else None for m in mask)
+    return dx, dw, db, None, None, None, None
+
+
+conv2d_op.register_autograd(_conv2d_backward, setup_context=_conv2d_setup_context)
+
+
+class Conv2d(nn.Conv2d):
+    """``nn.Conv2d`` (same parameters and keys); while torch.compile traces, the conv is one op of its own
+    (:func:`conv2d_op`, its backward :func:`conv2d_backward_op`) instead of ``aten.convolution``.
+
+    Why: on CPU with oneDNN, inductor turns on its conv layout optimization for every graph that holds an
+    ``aten.convolution``, dynamic shapes or not. It then gives each 4-D activation saved for the backward
+    upstream of a conv channels-last strides (our (B, H, W, C) tokens included), and AOTAutograd compiles the
+    backward with those strides as concrete numbers of the first dynamic compile: the backward's stride
+    arithmetic then guards the stage sizes to those numbers (``Eq((H - 1) // 8 + 1, 12)``), so every new input
+    size would compile again. Without an ``aten.convolution`` in the graph the layout optimization stays off, every
+    saved activation keeps the strides it was traced with, and one dynamic graph serves all sizes.
+    """
+
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if torch.compiler.is_compiling() and self.padding_mode == 'zeros' and not isinstance(self.padding, str):
+            return conv2d_op(input, weight, bias, list(self.stride), list(self.padding), list(self.dilation),
+                             self.groups)
+        return super()._conv_forward(input, weight, bias)
 
 
 def nchw(x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +133,7 @@ class DWConv2d(nn.Module):
 
     def __init__(self, channels: int, kernel_size: int) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(channels, channels, kernel_size, 1, kernel_size // 2, groups=channels)
+        self.conv = Conv2d(channels, channels, kernel_size, 1, kernel_size // 2, groups=channels)
 
     def forward(self, x: torch.Tensor, add: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``conv(x)``, or ``conv(x) + add`` (same shape; in inference summed into the conv's output)."""
@@ -66,10 +152,10 @@ class ConvStem(nn.Module):
         super().__init__()
         half = embed_dims // 2
         self.proj = nn.Sequential(
-            nn.Conv2d(in_channels, half, 3, 2, 1), nn.BatchNorm2d(half), nn.GELU(),
-            nn.Conv2d(half, half, 3, 1, 1), nn.BatchNorm2d(half), nn.GELU(),
-            nn.Conv2d(half, embed_dims, 3, 2, 1), nn.BatchNorm2d(embed_dims), nn.GELU(),
-            nn.Conv2d(embed_dims, embed_dims, 3, 1, 1), nn.BatchNorm2d(embed_dims))
+            Conv2d(in_channels, half, 3, 2, 1), nn.BatchNorm2d(half), nn.GELU(),
+            Conv2d(half, half, 3, 1, 1), nn.BatchNorm2d(half), nn.GELU(),
+            Conv2d(half, embed_dims, 3, 2, 1), nn.BatchNorm2d(embed_dims), nn.GELU(),
+            Conv2d(embed_dims, embed_dims, 3, 1, 1), nn.BatchNorm2d(embed_dims))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # contiguous tokens: the blocks' depthwise convs then run channels-last, their adds and norms stride 1
@@ -82,7 +168,7 @@ class ConvDownsample(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int) -> None:
         super().__init__()
-        self.reduction = nn.Conv2d(in_channels, out_channels, 3, 2, 1)
+        self.reduction = Conv2d(in_channels, out_channels, 3, 2, 1)
         self.norm = nn.BatchNorm2d(out_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +193,7 @@ class ConvBN(nn.Sequential):
                  norm_name: Optional[str] = 'bn',
                  act: Optional[nn.Module] = None) -> None:
         super().__init__()
-        self.add_module('conv', nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
+        self.add_module('conv', Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
                                           groups=groups, bias=bias))
         if norm_name is not None:
             self.add_module(norm_name, nn.BatchNorm2d(out_channels))

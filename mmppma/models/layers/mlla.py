@@ -22,7 +22,7 @@ from mmppma.ops import ppma_linear_attention
 from mmppma.utils.checks import check_choice
 
 from .block import BlockStage, DropPath
-from .conv import ConvBN, conv_tokens
+from .conv import Conv2d, ConvBN, conv_tokens
 from .path_embed import PathEmbed
 from .rope import apply_rope
 
@@ -49,8 +49,8 @@ def mlla_rope_tables(height: int, width: int, channels: int, device=None,
     return angles.sin(), angles.cos()
 
 
-def depthwise_conv3x3(channels: int) -> nn.Conv2d:
-    return nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+def depthwise_conv3x3(channels: int) -> Conv2d:
+    return Conv2d(channels, channels, 3, padding=1, groups=channels)
 
 
 class MLLAAttention(nn.Module):
