@@ -498,13 +498,13 @@ class _SegmentMaskedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores, c):
-        sign = _sign_table(c.shape[-1], c.dtype, c.device)
         if scores.device.type == 'cpu' and not torch.compiler.is_compiling():
             # eager CPU: all in place, the probabilities take the scores' storage (compiled code plans its
             # own buffers, and dynamo traces an autograd.Function only if it marks no input dirty)
-            probs = _softmax_(scores.addcmul_(c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0))
+            probs = _segment_softmax_(scores, c)
             ctx.mark_dirty(scores)
         else:
+            sign = _sign_table(c.shape[-1], c.dtype, c.device)
             probs = torch.addcmul(scores, c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0)
             probs = probs.softmax(-1)
         ctx.save_for_backward(probs, c)
@@ -514,15 +514,18 @@ class _SegmentMaskedSoftmax(torch.autograd.Function):
     def backward(ctx, grad):
         probs, c = ctx.saved_tensors
         ds = torch._softmax_backward_data(grad, probs, -1, probs.dtype)  # probs may be needed again
-        dc = None
-        if ctx.needs_input_grad[1]:
-            # the sign in place and back (multiplying by +-1 twice is exact): a second ds-sized tensor costs
-            # more (page faults of a fresh allocation) than the two passes over ds
-            sign = _sign_table(c.shape[-1], c.dtype, c.device)
-            signed = ds.mul_(sign)
-            dc = signed.sum(-1) - signed.sum(-2)
-            ds = signed.mul_(sign)
-        return ds, dc
+        return ds, _segment_table_grad(ds, c) if ctx.needs_input_grad[1] else None
+
+
+def _segment_table_grad(ds: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The gradient of the table ``c`` of ``seg(c)`` from the score gradient ``ds`` (left as it was): the sign
+    multiplied in place and back (exact), since a second ds-sized tensor costs more (page faults of a fresh
+    allocation) than the two passes over ds."""
+    sign = _sign_table(c.shape[-1], c.dtype, c.device)
+    signed = ds.mul_(sign)
+    dc = signed.sum(-1) - signed.sum(-2)
+    signed.mul_(sign)
+    return dc
 
 
 def _sign_table(n: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -604,13 +607,7 @@ def _segment_softmax_backward_(grad: torch.Tensor, probs: torch.Tensor, c: torch
     """(score gradient, table gradient or None) of :class:`_SegmentMaskedSoftmax`; the score gradient takes
     ``grad``'s storage (a tensor of the caller's own)."""
     ds = torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=grad)
-    dc = None
-    if table_grad:
-        sign = _sign_table(c.shape[-1], c.dtype, c.device)
-        signed = ds.mul_(sign)
-        dc = signed.sum(-1) - signed.sum(-2)
-        ds = signed.mul_(sign)
-    return ds, dc
+    return ds, _segment_table_grad(ds, c) if table_grad else None
 
 
 def compose_criss_cross(along_rows, along_cols, v: torch.Tensor, order: str) -> torch.Tensor:
