@@ -194,7 +194,7 @@ class ConvBN(nn.Sequential):
                  act: Optional[nn.Module] = None) -> None:
         super().__init__()
         self.add_module('conv', Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2,
-                                          groups=groups, bias=bias))
+                                       groups=groups, bias=bias))
         if norm_name is not None:
             self.add_module(norm_name, nn.BatchNorm2d(out_channels))
         if act is not None:
