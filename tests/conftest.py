@@ -26,8 +26,24 @@ if 'TORCHINDUCTOR_CACHE_DIR' not in os.environ:
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 
-# CI has 2 cores; on a big machine more threads only add overhead for the tiny tensors used here.
-torch.set_num_threads(int(os.environ.get('MMPPMA_TEST_THREADS', min(4, os.cpu_count() or 1))))
+# CI has 2 cores; on a big machine more threads only add overhead for the tiny tensors used here. Under
+# pytest-xdist (tools/run_tests.sh) the workers share the cores.
+_WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', 1))
+torch.set_num_threads(int(os.environ.get('MMPPMA_TEST_THREADS',
+                                         max(1, min(4, os.cpu_count() or 1) // _WORKERS))))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Order for pytest-xdist handing out one test at a time with one more queued per worker (tools/run_tests.sh):
+    the slow tests longest first (``slow(minutes=N)``), each followed by a fast one, so that two long runs never
+    queue on one worker and none starts last; then the remaining fast tests. Each group keeps collection order."""
+    slow = [item for item in items if item.get_closest_marker('slow')]
+    fast = [item for item in items if not item.get_closest_marker('slow')]
+    slow.sort(key=lambda item: -item.get_closest_marker('slow').kwargs.get('minutes', 0))
+    ordered = []
+    for i, item in enumerate(slow):
+        ordered += [item] + fast[i:i + 1]
+    items[:] = ordered + fast[len(slow):]
 
 
 @pytest.fixture(autouse=True)

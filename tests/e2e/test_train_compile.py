@@ -7,8 +7,6 @@ import pytest
 
 from .conftest import TINY_DET, TINY_SEG, TOOLS, run_tool, scalar_records, train_iters
 
-pytestmark = pytest.mark.slow
-
 # PPMA-T's widths, heads and attention types, one block per stage
 ONE_BLOCK_PER_STAGE = dict(embed_dims=[64, 128, 256, 512], depths=[1, 1, 1, 1], num_heads=[4, 4, 8, 16],
                            mlp_ratios=[3, 3, 3, 3], attn_types=['criss_cross', 'criss_cross', 'whole', 'whole'])
@@ -30,8 +28,9 @@ train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
 """
 
 
-@pytest.mark.parametrize('config, library, extra, iters', [(TINY_DET, 'mmdet', FIXED_SIZE_DET, 2),
-                                                           (TINY_SEG, 'mmseg', '', 3)], ids=['det', 'seg'])
+@pytest.mark.parametrize('config, library, extra, iters', [
+    pytest.param(TINY_DET, 'mmdet', FIXED_SIZE_DET, 2, id='det', marks=pytest.mark.slow(minutes=8)),
+    pytest.param(TINY_SEG, 'mmseg', '', 3, id='seg', marks=pytest.mark.slow(minutes=7))])
 def test_tiny_config_trains_with_compile(config, library, extra, iters, tiny_env, tmp_path):
     pytest.importorskip(f'{library}.models')
     cfg_file = tmp_path / 'one_block_per_stage.py'
