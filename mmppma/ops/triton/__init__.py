@@ -3,9 +3,9 @@
 Importing this package imports triton; :mod:`mmppma.ops` does so only when ``impl`` resolves to
 ``'triton'``, so everything else works where triton is missing.
 
-Under ``torch.compile`` each entry point is a graph break and runs eagerly (``torch.compiler.disable``): the
-launch parameters and the fallback are chosen by Python code on the shapes and the device, and the kernels are
-not registered as ``torch.library`` ops, so the compiled graph stops at each Triton op and resumes after it.
+The kernels run inside ``torch.library`` ops (``mmppma::whole_attention_triton``, ``line_attention_triton``,
+``decay_scan_triton`` and their backwards, registered in the modules beside them): ``torch.compile`` traces the
+entry points below without a graph break and sees each kernel call as one node.
 """
 import contextlib
 import os
@@ -39,7 +39,8 @@ def _kernels_fit(op: str, run: Callable[[], torch.Tensor], inputs, fallback) -> 
     once per (op, shapes, dtypes, device) by running the op on ``meta`` tensors and compiling what it records.
     With no ``fallback`` (or no GPU) this is not asked: the launches raise themselves."""
     q = inputs[0]
-    if fallback is None or not _on_gpu(q):
+    if fallback is None or not _on_gpu(q) or torch.compiler.is_compiling():
+        # while compiling, the shapes may be symbolic: the kernels run unchecked and raise what a launch raises
         return True
     key = (op, q.device, *((tuple(t.shape), t.dtype) for t in inputs))
     if key not in _PREFLIGHT:
@@ -74,7 +75,6 @@ def _check_form(form: str) -> tuple:
     return form in ('release', 'v2h'), form in ('release', 'h2v')
 
 
-@torch.compiler.disable
 def ppma_attention_triton(q, k, v, la, lb, scale: float = 1.0, form: str = 'release', fallback=None):
     """``fallback``: see :func:`fallback_for` (likewise for the other entry points)."""
     from .whole_attention import whole_attention_triton
@@ -97,7 +97,6 @@ def _constant_decay_tables(log_decay: torch.Tensor, q: torch.Tensor):
     return decay_tables(g, g)
 
 
-@torch.compiler.disable
 def manhattan_attention_triton(q, k, v, log_decay, scale: float = 1.0, fallback=None):
     """RMT's Manhattan decay is the V2H polyline mask with constant decays."""
     from .whole_attention import whole_attention_triton
@@ -111,7 +110,6 @@ def manhattan_attention_triton(q, k, v, log_decay, scale: float = 1.0, fallback=
     return run(q, k, v, log_decay)
 
 
-@torch.compiler.disable
 def criss_cross_attention_triton(q, k, v, la, lb, scale: float = 1.0, order: str = 'both', fallback=None):
     from .line_attention import criss_cross_attention_triton as lines
 
@@ -124,7 +122,6 @@ def criss_cross_attention_triton(q, k, v, la, lb, scale: float = 1.0, order: str
     return run(q, k, v, la, lb)
 
 
-@torch.compiler.disable
 def rmt_criss_cross_attention_triton(q, k, v, log_decay, scale: float = 1.0, fallback=None):
     from .line_attention import criss_cross_attention_triton as lines
 

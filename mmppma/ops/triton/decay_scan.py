@@ -58,27 +58,34 @@ def _scan(x: torch.Tensor, c: torch.Tensor, signed: bool) -> torch.Tensor:
     return y
 
 
-class DecayScanFunction(torch.autograd.Function):
+scan_op = lp.library_op('decay_scan_triton', _scan, lambda x, c, signed: x.new_empty(x.shape, dtype=torch.float32))
 
-    @staticmethod
-    def forward(ctx, x, c):
-        ctx.save_for_backward(x, c)
-        return _scan(x, c, False).to(x.dtype)
 
-    @staticmethod
-    def backward(ctx, dy):
-        x, c = ctx.saved_tensors
-        dy = dy.contiguous()
-        dx = _scan(dy, c, False).to(x.dtype) if ctx.needs_input_grad[0] else None
-        dc = None
-        if ctx.needs_input_grad[1]:
-            dc = (dy.float() * _scan(x, c, True)).sum(-1) + (x.float() * _scan(dy, c, True)).sum(-1)
-        return dx, dc
+def _save(ctx, inputs, output):
+    x, c, signed = inputs
+    ctx.save_for_backward(x, c)
+    ctx.signed = signed
+
+
+def _gradients(ctx, dy):
+    """``dy`` arrives in float32 (the op's output, before the cast to x's dtype): the kernel reads it in x's dtype."""
+    if ctx.signed:
+        raise NotImplementedError('mmppma::decay_scan_triton: the signed scan (a gradient) has no gradient')
+    x, c = ctx.saved_tensors
+    dy = dy.to(x.dtype).contiguous()
+    dx = scan_op(dy, c, False).to(x.dtype) if ctx.needs_input_grad[0] else None
+    dc = None
+    if ctx.needs_input_grad[1]:
+        dc = (dy.float() * scan_op(x, c, True)).sum(-1) + (x.float() * scan_op(dy, c, True)).sum(-1)
+    return dx, dc, None
+
+
+scan_op.register_autograd(_gradients, setup_context=_save)
 
 
 def decay_scan_triton(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """x: (..., L, D); a: (..., L) log-decays -> (..., L, D), like :func:`mmppma.ops.decay_scan_1d`."""
     *lead, length, d = x.shape
     c = a.float().cumsum(-1).reshape(-1, length).contiguous()
-    y = DecayScanFunction.apply(x.reshape(-1, length, d).contiguous(), c)
+    y = scan_op(x.reshape(-1, length, d).contiguous(), c, False).to(x.dtype)
     return y.reshape(*lead, length, d)

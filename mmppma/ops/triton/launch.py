@@ -6,7 +6,7 @@ limit, no register spills); docs/benchmarks.md lists what they compile to.
 """
 import contextlib
 import dataclasses
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import triton
@@ -207,3 +207,13 @@ def recording(cap: int) -> Iterator[List[Launch]]:
         yield launches
     finally:
         _RECORDING.pop()
+
+
+def library_op(name: str, fn: Callable, shapes: Callable) -> Callable:
+    """``fn`` (which makes its launches and hands them to :func:`run`) as the ``torch.library`` op
+    ``mmppma::<name>``: ``torch.compile`` sees one node. Its fake implementation allocates the outputs
+    (``shapes``, same arguments); inside :func:`recording` it runs ``fn`` on the ``meta`` tensors instead, so that
+    the launches are recorded as the op makes them."""
+    op = torch.library.custom_op(f'mmppma::{name}', fn, mutates_args=())
+    op.register_fake(lambda *args: fn(*args) if _RECORDING else shapes(*args))
+    return op

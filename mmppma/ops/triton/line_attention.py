@@ -6,6 +6,8 @@ Rows and columns are read in place through strides (no permute copies). Forward 
 flash-style loops over key blocks; the bias gradient is reduced into per-token partial sums owned by one
 program each (no atomics).
 """
+from typing import Tuple
+
 import torch
 import triton
 import triton.language as tl
@@ -138,31 +140,59 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
     return launches, (dq, dk, dx, gq, gk)
 
 
-class LineAttentionFunction(torch.autograd.Function):
-    """q, k: (BH, H, W, d); x: (BH, H, W, dx); c: (BH, H, W) float32 cumsum along the lines."""
+def _forward(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, c: torch.Tensor, scale: float,
+             columns: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """q, k: (BH, H, W, d); x: (BH, H, W, dx); c: (BH, H, W) float32 cumsum along the lines -> out (BH, H, W, dx)
+    and lse (BH, H, W), float32."""
+    launches, out, lse = forward_launches(q, k, x, c, scale, columns, lp.capability(q.device))
+    lp.run(launches)
+    return out, lse
 
-    @staticmethod
-    def forward(ctx, q, k, x, c, scale: float, columns: bool):
-        launches, out, lse = forward_launches(q, k, x, c, scale, columns, lp.capability(q.device))
-        lp.run(launches)
-        ctx.save_for_backward(q, k, x, c, out, lse)
-        ctx.args = (float(scale), columns)
-        return out.to(x.dtype)
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, x, c, out, lse = ctx.saved_tensors
-        scale, columns = ctx.args
-        launches, (dq, dk, dx, gq, gk) = backward_launches(q, k, x, c, out, lse, dout.contiguous(), scale, columns,
-                                                           lp.capability(q.device))
-        lp.run(launches)
-        return dq.to(q.dtype), dk.to(k.dtype), dx.to(x.dtype), gq - gk, None, None
+def _forward_shapes(q, k, x, c, scale, columns):
+    return x.new_empty(x.shape, dtype=torch.float32), c.new_empty(c.shape)
+
+
+def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, c: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, scale: float,
+              columns: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dx in the inputs' dtypes and dc (float32) from the output gradient ``dout`` (x's dtype)."""
+    launches, (dq, dk, dx, gq, gk) = backward_launches(q, k, x, c, out, lse, dout.contiguous(), scale, columns,
+                                                       lp.capability(q.device))
+    lp.run(launches)
+    return dq.to(q.dtype), dk.to(k.dtype), dx.to(x.dtype), gq - gk
+
+
+def _backward_shapes(dout, q, k, x, c, out, lse, scale, columns):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(x), torch.empty_like(c)
+
+
+line_attention_op = lp.library_op('line_attention_triton', _forward, _forward_shapes)
+line_attention_backward_op = lp.library_op('line_attention_triton_backward', _backward, _backward_shapes)
+
+
+def _save(ctx, inputs, output):
+    q, k, x, c, scale, columns = inputs
+    ctx.save_for_backward(q, k, x, c, *output)
+    ctx.mark_non_differentiable(output[1])  # lse: saved for the backward
+    ctx.args = (scale, columns)
+
+
+def _gradients(ctx, dout, dlse):
+    """``dout`` arrives in float32 (the op's output, before the cast to x's dtype): the kernels read it in x's
+    dtype."""
+    q, k, x, c, out, lse = ctx.saved_tensors
+    return (*line_attention_backward_op(dout.to(x.dtype), q, k, x, c, out, lse, *ctx.args), None, None)
+
+
+line_attention_op.register_autograd(_gradients, setup_context=_save)
 
 
 def line_attention(q, k, x, c, scale: float, columns: bool):
     """Masked attention along rows (columns=False) or columns of (BH, H, W, .) tensors."""
-    return LineAttentionFunction.apply(q.contiguous(), k.contiguous(), x.contiguous(), c.float().contiguous(),
-                                       scale, columns)
+    out, _ = line_attention_op(q.contiguous(), k.contiguous(), x.contiguous(), c.float().contiguous(), float(scale),
+                               columns)
+    return out.to(x.dtype)
 
 
 def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, order: str):

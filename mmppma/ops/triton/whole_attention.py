@@ -13,6 +13,8 @@ deterministic, extra memory O(N).
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
+from typing import Tuple
+
 import torch
 import triton
 import triton.language as tl
@@ -287,39 +289,64 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
     return launches, (dq, dk, dvv, self_q, self_k, corner[True], corner[False])
 
 
-class WholeAttentionFunction(torch.autograd.Function):
-    """Autograd wrapper of the fused kernels. Inputs are flattened per (batch*head): q, k (BH, N, d),
-    v (BH, N, dv), Ca, Cb (BH, H, W) float32 cumsum tables."""
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor, cb: torch.Tensor, scale: float,
+             v2h: bool, h2v: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flattened per (batch*head): q, k (BH, N, d), v (BH, N, dv), Ca, Cb (BH, H, W) float32 cumsum tables ->
+    the output (BH, N, dv) in v's dtype, and per path o (paths, BH, N, dv) and lse (paths, BH, N), float32."""
+    launches, o, lse = forward_launches(q, k, v, ca, cb, scale, v2h, h2v, lp.capability(q.device))
+    lp.run(launches)
+    return o.mean(0).to(v.dtype), o, lse  # equal weights: 1 path -> itself, 2 paths -> the release's average
 
-    @staticmethod
-    def forward(ctx, q, k, v, ca, cb, scale: float, v2h: bool, h2v: bool):
-        launches, o, lse = forward_launches(q, k, v, ca, cb, scale, v2h, h2v, lp.capability(q.device))
-        lp.run(launches)
-        out = o.mean(0)  # equal weights: 1 path -> itself, 2 paths -> the release's average
-        ctx.save_for_backward(q, k, v, ca, cb, o, lse)
-        ctx.args = (float(scale), v2h, h2v)
-        return out.to(v.dtype)
 
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, ca, cb, o, lse = ctx.saved_tensors
-        scale, v2h, h2v = ctx.args
-        bh, hh, ww = ca.shape
-        launches, (dq, dk, dvv, self_q, self_k, corner_k, corner_q) = backward_launches(
-            q, k, v, ca, cb, o, lse, dout.contiguous(), scale, v2h, h2v, lp.capability(q.device))
-        lp.run(launches)
-        tables = (self_q + self_k).reshape(2, bh, hh, ww) + corner_q.sum(3) + corner_k.sum(3)
-        dca, dcb = tables.unbind(0)
-        return (dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dvv.sum(0).to(v.dtype), dca, dcb, None, None,
-                None)
+def _forward_shapes(q, k, v, ca, cb, scale, v2h, h2v):
+    paths = int(v2h) + int(h2v)
+    out = v.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    return out, out.new_empty(paths, *out.shape, dtype=torch.float32), q.new_empty(paths, *q.shape[:2],
+                                                                                   dtype=torch.float32)
+
+
+def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor,
+              cb: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, scale: float, v2h: bool,
+              h2v: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv in the inputs' dtypes and dCa, dCb (float32) from the output gradient ``dout``."""
+    bh, hh, ww = ca.shape
+    launches, (dq, dk, dvv, self_q, self_k, corner_k, corner_q) = backward_launches(
+        q, k, v, ca, cb, o, lse, dout.contiguous(), scale, v2h, h2v, lp.capability(q.device))
+    lp.run(launches)
+    dca, dcb = ((self_q[i] + self_k[i]).reshape(bh, hh, ww) + corner_q[i].sum(2) + corner_k[i].sum(2)
+                for i in range(2))  # Ca, Cb
+    return dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dvv.sum(0).to(v.dtype), dca, dcb
+
+
+def _backward_shapes(dout, q, k, v, ca, cb, o, lse, scale, v2h, h2v):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(ca),
+            torch.empty_like(cb))
+
+
+whole_attention_op = lp.library_op('whole_attention_triton', _forward, _forward_shapes)
+whole_attention_backward_op = lp.library_op('whole_attention_triton_backward', _backward, _backward_shapes)
+
+
+def _save(ctx, inputs, output):
+    q, k, v, ca, cb, scale, v2h, h2v = inputs
+    ctx.save_for_backward(q, k, v, ca, cb, *output[1:])
+    ctx.mark_non_differentiable(*output[1:])  # o and lse: saved for the backward
+    ctx.args = (scale, v2h, h2v)
+
+
+def _gradients(ctx, dout, do, dlse):
+    return (*whole_attention_backward_op(dout, *ctx.saved_tensors, *ctx.args), None, None, None)
+
+
+whole_attention_op.register_autograd(_gradients, setup_context=_save)
 
 
 def whole_attention_triton(q, k, v, ca, cb, scale: float, v2h: bool = True, h2v: bool = True):
     """q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca, cb: (B, heads, H, W) float32 cumsums."""
     b, heads, hh, ww, d = q.shape
     bh = b * heads
-    out = WholeAttentionFunction.apply(
+    out, _, _ = whole_attention_op(
         q.reshape(bh, hh * ww, d).contiguous(), k.reshape(bh, hh * ww, d).contiguous(),
         v.reshape(bh, hh * ww, v.shape[-1]).contiguous(), ca.reshape(bh, hh, ww).float().contiguous(),
-        cb.reshape(bh, hh, ww).float().contiguous(), scale, v2h, h2v)
+        cb.reshape(bh, hh, ww).float().contiguous(), float(scale), v2h, h2v)
     return out.reshape(b, heads, hh, ww, v.shape[-1])
