@@ -83,6 +83,16 @@ def test_loss_soft_labels_label_smoothing(mmpretrain_structures):
     torch.testing.assert_close(losses['loss'], want)
 
 
+def test_loss_builds_from_mmpretrain_under_another_default_scope(mmpretrain_structures):
+    """An mmseg or mmdet run sets its own default scope (a process-wide global): the head's loss config still
+    names mmpretrain's losses."""
+    pytest.importorskip('mmseg')
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        head = PPMAClsHead(4, in_channels=8, loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1))
+    assert type(head.loss_module).__name__ == 'LabelSmoothLoss'
+
+
 def test_predict(mmpretrain_structures):
     DataSample = mmpretrain_structures
     head = PPMAClsHead(6, in_channels=8).eval()

@@ -62,8 +62,12 @@ class PPMAClsHead(BaseModule):
         self.fc = nn.Linear(hidden_channels, num_classes)
         if not isinstance(loss, nn.Module):
             _mmpretrain('its loss (or pass an nn.Module as loss)')
+            from mmengine.registry import DefaultScope
             from mmpretrain.registry import MODELS
-            loss = MODELS.build(loss)
+
+            # mmpretrain's losses, whichever library's scope is the default (the head also serves mmseg/mmdet runs)
+            with DefaultScope.overwrite_default_scope('mmpretrain'):
+                loss = MODELS.build(loss)
         self.loss_module = loss
         for m in (self.proj, self.fc):
             nn.init.trunc_normal_(m.weight, std=0.02)
