@@ -128,6 +128,15 @@ def test_extreme_decays_in_kernels_stay_finite():
         assert torch.isfinite(out).all() and all(torch.isfinite(g_).all() for g_ in grads)
 
 
+@pytest.mark.parametrize('scale', [0.0, -0.5])
+def test_whole_kernel_at_zero_and_negative_scale(scale):
+    """The backward folds the log-normaliser divided by the scale into the scores' product: a zero scale (scores
+    of zero, the bias alone) and a negative one still match the reference, gradients included."""
+    inputs = make(1, 1, 5, 7, 16, seed=3)
+    assert_same(lambda *a: ppma_attention(*a, scale=scale, impl='triton'),
+                lambda *a: ppma_attention(*a, scale=scale, impl='reference'), inputs)
+
+
 def test_shapes_span_several_ragged_blocks():
     """The shapes above reach the kernels' block edges at the tiles the ops choose on this device: a map of several
     blocks, not a multiple of either tile, wider than both (an image row spans blocks); lines of both axes longer

@@ -68,12 +68,13 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # tile's rows are split over the warps 16 rows each, so num_warps = own block / 16 and no warp holds a replica;
 # each vector along the other axis costs (other block) / 4 registers per thread. Half precision at LARGE tokens
 # or more: the forward takes 64 x 64 tiles (FlashAttention's), the backward 128 own tokens over 8 warps against
-# 64 others. The '_corners' programs also keep two (own x other) float32 sums of the score gradient per column
-# chunk: with 64 others they spill (tools/check_kernels.py), so they take 32 others, the shape of Triton's
-# fused-attention tutorial backward (4096 scores per tile); the dk / dv one takes 16 others on sm_86 / sm_89,
-# where 32 spill at W = 128. Exact float32 products run on the FMA units, whose operand tiles cost
-# more registers, so float32 tiles are 16-32 wide. The remaining choices are the ones that compile without
-# spills at the checked shapes.
+# 64 others. The '_corners' programs also gather the corner entries row by row and reduce the corner gradients
+# with two more products; on sm_90 (operands of the warp-group products stay in shared memory) they keep 128 x 64,
+# on sm_80 / sm_86 / sm_89 (operands in registers, one full copy of the other tile's per warp) 64 others spill
+# (tools/check_kernels.py), so they take 32 others, the shape of Triton's fused-attention tutorial backward
+# (4096 scores per tile); the dk / dv one takes 16 others on sm_86 / sm_89, where 32 spill at W = 128. Exact
+# float32 products run on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32
+# wide. The remaining choices are the ones that compile without spills at the checked shapes.
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
@@ -88,7 +89,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_q_corners', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_q_corners', False, True): {0: Config(32, 16, 2, 1)},
     ('whole_bwd_q_corners', True, False): {0: Config(64, 16, 8, 1)},
-    ('whole_bwd_q_corners', True, True): {0: Config(128, 32, 8, 1)},
+    ('whole_bwd_q_corners', True, True): {0: Config(128, 32, 8, 1), 90: Config(128, 64, 8, 1)},
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv', True, False): {0: Config(16, 32, 4, 1), 90: Config(16, 32, 8, 1)},
@@ -96,7 +97,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_kv_corners', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv_corners', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv_corners', True, False): {0: Config(16, 64, 8, 1)},
-    ('whole_bwd_kv_corners', True, True): {0: Config(32, 128, 8, 1),
+    ('whole_bwd_kv_corners', True, True): {0: Config(32, 128, 8, 1), 90: Config(64, 128, 8, 1),
                                            **{cap: Config(16, 128, 8, 1) for cap in (86, 89)}},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},

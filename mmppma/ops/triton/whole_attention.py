@@ -7,9 +7,9 @@ H2V). A block of consecutive tokens covers at most ROWS image rows, so a tile's 
 columns) slab: one gathered vector per image row, selected by row.
 
 The backward recomputes the tiles and reduces the bias gradient onto the tables: own entries as row sums of the
-score gradient; corners summed in registers over the other tiles of a column chunk, then per own image row, and
-stored into the program's own slot of a (H, SLOTS, W) buffer. The host sums the slots: no atomics,
-deterministic, extra memory O(N).
+score gradient; corners per own image row, each tile's share summed over the block's tokens of that row by a
+one-hot matrix product, accumulated over the other tiles of a column chunk and stored into the program's own
+slot of a (H, SLOTS, W) buffer. The host sums the slots: no atomics, deterministic, extra memory O(N).
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import launch as lp
-from ._tiles import bwd_operands, load_tile, online_softmax_step, sign, slice_offset, store_tile, token_block
+from ._tiles import bwd_operands, load_tile, online_softmax_step, slice_offset, store_tile, token_block
 
 
 @triton.jit
@@ -33,24 +33,29 @@ def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V: tl.constexpr, ROWS):
     H2V) come one image row at a time: ROWS rows from the first row of the block that holds them."""
     ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
     ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
+    corner_a = s * 0.0  # the Ca corner per element, gathered row by row; Cb's goes into s at once
     if H2V:
-        sa = sign(l_c[None, :] >= j_q[:, None])
-        sb = sign(k_r[None, :] >= i_q[:, None])
-        x = s + sa * ca_k[None, :] - sb * cb_q[:, None]
         for r in range(ROWS):
-            at = (first_k + r) * W + j_q
+            row = first_k + r
+            at = row * W + j_q
             va = tl.load(ca_ptr + at, mask=mask_m & (at < N), other=0.0)
             vb = tl.load(cb_ptr + at, mask=mask_m & (at < N), other=0.0)
-            x = tl.where((k_r == first_k + r)[None, :], x - sa * va[:, None] + sb * vb[:, None], x)
+            hit = (k_r == row)[None, :]
+            corner_a = tl.where(hit, va[:, None], corner_a)
+            s = tl.where(hit, s + tl.where(row >= i_q, vb, -vb)[:, None], s)
+        x = s + tl.where(l_c[None, :] >= j_q[:, None], ca_k[None, :] - corner_a, corner_a - ca_k[None, :])
+        x -= tl.where(k_r[None, :] >= i_q[:, None], cb_q[:, None], -cb_q[:, None])
     else:
-        sa = sign(j_q[:, None] >= l_c[None, :])
-        sb = sign(i_q[:, None] >= k_r[None, :])
-        x = s + sa * ca_q[:, None] - sb * cb_k[None, :]
         for r in range(ROWS):
-            at = (first_q + r) * W + l_c
+            row = first_q + r
+            at = row * W + l_c
             va = tl.load(ca_ptr + at, mask=mask_n & (at < N), other=0.0)
             vb = tl.load(cb_ptr + at, mask=mask_n & (at < N), other=0.0)
-            x = tl.where((i_q == first_q + r)[:, None], x - sa * va[None, :] + sb * vb[None, :], x)
+            hit = (i_q == row)[:, None]
+            corner_a = tl.where(hit, va[None, :], corner_a)
+            s = tl.where(hit, s + tl.where(row >= k_r, vb, -vb)[None, :], s)
+        x = s + tl.where(j_q[:, None] >= l_c[None, :], ca_q[:, None] - corner_a, corner_a - ca_q[:, None])
+        x -= tl.where(i_q[:, None] >= k_r[None, :], cb_k[None, :], -cb_k[None, :])
     return x
 
 
@@ -98,60 +103,59 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
 
 
 @triton.jit
-def _probs(s, lse_ptr, own, other, ca_ptr, cb_ptr, W, N, CORNERS: tl.constexpr, ROWS_OWN: tl.constexpr,
-           ROWS_OTHER: tl.constexpr, QUERIES_OWN: tl.constexpr):
+def _per_query(ptr, own, other, QUERIES_OWN: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr):
+    """A per-query vector (lse, delta) broadcast over a tile of (own x other tokens): the queries are the rows
+    (QUERIES_OWN, the dq program) or the columns (the dk, dv program: the tile is transposed)."""
+    if QUERIES_OWN:
+        x = tl.load(ptr + own[6], mask=own[5], other=0.0)[:, None]
+    else:
+        x = tl.load(ptr + other[6], mask=other[5], other=0.0)[None, :]
+    return tl.broadcast_to(x, (BLOCK_OWN, BLOCK_OTHER))
+
+
+@triton.jit
+def _probs(s, own, other, ca_ptr, cb_ptr, W, N, CORNERS: tl.constexpr, ROWS_OWN: tl.constexpr,
+           ROWS_OTHER: tl.constexpr):
     """One path's recomputed probabilities P on a tile whose rows are the program's own block ``own`` and columns
-    the tokens of ``other`` (see :func:`_block`); the queries are the rows (QUERIES_OWN, the dq program) or the
-    columns (the dk, dv program: the tile is transposed). CORNERS: the own tokens hold the corners (M's V2H form,
-    own rows at the corners); otherwise the H2V form, the other tile's rows at the corners."""
-    queries = own if QUERIES_OWN else other
-    lse = tl.load(lse_ptr + queries[6], mask=queries[5], other=0.0)
+    the tokens of ``other`` (see :func:`_block`), from the scores minus the log-normaliser ``s``. CORNERS: the own
+    tokens hold the corners (M's V2H form, own rows at the corners); otherwise the H2V form, the other tile's
+    rows at the corners."""
     if CORNERS:
         x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, False, ROWS_OWN)
     else:
         x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, True, ROWS_OTHER)
-    valid = own[5][:, None] & other[5][None, :]
-    if QUERIES_OWN:
-        p = tl.where(valid, tl.exp(x - lse[:, None]), 0.0)
-    else:
-        p = tl.where(valid, tl.exp(x - lse[None, :]), 0.0)
-    return p
+    return tl.where(own[5][:, None] & other[5][None, :], tl.exp(x), 0.0)
 
 
 @triton.jit
-def _score_grad(p, dp, delta_ptr, queries, weight, QUERIES_OWN: tl.constexpr):
-    """dS = P * (weight dP - delta), delta per query (the rows if QUERIES_OWN, else the columns)."""
-    delta = tl.load(delta_ptr + queries[6], mask=queries[5], other=0.0)
-    if QUERIES_OWN:
-        ds = p * (weight * dp - delta[:, None])
-    else:
-        ds = p * (weight * dp - delta[None, :])
-    return ds
+def _corner_rows(ds, onehot, own, other, corner_a, corner_b, PRECISION: tl.constexpr):
+    """Add one tile's share of the corner gradients of M[r, c] = sgn(j_r >= l_c) (Ca[i_r, j_r] - Ca[i_r, l_c]) +
+    sgn(i_r >= k_c) (Cb[i_r, l_c] - Cb[k_c, l_c]) at Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column), summed
+    over the block's own tokens of each image row, to ``corner_a`` and ``corner_b`` (other tokens x CORNER_ROWS):
+    ``onehot`` (own tokens x CORNER_ROWS) selects the rows, and a matrix product does the sum on the tensor cores,
+    the other tokens on its rows (so that the result is split over the warps, not replicated). Returns them and
+    the own entries' Ca gradient sum_c sgn(j_r >= l_c) ds."""
+    signed = tl.where(own[3][:, None] >= other[3][None, :], -ds, ds)
+    corner_a = tl.dot(tl.trans(signed.to(onehot.dtype)), onehot, corner_a, input_precision=PRECISION)
+    signed_b = tl.where(own[2][:, None] >= other[2][None, :], ds, -ds).to(onehot.dtype)
+    corner_b = tl.dot(tl.trans(signed_b), onehot, corner_b, input_precision=PRECISION)
+    return corner_a, corner_b, -tl.sum(signed, 1)
 
 
 @triton.jit
-def _store_corners(corner_a_ptr, corner_b_ptr, sum_ds, sum_b, own, pid, c0, N, W, SLOTS, ROWS_OWN: tl.constexpr,
-                   BLOCK: tl.constexpr, BLOCK_OTHER: tl.constexpr, COLS: tl.constexpr):
-    """The gradient of M[r, c] = sgn(j_r >= l_c) (Ca[i_r, j_r] - Ca[i_r, l_c]) + sgn(i_r >= k_c) (Cb[i_r, l_c] - ...)
-    at the corners Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column) for the other tokens of columns ``c0 + c``.
-    ``sum_ds`` and ``sum_b`` (BLOCK own tokens x BLOCK_OTHER, i.e. other-tile rows x COLS columns) hold the
-    column chunk's ds and sgn(i_r >= k_c) ds summed over its other tiles. Per own image row ``first + r``: summed
-    over the block's tokens of that row, folded over the other-tile rows and stored into slot
-    ``pid - first_block(row)`` of the (H, SLOTS, W) corner buffers. Each (row, slot, column) has exactly one
-    writer: no atomics, and the host's sum over slots is deterministic. Returns the own entry's Ca gradient over
-    the chunk, sum_c sgn(j_r >= l_c) ds."""
-    signed_a = tl.where(own[3][:, None] >= (c0 + tl.arange(0, BLOCK_OTHER) % COLS)[None, :], -sum_ds, sum_ds)
-    cols = c0 + tl.arange(0, COLS)
-    for r in range(ROWS_OWN):
-        row = own[4] + r
-        in_row = (own[2] == row)[:, None]
-        part_a = tl.sum(tl.reshape(tl.sum(tl.where(in_row, signed_a, 0.0), 0), (BLOCK_OTHER // COLS, COLS)), 0)
-        part_b = tl.sum(tl.reshape(tl.sum(tl.where(in_row, sum_b, 0.0), 0), (BLOCK_OTHER // COLS, COLS)), 0)
-        at = (row * SLOTS + pid - (row * W) // BLOCK) * W + cols
-        keep = (row * W < tl.minimum((pid + 1) * BLOCK, N)) & (cols < W)
-        tl.store(corner_a_ptr + at, part_a, mask=keep)
-        tl.store(corner_b_ptr + at, part_b, mask=keep)
-    return -tl.sum(signed_a, 1)
+def _store_corners(corner_a_ptr, corner_b_ptr, part_a, part_b, own, pid, c0, N, W, SLOTS, BLOCK: tl.constexpr,
+                   BLOCK_OTHER: tl.constexpr, COLS: tl.constexpr):
+    """Store a column chunk's corner gradients (see :func:`_corner_rows`), summed over its other tiles, into the
+    (H, SLOTS, W) corner buffers: folded over the other-tile rows, and per own image row into slot
+    ``pid - first_block(row)``. Each (row, slot, column) has exactly one writer: no atomics, and the host's sum
+    over slots is deterministic."""
+    corner_rows: tl.constexpr = part_a.shape[1]
+    rows = (own[4] + tl.arange(0, corner_rows))[None, :]
+    cols = (c0 + tl.arange(0, COLS))[:, None]
+    at = (rows * SLOTS + pid - (rows * W) // BLOCK) * W + cols
+    keep = (rows * W < tl.minimum((pid + 1) * BLOCK, N)) & (cols < W)
+    tl.store(corner_a_ptr + at, tl.sum(tl.reshape(part_a, (BLOCK_OTHER // COLS, COLS, corner_rows)), 0), mask=keep)
+    tl.store(corner_b_ptr + at, tl.sum(tl.reshape(part_b, (BLOCK_OTHER // COLS, COLS, corner_rows)), 0), mask=keep)
 
 
 @triton.jit
@@ -170,13 +174,15 @@ def _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK: tl.constexpr, COLS: tl.constexpr)
 def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr,
                corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS, KEYS: tl.constexpr,
                CORNERS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr, PRECISION: tl.constexpr):
+               BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr, CORNER_ROWS: tl.constexpr,
+               PRECISION: tl.constexpr):
     """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dv) or queries (g1 = dq), one path per launch,
     and the decay-table gradients those tokens own, into ``self_ptr`` and the corner slots. CORNERS (V2H for
     queries, H2V for keys): Ca at the own token, and the corners Ca, Cb at (own row, other column), summed over
     the block's tokens of each image row; otherwise Cb at the own token. Tiles are (own x other tokens): for keys
     H2V's M[s, p] is then V2H's form with the key in the query's place. The other tokens come in tiles of
-    (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column chunk."""
+    (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column chunk. CORNER_ROWS: the image rows a
+    block can touch (ROWS_OWN), at least 16 (a matrix product's smallest side)."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
@@ -193,33 +199,34 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     self_own = tl.zeros([BLOCK_OWN], tl.float32)
     corner_a_ptr += slice_offset(bh, H * SLOTS, W)
     corner_b_ptr += slice_offset(bh, H * SLOTS, W)
+    # own image row r of the block: column r of the one-hot (own tokens x CORNER_ROWS) row selector
+    onehot = tl.where(own[2][:, None] == own[4] + tl.arange(0, CORNER_ROWS)[None, :], 1.0,
+                      0.0).to(b_ptr.dtype.element_ty)
     for c0 in range(0, W, COLS):
         if CORNERS:  # the column chunk's corner sums, over its other tiles
-            sum_ds = tl.zeros([BLOCK_OWN, BLOCK_OTHER], tl.float32)
-            sum_b = tl.zeros([BLOCK_OWN, BLOCK_OTHER], tl.float32)
+            corner_a = tl.zeros([BLOCK_OTHER, CORNER_ROWS], tl.float32)
+            corner_b = tl.zeros([BLOCK_OTHER, CORNER_ROWS], tl.float32)
         for r0 in range(0, H, BLOCK_OTHER // COLS):
             other = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_OTHER, COLS)
             b = load_tile(b_ptr, other[6], other[5], offs_d, D)
             db = load_tile(db_ptr, other[6], other[5], offs_dv, DV)
-            s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
+            # the per-query log-normaliser and delta enter as the products' initial values (fewer registers)
+            lse = _per_query(lse_ptr, own, other, not KEYS, BLOCK_OWN, BLOCK_OTHER)
+            s = tl.dot(a, tl.trans(b), -lse / scale, input_precision=PRECISION) * scale
+            p = _probs(s, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS)
             if KEYS:
-                p = _probs(s, lse_ptr, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS, False)
                 g2 += tl.dot((weight * p).to(db.dtype), db, input_precision=PRECISION)
-                ds = _score_grad(p, tl.dot(da, tl.trans(db), input_precision=PRECISION), delta_ptr, other, weight,
-                                 False)
-            else:
-                p = _probs(s, lse_ptr, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS, True)
-                ds = _score_grad(p, tl.dot(da, tl.trans(db), input_precision=PRECISION), delta_ptr, own, weight,
-                                 True)
+            delta = _per_query(delta_ptr, own, other, not KEYS, BLOCK_OWN, BLOCK_OTHER)
+            ds = weight * p * tl.dot(da, tl.trans(db), -delta / weight, input_precision=PRECISION)  # P (w dP - delta)
             if CORNERS:
-                sum_ds += ds
-                sum_b += tl.where(own[2][:, None] >= other[2][None, :], ds, -ds)
+                corner_a, corner_b, self_part = _corner_rows(ds, onehot, own, other, corner_a, corner_b, PRECISION)
+                self_own += self_part
             else:
                 self_own -= tl.sum(tl.where(other[2][None, :] >= own[2][:, None], ds, -ds), 1)
             g1 += tl.dot(ds.to(b.dtype), b, input_precision=PRECISION)
         if CORNERS:
-            self_own += _store_corners(corner_a_ptr, corner_b_ptr, sum_ds, sum_b, own, pid, c0, N, W, SLOTS, ROWS_OWN,
-                                       BLOCK_OWN, BLOCK_OTHER, COLS)
+            _store_corners(corner_a_ptr, corner_b_ptr, corner_a, corner_b, own, pid, c0, N, W, SLOTS, BLOCK_OWN,
+                           BLOCK_OTHER, COLS)
     store_tile(g1_ptr + slice_offset(bh, N, D), offs, mask, offs_d, D, g1 * scale)
     if KEYS:
         store_tile(g2_ptr + slice_offset(bh, N, DV), offs, mask, offs_dv, DV, g2)
@@ -285,6 +292,7 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
                  corner[keys][1], float(scale), weight, n, hh, ww, d, dv, slots[keys]),
                 dict(KEYS=keys, CORNERS=corners, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
                      BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)), ROWS_OWN=_rows(own, hh, ww),
+                     CORNER_ROWS=max(16, _rows(own, hh, ww)),
                      PRECISION=lp.precision(q.dtype)), cfg))
     return launches, (dq, dk, dvv, self_q, self_k, corner[True], corner[False])
 
@@ -345,6 +353,8 @@ def whole_attention_triton(q, k, v, ca, cb, scale: float, v2h: bool = True, h2v:
     """q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca, cb: (B, heads, H, W) float32 cumsums."""
     b, heads, hh, ww, d = q.shape
     bh = b * heads
+    if abs(scale) < 1e-30:  # scores of zero; the backward divides the log-normaliser by the scale
+        q, scale = q * 0, 1.0
     out, _, _ = whole_attention_op(
         q.reshape(bh, hh * ww, d).contiguous(), k.reshape(bh, hh * ww, d).contiguous(),
         v.reshape(bh, hh * ww, v.shape[-1]).contiguous(), ca.reshape(bh, hh, ww).float().contiguous(),
