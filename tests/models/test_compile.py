@@ -65,7 +65,7 @@ def test_backbone_traces_without_graph_breaks(name):
 DYNAMIC = list(BACKBONES) if os.environ.get('MMPPMA_COMPILE_ALL') else ['PPMA']
 
 
-@pytest.mark.slow(minutes=5)
+@pytest.mark.slow(minutes=12)
 @pytest.mark.parametrize('name', DYNAMIC)
 def test_backbone_compiles_with_dynamic_shapes_and_equals_eager(name):
     torch.manual_seed(0)

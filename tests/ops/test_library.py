@@ -82,9 +82,9 @@ def test_blockwise_op_values_and_gradients_match_reference(op, monkeypatch):
 
 
 @pytest.mark.parametrize('op', ['ppma', 'rmt_criss_cross'])
-def test_triton_impl_under_torch_compile_is_one_graph_break_and_equals_eager(op):
-    """Each Triton op is a graph break under torch.compile and runs eagerly (here on the interpreter; on a GPU the
-    same code launches the kernels): the code around it is compiled, outputs and gradients equal eager."""
+def test_triton_impl_under_torch_compile_has_no_graph_break_and_equals_eager(op):
+    """Each Triton op is a torch.library op that torch.compile traces with the code around it, in one graph
+    (the kernels run on the interpreter here, launched on a GPU): outputs and gradients equal eager."""
     pytest.importorskip('triton')
     from mmppma.ops import rmt_criss_cross_attention
     g = torch.Generator().manual_seed(5)
@@ -100,7 +100,8 @@ def test_triton_impl_under_torch_compile_is_one_graph_break_and_equals_eager(op)
 
     torch._dynamo.reset()
     explained = torch._dynamo.explain(fn)(*leaves)
-    assert explained.graph_break_count == 1, [r.reason for r in explained.break_reasons]
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+    assert '_triton' in '\n'.join(graph.code for graph in explained.graphs)  # the mmppma::*_triton op is traced
     results = []
     for run in (torch.compile(fn), fn):
         xs = [t.clone().requires_grad_() for t in leaves]
@@ -108,7 +109,7 @@ def test_triton_impl_under_torch_compile_is_one_graph_break_and_equals_eager(op)
         out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
         results.append([out.detach()] + [x.grad for x in xs])
     for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # float32, fused in another order
 
 
 def test_tokens_to_nchw_op_is_a_channels_last_copy_and_passes_opcheck():
