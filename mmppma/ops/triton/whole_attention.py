@@ -286,14 +286,14 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
         for keys, grads, selfs in ((True, (dk[i], dvv[i]), self_k), (False, (dq[i], dq[i]), self_q)):
             corners = p_h2v if keys else p_v2h
             cfg, (own, other) = blocks[keys, corners]
+            rows = _rows(own, hh, ww)
             launches.append(lp.Launch(
                 _whole_bwd, (triton.cdiv(n, own), bh),
                 (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0 if corners else 1], corner[keys][0],
                  corner[keys][1], float(scale), weight, n, hh, ww, d, dv, slots[keys]),
                 dict(KEYS=keys, CORNERS=corners, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
-                     BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)), ROWS_OWN=_rows(own, hh, ww),
-                     CORNER_ROWS=max(16, _rows(own, hh, ww)),
-                     PRECISION=lp.precision(q.dtype)), cfg))
+                     BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)), ROWS_OWN=rows,
+                     CORNER_ROWS=max(16, rows), PRECISION=lp.precision(q.dtype)), cfg))
     return launches, (dq, dk, dvv, self_q, self_k, corner[True], corner[False])
 
 
