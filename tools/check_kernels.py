@@ -277,6 +277,8 @@ def tile_text(c: dict) -> str:
     text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN') if name in c]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     text += [name.lower() for name in ('KEYS', 'CORNERS', 'V2H', 'H2V', 'COLUMNS', 'SIGNED') if c.get(name)]
+    if c.get('CORNERS'):  # what the program computes: token gradients, corner sums or both
+        text += ['+'.join(part for part, on in (('grads', c['GRADS']), ('sums', c['CORNER_SUMS'])) if on)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)
 

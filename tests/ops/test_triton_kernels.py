@@ -2,9 +2,11 @@
 
 On a machine without a GPU (CI) the kernels run under ``TRITON_INTERPRET=1`` (see conftest.py); with a GPU
 they run compiled on CUDA. Shapes cover N = 49 and 196, a 5 x 37 map (a row wider than a tile), 1 x N and
-N x 1 maps, and lengths that leave a ragged last block (checked against the tiles by
-``test_shapes_span_several_ragged_blocks``).
+N x 1 maps, a 21 x 3 map (whole attention runs it transposed), and lengths that leave a ragged last block
+(checked against the tiles by ``test_shapes_span_several_ragged_blocks``).
 """
+import dataclasses
+
 import pytest
 import torch
 
@@ -56,7 +58,7 @@ def assert_same(fn_triton, fn_ref, inputs):
 
 
 WHOLE_SHAPES = [(2, 2, 7, 7, 16, 16), (1, 1, 14, 14, 32, 32), (1, 1, 5, 37, 16, 8), (1, 1, 1, 9, 16, 16),
-                (1, 1, 9, 1, 64, 16), (1, 1, 3, 5, 4, 3)]
+                (1, 1, 9, 1, 64, 16), (1, 1, 3, 5, 4, 3), (1, 1, 21, 3, 16, 8)]
 LINE_SHAPES = [(1, 2, 7, 7, 16, 16), (1, 1, 5, 37, 16, 8), (1, 1, 1, 9, 16, 16), (1, 1, 9, 1, 32, 16),
                (1, 1, 35, 3, 16, 16)]
 SCAN_LENGTHS = [1, 5, 32, 33, 70]
@@ -70,6 +72,40 @@ def test_whole_attention_kernel(shape, form):
     scale = d**-0.5
     assert_same(lambda *a: ppma_attention(*a, scale=scale, form=form, impl='triton'),
                 lambda *a: ppma_attention(*a, scale=scale, form=form, impl='reference'), inputs)
+
+
+@pytest.mark.parametrize('shape', [WHOLE_SHAPES[0], WHOLE_SHAPES[2]], ids=lambda s: 'x'.join(map(str, s)))
+def test_whole_kernel_with_corner_sums_in_programs_of_their_own(shape, monkeypatch):
+    """``corner_pass`` (the half-precision tiles on sm_80 / sm_86 / sm_89) moves the corner-gradient sums out of
+    the programs that accumulate dq, dk, dv into programs of their own: forced on here for both paths' corner
+    programs, the gradients still equal the reference's, and the launches show the split."""
+    config = lp.config
+    monkeypatch.setattr(lp, 'config', lambda *a, **kw: dataclasses.replace(config(*a, **kw), corner_pass=True))
+    ran, run = [], lp.run
+    monkeypatch.setattr(lp, 'run', lambda launches: run(ran.extend(launches) or launches))
+    b, heads, h, w, d, dv = shape
+    inputs = make(b, heads, h, w, d, dv, seed=h + w)
+    assert_same(lambda *a: ppma_attention(*a, scale=d**-0.5, impl='triton'),
+                lambda *a: ppma_attention(*a, scale=d**-0.5, impl='reference'), inputs)
+    parts = {(x.constexprs['KEYS'], x.constexprs['GRADS'], x.constexprs['CORNER_SUMS']) for x in ran
+             if x.name == '_whole_bwd' and x.constexprs['CORNERS']}
+    assert parts == {(keys, grads, not grads) for keys in (True, False) for grads in (True, False)}, parts
+
+
+def test_narrow_tall_image_runs_transposed(monkeypatch):
+    """Whole attention on an image narrower than ``lp.NARROW`` tokens and at least that tall launches its kernels
+    on the transpose (a block of tokens then spans few image rows): every launch sees tables of 3 rows of 21
+    tokens. Values: RMT's Manhattan attention (V2H only, so H2V on the transpose) here, PPMA's forms in
+    test_whole_attention_kernel's 21 x 3 map."""
+    ran, run = [], lp.run
+    monkeypatch.setattr(lp, 'run', lambda launches: run(ran.extend(launches) or launches))
+    q, k, v, la, lb = make(1, 2, 21, 3, 16)
+    gamma = torch.tensor([-0.3, -0.9], device=DEVICE)
+    assert_same(lambda *a: manhattan_attention(*a, gamma, scale=0.25, impl='triton'),
+                lambda *a: manhattan_attention(*a, gamma, scale=0.25, impl='reference'), [q, k, v])
+    ppma_attention(q, k, v, la, lb, impl='triton').sum().backward()
+    tables = {tuple(x.args[3].shape[-2:]) for x in ran if x.name.startswith('_whole')}
+    assert tables == {(3, 21)}, tables
 
 
 def test_manhattan_kernel():

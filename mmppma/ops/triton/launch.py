@@ -15,6 +15,8 @@ import triton
 SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 #: above this many tokens (whole attention) or this line length (row/column attention) the large tiles apply
 LARGE = 1024
+#: whole attention on images narrower than this many tokens takes the narrow tiles; taller ones run transposed
+NARROW = 16
 
 
 def pow2(x: int, least: int = 16) -> int:
@@ -51,14 +53,17 @@ class Config:
     #: register budget per thread (ptxas's .maxnreg). Without one ptxas picks its own, favouring occupancy, and
     #: spills small-tile float32 kernels at 64-168 registers; 255 is the ISA's maximum.
     maxnreg: int = 255
+    #: '_corners' families: the corner-gradient sums run as a program of their own, which recomputes the tile's
+    #: probabilities and score gradient, instead of in the one that accumulates the token gradients
+    corner_pass: bool = False
 
 
 # The interpreter runs programs one by one, at a cost per program and per operation nearly independent of the tile
 # size: one configuration with tiles as large as the small GPU ones, so the tests' maps still span several blocks.
 _INTERPRETER = Config(32, 32, 1, 1)
-# Whole attention on images narrower than 16 tokens (N <= 16 H): a block spans many image rows, and the work per
-# row grows with them, so blocks stay short. Half precision -> {capability (0: any other): config}; over 4 warps
-# where 2 spill (half precision on sm_86 / sm_89, float32 on sm_86 / sm_89 / sm_90).
+# Whole attention on images narrower than NARROW tokens (and no taller, so N < 256): a block spans many image
+# rows, and the work per row grows with them, so blocks stay short. Half precision -> {capability (0: any other):
+# config}; over 4 warps where 2 spill (half precision on sm_86 / sm_89, float32 on sm_86 / sm_89 / sm_90).
 _NARROW: Dict[bool, Dict[int, Config]] = {
     False: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89, 90)}},
     True: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89)}},
@@ -67,14 +72,14 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # (family, long sequence, half precision) -> {capability (0: any other): config}. In the tensor-core layout a
 # tile's rows are split over the warps 16 rows each, so num_warps = own block / 16 and no warp holds a replica;
 # each vector along the other axis costs (other block) / 4 registers per thread. Half precision at LARGE tokens
-# or more: the forward takes 64 x 64 tiles (FlashAttention's), the backward 128 own tokens over 8 warps against
-# 64 others. The '_corners' programs also gather the corner entries row by row and reduce the corner gradients
-# with two more products; on sm_90 (operands of the warp-group products stay in shared memory) they keep 128 x 64,
-# on sm_80 / sm_86 / sm_89 (operands in registers, one full copy of the other tile's per warp) 64 others spill
-# (tools/check_kernels.py), so they take 32 others, the shape of Triton's fused-attention tutorial backward
-# (4096 scores per tile); the dk / dv one takes 16 others on sm_86 / sm_89, where 32 spill at W = 128. Exact
-# float32 products run on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32
-# wide. The remaining choices are the ones that compile without spills at the checked shapes.
+# or more: the forward takes 64 x 64 tiles (FlashAttention's), the backward 128 or 64 own tokens against 64
+# others. The '_corners' programs also gather the corner entries row by row and reduce the corner gradients with
+# two more products: on sm_90 (operands of the warp-group products stay in shared memory) they keep 128 x 64 in
+# one program; on sm_80 / sm_86 / sm_89 (operands in registers, one full copy of the other tile's per warp) they
+# take 64 x 64, and the keys' program, which also holds dv and a vector per query along its columns, leaves the
+# corner sums to a program of their own (corner_pass): done together, 64 others spill. Exact float32 products run
+# on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The remaining
+# choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py).
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
@@ -89,7 +94,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_q_corners', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_q_corners', False, True): {0: Config(32, 16, 2, 1)},
     ('whole_bwd_q_corners', True, False): {0: Config(64, 16, 8, 1)},
-    ('whole_bwd_q_corners', True, True): {0: Config(128, 32, 8, 1), 90: Config(128, 64, 8, 1)},
+    ('whole_bwd_q_corners', True, True): {0: Config(64, 64, 4, 1), 90: Config(128, 64, 8, 1)},
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv', True, False): {0: Config(16, 32, 4, 1), 90: Config(16, 32, 8, 1)},
@@ -97,8 +102,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_kv_corners', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv_corners', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv_corners', True, False): {0: Config(16, 64, 8, 1)},
-    ('whole_bwd_kv_corners', True, True): {0: Config(32, 128, 8, 1), 90: Config(64, 128, 8, 1),
-                                           **{cap: Config(16, 128, 8, 1) for cap in (86, 89)}},
+    ('whole_bwd_kv_corners', True, True): {0: Config(64, 64, 4, 1, corner_pass=True), 90: Config(64, 128, 8, 1)},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},
@@ -119,7 +123,7 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
     ``width`` tokens wide (whole attention)."""
     if cap == 0:
         return _INTERPRETER
-    if width < 16:
+    if width < NARROW:
         narrow = _NARROW[dtype != torch.float32]
         return narrow.get(cap, narrow[0])
     row = _TABLE[(family, length >= LARGE, dtype != torch.float32)]

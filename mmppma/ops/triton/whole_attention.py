@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from . import launch as lp
-from ._tiles import bwd_operands, load_tile, online_softmax_step, slice_offset, store_tile, token_block
+from ._tiles import bwd_operands, load_tile, online_softmax_step, seg, slice_offset, store_tile, token_block
 
 
 @triton.jit
@@ -33,29 +33,27 @@ def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V: tl.constexpr, ROWS):
     H2V) come one image row at a time: ROWS rows from the first row of the block that holds them."""
     ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
     ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
-    corner_a = s * 0.0  # the Ca corner per element, gathered row by row; Cb's goes into s at once
+    # each image row adds its corner terms where it holds the corner: no per-element corner tile stays live
     if H2V:
+        ge = l_c[None, :] >= j_q[:, None]
         for r in range(ROWS):
             row = first_k + r
             at = row * W + j_q
             va = tl.load(ca_ptr + at, mask=mask_m & (at < N), other=0.0)
             vb = tl.load(cb_ptr + at, mask=mask_m & (at < N), other=0.0)
-            hit = (k_r == row)[None, :]
-            corner_a = tl.where(hit, va[:, None], corner_a)
-            s = tl.where(hit, s + tl.where(row >= i_q, vb, -vb)[:, None], s)
-        x = s + tl.where(l_c[None, :] >= j_q[:, None], ca_k[None, :] - corner_a, corner_a - ca_k[None, :])
-        x -= tl.where(k_r[None, :] >= i_q[:, None], cb_q[:, None], -cb_q[:, None])
+            s = tl.where((k_r == row)[None, :],
+                         (s + tl.where(row >= i_q, vb, -vb)[:, None]) + seg(ca_k[None, :], va[:, None], ge), s)
+        x = s - tl.where(k_r[None, :] >= i_q[:, None], cb_q[:, None], -cb_q[:, None])
     else:
+        ge = j_q[:, None] >= l_c[None, :]
         for r in range(ROWS):
             row = first_q + r
             at = row * W + l_c
             va = tl.load(ca_ptr + at, mask=mask_n & (at < N), other=0.0)
             vb = tl.load(cb_ptr + at, mask=mask_n & (at < N), other=0.0)
-            hit = (i_q == row)[:, None]
-            corner_a = tl.where(hit, va[None, :], corner_a)
-            s = tl.where(hit, s + tl.where(row >= k_r, vb, -vb)[None, :], s)
-        x = s + tl.where(j_q[:, None] >= l_c[None, :], ca_q[:, None] - corner_a, corner_a - ca_q[:, None])
-        x -= tl.where(i_q[:, None] >= k_r[None, :], cb_k[None, :], -cb_k[None, :])
+            s = tl.where((i_q == row)[:, None],
+                         (s + tl.where(row >= k_r, vb, -vb)[None, :]) + seg(ca_q[:, None], va[None, :], ge), s)
+        x = s - tl.where(i_q[:, None] >= k_r[None, :], cb_k[None, :], -cb_k[None, :])
     return x
 
 
@@ -133,13 +131,12 @@ def _corner_rows(ds, onehot, own, other, corner_a, corner_b, PRECISION: tl.const
     sgn(i_r >= k_c) (Cb[i_r, l_c] - Cb[k_c, l_c]) at Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column), summed
     over the block's own tokens of each image row, to ``corner_a`` and ``corner_b`` (other tokens x CORNER_ROWS):
     ``onehot`` (own tokens x CORNER_ROWS) selects the rows, and a matrix product does the sum on the tensor cores,
-    the other tokens on its rows (so that the result is split over the warps, not replicated). Returns them and
-    the own entries' Ca gradient sum_c sgn(j_r >= l_c) ds."""
-    signed = tl.where(own[3][:, None] >= other[3][None, :], -ds, ds)
-    corner_a = tl.dot(tl.trans(signed.to(onehot.dtype)), onehot, corner_a, input_precision=PRECISION)
+    the other tokens on its rows (so that the result is split over the warps, not replicated)."""
+    signed = tl.where(own[3][:, None] >= other[3][None, :], -ds, ds).to(onehot.dtype)
+    corner_a = tl.dot(tl.trans(signed), onehot, corner_a, input_precision=PRECISION)
     signed_b = tl.where(own[2][:, None] >= other[2][None, :], ds, -ds).to(onehot.dtype)
     corner_b = tl.dot(tl.trans(signed_b), onehot, corner_b, input_precision=PRECISION)
-    return corner_a, corner_b, -tl.sum(signed, 1)
+    return corner_a, corner_b
 
 
 @triton.jit
@@ -173,16 +170,21 @@ def _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK: tl.constexpr, COLS: tl.constexpr)
 @triton.jit
 def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr,
                corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS, KEYS: tl.constexpr,
-               CORNERS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_DV: tl.constexpr, COLS: tl.constexpr, ROWS_OWN: tl.constexpr, CORNER_ROWS: tl.constexpr,
-               PRECISION: tl.constexpr):
-    """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dv) or queries (g1 = dq), one path per launch,
-    and the decay-table gradients those tokens own, into ``self_ptr`` and the corner slots. CORNERS (V2H for
-    queries, H2V for keys): Ca at the own token, and the corners Ca, Cb at (own row, other column), summed over
-    the block's tokens of each image row; otherwise Cb at the own token. Tiles are (own x other tokens): for keys
-    H2V's M[s, p] is then V2H's form with the key in the query's place. The other tokens come in tiles of
-    (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column chunk. CORNER_ROWS: the image rows a
-    block can touch (ROWS_OWN), at least 16 (a matrix product's smallest side)."""
+               CORNERS: tl.constexpr, GRADS: tl.constexpr, CORNER_SUMS: tl.constexpr, BLOCK_OWN: tl.constexpr,
+               BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr,
+               ROWS_OWN: tl.constexpr, CORNER_ROWS: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per block of BLOCK_OWN keys (KEYS) or queries, one path per launch. CORNERS (V2H for queries,
+    H2V for keys): the own tokens hold the path's corners. Tiles are (own x other tokens): for keys H2V's M[s, p]
+    is then V2H's form with the key in the query's place.
+
+    GRADS: g1 = dk, g2 = dv (KEYS) or g1 = dq. CORNER_SUMS (with CORNERS): the corners Ca, Cb at (own row, other
+    column), summed over the block's tokens of each image row, into the corner slots. A launch does one or both.
+    The table gradient at the own tokens' own entries goes to ``self_ptr``: Ca's with CORNER_SUMS, Cb's (not
+    CORNERS) with GRADS.
+
+    The other tokens come in tiles of (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column
+    chunk. CORNER_ROWS: the image rows a block can touch (ROWS_OWN), at least 16 (a matrix product's smallest
+    side)."""
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
@@ -199,11 +201,8 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     self_own = tl.zeros([BLOCK_OWN], tl.float32)
     corner_a_ptr += slice_offset(bh, H * SLOTS, W)
     corner_b_ptr += slice_offset(bh, H * SLOTS, W)
-    # own image row r of the block: column r of the one-hot (own tokens x CORNER_ROWS) row selector
-    onehot = tl.where(own[2][:, None] == own[4] + tl.arange(0, CORNER_ROWS)[None, :], 1.0,
-                      0.0).to(b_ptr.dtype.element_ty)
     for c0 in range(0, W, COLS):
-        if CORNERS:  # the column chunk's corner sums, over its other tiles
+        if CORNER_SUMS:  # the column chunk's corner sums, over its other tiles
             corner_a = tl.zeros([BLOCK_OTHER, CORNER_ROWS], tl.float32)
             corner_b = tl.zeros([BLOCK_OTHER, CORNER_ROWS], tl.float32)
         for r0 in range(0, H, BLOCK_OTHER // COLS):
@@ -214,23 +213,30 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
             lse = _per_query(lse_ptr, own, other, not KEYS, BLOCK_OWN, BLOCK_OTHER)
             s = tl.dot(a, tl.trans(b), -lse / scale, input_precision=PRECISION) * scale
             p = _probs(s, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS)
-            if KEYS:
+            if KEYS and GRADS:
                 g2 += tl.dot((weight * p).to(db.dtype), db, input_precision=PRECISION)
             delta = _per_query(delta_ptr, own, other, not KEYS, BLOCK_OWN, BLOCK_OTHER)
             ds = weight * p * tl.dot(da, tl.trans(db), -delta / weight, input_precision=PRECISION)  # P (w dP - delta)
-            if CORNERS:
-                corner_a, corner_b, self_part = _corner_rows(ds, onehot, own, other, corner_a, corner_b, PRECISION)
-                self_own += self_part
-            else:
-                self_own -= tl.sum(tl.where(other[2][None, :] >= own[2][:, None], ds, -ds), 1)
-            g1 += tl.dot(ds.to(b.dtype), b, input_precision=PRECISION)
-        if CORNERS:
+            if CORNER_SUMS:
+                # own image row r of the block: column r of the one-hot (own tokens x CORNER_ROWS) row selector
+                # (built per tile: r0 < H, always true, keeps it from being hoisted to hold registers throughout)
+                onehot = tl.where((own[2][:, None] == own[4] + tl.arange(0, CORNER_ROWS)[None, :]) & (r0 < H), 1.0,
+                                  0.0)
+                corner_a, corner_b = _corner_rows(ds, onehot.to(b.dtype), own, other, corner_a, corner_b, PRECISION)
+                self_own += tl.sum(tl.where(own[3][:, None] >= other[3][None, :], ds, -ds), 1)  # at Ca[i_r, j_r]
+            if GRADS:
+                if not CORNERS:  # at Cb[i_r, j_r]
+                    self_own -= tl.sum(tl.where(other[2][None, :] >= own[2][:, None], ds, -ds), 1)
+                g1 += tl.dot(ds.to(b.dtype), b, input_precision=PRECISION)
+        if CORNER_SUMS:
             _store_corners(corner_a_ptr, corner_b_ptr, corner_a, corner_b, own, pid, c0, N, W, SLOTS, BLOCK_OWN,
                            BLOCK_OTHER, COLS)
-    store_tile(g1_ptr + slice_offset(bh, N, D), offs, mask, offs_d, D, g1 * scale)
-    if KEYS:
-        store_tile(g2_ptr + slice_offset(bh, N, DV), offs, mask, offs_dv, DV, g2)
-    tl.store(self_ptr + slice_offset(bh, N, 1) + offs, self_own, mask=mask)
+    if GRADS:
+        store_tile(g1_ptr + slice_offset(bh, N, D), offs, mask, offs_d, D, g1 * scale)
+        if KEYS:
+            store_tile(g2_ptr + slice_offset(bh, N, DV), offs, mask, offs_dv, DV, g2)
+    if CORNER_SUMS or not CORNERS:
+        tl.store(self_ptr + slice_offset(bh, N, 1) + offs, self_own, mask=mask)
 
 
 def _rows(block: int, h: int, w: int) -> int:
@@ -287,13 +293,16 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
             corners = p_h2v if keys else p_v2h
             cfg, (own, other) = blocks[keys, corners]
             rows = _rows(own, hh, ww)
-            launches.append(lp.Launch(
+            # (GRADS, CORNER_SUMS) of each launch: the corner sums in the same program or in one of their own
+            parts = [(True, False), (False, True)] if corners and cfg.corner_pass else [(True, corners)]
+            launches.extend(lp.Launch(
                 _whole_bwd, (triton.cdiv(n, own), bh),
                 (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0 if corners else 1], corner[keys][0],
                  corner[keys][1], float(scale), weight, n, hh, ww, d, dv, slots[keys]),
-                dict(KEYS=keys, CORNERS=corners, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
-                     BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)), ROWS_OWN=rows,
-                     CORNER_ROWS=max(16, rows), PRECISION=lp.precision(q.dtype)), cfg))
+                dict(KEYS=keys, CORNERS=corners, GRADS=with_grads, CORNER_SUMS=sums, BLOCK_OWN=own,
+                     BLOCK_OTHER=other, BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)),
+                     ROWS_OWN=rows, CORNER_ROWS=max(16, rows), PRECISION=lp.precision(q.dtype)), cfg)
+                for with_grads, sums in parts)
     return launches, (dq, dk, dvv, self_q, self_k, corner[True], corner[False])
 
 
@@ -350,8 +359,14 @@ whole_attention_op.register_autograd(_gradients, setup_context=_save)
 
 
 def whole_attention_triton(q, k, v, ca, cb, scale: float, v2h: bool = True, h2v: bool = True):
-    """q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca, cb: (B, heads, H, W) float32 cumsums."""
+    """q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca, cb: (B, heads, H, W) float32 cumsums. An image
+    narrower than ``lp.NARROW`` tokens and at least that tall runs transposed, so that a block of consecutive
+    tokens spans few image rows: the transpose's rows are the columns here, its Ca is Cb and its V2H path H2V."""
     b, heads, hh, ww, d = q.shape
+    if ww < lp.NARROW <= hh:
+        def t(x):
+            return x.transpose(2, 3)
+        return t(whole_attention_triton(t(q), t(k), t(v), t(cb), t(ca), scale, h2v, v2h))
     bh = b * heads
     if abs(scale) < 1e-30:  # scores of zero; the backward divides the log-normaliser by the scale
         q, scale = q * 0, 1.0
