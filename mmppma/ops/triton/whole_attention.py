@@ -131,12 +131,13 @@ def _corner_rows(ds, onehot, own, other, corner_a, corner_b, PRECISION: tl.const
     sgn(i_r >= k_c) (Cb[i_r, l_c] - Cb[k_c, l_c]) at Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column), summed
     over the block's own tokens of each image row, to ``corner_a`` and ``corner_b`` (other tokens x CORNER_ROWS):
     ``onehot`` (own tokens x CORNER_ROWS) selects the rows, and a matrix product does the sum on the tensor cores,
-    the other tokens on its rows (so that the result is split over the warps, not replicated)."""
-    signed = tl.where(own[3][:, None] >= other[3][None, :], -ds, ds).to(onehot.dtype)
-    corner_a = tl.dot(tl.trans(signed), onehot, corner_a, input_precision=PRECISION)
+    the other tokens on its rows (so that the result is split over the warps, not replicated). Returns them and
+    the own entries' Ca gradient sum_c sgn(j_r >= l_c) ds."""
+    signed = tl.where(own[3][:, None] >= other[3][None, :], -ds, ds)
+    corner_a = tl.dot(tl.trans(signed.to(onehot.dtype)), onehot, corner_a, input_precision=PRECISION)
     signed_b = tl.where(own[2][:, None] >= other[2][None, :], ds, -ds).to(onehot.dtype)
     corner_b = tl.dot(tl.trans(signed_b), onehot, corner_b, input_precision=PRECISION)
-    return corner_a, corner_b
+    return corner_a, corner_b, -tl.sum(signed, 1)
 
 
 @triton.jit
@@ -222,8 +223,9 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
                 # (built per tile: r0 < H, always true, keeps it from being hoisted to hold registers throughout)
                 onehot = tl.where((own[2][:, None] == own[4] + tl.arange(0, CORNER_ROWS)[None, :]) & (r0 < H), 1.0,
                                   0.0)
-                corner_a, corner_b = _corner_rows(ds, onehot.to(b.dtype), own, other, corner_a, corner_b, PRECISION)
-                self_own += tl.sum(tl.where(own[3][:, None] >= other[3][None, :], ds, -ds), 1)  # at Ca[i_r, j_r]
+                corner_a, corner_b, self_part = _corner_rows(ds, onehot.to(b.dtype), own, other, corner_a, corner_b,
+                                                             PRECISION)
+                self_own += self_part  # at Ca[i_r, j_r]
             if GRADS:
                 if not CORNERS:  # at Cb[i_r, j_r]
                     self_own -= tl.sum(tl.where(other[2][None, :] >= own[2][:, None], ds, -ds), 1)
