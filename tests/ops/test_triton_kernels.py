@@ -74,6 +74,13 @@ def test_whole_attention_kernel(shape, form):
                 lambda *a: ppma_attention(*a, scale=scale, form=form, impl='reference'), inputs)
 
 
+def launched(monkeypatch):
+    """The list that every launch the ops run from now on is appended to (and still run)."""
+    ran, run = [], lp.run
+    monkeypatch.setattr(lp, 'run', lambda launches: run(ran.extend(launches) or launches))
+    return ran
+
+
 @pytest.mark.parametrize('shape', [WHOLE_SHAPES[0], WHOLE_SHAPES[2]], ids=lambda s: 'x'.join(map(str, s)))
 def test_whole_kernel_with_corner_sums_in_programs_of_their_own(shape, monkeypatch):
     """``corner_pass`` (the half-precision tiles on sm_80 / sm_86 / sm_89) moves the corner-gradient sums out of
@@ -81,8 +88,7 @@ def test_whole_kernel_with_corner_sums_in_programs_of_their_own(shape, monkeypat
     programs, the gradients still equal the reference's, and the launches show the split."""
     config = lp.config
     monkeypatch.setattr(lp, 'config', lambda *a, **kw: dataclasses.replace(config(*a, **kw), corner_pass=True))
-    ran, run = [], lp.run
-    monkeypatch.setattr(lp, 'run', lambda launches: run(ran.extend(launches) or launches))
+    ran = launched(monkeypatch)
     b, heads, h, w, d, dv = shape
     inputs = make(b, heads, h, w, d, dv, seed=h + w)
     assert_same(lambda *a: ppma_attention(*a, scale=d**-0.5, impl='triton'),
@@ -97,8 +103,7 @@ def test_narrow_tall_image_runs_transposed(monkeypatch):
     on the transpose (a block of tokens then spans few image rows): every launch sees tables of 3 rows of 21
     tokens. Values: RMT's Manhattan attention (V2H only, so H2V on the transpose) here, PPMA's forms in
     test_whole_attention_kernel's 21 x 3 map."""
-    ran, run = [], lp.run
-    monkeypatch.setattr(lp, 'run', lambda launches: run(ran.extend(launches) or launches))
+    ran = launched(monkeypatch)
     q, k, v, la, lb = make(1, 2, 21, 3, 16)
     gamma = torch.tensor([-0.3, -0.9], device=DEVICE)
     assert_same(lambda *a: manhattan_attention(*a, gamma, scale=0.25, impl='triton'),
