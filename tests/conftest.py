@@ -33,10 +33,21 @@ torch.set_num_threads(int(os.environ.get('MMPPMA_TEST_THREADS',
                                          max(1, min(4, os.cpu_count() or 1) // _WORKERS))))
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption('--all', action='store_true', dest='full_tier',
+                     help='the full tier: also the tests marked heavy (tools/run_tests.sh --all)')
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Order for pytest-xdist handing out one test at a time with one more queued per worker (tools/run_tests.sh):
-    the slow tests longest first (``slow(minutes=N)``), each followed by a fast one, so that two long runs never
-    queue on one worker and none starts last; then the remaining fast tests. Each group keeps collection order."""
+    """The default tier leaves out the ``heavy`` tests (``--all`` keeps them). Order for pytest-xdist handing out
+    one test at a time with one more queued per worker (tools/run_tests.sh): the slow tests longest first
+    (``slow(minutes=N)``), each followed by a fast one, so that two long runs never queue on one worker and none
+    starts last; then the remaining fast tests. Each group keeps collection order."""
+    if not config.getoption('full_tier'):
+        heavy = [item for item in items if item.get_closest_marker('heavy')]
+        if heavy:
+            config.hook.pytest_deselected(items=heavy)
+            items[:] = [item for item in items if not item.get_closest_marker('heavy')]
     slow = [item for item in items if item.get_closest_marker('slow')]
     fast = [item for item in items if not item.get_closest_marker('slow')]
     slow.sort(key=lambda item: -item.get_closest_marker('slow').kwargs.get('minutes', 0))

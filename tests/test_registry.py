@@ -22,7 +22,6 @@ from mmppma.models import PPMA
 from mmppma.registry import MODELS, register_model
 
 REPO = Path(__file__).resolve().parent.parent
-DOWNSTREAM = ('mmdet', 'mmseg', 'mmpretrain')
 # Two cheap stages, one of each attention type: registry tests need a real class, not a big one.
 ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 2], mlp_ratios=[2, 2],
             attn_types=['criss_cross', 'whole'])
@@ -151,14 +150,10 @@ def test_readme_versions_match_requirements():
         assert version == pins[name], f'README says {name} {version}, requirements.txt pins {pins[name]}'
 
 
-@pytest.mark.parametrize('scope', ['mmengine', *DOWNSTREAM])
-def test_bare_name_after_import(scope):
-    """mmppma registers into mmengine's root registry, the parent of every downstream registry."""
-    registry = ROOT_MODELS if scope == 'mmengine' else importorskip_scope(scope)
-    with DefaultScope.overwrite_default_scope(scope):
-        assert registry.get('PPMA') is PPMA
-        assert registry.get('mmppma.PPMA') is PPMA
-    assert ROOT_CONSTRUCTORS.get('LayerDecayOptimWrapperConstructor') is mmppma.engine.LayerDecayOptimWrapperConstructor
+def test_constructors_in_the_root_registry():
+    """Bare and prefixed backbone names in every scope: tests/models/test_backbone_contract.py."""
+    for name in ('LayerDecayOptimWrapperConstructor', 'mmppma.LayerDecayOptimWrapperConstructor'):
+        assert ROOT_CONSTRUCTORS.get(name) is mmppma.engine.LayerDecayOptimWrapperConstructor
 
 
 def test_name_owned_by_root_registry_is_refused():

@@ -1,22 +1,175 @@
-"""Every config under configs/ loads and builds its model; the detection / segmentation configs carry the
-release's recipe (docs/method.md §9) and per-arch settings consistent with the backbone's arch table."""
+"""Every config under configs/ loads and builds its model; each carries its release's recipe (docs/method.md §9,
+the MLLA and VMINet release scripts) and per-arch settings consistent with the backbone's arch table."""
 import argparse
+import re
 from pathlib import Path
 
 import pytest
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 from mmengine.registry import DefaultScope
 
-from mmppma.models.backbones import ARCH_ZOO
+from mmppma.models import MLLA, PPMA, VMINet
 
 from .conftest import CONFIGS, TINY_DET
 
 ALL_CONFIGS = sorted(p for p in CONFIGS.rglob('*.py') if '_base_' not in p.parts)
-# the PPMA/RMT recipe checks; other families (MLLA, VMINet) carry their own config tests
-DET = sorted(p for f in ('ppma', 'rmt') for p in CONFIGS.glob(f'mask_rcnn_{f}_*_coco.py'))
-SEG = sorted(p for f in ('ppma', 'rmt') for p in CONFIGS.glob(f'upernet_{f}_*_ade20k.py'))
-DROP_PATH = {'tiny': 0.1, 'small': 0.15, 'base': 0.4}
-ARCH = {'t': 'tiny', 's': 'small', 'b': 'base'}
+IN1K = sorted(CONFIGS.glob('*_8xb128_in1k.py'))
+DENSE = sorted(p for pattern in ('mask_rcnn_*_coco.py', 'upernet_*_ade20k.py') for p in CONFIGS.glob(pattern))
+ZOO = {'ppma': PPMA, 'rmt': PPMA, 'mlla': MLLA, 'ppmla': MLLA, 'vminet': VMINet}
+LONG = {'t': 'tiny', 's': 'small', 'b': 'base'}
+
+
+def family_size(path: Path):
+    """('ppma', 't') from configs/mask_rcnn_ppma_t_1x_coco.py, upernet_..., ppma_t_8xb128_in1k.py."""
+    m = re.search(r'(?:^|_)(ppma|rmt|mlla|ppmla|vminet)_(ti|xs|t|s|b)_', path.name)
+    return m.group(1), m.group(2)
+
+
+def in1k_facts(cfg: Config) -> dict:
+    opt, bb, head = cfg.optim_wrapper, cfg.model.backbone, cfg.model.head
+    pipeline = {t.type: t for t in cfg.train_dataloader.dataset.pipeline}
+    warmup, cosine = cfg.param_scheduler
+    return dict(
+        scope=cfg.default_scope, out=(tuple(bb.get('out_indices', (3, ))), bb.get('out_norm')),
+        neck=cfg.model.get('neck', {}).get('type'), head=(head.type, head.num_classes),
+        smooth=head.loss.label_smooth_val if 'label_smooth_val' in head.loss else None,
+        augments=[(a.type, a.alpha) for a in cfg.model.train_cfg.augments],
+        optim=(opt.type, opt.optimizer.type, opt.optimizer.lr, opt.optimizer.weight_decay),
+        no_decay=sorted(opt.get('paramwise_cfg', {}).get('no_decay_names', [])),
+        clip=opt.get('clip_grad', {}).get('max_norm'), base_batch=cfg.auto_scale_lr.base_batch_size,
+        batch=(cfg.train_dataloader.batch_size, cfg.train_dataloader.sampler.type),
+        warmup=(warmup.type, warmup.start_factor, warmup.end), cosine=(cosine.type, cosine.eta_min),
+        epochs=cfg.train_cfg.max_epochs, ema=[h.momentum for h in cfg.get('custom_hooks', []) if h.type == 'EMAHook'],
+        rand_aug=(pipeline['RandAugment'].magnitude_level, pipeline['RandAugment'].get('magnitude_std')),
+        erase=pipeline['RandomErasing'].erase_prob, color_jitter='ColorJitter' in pipeline)
+
+
+PPMA_IN1K = dict(
+    scope='mmpretrain', out=((3, ), False), neck=None, head=('mmppma.PPMAClsHead', 1000), smooth=0.1,
+    augments=[('Mixup', 0.8), ('CutMix', 1.0)], optim=('AmpOptimWrapper', 'AdamW', 1e-3, 0.05),
+    no_decay=['A_log', 'dt_bias'], clip=None, base_batch=1024, batch=(128, 'RepeatAugSampler'),
+    warmup=('LinearLR', 1e-3, 5), cosine=('CosineAnnealingLR', 1e-5), epochs=300, ema=[1e-4], rand_aug=(9, 0.5),
+    erase=0.25, color_jitter=False)
+MLLA_IN1K = dict(PPMA_IN1K, out=((3, ), True), neck='GlobalAveragePooling', head=('LinearClsHead', 1000),
+                 optim=('OptimWrapper', 'AdamW', 1e-3, 0.05), no_decay=[], clip=5.0, batch=(128, 'DefaultSampler'),
+                 warmup=('LinearLR', 1e-3, 20))
+IN1K_RECIPES = {
+    'ppma': PPMA_IN1K, 'rmt': PPMA_IN1K, 'mlla': MLLA_IN1K, 'ppmla': dict(MLLA_IN1K, no_decay=['A_log', 'dt_bias']),
+    'vminet': dict(MLLA_IN1K, out=((3, ), 'BN'), augments=[('Mixup', 0.8), ('CutMix', 0.2)],
+                   optim=('OptimWrapper', 'AdamW', 1e-3, 0.025), clip=None, base_batch=768,
+                   warmup=('LinearLR', 1e-3, 5), epochs=310, ema=[], rand_aug=(1, 0.5)),
+}
+IN1K_DROP_PATH = {'ppma': (0.1, 0.15, 0.4), 'rmt': (0.1, 0.15, 0.4), 'mlla': (0.2, 0.3, 0.5), 'ppmla': (0.2, ),
+                  'vminet': (0.0, 0.0, 0.0, 0.0)}
+
+
+def arch_of(family: str, size: str) -> str:
+    return size if family == 'vminet' else LONG[size]
+
+
+def size_index(family: str, size: str) -> int:
+    return (('ti', 'xs', 's', 'b') if family == 'vminet' else ('t', 's', 'b')).index(size)
+
+
+@pytest.mark.parametrize('path', IN1K, ids=lambda p: p.name)
+def test_in1k_recipe(path):
+    family, size = family_size(path)
+    cfg = Config.fromfile(str(path))
+    bb = cfg.model.backbone
+    assert bb.type == f'mmppma.{"RMT" if family == "rmt" else ZOO[family].__name__}'
+    assert bb.arch == arch_of(family, size) and bb.get('attn', 'mlla' if family == 'mlla' else None) == (
+        family if family in ('mlla', 'ppmla') else None)
+    assert bb.drop_path_rate == IN1K_DROP_PATH[family][size_index(family, size)]
+    assert cfg.model.head.in_channels == ZOO[family].arch_zoo[arch_of(family, size)]['embed_dims'][-1]
+    assert in1k_facts(cfg) == IN1K_RECIPES[family]
+
+
+def test_ppmla_in1k_config_is_mlla_t_with_ppmla():
+    ppmla, mlla = (Config.fromfile(str(CONFIGS / f'{f}_t_8xb128_in1k.py')) for f in ('ppmla', 'mlla'))
+    assert ppmla.model.backbone.pop('attn') == 'ppmla'
+    assert ppmla.model.to_dict() == mlla.model.to_dict()
+
+
+def dense_facts(cfg: Config, det: bool) -> dict:
+    opt, sched = cfg.optim_wrapper, cfg.param_scheduler
+    paramwise = opt.get('paramwise_cfg', {})
+    facts = dict(optim=(opt.type, opt.optimizer.type, opt.optimizer.lr, opt.optimizer.weight_decay),
+                 norm_decay=paramwise.get('norm_decay_mult'),
+                 custom=sorted((k, v.decay_mult) for k, v in paramwise.get('custom_keys', {}).items()),
+                 batch=cfg.train_dataloader.batch_size, base_batch=cfg.get('auto_scale_lr', {}).get('base_batch_size'))
+    if det:
+        pipeline = cfg.train_dataloader.dataset.pipeline
+        choice = [t for t in pipeline if t.type == 'RandomChoice']
+        facts.update(scope_type=(cfg.default_scope, cfg.model.type), metric=sorted(cfg.val_evaluator.metric),
+                     warmup=(sched[0].type, sched[0].end, sched[0].by_epoch),
+                     schedule=(cfg.train_cfg.max_epochs, sched[1].milestones),
+                     scales=sorted(tuple(s) for s in choice[0].transforms[0][0].scales) if choice else
+                     [t.scale for t in pipeline if t.type == 'Resize'])
+    else:
+        facts.update(scope_type=(cfg.default_scope, cfg.model.type), crop=cfg.crop_size,
+                     iters=cfg.train_cfg.max_iters, classes=cfg.model.decode_head.num_classes,
+                     metric=cfg.val_evaluator.type, pretrained=cfg.model.pretrained,
+                     warmup=(sched[0].type, sched[0].start_factor, sched[0].end),
+                     poly=(sched[1].type, sched[1].power, sched[1].eta_min, sched[1].begin, sched[1].end))
+    return facts
+
+
+MULTI_SCALE = [(s, 1333) for s in range(480, 801, 32)]
+PPMA_DET = dict(optim=('AmpOptimWrapper', 'AdamW', 1e-4, 0.05), norm_decay=0.0,
+                custom=[('.A_log', 0.0), ('.dt_bias', 0.0)], batch=2, base_batch=16, scope_type=('mmdet', 'MaskRCNN'),
+                metric=['bbox', 'segm'], warmup=('LinearLR', 500, False), schedule=(12, [8, 11]),
+                scales=[(1333, 800)])
+PPMA_SEG = dict(optim=('AmpOptimWrapper', 'AdamW', 6e-5, 0.05), norm_decay=0.0,
+                custom=[('.A_log', 0.0), ('.dt_bias', 0.0)], batch=2, base_batch=16,
+                scope_type=('mmseg', 'EncoderDecoder'), crop=(512, 512), iters=160000, classes=150,
+                metric='IoUMetric', pretrained=None, warmup=('LinearLR', 1e-6, 1500),
+                poly=('PolyLR', 1.0, 0.0, 1500, 160000))
+DENSE_RECIPES = {
+    ('ppma', '1x'): PPMA_DET, ('ppma', '3x'): dict(PPMA_DET, schedule=(36, [27, 33]), scales=MULTI_SCALE),
+    ('mlla', '1x'): dict(PPMA_DET, optim=('OptimWrapper', 'AdamW', 1e-4, 0.05), custom=[], scales=MULTI_SCALE),
+    ('vminet', '1x'): dict(PPMA_DET, optim=('OptimWrapper', 'AdamW', 1e-4, 0.05), custom=[], scales=MULTI_SCALE),
+    ('ppma', 'seg'): PPMA_SEG,
+    ('mlla', 'seg'): dict(PPMA_SEG, optim=('OptimWrapper', 'AdamW', 6e-5, 0.01), custom=[]),
+    ('vminet', 'seg'): dict(PPMA_SEG, optim=('OptimWrapper', 'AdamW', 6e-5, 0.01), custom=[]),
+}
+RECIPE_OF = {'ppma': 'ppma', 'rmt': 'ppma', 'mlla': 'mlla', 'ppmla': 'mlla', 'vminet': 'vminet'}
+DENSE_DROP_PATH = {'ppma': (0.1, 0.15, 0.4), 'rmt': (0.1, 0.15, 0.4), 'mlla': (0.1, 0.1, 0.1), 'ppmla': (0.1, )}
+SEG_DROP_PATH = dict(DENSE_DROP_PATH, mlla=(0.2, 0.3, 0.5), ppmla=(0.2, ))
+
+
+@pytest.mark.parametrize('path', DENSE, ids=lambda p: p.name)
+def test_dense_recipe_and_per_arch_settings(path):
+    """The family's recipe; type / arch / drop path from the file name; neck or head input channels = the arch's
+    stage channels; ImageNet weights from the top-level ``pretrained`` through the backbone's init_cfg, which
+    the documented ``--cfg-options model.backbone.init_cfg=None`` removes (training from scratch)."""
+    family, size = family_size(path)
+    det = path.name.startswith('mask_rcnn')
+    cfg = Config.fromfile(str(path))
+    schedule = ('3x' if '_3x_' in path.name else '1x') if det else 'seg'
+    assert dense_facts(cfg, det) == DENSE_RECIPES[RECIPE_OF[family], schedule]
+    bb, arch = cfg.model.backbone, arch_of(family, size)
+    dims = ZOO[family].arch_zoo[arch]['embed_dims']
+    assert bb.type.startswith('mmppma.') and bb.arch == arch and tuple(bb.out_indices) == (0, 1, 2, 3)
+    assert bb.get('attn', 'mlla') == (family if family in ('mlla', 'ppmla') else 'mlla')
+    if family == 'vminet':
+        assert bb.out_norm == 'LN' and bb.norm_eval
+    else:
+        drop = (DENSE_DROP_PATH if det else SEG_DROP_PATH)[family][size_index(family, size)]
+        assert bb.drop_path_rate == drop
+    if det:
+        assert cfg.model.neck.in_channels == dims
+    else:
+        assert cfg.model.decode_head.in_channels == dims and cfg.model.auxiliary_head.in_channels == dims[2]
+    assert cfg.pretrained == f'checkpoints/{family}_{size}_in1k.pth'
+    assert bb.init_cfg == dict(type='Pretrained', checkpoint=cfg.pretrained, prefix='backbone.')
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    cfg.merge_from_dict(parser.parse_args(['--cfg-options', 'model.backbone.init_cfg=None']).cfg_options)
+    assert cfg.model.backbone.init_cfg is None
+
+
+def test_every_family_has_its_configs():
+    assert {family_size(p)[0] for p in IN1K} == {family_size(p)[0] for p in DENSE} == set(ZOO)
 
 
 def scope_ready(scope: str) -> None:
@@ -31,15 +184,7 @@ def scope_ready(scope: str) -> None:
 def test_config_loads_and_builds(path):
     cfg = Config.fromfile(str(path))
     scope = cfg.default_scope
-    try:
-        scope_ready(scope)
-    except pytest.skip.Exception:
-        if scope != 'mmpretrain':
-            raise
-        # mmpretrain's datasets need torchvision, its models do not: build the model all the same
-        import mmpretrain.models  # noqa: F401
-
-        import mmppma  # noqa: F401
+    scope_ready(scope)
     from mmengine.registry import MODELS
     with DefaultScope.overwrite_default_scope(scope):
         model = MODELS.build(cfg.model)
@@ -48,113 +193,29 @@ def test_config_loads_and_builds(path):
     assert sum(p.numel() for p in backbone.parameters()) > 1e6
 
 
-@pytest.mark.parametrize('path', DET + SEG, ids=lambda p: p.name)
-def test_per_arch_settings(path):
-    """type/arch/drop path from the file name; head input channels = the arch's stage channels; pretrained
-    weights from the conventional path via a top-level variable."""
-    cfg = Config.fromfile(str(path))
-    family, size = _name_parts(path)
-    arch = ARCH[size]
-    dims = ARCH_ZOO[arch]['embed_dims']
-    backbone = cfg.model.backbone
-    assert backbone.type == f'mmppma.{family.upper()}' and backbone.arch == arch
-    assert backbone.drop_path_rate == DROP_PATH[arch] and tuple(backbone.out_indices) == (0, 1, 2, 3)
-    assert cfg.pretrained == f'checkpoints/{family}_{size}_in1k.pth'
-    assert backbone.init_cfg == dict(type='Pretrained', checkpoint=cfg.pretrained, prefix='backbone.')
-    if path in DET:
-        assert cfg.model.neck.in_channels == dims
-    else:
-        assert cfg.model.decode_head.in_channels == dims and cfg.model.auxiliary_head.in_channels == dims[2]
-        assert cfg.model.pretrained is None
-
-
-DENSE = sorted(p for pattern in ('mask_rcnn_*_coco.py', 'upernet_*_ade20k.py') for p in CONFIGS.glob(pattern))
-
-
-@pytest.mark.parametrize('path', DENSE, ids=lambda p: p.name)
-def test_pretrained_weights_and_training_from_scratch(path):
-    """Every detection / segmentation config loads the top-level ``pretrained`` checkpoint into its backbone
-    (the family base holds the Pretrained type and prefix, the per-arch file the path); the documented
-    ``--cfg-options model.backbone.init_cfg=None`` trains from scratch."""
-    from mmengine.config import DictAction
-    cfg = Config.fromfile(str(path))
-    parts = path.stem.split('_')
-    family, size = parts[2:4] if path.name.startswith('mask_rcnn_') else parts[1:3]
-    assert cfg.pretrained == f'checkpoints/{family}_{size}_in1k.pth'
-    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint=cfg.pretrained, prefix='backbone.')
-    parser = argparse.ArgumentParser()
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    cfg.merge_from_dict(parser.parse_args(['--cfg-options', 'model.backbone.init_cfg=None']).cfg_options)
-    assert cfg.model.backbone.init_cfg is None
-
-
-def _name_parts(path: Path):
-    parts = path.stem.split('_')
-    i = parts.index('ppma') if 'ppma' in parts else parts.index('rmt')
-    return parts[i], parts[i + 1]
-
-
-def _optimizer_recipe(cfg, lr):
-    opt = cfg.optim_wrapper
-    assert opt.type == 'AmpOptimWrapper'
-    assert (opt.optimizer.type, opt.optimizer.lr, opt.optimizer.weight_decay) == ('AdamW', lr, 0.05)
-    assert opt.paramwise_cfg.norm_decay_mult == 0.0
-    assert {k: v.decay_mult for k, v in opt.paramwise_cfg.custom_keys.items()} == {'.A_log': 0.0, '.dt_bias': 0.0}
-    assert cfg.auto_scale_lr.base_batch_size == 16
-
-
-@pytest.mark.parametrize('path', DET, ids=lambda p: p.name)
-def test_detection_recipe(path):
-    cfg = Config.fromfile(str(path))
-    assert cfg.default_scope == 'mmdet' and cfg.model.type == 'MaskRCNN'
-    _optimizer_recipe(cfg, 1e-4)
-    assert cfg.train_dataloader.batch_size == 2  # x 8 GPUs = 16
-    warmup, steps = cfg.param_scheduler
-    assert (warmup.type, warmup.end, warmup.by_epoch) == ('LinearLR', 500, False)
-    assert set(cfg.val_evaluator.metric) == {'bbox', 'segm'}
-    if '_1x_' in path.name:
-        assert cfg.train_cfg.max_epochs == 12 and steps.milestones == [8, 11]
-        resize = [t for t in cfg.train_pipeline if t.type == 'Resize']
-        assert resize[0].scale == (1333, 800)
-    else:
-        assert cfg.train_cfg.max_epochs == 36 and steps.milestones == [27, 33]
-        choice = [t for t in cfg.train_dataloader.dataset.pipeline if t.type == 'RandomChoice'][0]
-        shorts = sorted(s[0] for s in choice.transforms[0][0].scales)
-        assert shorts[0] == 480 and shorts[-1] == 800 and len(shorts) == 11
-        assert all(s[1] == 1333 for s in choice.transforms[0][0].scales)
-
-
-@pytest.mark.parametrize('path', SEG, ids=lambda p: p.name)
-def test_segmentation_recipe(path):
-    cfg = Config.fromfile(str(path))
-    assert cfg.default_scope == 'mmseg' and cfg.model.type == 'EncoderDecoder'
-    _optimizer_recipe(cfg, 6e-5)
-    assert cfg.train_dataloader.batch_size == 2 and cfg.crop_size == (512, 512)
-    assert cfg.train_cfg.max_iters == 160000
-    warmup, poly = cfg.param_scheduler
-    assert (warmup.type, warmup.start_factor, warmup.end) == ('LinearLR', 1e-6, 1500)
-    assert (poly.type, poly.power, poly.eta_min, poly.begin, poly.end) == ('PolyLR', 1.0, 0.0, 1500, 160000)
-    assert cfg.model.decode_head.num_classes == 150 and cfg.val_evaluator.type == 'IoUMetric'
-
-
-def test_weight_decay_exclusions_in_the_built_optimizer(tiny_env):
-    """The detection recipe's paramwise_cfg on the real model: no decay on norms and A_log/dt_bias, decay
-    on Linear/conv weights."""
-    scope_ready('mmdet')
-    from mmdet.registry import MODELS
+@pytest.mark.parametrize('path, checks', [
+    (TINY_DET, {'retention.path_embed.A_log': 0.0, 'retention.path_embed.dt_bias': 0.0,
+                'retention_layer_norm.weight': 0.0, 'final_layer_norm.bias': 0.0, 'retention.q_proj.weight': 0.05,
+                'ffn.fc1.weight': 0.05}),
+    (CONFIGS / 'vminet_ti_8xb128_in1k.py', {'stack': 0.0, 'f1.conv.bias': 0.0, 'dwconv.bn.weight': 0.0,
+                                            'f1.conv.weight': 0.025, 'sum.weight': 0.025})],
+    ids=['det', 'vminet-in1k'])
+def test_weight_decay_exclusions_in_the_built_optimizer(path, checks, tiny_env):
+    """The recipe's paramwise_cfg on the real model: no decay on norms, biases (VMINet), ``stack``, A_log and
+    dt_bias; decay on Linear / conv weights."""
     from mmengine.optim import build_optim_wrapper
-    cfg = Config.fromfile(str(TINY_DET))
-    with DefaultScope.overwrite_default_scope('mmdet'):
+    from mmengine.registry import MODELS
+    cfg = Config.fromfile(str(path))
+    scope_ready(cfg.default_scope)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
         model = MODELS.build(cfg.model)
         wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
     decay = {id(p): g['weight_decay'] for g in wrapper.optimizer.param_groups for p in g['params']}
     named = dict(model.named_parameters())
     assert len(decay) == len(named)
-    blk = 'backbone.layers.2.blocks.0.'
-    for name in ('retention.path_embed.A_log', 'retention.path_embed.dt_bias', 'retention_layer_norm.weight',
-                 'final_layer_norm.bias'):
-        assert decay[id(named[blk + name])] == 0.0, name
-    assert decay[id(named['backbone.outnorm2.weight'])] == 0.0
-    assert decay[id(named['backbone.patch_embed.proj.1.weight'])] == 0.0  # stem BatchNorm
-    for name in (blk + 'retention.q_proj.weight', blk + 'ffn.fc1.weight', 'neck.lateral_convs.0.conv.weight'):
-        assert decay[id(named[name])] == pytest.approx(0.05), name
+    stage = getattr(model.backbone, model.backbone.stages_name)[2]
+    block = dict(stage.blocks[0].named_parameters())
+    for name, want in checks.items():
+        assert decay[id(block[name])] == pytest.approx(want), name
+    out_norm = model.backbone.out_norm_module(3)
+    assert all(decay[id(p)] == 0.0 for p in out_norm.parameters())

@@ -1,6 +1,7 @@
-"""mmengine's ``compile=True`` through tools/train.py: the tiny Mask R-CNN and UPerNet configs train two and three
-iterations with a compiled ``train_step`` (forward, backward and the optimizer step). The backbone has one
-block per stage (what compiling costs grows with the number of blocks; every kind of block is still there)."""
+"""Full tier (``--all``): mmengine's ``compile=True`` through tools/train.py on inductor: the tiny Mask R-CNN and
+UPerNet configs train two and three iterations with a compiled ``train_step`` (forward, backward and the optimizer
+step). The backbone has one block per stage (what compiling costs grows with the number of blocks; every kind of
+block is still there). The default tier traces a classifier's train step on aot_eager (test_compile.py)."""
 import math
 
 import pytest
@@ -29,8 +30,9 @@ train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
 
 
 @pytest.mark.parametrize('config, library, extra, iters', [
-    pytest.param(TINY_DET, 'mmdet', FIXED_SIZE_DET, 2, id='det', marks=pytest.mark.slow(minutes=18)),
-    pytest.param(TINY_SEG, 'mmseg', '', 3, id='seg', marks=pytest.mark.slow(minutes=14))])
+    pytest.param(TINY_DET, 'mmdet', FIXED_SIZE_DET, 2, id='det', marks=[pytest.mark.heavy,
+                                                                        pytest.mark.slow(minutes=18)]),
+    pytest.param(TINY_SEG, 'mmseg', '', 3, id='seg', marks=[pytest.mark.heavy, pytest.mark.slow(minutes=14)])])
 def test_tiny_config_trains_with_compile(config, library, extra, iters, tiny_env, tmp_path):
     pytest.importorskip(f'{library}.models')
     cfg_file = tmp_path / 'one_block_per_stage.py'

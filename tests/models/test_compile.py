@@ -1,6 +1,8 @@
-"""``torch.compile`` with its defaults (as mmengine's ``compile=True`` calls it): the four backbones and the
-attention ops trace without graph breaks; compiled forward and backward equal eager at three input sizes in one
-process, where the second size recompiles with dynamic shapes and the third runs that dynamic graph."""
+"""``torch.compile`` as mmengine's ``compile=True`` calls it (``torch.compile(model.train_step, **compile_cfg)``):
+the four backbones and the attention ops trace without graph breaks; a classifier's whole train step traces on
+``aot_eager`` and reuses its dynamic graph; one stage compiles on inductor with a dynamic graph that new sizes
+reuse. The full tier (``--all``) compiles whole backbones on inductor at three input sizes in one process, where
+the second size recompiles with dynamic shapes and the third runs that dynamic graph."""
 import os
 
 import pytest
@@ -60,11 +62,19 @@ def test_backbone_traces_without_graph_breaks(name):
     assert 'torch.conv2d' not in code and 'aten.convolution' not in code
 
 
-# One compile of forward and backward costs about a minute on 2 cores, so CI compiles PPMA (stem, criss-cross
-# and whole attention, the polyline mask); the other backbones: `MMPPMA_COMPILE_ALL=1 pytest -m slow -k dynamic`.
+# One inductor compile of forward and backward costs minutes on 2 cores, so the full tier compiles PPMA (stem,
+# criss-cross and whole attention, the polyline mask); the other backbones too with MMPPMA_COMPILE_ALL=1.
 DYNAMIC = list(BACKBONES) if os.environ.get('MMPPMA_COMPILE_ALL') else ['PPMA']
 
 
+def _reuses_dynamic_graph(run, sizes) -> None:
+    """``run(h, w)`` at each size; from the third size on a recompile is an error."""
+    for i, (h, w) in enumerate(sizes):
+        with torch._dynamo.config.patch(error_on_recompile=i >= 2):
+            run(h, w)
+
+
+@pytest.mark.heavy
 @pytest.mark.slow(minutes=12)
 @pytest.mark.parametrize('name', DYNAMIC)
 def test_backbone_compiles_with_dynamic_shapes_and_equals_eager(name):
@@ -72,13 +82,68 @@ def test_backbone_compiles_with_dynamic_shapes_and_equals_eager(name):
     model = BACKBONES[name]().train()
     torch._dynamo.reset()
     compiled = torch.compile(model)
-    for i, (h, w) in enumerate(SIZES):
+
+    def run(h, w):
         x = torch.randn(2, 3, h, w)
-        with torch._dynamo.config.patch(error_on_recompile=i >= 2):
-            got_outs, got_grads = _step(model, compiled, x)
+        got_outs, got_grads = _step(model, compiled, x)
         want_outs, want_grads = _step(model, model, x)
         _assert_close(got_outs, want_outs, f'{name} {h}x{w} output')
         _assert_close(got_grads, want_grads, f'{name} {h}x{w} gradient')
+
+    _reuses_dynamic_graph(run, SIZES)
+
+
+def test_one_stage_compiles_on_inductor_with_a_reused_dynamic_graph():
+    """A one-stage PPMA (conv stem, one whole-attention block with its positional conv) on inductor, forward and
+    backward: every conv is the mmppma::conv2d op, whose layout does not pin the dynamic graph's sizes, so the
+    third size runs the graph the second compiled."""
+    torch.manual_seed(0)
+    model = PPMA(arch=dict(embed_dims=[16], depths=[1], num_heads=[2], mlp_ratios=[2], attn_types=[WHOLE]),
+                 impl='torch', out_indices=(0, )).train()
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+
+    def run(h, w):
+        x = torch.randn(2, 3, h, w)
+        got_outs, got_grads = _step(model, compiled, x)
+        want_outs, want_grads = _step(model, model, x)
+        _assert_close(got_outs + got_grads, want_outs + want_grads, f'{h}x{w}')
+
+    _reuses_dynamic_graph(run, [(32, 32), (40, 48), (48, 40)])
+
+
+ONE_BLOCK_PER_STAGE = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 1, 1], num_heads=[2, 2, 4, 4],
+                           mlp_ratios=[2, 2, 2, 2], attn_types=[CC, CC, WHOLE, WHOLE])
+
+
+def test_classifier_train_step_traces_on_aot_eager_and_reuses_its_dynamic_graph():
+    """The tiny classification config's whole train step (data preprocessor, forward, loss, backward and the
+    optimizer update) compiled as ``compile=dict(backend='aot_eager')`` makes mmengine compile it: dynamo traces
+    it all, the third input size reuses the dynamic graph, and every step equals the eager twin's."""
+    from mmengine.config import Config
+    from mmengine.optim import build_optim_wrapper
+    from mmpretrain.apis import get_model
+    from mmpretrain.structures import DataSample
+    cfg = Config.fromfile(os.path.join(os.path.dirname(__file__), '../../configs/tiny/ppma_t_tiny_in.py'))
+    cfg.model.backbone.arch = ONE_BLOCK_PER_STAGE
+    cfg.model.head.in_channels = ONE_BLOCK_PER_STAGE['embed_dims'][-1]
+    cfg.model.train_cfg = None  # mixup / cutmix draw random numbers on the host: one fixed batch per size instead
+    models = [get_model(cfg).train() for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    wrappers = [build_optim_wrapper(m, cfg.optim_wrapper) for m in models]
+    torch._dynamo.reset()
+    compiled = torch.compile(models[1].train_step, backend='aot_eager')
+
+    def run(h, w):
+        data = dict(inputs=[torch.randint(0, 256, (3, h, w), dtype=torch.uint8) for _ in range(2)],
+                    data_samples=[DataSample().set_gt_label(1), DataSample().set_gt_label(3)])
+        want = models[0].train_step(data, wrappers[0])['loss']
+        got = compiled(data, wrappers[1])['loss']
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+    _reuses_dynamic_graph(run, [(32, 32), (40, 48), (48, 40)])
+    for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.slow

@@ -1,0 +1,168 @@
+"""What is PPMA's and RMT's own; the contract every backbone keeps is test_backbone_contract.py. Forward tests
+use a small custom arch; the named archs are built only for their parameter counts and key layouts, checked
+against docs/method.md §7 and the release's key lists."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from mmppma.models import PPMA, RMT, PPMAClsHead
+
+from ..conftest import fixture_shapes
+from .conftest import SMALL_ARCH
+
+# docs/method.md §7: parameter counts with the 1000-class head
+PARAM_COUNTS = {
+    (PPMA, 'tiny'): 14_335_272, (PPMA, 'small'): 26_969_472, (PPMA, 'base'): 54_158_524,
+    (RMT, 'tiny'): 14_334_216, (RMT, 'small'): 26_967_240, (RMT, 'base'): 54_154_896,
+}
+
+
+def num_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize('cls,arch', list(PARAM_COUNTS))
+def test_param_counts_with_head(cls, arch):
+    with torch.device('meta'):  # counts only: no need to allocate and initialize 54M parameters
+        backbone = cls(arch, out_indices=(3, ), out_norm=False)
+        head = PPMAClsHead(1000, in_channels=backbone.embed_dims[-1], loss=nn.Identity())
+    assert num_params(backbone) + num_params(head) == PARAM_COUNTS[(cls, arch)]
+
+
+@pytest.mark.parametrize('letter,arch', [('T', 'tiny'), ('S', 'small'), ('B', 'base')])
+def test_backbone_keys_match_release_layout(letter, arch):
+    """Every release backbone key exists with the same shape (the head keys are the converter's job)."""
+    want = {k: v for k, v in fixture_shapes(f'ppma_{letter}').items() if not k.startswith(('proj.', 'norm.', 'head.'))}
+    with torch.device('meta'):
+        got = {k: tuple(v.shape) for k, v in PPMA(arch, out_indices=(3, ), out_norm=False).state_dict().items()}
+    assert got == want
+
+
+def test_rmt_fixed_decays_follow_reference():
+    """RMT decay per stage s, head h: log(1 - 2^(-2 - r_s*h/n_s)), r = 4,4,6,6 (tiny), 5,5,6,6 (base)."""
+    for arch, ranges in (('tiny', (4, 4, 6, 6)), ('base', (5, 5, 6, 6))):
+        # the named arch's settings with one block per stage: same Relpos buffers, quick to build
+        model = RMT(dict(PPMA.arch_zoo[arch], depths=[1, 1, 1, 1]))
+        for s, r in enumerate(ranges):
+            n = model.arch_settings['num_heads'][s]
+            want = torch.tensor([math.log(1 - 2**(-2 - r * h / n)) for h in range(n)])
+            torch.testing.assert_close(model.layers[s].Relpos.decay, want.float())
+
+
+# ---------------------------------------------------------------- arguments, mask variants, forms
+def test_argument_errors():
+    with pytest.raises(ValueError, match="attn_types entry 'local'"):
+        PPMA(dict(SMALL_ARCH, attn_types=['local'] * 4))
+    with pytest.raises(ValueError, match='even head dimension'):
+        PPMA(dict(SMALL_ARCH, num_heads=[16, 2, 4, 4]))
+    with pytest.raises(ValueError, match='attn_form'):
+        PPMA(SMALL_ARCH, attn_form='dense')
+    with pytest.raises(TypeError, match='RMT takes no attn_form'):
+        RMT(SMALL_ARCH, attn_form='paper')
+    with pytest.raises(TypeError, match='positional'):
+        PPMA(SMALL_ARCH, 3, 'polyline', 'release', 'auto', 0.1)  # the keywords after impl are keyword only
+
+
+@pytest.mark.parametrize('mask', ['polyline', 'shared', 'v2h', 'none', 'rmt'])
+def test_mask_variants_forward_backward(mask):
+    model = PPMA(SMALL_ARCH, mask=mask, drop_path_rate=0.1)
+    outs = model(torch.randn(2, 3, 29, 23))
+    sum(o.sum() for o in outs).backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    if mask in ('polyline', 'shared', 'v2h'):
+        assert model.layers[0].blocks[0].retention.path_embed.dt_bias.grad.abs().sum() > 0
+
+
+def test_mask_variant_parameters():
+    """Table 4: 'shared' has one dt_linear row per block instead of two; 'none'/'rmt' have no decay params."""
+    counts = {m: num_params(PPMA(SMALL_ARCH, mask=m)) for m in ('polyline', 'shared', 'v2h', 'none', 'rmt')}
+    head_dims = [d // n for d, n in zip(SMALL_ARCH['embed_dims'], SMALL_ARCH['num_heads'])]
+    one_row = sum(depth * d for depth, d in zip(SMALL_ARCH['depths'], head_dims))
+    decay_params = sum(depth * (2 * n + 2 * d)
+                       for depth, n, d in zip(SMALL_ARCH['depths'], SMALL_ARCH['num_heads'], head_dims))
+    assert counts['v2h'] == counts['polyline']
+    assert counts['polyline'] - counts['shared'] == one_row
+    assert counts['polyline'] - counts['none'] == decay_params
+    assert counts['rmt'] == counts['none'] == num_params(RMT(SMALL_ARCH))
+    rmt_keys = set(RMT(SMALL_ARCH).state_dict())
+    assert rmt_keys == set(PPMA(SMALL_ARCH, mask='rmt').state_dict())
+    assert {f'layers.{s}.Relpos.decay' for s in range(4)} <= rmt_keys
+
+
+def test_paper_form_and_reference_impl():
+    torch.manual_seed(0)
+    model = PPMA(SMALL_ARCH, impl='torch').eval()
+    x = torch.randn(1, 3, 20, 28)
+    with torch.no_grad():
+        fast = model(x)
+        ref_model = PPMA(SMALL_ARCH, impl='reference').eval()
+        ref_model.load_state_dict(model.state_dict())
+        for a, b in zip(fast, ref_model(x)):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        paper = PPMA(SMALL_ARCH, attn_form='paper').eval()
+        paper.load_state_dict(model.state_dict())
+        assert all(torch.isfinite(o).all() for o in paper(x))
+
+
+# ---------------------------------------------------------------- init, layer ids, precision
+def test_release_init():
+    torch.manual_seed(0)
+    model = PPMA('tiny')
+    fc1 = model.layers[3].blocks[0].ffn.fc1  # 1536 x 512: enough samples for the statistics
+    assert abs(fc1.weight.std().item() - 0.02) < 0.001 and fc1.weight.abs().max() <= 2.0
+    assert fc1.bias.abs().max() == 0
+    for m in model.modules():
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            assert m.bias.abs().max() == 0
+        if isinstance(m, nn.LayerNorm):
+            assert torch.all(m.weight == 1) and torch.all(m.bias == 0)
+    assert model.outnorm1.eps == 1e-5
+    exp_a = torch.cat([b.retention.path_embed.A_log.exp() for s in model.layers for b in s.blocks])
+    assert exp_a.min() >= 1.0 and exp_a.max() <= 1.1
+
+
+def test_layer_scale():
+    arch = dict(SMALL_ARCH, layer_scales=[False, False, True, True], layer_scale_init_value=1e-6)
+    model = PPMA(arch)
+    assert not hasattr(model.layers[1].blocks[0], 'gamma_1')
+    assert model.layers[2].blocks[0].gamma_1.shape == (1, 1, 1, 32)
+    assert torch.all(model.layers[3].blocks[0].gamma_2 == 1e-6)
+
+
+def test_layer_ids_of_downsample_relpos_and_layer_scale():
+    """A stage's downsample goes with its last block, its Relpos with its first; layer scales with their block."""
+    model = PPMA(dict(SMALL_ARCH, layer_scales=[False, False, True, True]))
+    n = sum(SMALL_ARCH['depths']) + 2
+    assert model.get_layer_depth('layers.0.downsample.reduction.weight') == (1, n)
+    assert model.get_layer_depth('layers.2.downsample.reduction.weight') == (4, n)
+    assert model.get_layer_depth('layers.2.Relpos.decay') == (3, n)
+    assert model.get_layer_depth('layers.3.blocks.0.gamma_1') == (5, n)
+
+
+def test_decays_stay_float32_under_autocast():
+    """The decay cumsums are float32 under bf16 autocast (finite outputs and gradients: the contract test)."""
+    model = PPMA(SMALL_ARCH)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        la, lb = model.layers[0].blocks[0].retention.path_embed(torch.randn(1, 3, 3, 16))
+    assert la.dtype == lb.dtype == torch.float32
+
+
+@pytest.mark.parametrize('cls', [PPMA, RMT])
+def test_inference_equals_the_recorded_forward(cls):
+    """Without autograd the layers work in place and the ops take their inference paths (sliced criss-cross,
+    summed-probability whole attention, padded softmax rows); with autograd recording they do not. Both give
+    the same outputs, in float64 to rounding, and inference leaves its input unchanged."""
+    torch.manual_seed(0)
+    model = cls(SMALL_ARCH, impl='torch').double().eval()
+    x = torch.randn(2, 3, 72, 40, dtype=torch.float64)
+    want = model(x.clone().requires_grad_())
+    assert all(o.requires_grad for o in want)
+    kept = x.clone()
+    with torch.inference_mode():
+        got = model(x)
+    assert torch.equal(x, kept)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-12, atol=1e-12)
