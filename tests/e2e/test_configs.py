@@ -31,7 +31,7 @@ def in1k_facts(cfg: Config) -> dict:
     warmup, cosine = cfg.param_scheduler
     return dict(
         scope=cfg.default_scope, out=(tuple(bb.get('out_indices', (3, ))), bb.get('out_norm')),
-        neck=cfg.model.get('neck', {}).get('type'), head=(head.type, head.num_classes),
+        neck=(cfg.model.get('neck') or {}).get('type'), head=(head.type, head.num_classes),
         smooth=head.loss.label_smooth_val if 'label_smooth_val' in head.loss else None,
         augments=[(a.type, a.alpha) for a in cfg.model.train_cfg.augments],
         optim=(opt.type, opt.optimizer.type, opt.optimizer.lr, opt.optimizer.weight_decay),
@@ -50,13 +50,12 @@ PPMA_IN1K = dict(
     no_decay=['A_log', 'dt_bias'], clip=None, base_batch=1024, batch=(128, 'RepeatAugSampler'),
     warmup=('LinearLR', 1e-3, 5), cosine=('CosineAnnealingLR', 1e-5), epochs=300, ema=[1e-4], rand_aug=(9, 0.5),
     erase=0.25, color_jitter=False)
-MLLA_IN1K = dict(PPMA_IN1K, out=((3, ), True), neck='GlobalAveragePooling', head=('LinearClsHead', 1000),
-                 optim=('OptimWrapper', 'AdamW', 1e-3, 0.05), no_decay=[], clip=5.0, batch=(128, 'DefaultSampler'),
-                 warmup=('LinearLR', 1e-3, 20))
+MLLA_IN1K = dict(PPMA_IN1K, out=((3, ), True), neck='GlobalAveragePooling', head=('LinearClsHead', 1000), clip=5.0,
+                 batch=(128, 'DefaultSampler'), warmup=('LinearLR', 1e-3, 20))
 IN1K_RECIPES = {
-    'ppma': PPMA_IN1K, 'rmt': PPMA_IN1K, 'mlla': MLLA_IN1K, 'ppmla': dict(MLLA_IN1K, no_decay=['A_log', 'dt_bias']),
+    'ppma': PPMA_IN1K, 'rmt': PPMA_IN1K, 'mlla': MLLA_IN1K, 'ppmla': MLLA_IN1K,
     'vminet': dict(MLLA_IN1K, out=((3, ), 'BN'), augments=[('Mixup', 0.8), ('CutMix', 0.2)],
-                   optim=('OptimWrapper', 'AdamW', 1e-3, 0.025), clip=None, base_batch=768,
+                   optim=('OptimWrapper', 'AdamW', 1e-3, 0.025), no_decay=[], clip=None, base_batch=768,
                    warmup=('LinearLR', 1e-3, 5), epochs=310, ema=[], rand_aug=(1, 0.5)),
 }
 IN1K_DROP_PATH = {'ppma': (0.1, 0.15, 0.4), 'rmt': (0.1, 0.15, 0.4), 'mlla': (0.2, 0.3, 0.5), 'ppmla': (0.2, ),
@@ -126,11 +125,9 @@ PPMA_SEG = dict(optim=('AmpOptimWrapper', 'AdamW', 6e-5, 0.05), norm_decay=0.0,
                 poly=('PolyLR', 1.0, 0.0, 1500, 160000))
 DENSE_RECIPES = {
     ('ppma', '1x'): PPMA_DET, ('ppma', '3x'): dict(PPMA_DET, schedule=(36, [27, 33]), scales=MULTI_SCALE),
-    ('mlla', '1x'): dict(PPMA_DET, optim=('OptimWrapper', 'AdamW', 1e-4, 0.05), custom=[], scales=MULTI_SCALE),
-    ('vminet', '1x'): dict(PPMA_DET, optim=('OptimWrapper', 'AdamW', 1e-4, 0.05), custom=[], scales=MULTI_SCALE),
-    ('ppma', 'seg'): PPMA_SEG,
-    ('mlla', 'seg'): dict(PPMA_SEG, optim=('OptimWrapper', 'AdamW', 6e-5, 0.01), custom=[]),
-    ('vminet', 'seg'): dict(PPMA_SEG, optim=('OptimWrapper', 'AdamW', 6e-5, 0.01), custom=[]),
+    ('mlla', '1x'): dict(PPMA_DET, scales=MULTI_SCALE), ('vminet', '1x'): PPMA_DET, ('ppma', 'seg'): PPMA_SEG,
+    ('mlla', 'seg'): dict(PPMA_SEG, optim=('AmpOptimWrapper', 'AdamW', 6e-5, 0.01)),
+    ('vminet', 'seg'): dict(PPMA_SEG, optim=('AmpOptimWrapper', 'AdamW', 6e-5, 0.01)),
 }
 RECIPE_OF = {'ppma': 'ppma', 'rmt': 'ppma', 'mlla': 'mlla', 'ppmla': 'mlla', 'vminet': 'vminet'}
 DENSE_DROP_PATH = {'ppma': (0.1, 0.15, 0.4), 'rmt': (0.1, 0.15, 0.4), 'mlla': (0.1, 0.1, 0.1), 'ppmla': (0.1, )}
