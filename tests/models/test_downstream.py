@@ -134,8 +134,8 @@ def test_init_model_loads_converted_release_checkpoint(tmp_path, mmpretrain_read
     """Release-layout state (from the fixture key list) -> converter CLI -> mmpretrain init_model, strict."""
     from mmpretrain.apis import init_model
 
-    from tests.test_converter import fake_release_state
-    state = fake_release_state('T')
+    from tests.conftest import release_state
+    state = release_state('ppma_T', random=True)
     torch.save({'model': state}, tmp_path / 'official.pth')
     subprocess.run([sys.executable, str(REPO / 'tools/model_converters/ppma_official_to_mmppma.py'),
                     str(tmp_path / 'official.pth'), str(tmp_path / 'mmppma.pth')], check=True, capture_output=True)
