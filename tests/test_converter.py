@@ -38,7 +38,7 @@ SIZES = {
     ('VMINet', 'Ti'): ('ti', 2_036_938), ('VMINet', 'XS'): ('xs', 7_440_370), ('VMINet', 'S'): ('s', 13_347_442),
     ('VMINet', 'B'): ('b', 28_387_138),
 }
-SMALLEST = {'PPMA': 'T', 'RMT': 'T', 'MLLA': 'T', 'VMINet': 'Ti'}
+SMALLEST = {'PPMA': ('T', 'tiny'), 'RMT': ('T', 'tiny'), 'MLLA': ('T', 't'), 'VMINet': ('Ti', 'ti')}  # size, arch
 BUFFERS = ('running_mean', 'running_var', 'num_batches_tracked', 'rope.rotations', 'Relpos.angle')
 HEAD = ('proj.', 'norm.', 'head.')  # the release classifiers' keys outside the backbone
 ROPE = '.attn.rope.rotations'  # MLLA's fixed RoPE tables: mmppma computes RoPE per input size
@@ -135,9 +135,8 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
     """Convert a random release file (the source key of its container, ``--backbone-out``, ``--backbone-only``),
     then load it as documented: the backbone-only file through init_cfg Pretrained with the prefix, the full
     file strictly into the model of the config the converter prints."""
-    container, flags, name, needed = CLI[family]
-    arch = SIZES[family, SMALLEST[family]][0]
-    state, config = family_state(family, SMALLEST[family], random=True), named_config(family, arch)
+    (container, flags, name, needed), (size, arch) = CLI[family], SMALLEST[family]
+    state, config = family_state(family, size, random=True), named_config(family, arch)
     torch.save(container(state), tmp_path / 'release.pth')
 
     def convert(dst, *extra, flags=flags):
@@ -164,7 +163,7 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
     model.init_weights()
     loaded = model.backbone.state_dict()
     assert [k for k, v in loaded.items() if not torch.equal(v, full['state_dict'][f'backbone.{k}'])] == []
-    assert torch.equal(model.backbone.state_dict()[needed], state[needed])
+    assert torch.equal(loaded[needed], state[needed])
     result = model.load_state_dict(full['state_dict'], strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     assert torch.equal(model.head.fc.weight, state['head.weight'])
@@ -186,7 +185,8 @@ def test_alias_scripts_are_the_cli_and_read_no_config(family, tmp_path, converte
     given (the check works from an installed package; the default config is only named), and a 10-class head
     is converted with a note."""
     monkeypatch.setattr(Config, 'fromfile', lambda *args, **kwargs: pytest.fail('a config file was read'))
-    state = family_state(family, SMALLEST[family])
+    size, arch = SMALLEST[family]
+    state = family_state(family, size)
     state.update({'head.weight': torch.zeros(10, state['head.weight'].shape[1]), 'head.bias': torch.zeros(10)})
     torch.save({'model': state}, tmp_path / 'release.pth')
     assert converter_main(['--family', family.lower(), str(tmp_path / 'release.pth'), str(tmp_path / 'new.pth')]) == 0
@@ -199,7 +199,7 @@ def test_alias_scripts_are_the_cli_and_read_no_config(family, tmp_path, converte
     assert 'note: 10 classes: set model.head.num_classes=10' in new_out
     new, old = torch.load(tmp_path / 'new.pth'), torch.load(tmp_path / 'old.pth')
     assert new['meta'] == old['meta'] and new['meta']['family'] == family
-    assert Path(new['meta']['config']).resolve() == REPO_ROOT / named_config(family, SIZES[family, SMALLEST[family]][0])
+    assert Path(new['meta']['config']).resolve() == REPO_ROOT / named_config(family, arch)
     assert new['state_dict'].keys() == old['state_dict'].keys()
     assert len(new['state_dict']) == len(state) - new['meta']['dropped']
 
@@ -218,7 +218,8 @@ MISMATCH = {
 @pytest.mark.parametrize('family', MISMATCH)
 def test_mismatches_are_errors_listing_the_keys(family):
     extra, missing, (key, shape, message) = MISMATCH[family]
-    state = family_state(family, SMALLEST[family])
+    size, arch = SMALLEST[family]
+    state = family_state(family, size)
     prefix = '' if family == 'PPMA' else r'backbone\.'  # PPMA's backbone is checked under the release's names
     with pytest.raises(CheckpointMismatchError, match=rf"1 unexpected keys \['{prefix}{extra}'\]"):
         release_to_mmppma(dict(state, **{extra: torch.zeros(3)}), family)
@@ -231,8 +232,7 @@ def test_mismatches_are_errors_listing_the_keys(family):
     headless = {k: v for k, v in state.items() if not k.startswith('head.')}
     with pytest.raises(CheckpointMismatchError, match='without head'):
         release_to_mmppma(headless, family)
-    config = named_config(family, SIZES[family, SMALLEST[family]][0])
-    assert set(release_to_mmppma(headless, family, backbone_only=True)[0]) == backbone_keys(config)
+    assert set(release_to_mmppma(headless, family, backbone_only=True)[0]) == backbone_keys(named_config(family, arch))
 
 
 # family -> (dense output norms' name, stage widths, the dense backbone's output norm)
@@ -246,8 +246,8 @@ def test_downstream_checkpoints(family):
     """A detector / segmentor state: the dense backbone (MLLA: the release's ``norm0-3`` and RoPE buffers; PPMA,
     VMINet: ``outnorm0-3``) under ``backbone.`` beside the model's own keys, passed through."""
     norm, widths, out_norm = DENSE[family]
-    arch = SIZES[family, SMALLEST[family]][0]
-    backbone = {k: v for k, v in family_state(family, SMALLEST[family]).items() if not k.startswith(HEAD)}
+    size, arch = SMALLEST[family]
+    backbone = {k: v for k, v in family_state(family, size).items() if not k.startswith(HEAD)}
     for i, c in enumerate(widths):
         backbone[f'{norm}{i}.weight'], backbone[f'{norm}{i}.bias'] = torch.ones(c), torch.zeros(c)
     others = {'neck.lateral_convs.0.conv.weight': torch.zeros(256, 64, 1, 1),
