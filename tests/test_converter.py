@@ -90,8 +90,12 @@ def build(config: str, device: str = 'meta', **backbone) -> torch.nn.Module:
 
 
 @functools.lru_cache(maxsize=None)
+def config_model(config: str) -> torch.nn.Module:
+    return build(config)
+
+
 def config_shapes(config: str) -> dict:
-    return shapes_of(build(config).state_dict())
+    return shapes_of(config_model(config).state_dict())
 
 
 def backbone_keys(config: str) -> set:
@@ -104,7 +108,7 @@ def test_every_release_key_maps_with_matching_shape_and_back(family, size):
     state, config = family_state(family, size), named_config(family, arch)
     if params:  # the key list and our config have the release's parameter count
         release = sum(v.numel() for k, v in state.items() if not k.endswith(BUFFERS))
-        assert release == sum(p.numel() for p in build(config).parameters()) == params
+        assert release == sum(p.numel() for p in config_model(config).parameters()) == params
     converted, info = release_to_mmppma(state, family)
     assert (info['family'], info['arch'], info['config'], info['downstream'], info['backbone_overrides']) == \
         (family, arch, config, False, {})
@@ -160,7 +164,7 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
         assert "backbone needs context_mask='none', proj_norm=True" in capsys.readouterr().out
     pretrained = dict(type='Pretrained', checkpoint=str(tmp_path / 'only.pth'), prefix='backbone.')
     model = build(config, device='cpu', init_cfg=pretrained)
-    model.init_weights()
+    model.backbone.init_weights()
     loaded = model.backbone.state_dict()
     assert [k for k, v in loaded.items() if not torch.equal(v, full['state_dict'][f'backbone.{k}'])] == []
     assert torch.equal(loaded[needed], state[needed])
