@@ -1,5 +1,5 @@
-"""Shared test setup: thread count, RNG seeds, the release key lists in ``tests/fixtures`` and a helper for
-running Python in a fresh subprocess."""
+"""Shared test setup: thread count, RNG seeds, the release key lists in ``tests/fixtures`` (and state dicts
+made from them), the converter's ``main`` and a helper for running Python in a fresh subprocess."""
 import atexit
 import os
 import shutil
@@ -74,6 +74,22 @@ def fixture_shapes(name: str) -> Dict[str, Tuple[int, ...]]:
     return shapes
 
 
+def release_state(name: str, random: bool = False) -> Dict[str, torch.Tensor]:
+    """A release state dict with the keys and shapes of ``fixture_shapes(name)``: uninitialized tensors, or with
+    ``random`` normal ones (seed 0; running variances positive); ``num_batches_tracked`` 7."""
+    gen = torch.Generator().manual_seed(0)
+    state = {}
+    for key, shape in fixture_shapes(name).items():
+        if key.endswith('num_batches_tracked'):
+            state[key] = torch.tensor(7)
+        elif not random:
+            state[key] = torch.empty(shape)
+        else:
+            t = torch.randn(shape, generator=gen)
+            state[key] = t.abs() + 0.1 if key.endswith('running_var') else t
+    return state
+
+
 @pytest.fixture(scope='session')
 def repo_root() -> Path:
     return REPO_ROOT
@@ -91,12 +107,6 @@ def converter_main():
         yield main
     finally:
         sys.path.remove(str(CONVERTERS))
-
-
-@pytest.fixture
-def cli_main(converter_main):
-    """The converter CLI as ``cli_main(family, doc, argv)``: ``main(['--family', family, *argv])``."""
-    return lambda family, doc, argv: converter_main(['--family', family, *argv])
 
 
 def subprocess_env(extra_pythonpath: Sequence[str] = (), **env: str) -> Dict[str, str]:

@@ -1,167 +1,547 @@
-"""Release checkpoint conversion, against the release's key+shape lists (tests/fixtures)."""
+"""The release checkpoint converter (``release_to_mmppma`` and tools/model_converters/release_to_mmppma.py with
+its per-family aliases) for PPMA, RMT, MLLA and VMINet, against the releases' key+shape lists (tests/fixtures),
+their public parameter counts and, for VMINet, a forward of the release written here from its ``vminet.py``."""
 import argparse
-import subprocess
+import functools
+import importlib
+import math
+import re
+import runpy
+import shlex
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+from mmpretrain.registry import MODELS
 
-from mmppma.models import PPMA, RMT, PPMAClsHead
-from mmppma.models.utils import CheckpointMismatchError, extract_state_dict, mmppma_to_official, official_to_mmppma
+from mmppma.models import MLLA, PPMA, RMT, VMINet
+from mmppma.models.layers.mlla import mlla_rope_tables
+from mmppma.models.utils import checkpoint_convert as cc
+from mmppma.models.utils.checkpoint_convert import (
+    CheckpointMismatchError,
+    extract_state_dict,
+    mmppma_to_release,
+    release_to_mmppma,
+)
 
-from .conftest import fixture_shapes
+from .conftest import CONVERTERS, REPO_ROOT, fixture_shapes, release_state
 
-REPO = Path(__file__).resolve().parents[1]
-CLI = REPO / 'tools' / 'model_converters' / 'ppma_official_to_mmppma.py'
-ARCHS = {'T': 'tiny', 'S': 'small', 'B': 'base'}
+# (family, release size) -> (config arch, parameters of the release classifier with its 1000-class head)
+SIZES = {
+    ('PPMA', 'T'): ('tiny', 14_335_272), ('PPMA', 'S'): ('small', 26_969_472), ('PPMA', 'B'): ('base', 54_158_524),
+    ('RMT', 'T'): ('tiny', None),  # no release key list: mmppma's RMT keys with the PPMA release head
+    ('MLLA', 'T'): ('t', 24_392_200), ('MLLA', 'S'): ('s', 43_015_048), ('MLLA', 'B'): ('b', 95_983_960),
+    ('VMINet', 'Ti'): ('ti', 2_036_938), ('VMINet', 'XS'): ('xs', 7_440_370), ('VMINet', 'S'): ('s', 13_347_442),
+    ('VMINet', 'B'): ('b', 28_387_138),
+}
+SMALLEST = {'PPMA': ('T', 'tiny'), 'RMT': ('T', 'tiny'), 'MLLA': ('T', 't'), 'VMINet': ('Ti', 'ti')}  # size, arch
+BUFFERS = ('running_mean', 'running_var', 'num_batches_tracked', 'rope.rotations', 'Relpos.angle')
+HEAD = ('proj.', 'norm.', 'head.')  # the release classifiers' keys outside the backbone
+ROPE = '.attn.rope.rotations'  # MLLA's fixed RoPE tables: mmppma computes RoPE per input size
+# release key -> converted key: tensors carried over unchanged
+CARRIED = {
+    'PPMA': {'head.weight': 'head.fc.weight', 'proj.bias': 'head.proj.bias', 'norm.weight': 'head.norm.weight',
+             'layers.0.Relpos.angle': 'backbone.layers.0.Relpos.angle'},
+    'MLLA': {'head.weight': 'head.fc.weight', 'head.bias': 'head.fc.bias', 'norm.weight': 'backbone.norm3.weight',
+             'layers.2.downsample.conv.2.norm.running_mean': 'backbone.layers.2.downsample.conv.2.norm.running_mean'},
+    'VMINet': {'head.weight': 'head.fc.weight', 'head.bias': 'head.fc.bias', 'norm.weight': 'backbone.norm3.weight',
+               'norm.running_var': 'backbone.norm3.running_var',
+               'stages.2.7.g.bn.running_mean': 'backbone.stages.2.7.g.bn.running_mean'},
+}
+CARRIED['RMT'] = dict(CARRIED['PPMA'], **{'layers.1.Relpos.decay': 'backbone.layers.1.Relpos.decay'})
+# yws-wxs/VMINet vminet.py revisions -> the name of the blocks' depthwise ConvBN, the VMINet options reproducing
+# it: 6b11d4a has a BatchNorm after g (proj_norm) and no mask; 7c2632c no BatchNorm and the lower-triangular mask
+REVISIONS = {'6b11d4a': ('dwconv', dict(context_mask='none', proj_norm=True)),
+             '7c2632c': ('conv', dict(context_mask='tril', proj_norm=False))}
 
 
-def fake_release_state(letter: str) -> dict:
-    """Random tensors with the release's keys and shapes (running variances positive)."""
-    gen = torch.Generator().manual_seed(0)
-    state = {}
-    for key, shape in fixture_shapes(f'ppma_{letter}').items():
-        if key.endswith('num_batches_tracked'):
-            state[key] = torch.tensor(7)
-        else:
-            t = torch.randn(shape, generator=gen)
-            state[key] = t.abs() + 0.1 if key.endswith('running_var') else t
-    return state
+def shapes_of(state: dict) -> dict:
+    return {k: tuple(v.shape) for k, v in state.items()}
 
 
-def expected_mmppma_shapes(arch: str, cls=PPMA, **kwargs) -> dict:
-    """Keys and shapes of an mmpretrain ImageClassifier(backbone=PPMA, head=PPMAClsHead), built here."""
+def family_state(family: str, size: str, random: bool = False) -> dict:
+    """A release classification state dict of ``family`` from its fixture key list."""
+    if family != 'RMT':
+        return release_state(f'{family.lower()}_{size}', random)
     with torch.device('meta'):
-        backbone = cls(arch, out_indices=(3, ), out_norm=False, **kwargs)
-        head = PPMAClsHead(1000, in_channels=512, loss=torch.nn.Identity())
-    shapes = {f'backbone.{k}': tuple(v.shape) for k, v in backbone.state_dict().items()}
-    shapes.update({f'head.{k}': tuple(v.shape) for k, v in head.state_dict().items()})
-    return shapes
+        rmt = RMT('tiny', out_indices=(3, ), out_norm=False).state_dict()
+    head = {k: v for k, v in release_state('ppma_T', random).items() if k.startswith(HEAD)}
+    return {**{k: torch.zeros(v.shape) for k, v in rmt.items()}, **head}
 
 
-@pytest.mark.parametrize('letter', ['T', 'S', 'B'])
-def test_every_release_key_maps_with_matching_shape(letter):
-    state = fake_release_state(letter)
-    converted, info = official_to_mmppma(state)
-    assert (info['family'], info['arch'], info['mask']) == ('PPMA', ARCHS[letter], 'polyline')
-    assert len(converted) == len(state)  # nothing dropped, nothing invented
-    assert {k: tuple(v.shape) for k, v in converted.items()} == expected_mmppma_shapes(ARCHS[letter])
-    # tensors are carried over unchanged
-    assert converted['head.fc.weight'] is state['head.weight']
-    assert converted['head.proj.bias'] is state['proj.bias']
-    assert converted['backbone.layers.0.Relpos.angle'] is state['layers.0.Relpos.angle']
+def named_config(family: str, arch: str, revision: str = '6b11d4a') -> str:
+    """The repository config for a converted classifier (VMINet: the release revision's)."""
+    if family == 'VMINet':
+        return f'configs/vminet_{arch}_release-{revision}_in1k.py'
+    return f'configs/{family.lower()}_{arch[0]}_8xb128_in1k.py'
 
 
-@pytest.mark.parametrize('letter', ['T', 'B'])
-def test_round_trip(letter):
-    state = fake_release_state(letter)
-    back = mmppma_to_official(official_to_mmppma(state)[0])
-    assert set(back) == set(state)
-    assert all(back[k] is state[k] for k in state)
+def build(config: str, device: str = 'meta', **backbone) -> torch.nn.Module:
+    """The mmpretrain model of a repository config, built with the registry."""
+    cfg = Config.fromfile(str(REPO_ROOT / config)).model
+    cfg.backbone.update(backbone)
+    cfg.pop('train_cfg', None)
+    with DefaultScope.overwrite_default_scope('mmpretrain'), torch.device(device):
+        return MODELS.build(cfg)
+
+
+@functools.lru_cache(maxsize=None)
+def config_model(config: str) -> torch.nn.Module:
+    return build(config)
+
+
+def config_shapes(config: str) -> dict:
+    return shapes_of(config_model(config).state_dict())
+
+
+def backbone_keys(config: str) -> set:
+    return {k for k in config_shapes(config) if k.startswith('backbone.')}
+
+
+@pytest.mark.parametrize('family,size', SIZES, ids=[f'{f}-{s}' for f, s in SIZES])
+def test_every_release_key_maps_with_matching_shape_and_back(family, size):
+    arch, params = SIZES[family, size]
+    state, config = family_state(family, size), named_config(family, arch)
+    if params:  # the key list and our config have the release's parameter count
+        release = sum(v.numel() for k, v in state.items() if not k.endswith(BUFFERS))
+        assert release == sum(p.numel() for p in config_model(config).parameters()) == params
+    converted, info = release_to_mmppma(state, family)
+    assert (info['family'], info['arch'], info['config'], info['downstream'], info['backbone_overrides']) == \
+        (family, arch, config, False, {})
+    if family in ('PPMA', 'RMT'):
+        assert info['mask'] == {'PPMA': 'polyline', 'RMT': 'rmt'}[family]
+    assert shapes_of(converted) == config_shapes(config)
+    rope = [k for k in state if k.endswith(ROPE)]  # nothing dropped but MLLA's RoPE tables, nothing invented
+    assert sorted(info['dropped']) == sorted(rope) and len(converted) == len(state) - len(rope)
+    assert bool(rope) == (family == 'MLLA')
+    assert all(converted[new] is state[old] for old, new in CARRIED[family].items())
+    back = mmppma_to_release(converted, family)
+    assert shapes_of(back) == shapes_of(state)
+    assert all(back[k] is state[k] for k in state if k not in rope)
+
+
+# family -> (release file container, converter flags, summary-line name, a key the checkpoint must have)
+CLI = {
+    'PPMA': (lambda s: {'model': s, 'epoch': 300}, [], 'PPMA-tiny', 'layers.0.blocks.1.pos.conv.bias'),
+    # the MLLA release file pickles its training config
+    'MLLA': (lambda s: {'model': s, 'config': argparse.Namespace(tag='release')}, ['--allow-pickle'], 'MLLA-t',
+             'layers.1.blocks.0.mlp.fc1.bias'),
+    'VMINet': (lambda s: {'state_dict': s, 'epoch': 300}, ['--arch', 'TI'], 'VMINet-ti', 'stages.0.2.f1.conv.bias'),
+}
+
+
+@pytest.mark.parametrize('family', CLI)
+def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main, capsys):
+    """Convert a random release file (the source key of its container, ``--backbone-out``, ``--backbone-only``),
+    then load it as documented: the backbone-only file through init_cfg Pretrained with the prefix, the full
+    file strictly into the model of the config the converter prints."""
+    (container, flags, name, needed), (size, arch) = CLI[family], SMALLEST[family]
+    state, config = family_state(family, size, random=True), named_config(family, arch)
+    torch.save(container(state), tmp_path / 'release.pth')
+
+    def convert(dst, *extra, flags=flags):
+        return converter_main(['--family', family, str(tmp_path / 'release.pth'), str(tmp_path / dst), *flags, *extra])
+
+    if '--allow-pickle' in flags:
+        with pytest.raises(SystemExit, match='--allow-pickle'):
+            convert('x.pth', flags=[])
+        assert not (tmp_path / 'x.pth').exists()
+    assert convert('full.pth', '--backbone-out', str(tmp_path / 'bb.pth')) == 0
+    out = capsys.readouterr().out
+    assert name in out and ('RoPE buffers' in out) == (family == 'MLLA')
+    assert Path(re.search(r'^config: (\S+)$', out, flags=re.M).group(1)).resolve() == REPO_ROOT / config
+    full = torch.load(tmp_path / 'full.pth')
+    assert (full['meta']['source_key'], full['meta']['arch']) == (list(container(state))[0], arch)
+    assert shapes_of(full['state_dict']) == config_shapes(config)
+    assert set(torch.load(tmp_path / 'bb.pth')['state_dict']) == backbone_keys(config)
+    assert convert('only.pth', '--backbone-only') == 0
+    assert set(torch.load(tmp_path / 'only.pth')['state_dict']) == backbone_keys(config)
+    if family == 'VMINet':
+        assert "backbone needs context_mask='none', proj_norm=True" in capsys.readouterr().out
+    pretrained = dict(type='Pretrained', checkpoint=str(tmp_path / 'only.pth'), prefix='backbone.')
+    model = build(config, device='cpu', init_cfg=pretrained)
+    model.backbone.init_weights()
+    loaded = model.backbone.state_dict()
+    assert [k for k, v in loaded.items() if not torch.equal(v, full['state_dict'][f'backbone.{k}'])] == []
+    assert torch.equal(loaded[needed], state[needed])
+    result = model.load_state_dict(full['state_dict'], strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert torch.equal(model.head.fc.weight, state['head.weight'])
+    if family == 'VMINet':  # the release's blocks need the revision's options
+        default = VMINet('ti', out_indices=(3, ), out_norm='BN', init_cfg=pretrained)
+        with pytest.raises(ValueError, match=r"release revision 6b11d4a, whose blocks need context_mask='none'"):
+            default.init_weights()
+
+    del state[needed]
+    torch.save(container(state), tmp_path / 'release.pth')
+    with pytest.raises(SystemExit, match=rf"missing keys \['(backbone\.)?{needed}'\]"):
+        convert('y.pth')
+    assert not (tmp_path / 'y.pth').exists()
+
+
+@pytest.mark.parametrize('family', ['PPMA', 'MLLA', 'VMINet'])
+def test_alias_scripts_are_the_cli_and_read_no_config(family, tmp_path, converter_main, monkeypatch, capsys):
+    """``<family>_official_to_mmppma.py`` is the CLI with --family set. No config file is read unless one is
+    given (the check works from an installed package; the default config is only named), and a 10-class head
+    is converted with a note."""
+    monkeypatch.setattr(Config, 'fromfile', lambda *args, **kwargs: pytest.fail('a config file was read'))
+    size, arch = SMALLEST[family]
+    state = family_state(family, size)
+    state.update({'head.weight': torch.zeros(10, state['head.weight'].shape[1]), 'head.bias': torch.zeros(10)})
+    torch.save({'model': state}, tmp_path / 'release.pth')
+    assert converter_main(['--family', family.lower(), str(tmp_path / 'release.pth'), str(tmp_path / 'new.pth')]) == 0
+    new_out = capsys.readouterr().out.replace('new.pth', 'X')
+    script = CONVERTERS / f'{family.lower()}_official_to_mmppma.py'
+    monkeypatch.setattr(sys, 'argv', [str(script), str(tmp_path / 'release.pth'), str(tmp_path / 'old.pth')])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(script), run_name='__main__')
+    assert exit_.value.code == 0 and capsys.readouterr().out.replace('old.pth', 'X') == new_out
+    assert 'note: 10 classes: set model.head.num_classes=10' in new_out
+    new, old = torch.load(tmp_path / 'new.pth'), torch.load(tmp_path / 'old.pth')
+    assert new['meta'] == old['meta'] and new['meta']['family'] == family
+    assert Path(new['meta']['config']).resolve() == REPO_ROOT / named_config(family, arch)
+    assert new['state_dict'].keys() == old['state_dict'].keys()
+    assert len(new['state_dict']) == len(state) - new['meta']['dropped']
+
+
+# family -> (an unexpected key, a missing key, (a key, a wrong shape, the message))
+MISMATCH = {
+    'PPMA': ('layers.1.blocks.0.retention.bias_table', 'layers.2.blocks.3.ffn.fc2.bias',
+             ('layers.0.blocks.0.retention.path_embed.A_log', (5, ), r'checkpoint \(5,\) vs model \(4,\)')),
+    'MLLA': ('layers.1.blocks.0.attn.bias_table', 'layers.2.blocks.3.mlp.fc2.bias',
+             ('layers.0.blocks.1.attn.qk.bias', (64, ), r'checkpoint \(64,\) vs model \(128,\)')),
+    'VMINet': ('stages.1.2.f3.conv.weight', 'stages.2.17.g.bn.running_var',
+               ('stages.1.2.sum.weight', (1, 700), r'checkpoint \(1, 700\) vs model \(1, 784\)')),
+}
+
+
+@pytest.mark.parametrize('family', MISMATCH)
+def test_mismatches_are_errors_listing_the_keys(family):
+    extra, missing, (key, shape, message) = MISMATCH[family]
+    size, arch = SMALLEST[family]
+    state = family_state(family, size)
+    prefix = '' if family == 'PPMA' else r'backbone\.'  # PPMA's backbone is checked under the release's names
+    with pytest.raises(CheckpointMismatchError, match=rf"1 unexpected keys \['{prefix}{extra}'\]"):
+        release_to_mmppma(dict(state, **{extra: torch.zeros(3)}), family)
+    with pytest.raises(CheckpointMismatchError, match=rf"1 missing keys \['{prefix}{missing}'\]"):
+        release_to_mmppma({k: v for k, v in state.items() if k != missing}, family)
+    with pytest.raises(CheckpointMismatchError, match=message):
+        release_to_mmppma(dict(state, **{key: torch.zeros(shape)}), family)
+    with pytest.raises(CheckpointMismatchError, match=r"unexpected keys? \[?'dist_token'"):
+        release_to_mmppma(dict(state, dist_token=torch.zeros(1)), family)
+    headless = {k: v for k, v in state.items() if not k.startswith('head.')}
+    with pytest.raises(CheckpointMismatchError, match='without head'):
+        release_to_mmppma(headless, family)
+    assert set(release_to_mmppma(headless, family, backbone_only=True)[0]) == backbone_keys(named_config(family, arch))
+
+
+# family -> (dense output norms' name, stage widths, the dense backbone's output norm)
+DENSE = {'PPMA': ('outnorm', (64, 128, 256, 512), dict(out_norm=True)),
+         'MLLA': ('norm', (64, 128, 256, 512), dict(out_norm=True)),
+         'VMINet': ('outnorm', (24, 48, 96, 192), dict(out_norm='LN'))}
+
+
+@pytest.mark.parametrize('family', DENSE)
+def test_downstream_checkpoints(family):
+    """A detector / segmentor state: the dense backbone (MLLA: the release's ``norm0-3`` and RoPE buffers; PPMA,
+    VMINet: ``outnorm0-3``) under ``backbone.`` beside the model's own keys, passed through."""
+    norm, widths, out_norm = DENSE[family]
+    size, arch = SMALLEST[family]
+    backbone = {k: v for k, v in family_state(family, size).items() if not k.startswith(HEAD)}
+    for i, c in enumerate(widths):
+        backbone[f'{norm}{i}.weight'], backbone[f'{norm}{i}.bias'] = torch.ones(c), torch.zeros(c)
+    others = {'neck.lateral_convs.0.conv.weight': torch.zeros(256, 64, 1, 1),
+              'decode_head.conv_seg.weight': torch.zeros(150, 512, 1, 1)}
+    state = {**{f'backbone.{k}': v for k, v in backbone.items()}, **others}
+    full, info = release_to_mmppma(state, family)
+    assert (info['downstream'], info['out_indices'], info['arch'], info['passthrough']) == \
+        (True, (0, 1, 2, 3), arch, sorted(others))
+    rope = {k for k in state if k.endswith(ROPE)}
+    assert set(full) == set(state) - rope
+    only, _ = release_to_mmppma(state, family, backbone_only=True)
+    with torch.device('meta'):
+        dense = {'PPMA': PPMA, 'MLLA': MLLA, 'VMINet': VMINet}[family](arch, out_indices=(0, 1, 2, 3), **out_norm)
+    assert shapes_of({k[len('backbone.'):]: v for k, v in only.items()}) == shapes_of(dense.state_dict())
+    back = mmppma_to_release(full, family, downstream=True)
+    assert shapes_of(back) == shapes_of(state) and all(back[k] is state[k] for k in state if k not in rope)
+    del state[f'backbone.{norm}2.bias']
+    with pytest.raises(CheckpointMismatchError, match=rf"missing keys \['(backbone\.)?{norm}2.bias'\]"):
+        release_to_mmppma(state, family)
+
+
+def test_family_arch_and_layout_errors(tmp_path, converter_main):
+    assert cc.check_family('rmt') == 'PPMA' and cc.check_family('vminet') == 'VMINet'
+    with pytest.raises(ValueError, match='choose one of PPMA, MLLA, VMINet'):
+        release_to_mmppma({}, 'ResNet')
+    mlla, vminet = family_state('MLLA', 'T'), family_state('VMINet', 'Ti')
+    torch.save({'model': vminet}, tmp_path / 'release.pth')
+    with pytest.raises(SystemExit, match="arch='xl' is not a VMINet arch"):
+        converter_main(['--family', 'VMINet', '--arch', 'xl', str(tmp_path / 'release.pth'), str(tmp_path / 'o.pth')])
+    for argv in (['--family', 'resnet'], ['--family', 'MLLA', '--arch-json', '{}']):  # argparse errors
+        with pytest.raises(SystemExit):
+            converter_main([*argv, 'a.pth', 'b.pth'])
+    for family, other in (('PPMA', vminet), ('MLLA', vminet), ('VMINet', mlla)):
+        with pytest.raises(CheckpointMismatchError, match=f'not an? {family} backbone'):
+            release_to_mmppma(other, family)
+    # named archs by any of their names; a checkpoint of another size or depth is an error
+    assert release_to_mmppma(mlla, 'MLLA', arch='tiny')[1]['arch'] == 't'
+    with pytest.raises(CheckpointMismatchError, match='missing keys'):
+        release_to_mmppma(mlla, 'MLLA', arch='s')
+    shallow = {k: v for k, v in mlla.items() if not k.startswith('layers.2.blocks.7.')}
+    with pytest.raises(CheckpointMismatchError, match=r'depths=\[2, 4, 7, 4\].*matches no named arch'):
+        release_to_mmppma(shallow, 'MLLA')
+    with pytest.raises(CheckpointMismatchError, match=r'rope.rotations: RoPE table of shape \(56, 56, 64, 2\)'):
+        release_to_mmppma(dict(mlla, **{'layers.0.blocks.0.attn.rope.rotations': torch.zeros(56, 56, 64, 2)}), 'MLLA')
+    # PPMA: the shared mask is recognized; a custom arch is given as settings
+    settings = dict(PPMA.arch_zoo['tiny'], depths=[1, 1, 1, 1])
+    with torch.device('meta'):
+        shared = PPMA(settings, mask='shared', out_indices=(3, ), out_norm=False).state_dict()
+    shared = {k: torch.zeros(v.shape) for k, v in shared.items()}
+    with pytest.raises(CheckpointMismatchError, match='matches no arch'):
+        release_to_mmppma(shared, 'PPMA', backbone_only=True)
+    assert release_to_mmppma(shared, 'PPMA', backbone_only=True, arch=settings)[1]['mask'] == 'shared'
 
 
 def test_state_containers():
-    state = {'a': torch.zeros(1)}
+    state, ema = {'a': torch.zeros(1)}, {'b': torch.ones(1)}
     for key in ('model', 'model_ema', 'models', 'state_dict'):
-        assert extract_state_dict({key: state, 'epoch': 3}) == (state, key)
-    assert extract_state_dict({'model': state, 'model_ema': {'b': torch.ones(1)}}, key='model_ema')[1] == 'model_ema'
+        assert extract_state_dict({key: state, 'state_dict_ema': ema, 'epoch': 3}) == (state, key)
+    assert extract_state_dict({'model': state, 'model_ema': ema}, key='model_ema') == (ema, 'model_ema')
+    assert extract_state_dict({'state_dict_ema': ema, 'epoch': 3}) == (ema, 'state_dict_ema')
     assert extract_state_dict(state) == (state, '')
+    assert extract_state_dict({'state_dict': {'module.a': state['a']}}) == (state, 'state_dict')
     with pytest.raises(KeyError, match='model, model_ema, models, state_dict'):
         extract_state_dict({'optimizer': {}, 'epoch': 1})
 
 
-def test_downstream_checkpoint():
-    backbone = {k: v for k, v in fake_release_state('T').items() if not k.startswith(('proj.', 'norm.', 'head.'))}
-    for i, c in enumerate((64, 128, 256, 512)):
-        backbone[f'outnorm{i}.weight'], backbone[f'outnorm{i}.bias'] = torch.ones(c), torch.zeros(c)
-    state = {f'backbone.{k}': v for k, v in backbone.items()}
-    state['neck.lateral_convs.0.conv.weight'] = torch.zeros(256, 64, 1, 1)
-    state['decode_head.conv_seg.weight'] = torch.zeros(150, 512, 1, 1)
-
-    full, info = official_to_mmppma(state)
-    assert info['downstream'] and info['out_indices'] == (0, 1, 2, 3)
-    assert info['passthrough'] == ['decode_head.conv_seg.weight', 'neck.lateral_convs.0.conv.weight']
-    assert set(full) == set(state)
-
-    only, _ = official_to_mmppma(state, backbone_only=True)
-    assert set(only) == {k for k in state if k.startswith('backbone.')}
-    with torch.device('meta'):
-        dense = PPMA('tiny', out_indices=(0, 1, 2, 3))
-    assert {k[len('backbone.'):]: tuple(v.shape) for k, v in only.items()} == \
-        {k: tuple(v.shape) for k, v in dense.state_dict().items()}
+def test_deprecated_function_names_warn_and_match():
+    state = family_state('PPMA', 'T')
+    with pytest.warns(DeprecationWarning, match=r"release_to_mmppma\(state, 'PPMA'\)"):
+        old, old_info = cc.official_to_mmppma(state)
+    new, info = release_to_mmppma(state, 'PPMA')
+    assert old.keys() == new.keys() and old_info == info
+    with pytest.warns(DeprecationWarning, match=r"mmppma_to_release\(state, 'PPMA'\)"):
+        assert cc.mmppma_to_official(new).keys() == mmppma_to_release(new, 'PPMA').keys() == state.keys()
+    with pytest.warns(DeprecationWarning, match='extract_state_dict'):
+        assert cc.extract_release_state({'state_dict_ema': state}) == extract_state_dict({'state_dict_ema': state})
 
 
-def test_rmt_and_shared_mask_checkpoints_are_recognized():
-    rmt = {k: torch.zeros_like(v, device='cpu') for k, v in RMT('tiny', out_indices=(3, ), out_norm=False,
-                                                               ).state_dict().items()}
-    head = fake_release_state('T')
-    rmt.update({k: v for k, v in head.items() if k.startswith(('proj.', 'norm.', 'head.'))})
-    _, info = official_to_mmppma(rmt)
-    assert (info['family'], info['mask']) == ('RMT', 'rmt')
-
-    shared = PPMA(dict(PPMA.arch_zoo['tiny'], depths=[1, 1, 1, 1]), mask='shared', out_indices=(3, ),
-                  out_norm=False).state_dict()
-    with pytest.raises(CheckpointMismatchError, match='matches no arch'):
-        official_to_mmppma(shared, backbone_only=True)
-    settings = dict(PPMA.arch_zoo['tiny'], depths=[1, 1, 1, 1])
-    _, info = official_to_mmppma(shared, backbone_only=True, arch=settings)
-    assert info['mask'] == 'shared'
+def test_mlla_rope_tables_are_the_release_buffers_and_our_rope():
+    """The regenerated release buffer follows the release formula and is the RoPE our MLLA computes, so dropping
+    it loses nothing."""
+    h, w, dim = 7, 5, 16
+    rot = cc.mlla_rope_rotations(h, w, dim).double()
+    assert rot.shape == (h, w, dim // 2, 2)
+    quarter = dim // 4
+    for i, j, m in [(0, 0, 0), (3, 4, 1), (6, 2, 3), (5, 1, 4), (2, 4, 7)]:
+        angle = (i if m < quarter else j) * 10000.0**(-(m % quarter) / quarter)
+        assert rot[i, j, m].tolist() == pytest.approx([math.cos(angle), math.sin(angle)], abs=1e-6)
+    sin, cos = mlla_rope_tables(h, w, dim)
+    torch.testing.assert_close(rot[..., 0].float(), cos[..., 0::2], atol=1e-6, rtol=0)
+    torch.testing.assert_close(rot[..., 1].float(), sin[..., 0::2], atol=1e-6, rtol=0)
 
 
-def test_mismatches_are_errors_listing_the_keys():
-    state = fake_release_state('T')
-    extra = dict(state, **{'layers.1.blocks.0.retention.bias_table': torch.zeros(3)})
-    unexpected = r"1 unexpected keys \['layers.1.blocks.0.retention.bias_table'\]"
-    with pytest.raises(CheckpointMismatchError, match=unexpected):
-        official_to_mmppma(extra)
-    missing = dict(state)
-    del missing['layers.2.blocks.3.ffn.fc2.bias']
-    with pytest.raises(CheckpointMismatchError, match=r"1 missing keys \['layers.2.blocks.3.ffn.fc2.bias'\]"):
-        official_to_mmppma(missing)
-    shaped = dict(state, **{'layers.0.blocks.0.retention.path_embed.A_log': torch.zeros(5)})
-    with pytest.raises(CheckpointMismatchError, match=r'path_embed.A_log: checkpoint \(5,\) vs model \(4,\)'):
-        official_to_mmppma(shaped)
-    stray = dict(state, **{'dist_token': torch.zeros(1)})
-    with pytest.raises(CheckpointMismatchError, match="unexpected key 'dist_token'"):
-        official_to_mmppma(stray)
+# ---------------------------------------------------------------- VMINet's two release revisions
+def release_value(key: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:
+    """Random weights and BatchNorm statistics far from the identity: convs and the head ~ N(0, 1 / fan_in) (``g``
+    0.3 of that, so that 24 residual blocks stay in range), biases N(0, 0.1^2), token weights N(0, 0.02^2),
+    ``stack`` and BatchNorm scales U(0.5, 1.5), shifts N(0, 0.2^2), running means N(0, 0.3^2), variances U(0.5, 2)."""
+    name = key.rsplit('.', 1)[-1]
+    if name == 'num_batches_tracked':
+        return torch.tensor(1000)
+    if name == 'stack' or (name == 'weight' and len(shape) == 1):
+        return torch.rand(shape, generator=gen) + 0.5
+    if name == 'running_var':
+        return torch.rand(shape, generator=gen) * 1.5 + 0.5
+    if name in ('bias', 'running_mean'):
+        scale = 0.3 if name == 'running_mean' else 0.2 if '.bn.' in key or key.startswith('norm.') else 0.1
+        return torch.randn(shape, generator=gen) * scale
+    if key.endswith('sum.weight'):
+        return torch.randn(shape, generator=gen) * 0.02
+    scale = math.prod(shape[1:])**-0.5 * (0.3 if key.endswith('.g.conv.weight') else 1)
+    return torch.randn(shape, generator=gen) * scale
 
 
-def run_cli(*args, check=True):
-    return subprocess.run([sys.executable, str(CLI), *map(str, args)], capture_output=True, text=True, check=check)
+def vminet_state(size: str, revision: str, seed=None) -> dict:
+    """A VMINet release classifier in ``revision``'s layout (the fixture lists 6b11d4a's; 7c2632c names the
+    blocks' depthwise ConvBN ``conv`` and has no ``g.bn``): empty, or :func:`release_value` from ``seed``."""
+    (depthwise, opts), gen, state = REVISIONS[revision], torch.Generator().manual_seed(seed or 0), {}
+    for key, shape in fixture_shapes(f'vminet_{size}').items():
+        if opts['proj_norm'] or '.g.bn.' not in key:
+            key = key.replace('.dwconv.', f'.{depthwise}.')
+            state[key] = torch.empty(shape) if seed is None else release_value(key, shape, gen)
+    return state
 
 
-def test_cli_outputs(tmp_path):
-    state = fake_release_state('T')
-    torch.save({'model': state, 'epoch': 300}, tmp_path / 'official.pth')
-    out = run_cli(tmp_path / 'official.pth', tmp_path / 'full.pth', '--backbone-out', tmp_path / 'bb.pth')
-    assert 'PPMA-tiny' in out.stdout
-    full = torch.load(tmp_path / 'full.pth')
-    assert set(full['state_dict']) == set(expected_mmppma_shapes('tiny'))
-    assert full['meta']['source_key'] == 'model'
-    bb = torch.load(tmp_path / 'bb.pth')['state_dict']
-    assert set(bb) == {k for k in full['state_dict'] if k.startswith('backbone.')}
+def release_logits(state: dict, revision: str, x: torch.Tensor, tril: bool = None) -> torch.Tensor:
+    """The release classifier's eval forward over ``state`` in x's dtype (x: (B, 3, 224, 224)); ``tril``
+    overrides the revision's mask. A 3x3 stride-2 ConvBN stem (ReLU6); per stage a 3x3 stride-2 ConvBN, then
+    2 / 2 / 18 / 2 blocks: u = BN(depthwise 7x7 conv(x)); y = relu6(f1(u)) * f2(u); a context vector
+    s_c = sum over tokens n of w_n y[c, n] (``sum``; the mask keeps tokens n >= c); z = relu6(stack_0 s +
+    stack_1 y); out = x + g(z) (with a BatchNorm in 6b11d4a); BatchNorm, global average pool, Linear."""
+    depthwise, g_bn = REVISIONS[revision][0], REVISIONS[revision][1]['proj_norm']
+    tril = REVISIONS[revision][1]['context_mask'] == 'tril' if tril is None else tril
+    st = {k: v.to(x.dtype) if v.is_floating_point() else v for k, v in state.items()}
 
-    run_cli(tmp_path / 'official.pth', tmp_path / 'only.pth', '--backbone-only')
-    only = torch.load(tmp_path / 'only.pth')['state_dict']
-    assert set(only) == set(bb)
-    # the backbone-only file initializes a backbone through init_cfg with the prefix
-    model = PPMA('tiny', out_indices=(3, ), out_norm=False,
-                 init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'only.pth'), prefix='backbone.'))
-    model.init_weights()
-    assert torch.equal(model.layers[3].blocks[1].ffn.fc2.weight, state['layers.3.blocks.1.ffn.fc2.weight'])
+    def conv(key, x, stride=1, groups=1):
+        w = st[key + '.weight']
+        return F.conv2d(x, w, st[key + '.bias'], stride, w.shape[-1] // 2, 1, groups)
+
+    def bn(key, x):
+        return F.batch_norm(x, st[key + '.running_mean'], st[key + '.running_var'], st[key + '.weight'],
+                            st[key + '.bias'], False, 0.0, 1e-5)
+
+    x = F.relu6(bn('stem.0.bn', conv('stem.0.conv', x, 2)))
+    for i, depth in enumerate((2, 2, 18, 2)):
+        x = bn(f'stages.{i}.0.bn', conv(f'stages.{i}.0.conv', x, 2))
+        for j in range(1, depth + 1):
+            p = f'stages.{i}.{j}.'
+            u = bn(p + depthwise + '.bn', conv(p + depthwise + '.conv', x, groups=x.shape[1]))
+            y = F.relu6(conv(p + 'f1.conv', u)) * conv(p + 'f2.conv', u)
+            tokens = y.flatten(2)
+            if tril:
+                tokens = tokens * (torch.arange(tokens.shape[2])[None, :] >= torch.arange(tokens.shape[1])[:, None])
+            s = torch.einsum('bcn,n->bc', tokens, st[p + 'sum.weight'][0])
+            z = F.relu6(st[p + 'stack'][0] * s[:, :, None, None] + st[p + 'stack'][1] * y)
+            out = conv(p + 'g.conv', z)
+            x = x + (bn(p + 'g.bn', out) if g_bn else out)
+    return F.linear(bn('norm', x).mean((2, 3)), st['head.weight'], st['head.bias'])
 
 
-def test_cli_errors(tmp_path):
-    state = fake_release_state('T')
-    del state['layers.0.blocks.1.pos.conv.bias']
-    torch.save({'model': state}, tmp_path / 'broken.pth')
-    result = run_cli(tmp_path / 'broken.pth', tmp_path / 'x.pth', check=False)
-    assert result.returncode != 0 and 'layers.0.blocks.1.pos.conv.bias' in result.stderr
-    assert not (tmp_path / 'x.pth').exists()
-    # release checkpoints that pickle their training args need an explicit opt-in
-    torch.save({'model': fake_release_state('T'), 'args': argparse.Namespace(lr=1e-3)}, tmp_path / 'args.pth')
-    result = run_cli(tmp_path / 'args.pth', tmp_path / 'y.pth', check=False)
-    assert result.returncode != 0 and '--allow-pickle' in result.stderr
-    run_cli(tmp_path / 'args.pth', tmp_path / 'y.pth', '--allow-pickle')
-    assert (tmp_path / 'y.pth').exists()
+def rel_max_error(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+VMINET_CASES = [(size, rev) for rev in REVISIONS for size in ('Ti', 'XS', 'S', 'B')]
+
+
+@pytest.mark.parametrize('size,revision', VMINET_CASES)
+def test_vminet_revision_is_recognized_renamed_and_recorded(size, revision):
+    arch = SIZES['VMINet', size][0]
+    state, config = vminet_state(size, revision), named_config('VMINet', arch, revision)
+    converted, info = release_to_mmppma(state, 'VMINet')
+    assert (info['arch'], info['config'], info['revision'], info['backbone_overrides']) == \
+        (arch, config, revision, {})
+    assert info['release'] == converted._metadata['backbone']['mmppma_vminet_release'] == \
+        dict(revision=revision, **REVISIONS[revision][1])
+    backbone = Config.fromfile(str(REPO_ROOT / config)).model.backbone
+    assert dict(arch=backbone.arch, context_mask=backbone.context_mask, proj_norm=backbone.proj_norm) == \
+        dict(arch=arch, **REVISIONS[revision][1])
+    assert shapes_of(converted) == config_shapes(config)
+    depthwise = REVISIONS[revision][0]
+    assert converted['backbone.stages.2.3.dwconv.bn.running_mean'] is state[f'stages.2.3.{depthwise}.bn.running_mean']
+    assert converted['backbone.stages.2.0.conv.weight'] is state['stages.2.0.conv.weight']  # downsample unchanged
+    back = mmppma_to_release(converted, 'VMINet')  # in the revision the converted state records
+    assert set(back) == set(state) and all(back[k] is state[k] for k in state)
+
+
+# revision -> (a config with other options, the error)
+WRONG_CONFIGS = {
+    '6b11d4a': [('vminet_ti_8xb128_in1k.py', r"need context_mask='none'; this backbone has context_mask='tril'"),
+                ('vminet_ti_release-7c2632c_in1k.py', r"need context_mask='none', proj_norm=True")],
+    '7c2632c': [('vminet_ti_8xb128_in1k.py', r'need proj_norm=False; this backbone has proj_norm=True'),
+                ('vminet_ti_release-6b11d4a_in1k.py', r"need context_mask='tril', proj_norm=False")],
+}
+
+
+@pytest.mark.parametrize('size,revision', [
+    pytest.param(size, rev, marks=() if size == 'Ti' else pytest.mark.heavy) for size, rev in VMINET_CASES])
+def test_converted_vminet_release_gives_release_logits(size, revision, tmp_path, converter_main, capsys):
+    """The documented steps, convert then mmpretrain's init_model with the printed config, give the release's
+    logits; a config with other options refuses the file, naming the option."""
+    from mmpretrain.apis import init_model
+    state, dst = vminet_state(size, revision, seed=1), tmp_path / 'converted.pth'
+    torch.save({'state_dict': state, 'epoch': 300}, tmp_path / 'release.pth.tar')
+    assert converter_main(['--family', 'VMINet', str(tmp_path / 'release.pth.tar'), str(dst)]) == 0
+    out = capsys.readouterr().out
+    configs = [Path(c).resolve() for c in re.findall(r'^config: (\S+)$', out, flags=re.M)]
+    assert configs == [REPO_ROOT / named_config('VMINet', SIZES['VMINet', size][0], revision)], out
+    assert f'release revision {revision}' in out
+    assert torch.load(dst)['meta']['mmppma_vminet_release']['revision'] == revision
+    model = init_model(str(configs[0]), str(dst), device='cpu')
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits = model(x, mode='tensor')
+    ref = release_logits(state, revision, x)  # float32: ~1e-7 relative rounding here, far below the tolerance
+    assert ref.abs().max() > 1 and ref.std() > 0.1  # logits far from degenerate
+    assert rel_max_error(logits, ref) < 1e-4
+    if size == 'Ti':  # the other revision's mask is far outside the tolerance
+        other_mask = REVISIONS[revision][1]['context_mask'] != 'tril'
+        assert rel_max_error(release_logits(state, revision, x, tril=other_mask), ref) > 1e-3
+        for wrong, message in WRONG_CONFIGS[revision]:
+            with pytest.raises(ValueError, match=message + r'.*release-' + revision):
+                init_model(str(REPO_ROOT / 'configs' / wrong), str(dst), device='cpu')
+
+
+def test_vminet_options_the_weights_contradict_are_errors():
+    """Without the record (a plain dict) the keys still tell proj_norm; an unconverted state names the
+    converter; the converter refuses a config or a layout that fits neither revision."""
+    def plain_backbone(revision):
+        converted = release_to_mmppma(vminet_state('Ti', revision), 'VMINet', backbone_only=True)[0]
+        return {k[len('backbone.'):]: v for k, v in converted.items()}
+
+    with pytest.raises(ValueError, match=r'no stages\.\*\.g\.bn\.\* keys.*Set proj_norm=False'):
+        VMINet('ti', out_indices=(3, ), out_norm='BN').load_state_dict(plain_backbone('7c2632c'), strict=False)
+    with pytest.raises(ValueError, match=r'has stages\.\*\.g\.bn\.\* keys.*Set proj_norm=True'):
+        VMINet('ti', out_indices=(3, ), out_norm='BN', proj_norm=False).load_state_dict(plain_backbone('6b11d4a'),
+                                                                                          strict=False)
+    raw = {k: v for k, v in vminet_state('Ti', '7c2632c').items() if k.startswith(('stem.', 'stages.'))}
+    with pytest.raises(ValueError, match='unconverted VMINet release state dict.*vminet_official_to_mmppma'):
+        VMINet('ti', out_indices=(3, ), out_norm=None, proj_norm=False).load_state_dict(raw)
+    state = vminet_state('Ti', '6b11d4a')
+    with pytest.raises(CheckpointMismatchError, match=r"model.backbone has context_mask='tril'; the release revision "
+                       r"6b11d4a needs context_mask='none'"):
+        release_to_mmppma(state, 'VMINet', config=REPO_ROOT / 'configs' / 'vminet_ti_8xb128_in1k.py')
+    mixed = {k: v for k, v in state.items() if '.g.bn.' not in k}  # dwconv without g.bn
+    with pytest.raises(CheckpointMismatchError, match="neither release revision's layout"):
+        release_to_mmppma(mixed, 'VMINet')
+
+
+def test_readme_finetune_walkthrough(tmp_path, run_python):
+    """README "Fine-tune from release weights" as written, on a release-layout file: its converter command (the
+    one converter run in a process of its own), then its mmdet config and the repository's mmseg UPerNet config
+    (with the README's --cfg-options) initialize the backbone with the release tensors."""
+    text = (REPO_ROOT / 'README.md').read_text()
+    section = text[text.index('### Fine-tune from release weights'):]
+    argv = shlex.split(re.search(r'```bash\n(.*?)```', section, re.S).group(1).replace('\\\n', ' '))
+    config_text = re.search(r'```python\n(.*?)```', section, re.S).group(1)
+    assert argv[:2] == ['.venv/bin/python', 'tools/model_converters/ppma_official_to_mmppma.py'], argv
+    state, release, path = release_state('ppma_T', random=True), tmp_path / 'release.pth', tmp_path / 'backbone.pth'
+    torch.save({'model': state}, release)
+    run_python([argv[1], *(str(release) if a == 'ppma_t_release.pth' else str(path) if a.endswith('backbone.pth')
+                           else a for a in argv[2:])])
+    written = torch.load(path)['state_dict']
+    assert written and all(k.startswith('backbone.') for k in written)  # --backbone-only
+    assert "checkpoint='checkpoints/ppma_t_backbone.pth'" in config_text
+    mask_rcnn = Config.fromstring(config_text.replace('checkpoints/ppma_t_backbone.pth', str(path)), file_format='.py')
+    upernet = Config.fromfile(str(REPO_ROOT / 'configs' / 'upernet_ppma_t_512x512_160k_ade20k.py'))
+    assert upernet.model.backbone.init_cfg.type == 'Pretrained'
+    upernet.merge_from_dict({'model.backbone.init_cfg.checkpoint': str(path)})
+    for scope, cfg in (('mmdet', mask_rcnn), ('mmseg', upernet)):
+        with DefaultScope.overwrite_default_scope(scope):
+            model = importlib.import_module(f'{scope}.registry').MODELS.build(cfg.model)
+        key = 'layers.2.blocks.7.retention.path_embed.A_log'
+        assert not torch.equal(model.backbone.state_dict()[key], state[key])  # built with its own init
+        model.init_weights()
+        got = model.backbone.state_dict()
+        assert [k for k in state if not k.startswith(HEAD) and not torch.equal(got[k], state[k])] == []
+
+
+def test_init_model_loads_converted_release_checkpoint(tmp_path, converter_main):
+    """Release-layout state (from the fixture key list) -> converter -> mmpretrain init_model, strict."""
+    from mmpretrain.apis import init_model
+    state = release_state('ppma_T', random=True)
+    torch.save({'model': state}, tmp_path / 'official.pth')
+    converter_main(['--family', 'PPMA', str(tmp_path / 'official.pth'), str(tmp_path / 'mmppma.pth')])
+    model = init_model(str(REPO_ROOT / 'configs' / 'ppma_t_8xb128_in1k.py'), str(tmp_path / 'mmppma.pth'))
+    result = model.load_state_dict(torch.load(tmp_path / 'mmppma.pth')['state_dict'], strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    torch.testing.assert_close(model.head.fc.weight, state['head.weight'])
+    torch.testing.assert_close(model.backbone.layers[2].blocks[7].retention.path_embed.A_log,
+                               state['layers.2.blocks.7.retention.path_embed.A_log'])
+    with torch.no_grad():
+        assert model.eval()(torch.randn(1, 3, 48, 40), mode='tensor').shape == (1, 1000)
