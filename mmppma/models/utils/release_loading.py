@@ -92,7 +92,7 @@ def _report(what: str, family: str, info: dict, loaded: int, left: List[str], sk
     if info['dropped']:
         parts.append(f'{len(info["dropped"])} release buffers dropped (recomputed by mmppma)')
     if skipped:
-        parts.append(f'{len(skipped)} head tensors not used by a backbone ({", ".join(sorted(skipped)[:3])}...)')
+        parts.append(f'{len(skipped)} classifier tensors (head, final norm) not used by a backbone')
     if left:
         parts.append(f'output norms the classification release has no weights for, left at their '
                      f'initialization: {sorted(left)}')
@@ -119,9 +119,18 @@ def load_release_into_backbone(backbone: nn.Module, state: Mapping[str, torch.Te
     """
     family = backbone_family(backbone)
     converted, info = convert_release_state(state, family)
-    weights = {k[len('backbone.'):]: v for k, v in converted.items() if k.startswith('backbone.')}
-    skipped = [k for k in converted if not k.startswith('backbone.')]
     expected = backbone.state_dict()
+    # MLLA / VMINet: the release's final norm becomes backbone.norm{last}, which a dense backbone with
+    # LayerNorm outputs (outnorm{i}) does not have: like the head, it then belongs to the classifier only
+    final = f'norm{len(backbone.depths) - 1}.'
+    keep_final = any(k.startswith(final) for k in expected)
+    weights, skipped = {}, []
+    for key, value in converted.items():
+        name = key[len('backbone.'):] if key.startswith('backbone.') else None
+        if name is None or (name.startswith(final) and not keep_final):
+            skipped.append(key)
+        else:
+            weights[name] = value
     norms = {f'{backbone.out_norm_name(i)}.' for i in backbone.out_indices if backbone.out_norm_module(i) is not None}
     left = [k for k in expected if k not in weights and k.startswith(tuple(norms))]
     check_state_against(weights, {k: v for k, v in expected.items() if k not in left},
