@@ -230,8 +230,12 @@ class StagedBackbone(BaseModule):
             return
         pretrained = self._pretrained_checkpoint()
         if pretrained is not None and not self._is_init:
-            from ..utils.release_loading import (backbone_family, is_release_layout, load_release_into_backbone,
-                                                 read_checkpoint_state)
+            from ..utils.release_loading import (
+                backbone_family,
+                is_release_layout,
+                load_release_into_backbone,
+                read_checkpoint_state,
+            )
             state = read_checkpoint_state(pretrained)
             if is_release_layout(state, backbone_family(self)):
                 load_release_into_backbone(self, state, pretrained)
