@@ -10,6 +10,7 @@ import functools
 import http.server
 import threading
 from pathlib import Path
+from typing import Dict, Mapping, Tuple
 
 import pytest
 import torch
@@ -34,11 +35,11 @@ PPMA_T = 'mmppma_ppma-t_3rdparty_in1k'
 PPMA_T_CONFIG = REPO / 'configs' / 'ppma_t_8xb128_in1k.py'
 
 
-@functools.lru_cache(maxsize=None)
-def _release_state(name: str) -> dict:
+def random_tensors(shapes: Mapping[str, Tuple[int, ...]]) -> Dict[str, torch.Tensor]:
+    """Random tensors of the given shapes (seed 0): BatchNorm variances positive, counters integers."""
     generator = torch.Generator().manual_seed(0)
     state = {}
-    for key, shape in fixture_shapes(name).items():
+    for key, shape in shapes.items():
         if key.endswith('num_batches_tracked'):
             state[key] = torch.tensor(7)
         elif key.endswith('running_var'):
@@ -46,6 +47,11 @@ def _release_state(name: str) -> dict:
         else:
             state[key] = torch.randn(shape, generator=generator) * 0.05
     return state
+
+
+@functools.lru_cache(maxsize=None)
+def _release_state(name: str) -> Dict[str, torch.Tensor]:
+    return random_tensors(fixture_shapes(name))
 
 
 def release_state(family: str) -> dict:

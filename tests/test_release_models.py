@@ -17,6 +17,7 @@ import torch
 from mmppma.models.utils import CheckpointMismatchError
 
 from .conftest import fixture_shapes
+from .test_model_zoo import random_tensors
 
 REPO = Path(__file__).resolve().parents[1]
 DIMS = (64, 128, 256, 512)  # PPMA-T
@@ -88,19 +89,6 @@ def upernet_head_shapes() -> Shapes:
     return shapes
 
 
-def random_state(shapes: Shapes) -> Dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    state = {}
-    for key, shape in shapes.items():
-        if key.endswith('num_batches_tracked'):
-            state[key] = torch.tensor(160000)
-        elif key.endswith('running_var'):
-            state[key] = torch.rand(shape, generator=generator) + 0.5
-        else:
-            state[key] = torch.randn(shape, generator=generator) * 0.02
-    return state
-
-
 TASKS = {
     'det': dict(library='mmdet.models', config='configs/mask_rcnn_ppma_t_1x_coco.py', heads=mask_rcnn_head_shapes,
                 meta=dict(CLASSES=tuple(f'class{i}' for i in range(COCO_CLASSES)), mmdet_version='2.28.2')),
@@ -112,7 +100,7 @@ TASKS = {
 
 
 def release_checkpoint(task: str) -> dict:
-    state = random_state({**backbone_shapes(), **TASKS[task]['heads']()})
+    state = random_tensors({**backbone_shapes(), **TASKS[task]['heads']()})
     return dict(meta=dict(TASKS[task]['meta']), state_dict=state, optimizer={})
 
 
