@@ -19,7 +19,7 @@ import yaml
 
 from mmppma.models import MLLA, PPMA, PPMAClsHead, VMINet
 from mmppma.models.backbones.vminet import RELEASE_REVISIONS
-from mmppma.models.utils import CheckpointMismatchError, release_to_mmppma
+from mmppma.models.utils import CheckpointMismatchError, release_loading, release_to_mmppma
 from mmppma.utils import model_zoo
 
 from .conftest import fixture_shapes
@@ -67,9 +67,11 @@ def save_release(path: Path, state: dict) -> str:
 
 # ---------------------------------------------------------------- a backbone's init_cfg
 @pytest.mark.parametrize('family', ['PPMA', pytest.param('MLLA', marks=pytest.mark.heavy), 'VMINet'])
-def test_init_cfg_converts_a_release_checkpoint(family, tmp_path):
+def test_init_cfg_converts_a_release_checkpoint(family, tmp_path, monkeypatch):
     """A dense backbone with the det/seg configs' ``init_cfg`` (prefix 'backbone.') given a release classification
     checkpoint: every backbone tensor is the converter's, only the output norms the release lacks are left."""
+    reports = []
+    monkeypatch.setattr(release_loading, '_log', reports.append)  # the report mmengine's logger receives
     state = release_state(family)
     path = save_release(tmp_path / 'best.pth', state)
     backbone = BACKBONES[family](out_indices=(0, 1, 2, 3),
@@ -86,6 +88,8 @@ def test_init_cfg_converts_a_release_checkpoint(family, tmp_path):
     fresh = sorted(set(got) - set(want))
     norms = tuple(f'{backbone.out_norm_name(i)}.' for i in range(4))
     assert fresh and all(k.startswith(norms) for k in fresh), fresh
+    assert len(reports) == 1 and 'converted on load by release_to_mmppma' in reports[0]
+    assert all(repr(k) in reports[0] for k in fresh)  # what was left at its initialization is named
     if family == 'PPMA':  # the release's own backbone names, unchanged (docs/checkpoints.md)
         for key in want:
             assert torch.equal(got[key], state[key]), key

@@ -83,10 +83,9 @@ def unwrap_state(checkpoint: Mapping) -> Mapping:
         return checkpoint
 
 
-def _report(what: str, family: str, info: dict, loaded: int, left: List[str], skipped: List[str]) -> str:
+def _report(what: str, info: dict, loaded: int, left: List[str], skipped: List[str]) -> str:
     arch = info['arch'] if isinstance(info['arch'], str) else 'custom'
-    parts = [f'{what}: {info["family"]}-{arch} release checkpoint converted by release_to_mmppma '
-             f"(family {family}), {loaded} tensors loaded"]
+    parts = [f'{what}: converted on load by release_to_mmppma ({info["family"]}-{arch}), {loaded} tensors loaded']
     if info.get('release'):
         parts.append(f'release revision {info["release"]["revision"]}')
     if info['dropped']:
@@ -137,7 +136,8 @@ def load_release_into_backbone(backbone: nn.Module, state: Mapping[str, torch.Te
                         f'{family} release checkpoint {source} -> {type(backbone).__name__} backbone')
     _check_vminet_record(backbone, info)
     backbone.load_state_dict(weights, strict=False)
-    _log(_report(f'{type(backbone).__name__} init_cfg {source}', family, info, len(weights), left, skipped))
+    _log(_report(f'{family} release checkpoint {source} -> {type(backbone).__name__} init_cfg', info, len(weights),
+                 left, skipped))
     return info
 
 
@@ -179,7 +179,7 @@ def _release_pre_hook(module: nn.Module, state_dict: dict, prefix: str, local_me
     for k in local:
         del state_dict[prefix + k]
     state_dict.update({prefix + k: v for k, v in converted.items()})
-    _log(_report(where, family, info, len(converted), [], []))
+    _log(_report(where, info, len(converted), [], []))
 
 
 def install_parent_hook(parent: nn.Module, name: str, child: nn.Module) -> None:
