@@ -234,6 +234,8 @@ def test_release_url_loader_caches_under_a_name_unique_to_the_url(served, tmp_pa
     urls = [m['Weights'] for m in metafile('ppma')['Models'] if m['Name'].endswith('_in1k')]
     assert {Path(u).name for u in urls} == {'best.pth'}
     assert len({model_zoo.cache_name(u) for u in urls}) == 3
+    mlla = metafile('mlla')['Models'][0]['Weights']  # TsinghuaCloud: /f/<id>/?dl=1, no file name in the URL
+    assert model_zoo.cache_name(mlla) == f'cloud.tsinghua.edu.cn_f_{mlla.split("/")[-2]}.pth'
 
 
 # ---------------------------------------------------------------- the index
