@@ -243,6 +243,9 @@ def metafile(family: str) -> dict:
     return yaml.safe_load((REPO / 'mmppma' / '.mim' / 'metafiles' / family / 'metafile.yml').read_text())
 
 
+INDEX_NAMES = [m['Name'] for family in ('ppma', 'rmt', 'mlla', 'vminet') for m in metafile(family)['Models']]
+
+
 def test_index_lists_every_family_with_existing_configs():
     pytest.importorskip('mmpretrain.apis')
     from mmpretrain import list_models
@@ -253,6 +256,18 @@ def test_index_lists_every_family_with_existing_configs():
     for name in names:
         config = ModelHub._models_dict[name].config
         assert Path(config).is_file(), (name, config)
+
+
+@pytest.mark.parametrize('first', ['mmppma', pytest.param('mmpretrain', marks=pytest.mark.heavy)])
+def test_index_is_registered_whichever_is_imported_first(first, run_python):
+    """mmppma registers its index with ModelHub at once when mmpretrain's apis are imported, else right after
+    they are; importing mmppma alone imports no mmpretrain."""
+    pytest.importorskip('mmpretrain.apis')
+    second = 'mmpretrain.apis' if first == 'mmppma' else 'mmppma'
+    code = (f'import sys, {first}; before = "mmpretrain" in sys.modules; import {second}; '
+            'from mmpretrain import list_models; print(before, len(list_models("mmppma_*")))')
+    out = run_python(['-c', code]).stdout.split()
+    assert out == [str(first == 'mmpretrain'), str(len(INDEX_NAMES))]
 
 
 def test_ppma_weights_are_the_release_files_in_direct_download_form():

@@ -91,9 +91,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 class _ThenCall(importlib.abc.Loader):
+    """``loader`` (its other methods too: ``get_source``, ``is_package``, ...), then ``callback``."""
 
     def __init__(self, loader: importlib.abc.Loader, callback: Callable[[], None]) -> None:
         self.loader, self.callback = loader, callback
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
 
     def create_module(self, spec):
         return self.loader.create_module(spec)
