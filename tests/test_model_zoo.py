@@ -238,6 +238,20 @@ def test_release_url_loader_caches_under_a_name_unique_to_the_url(served, tmp_pa
     assert model_zoo.cache_name(mlla) == f'cloud.tsinghua.edu.cn_f_{mlla.split("/")[-2]}.pth'
 
 
+def test_mmengine_reads_the_release_hosts_through_the_release_loader(monkeypatch):
+    """mmengine's CheckpointLoader sends the release hosts' URLs to load_release_url (a cache name per URL) and
+    every other URL to its own loader (torch hub's default name)."""
+    from mmengine.runner import checkpoint
+    calls = []
+    monkeypatch.setattr(torch.hub, 'load_state_dict_from_url',
+                        lambda url, **kw: calls.append(('release', url, kw['file_name'])) or {})
+    monkeypatch.setattr(checkpoint, 'load_url', lambda url, **kw: calls.append(('mmengine', url)) or {})
+    release, other = metafile('ppma')['Models'][0]['Weights'], 'https://example.org/checkpoints/best.pth'
+    for url in (release, other):
+        checkpoint.CheckpointLoader.load_checkpoint(url, map_location='cpu')
+    assert calls == [('release', release, model_zoo.cache_name(release)), ('mmengine', other)]
+
+
 # ---------------------------------------------------------------- the index
 def metafile(family: str) -> dict:
     return yaml.safe_load((REPO / 'mmppma' / '.mim' / 'metafiles' / family / 'metafile.yml').read_text())
