@@ -195,6 +195,25 @@ def test_init_model_converts_a_release_checkpoint(served, reference_logits):
     torch.testing.assert_close(logits(model, images), want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize('family, config', [
+    ('VMINet', 'configs/vminet_ti_release-6b11d4a_in1k.py'),
+    pytest.param('MLLA', 'configs/mlla_t_8xb128_in1k.py', marks=pytest.mark.heavy)])
+def test_init_model_converts_baseline_release_checkpoints(family, config, tmp_path):
+    """MLLA (RoPE buffers dropped, final norm into the backbone) and VMINet (revision record) through
+    init_model: the explicit route's logits; VMINet into the other revision's config: an error naming the options."""
+    from mmpretrain.apis import init_model
+    state = release_state(family)
+    converted, _ = release_to_mmppma(state, family)
+    torch.save({'state_dict': converted}, tmp_path / 'converted.pth')
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    want = logits(init_model(str(REPO / config), str(tmp_path / 'converted.pth')), images)
+    release = save_release(tmp_path / 'release.pth', state)
+    torch.testing.assert_close(logits(init_model(str(REPO / config), release), images), want, rtol=0, atol=0)
+    if family == 'VMINet':
+        with pytest.raises(ValueError, match="context_mask='none'.*proj_norm=True|proj_norm=True.*context_mask"):
+            init_model(str(REPO / 'configs/vminet_ti_release-7c2632c_in1k.py'), release)
+
+
 def test_get_model_downloads_caches_and_converts(served, reference_logits, tmp_path, monkeypatch):
     """get_model(name, pretrained=URL): downloaded into torch hub's cache, converted, the explicit route's logits;
     the Inferencer on that model gives ImageNet class names."""

@@ -132,9 +132,9 @@ def load_release_into_backbone(backbone: nn.Module, state: Mapping[str, torch.Te
             weights[name] = value
     norms = {f'{backbone.out_norm_name(i)}.' for i in backbone.out_indices if backbone.out_norm_module(i) is not None}
     left = [k for k in expected if k not in weights and k.startswith(tuple(norms))]
+    _check_vminet_record(backbone, info)  # first: its error names the options to set
     check_state_against(weights, {k: v for k, v in expected.items() if k not in left},
                         f'{family} release checkpoint {source} -> {type(backbone).__name__} backbone')
-    _check_vminet_record(backbone, info)
     backbone.load_state_dict(weights, strict=False)
     _log(_report(f'{family} release checkpoint {source} -> {type(backbone).__name__} init_cfg', info, len(weights),
                  left, skipped))
@@ -174,8 +174,8 @@ def _release_pre_hook(module: nn.Module, state_dict: dict, prefix: str, local_me
             f'{where}: a classification release checkpoint holds only a backbone and a classification head, '
             f'this model also has {others}. Give it to the backbone instead: model.backbone.init_cfg='
             "dict(type='Pretrained', checkpoint=...) (no prefix needed; it is converted on load)")
+    _check_vminet_record(backbone, info)  # first: its error names the options to set
     check_state_against(converted, expected, where)
-    _check_vminet_record(backbone, info)
     for k in local:
         del state_dict[prefix + k]
     state_dict.update({prefix + k: v for k, v in converted.items()})
