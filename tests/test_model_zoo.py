@@ -23,6 +23,7 @@ from mmppma.models.utils import CheckpointMismatchError, release_loading, releas
 from mmppma.utils import model_zoo
 
 from .conftest import fixture_shapes
+from .models.conftest import SMALL_ARCH
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_LISTS = {'PPMA': 'ppma_T', 'MLLA': 'mlla_T', 'VMINet': 'vminet_Ti'}
@@ -106,6 +107,7 @@ def test_init_cfg_names_missing_and_unexpected_keys(tmp_path):
             backbone.init_weights()
 
 
+@pytest.mark.heavy
 def test_init_cfg_loads_an_mmppma_checkpoint_as_before(tmp_path):
     converted, _ = release_to_mmppma(release_state('PPMA'), 'PPMA')
     path = tmp_path / 'ppma_t_in1k.pth'
@@ -141,7 +143,7 @@ def test_whole_model_load_converts_and_checks():
 
 def test_classification_release_into_a_larger_model_says_where_it_goes():
     model = nn.Module()
-    model.backbone = PPMA('tiny', out_indices=(3, ), out_norm=False)
+    model.backbone = PPMA(SMALL_ARCH, out_indices=(3, ), out_norm=False)  # refused before any shape is compared
     model.neck = nn.Linear(2, 2)
     with pytest.raises(CheckpointMismatchError, match=r"\['neck'\].*init_cfg"):
         model.load_state_dict(release_state('PPMA'))
