@@ -5,9 +5,11 @@ headers split it into ``install_requires`` (core, plus setuptools from the build
 seg, triton, tests, all).
 """
 import re
+import shutil
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 # torch and triton are pinned for the verified CPU stack; a CUDA user brings their own build, so the
@@ -35,6 +37,16 @@ def read_version():
     return re.search(r"__version__ = '([^']+)'", text).group(1)
 
 
+class BuildPyWithConfigs(build_py):
+    """Also copy configs/ into the built package as mmppma/.mim/configs, where the model index
+    (mmppma/.mim/model-index.yml) finds them in an installed wheel; an editable install reads the checkout's."""
+
+    def run(self):
+        super().run()
+        if not getattr(self, 'editable_mode', False) and (ROOT / 'configs').is_dir():
+            shutil.copytree(ROOT / 'configs', Path(self.build_lib) / 'mmppma' / '.mim' / 'configs', dirs_exist_ok=True)
+
+
 groups = read_groups(ROOT / 'requirements.txt')
 extras = {name: groups[name] for name in ('cls', 'det', 'seg', 'triton', 'tests')}
 extras['det'] = groups['mmcv'] + extras['det']
@@ -51,6 +63,8 @@ setup(
     python_requires='>=3.9',
     packages=find_packages(include=['mmppma', 'mmppma.*']),
     include_package_data=True,
+    package_data={'mmppma': ['.mim/model-index.yml', '.mim/metafiles/*/metafile.yml']},
+    cmdclass={'build_py': BuildPyWithConfigs},
     install_requires=[r for r in groups['build'] if r.startswith('setuptools')] + groups['core'],
     extras_require=extras,
     zip_safe=False,

@@ -3,6 +3,7 @@
 
     python tools/model_converters/release_to_mmppma.py --family {PPMA,RMT,MLLA,VMINet} SRC DST [--arch ARCH]
         [--arch-json JSON] [--backbone-only] [--backbone-out PATH] [--key KEY] [--config CONFIG] [--allow-pickle]
+    python tools/model_converters/release_to_mmppma.py --family PPMA SRC DST --model-config CONFIG
 
 The release layouts read:
 
@@ -30,6 +31,13 @@ checkpoints (``backbone.`` prefix) keep their detector / segmentor keys. ``--bac
 every key and shape is checked against the model built from the arch table (or ``--config``, which for
 VMINet must have the revision's options); any missing, unexpected or mis-shaped key is an error that lists
 them. Release files often pickle their training config: pass ``--allow-pickle`` for a file you trust.
+
+Whole release detectors and segmentors (the PPMA release's Mask R-CNN, mmdet 2.x, and UPerNet, mmseg 0.x):
+``--model-config CONFIG`` (e.g. ``configs/mask_rcnn_ppma_t_1x_coco.py``,
+``configs/upernet_ppma_t_512x512_160k_ade20k.py``) checks every key and shape of the converted checkpoint
+against the whole model that config builds under mmdet 3 / mmseg 1 and writes the class names as
+``meta['dataset_meta']`` (``mmppma.models.utils.whole_model_convert``); ``tools/test.py CONFIG DST`` then loads
+it strictly.
 ``ppma_official_to_mmppma.py``, ``mlla_official_to_mmppma.py`` and ``vminet_official_to_mmppma.py`` are this
 script with ``--family`` set.
 """
@@ -73,6 +81,8 @@ def parse_args(argv: Optional[List[str]] = None, family: Optional[str] = None) -
                         'state_dict, then state_dict_ema)')
     parser.add_argument('--config', help='mmpretrain classification config to check against (default: the '
                         'backbone from its arch table)')
+    parser.add_argument('--model-config', help='mmdet / mmseg config the whole release detector / segmentor must '
+                        'fit (every key and shape checked); writes meta.dataset_meta from the release meta')
     parser.add_argument('--allow-pickle', action='store_true',
                         help='load with torch.load(weights_only=False): needed when the file holds non-tensor '
                         'objects (e.g. the training config / args); only for files you trust')
@@ -83,6 +93,9 @@ def parse_args(argv: Optional[List[str]] = None, family: Optional[str] = None) -
         parser.error('give --arch or --arch-json, not both')
     if args.arch_json and args.family != 'PPMA':
         parser.error(f'--arch-json is for PPMA / RMT; for {args.family} give --arch or --config')
+    if args.model_config and (args.config or args.backbone_only or args.backbone_out or args.arch or args.arch_json):
+        parser.error('--model-config converts a whole detector / segmentor: give it without --config, --arch, '
+                     '--arch-json, --backbone-only and --backbone-out')
     return args
 
 
@@ -106,10 +119,27 @@ def shown_config(info: dict, given: Optional[str]) -> Optional[str]:
     return str(path) if relative.startswith('..') else relative
 
 
+def convert_whole_model(args: argparse.Namespace, checkpoint: dict) -> int:
+    """--model-config: the whole release detector / segmentor, checked against the config's model."""
+    from mmppma.models.utils.whole_model_convert import convert_whole_release
+    try:
+        converted, info = convert_whole_release(checkpoint, args.family, args.model_config)
+    except (CheckpointMismatchError, ValueError) as e:
+        raise SystemExit(f'error: {e}')
+    torch.save(converted, args.dst)
+    print(f'{args.src} -> {args.dst}: {info["family"]}-{info["arch"]} {info["model"]}, '
+          f'{len(converted["state_dict"])} tensors, every key of {args.model_config} matched'
+          + (f'; meta.dataset_meta: {", ".join(info["dataset_meta"])}' if info['dataset_meta'] else ''))
+    print(f'test: python tools/test.py {args.model_config} {args.dst}')
+    return 0
+
+
 def main(argv: Optional[List[str]] = None, family: Optional[str] = None) -> int:
     args = parse_args(argv, family)
     family = args.family
     checkpoint = load(args.src, args.allow_pickle)
+    if args.model_config:
+        return convert_whole_model(args, checkpoint)
     state, where = extract_state_dict(checkpoint, args.key)
     arch = json.loads(args.arch_json) if args.arch_json else args.arch
     try:

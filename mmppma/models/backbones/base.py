@@ -224,10 +224,31 @@ class StagedBackbone(BaseModule):
 
     def init_weights(self) -> None:
         """Apply ``init_cfg`` (e.g. Pretrained with a prefix); without one, keep the release init done at
-        construction."""
+        construction. A Pretrained checkpoint in a release's own classification layout is converted on load
+        (``mmppma.models.utils.release_loading``; its ``prefix``, meant for mmppma checkpoints, does not apply)."""
         if self.init_cfg is None:
             return
+        pretrained = self._pretrained_checkpoint()
+        if pretrained is not None and not self._is_init:
+            from ..utils.release_loading import (
+                backbone_family,
+                is_release_layout,
+                load_release_into_backbone,
+                read_checkpoint_state,
+            )
+            state = read_checkpoint_state(pretrained)
+            if is_release_layout(state, backbone_family(self)):
+                load_release_into_backbone(self, state, pretrained)
+                self._is_init = True
+                return
         super().init_weights()
+
+    def _pretrained_checkpoint(self) -> Optional[str]:
+        """The checkpoint of an ``init_cfg`` that is only ``dict(type='Pretrained', checkpoint=...)``."""
+        cfg = self.init_cfg[0] if isinstance(self.init_cfg, list) and len(self.init_cfg) == 1 else self.init_cfg
+        if isinstance(cfg, Mapping) and cfg.get('type') == 'Pretrained' and isinstance(cfg.get('checkpoint'), str):
+            return cfg['checkpoint']
+        return None
 
     def _freeze_stages(self) -> None:
         """frozen_stages k >= 0: the stem; k >= 1 also stages 0..k-1 and their output norms, in eval mode with

@@ -1,4 +1,5 @@
-"""Model utilities: release checkpoint conversion, FLOP counting."""
+"""Model utilities: release checkpoint conversion (also on load: release_loading; whole detectors and segmentors:
+whole_model_convert), FLOP counting."""
 from .checkpoint_convert import (
                                  FAMILIES,
     CheckpointMismatchError,
