@@ -102,16 +102,18 @@ def _failed_op(message: str) -> Optional[str]:
     return None
 
 
-def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = False, opset: int = 18) -> None:
+def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = False, opset: int = 18,
+                optimize: bool = True) -> None:
     """Export ``module`` (one tensor in) at input ``x`` to the ONNX file ``path`` (weights inside), tracing
     its plain PyTorch paths (:func:`mmppma.ops.export_mode`). ``dynamic``: batch, height and width are
     dynamic wherever the model allows (``torch.export.Dim.AUTO``: an axis the model fixes stays static; see
-    :func:`dynamic_axes`). Raises :class:`ExportError` naming the op the exporter failed on."""
+    :func:`dynamic_axes`). ``optimize``: run onnxscript's graph optimizer on the result (constant folding,
+    fusions). Raises :class:`ExportError` naming the op the exporter failed on."""
     shapes = ({0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO}, ) if dynamic else None
     try:
         with export_mode(), torch.no_grad():
             torch.onnx.export(module, (x, ), path, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
-                              external_data=False, input_names=['input'], verbose=False)
+                              external_data=False, input_names=['input'], optimize=optimize, verbose=False)
     except Exception as err:  # the exporters raise many types; all are reported the same way
         message = str(err)
         op = _failed_op(message)
@@ -144,7 +146,9 @@ def compare_onnx(path: str, module: nn.Module, inputs: Sequence[torch.Tensor]) -
     """Run the ONNX file in onnxruntime (CPU) and ``module`` in torch eager on each input; per input, the
     largest :func:`relative_difference` over the outputs."""
     import onnxruntime
-    session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only: no notes on the graph optimizations it skips
+    session = onnxruntime.InferenceSession(path, options, providers=['CPUExecutionProvider'])
     name = session.get_inputs()[0].name
     results = []
     for x in inputs:

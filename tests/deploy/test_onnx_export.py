@@ -28,7 +28,7 @@ tool = _load_tool()
 # two stages: a criss-cross one and a whole-attention one
 PPMA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[1, 2], mlp_ratios=[2, 2],
                  attn_types=['criss_cross', 'whole'])
-MLLA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[1, 2])
+MLLA_ARCH = dict(embed_dims=[16], depths=[1], num_heads=[1])
 VMINET_ARCH = dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2], stem_channels=8)
 
 
@@ -38,19 +38,18 @@ def _export_and_compare(backbone, tmp_path, shape=(1, 3, 32, 32)):
     assert kind == 'backbone'
     x = torch.randn(*shape)
     path = str(tmp_path / 'model.onnx')
-    export_onnx(module, x, path)
+    export_onnx(module, x, path, optimize=False)  # the optimizer is onnxscript's, and slow: the tool runs it
     [(_, diff)] = compare_onnx(path, module, [x])
     assert diff <= TOLERANCE
 
 
-@pytest.mark.parametrize('mask', ['polyline', 'v2h'])
-def test_ppma_masks(mask, tmp_path):
-    _export_and_compare(PPMA(PPMA_ARCH, mask=mask, out_indices=(0, 1)), tmp_path)
+def test_ppma(tmp_path):
+    _export_and_compare(PPMA(PPMA_ARCH, out_indices=(0, 1)), tmp_path)
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize('mask', ['shared', 'none'])
-def test_ppma_more_masks(mask, tmp_path):
+@pytest.mark.parametrize('mask', ['v2h', 'shared', 'none'])
+def test_ppma_masks(mask, tmp_path):
     _export_and_compare(PPMA(PPMA_ARCH, mask=mask, out_indices=(0, 1)), tmp_path)
 
 
@@ -65,7 +64,7 @@ def test_rmt(tmp_path):
 
 @pytest.mark.parametrize('attn', ['mlla', 'ppmla'])
 def test_mlla(attn, tmp_path):
-    _export_and_compare(MLLA(MLLA_ARCH, attn=attn, out_indices=(0, 1)), tmp_path)
+    _export_and_compare(MLLA(MLLA_ARCH, attn=attn, out_indices=(0, )), tmp_path)
 
 
 def test_vminet(tmp_path):
