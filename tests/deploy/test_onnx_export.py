@@ -17,7 +17,8 @@ pytest.importorskip('onnxruntime', reason='the deploy extra: pip install -e .[de
 
 
 def _load_tool():
-    spec = importlib.util.spec_from_file_location('pytorch2onnx', REPO_ROOT / 'tools' / 'deployment' / 'pytorch2onnx.py')
+    path = REPO_ROOT / 'tools' / 'deployment' / 'pytorch2onnx.py'
+    spec = importlib.util.spec_from_file_location('pytorch2onnx', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -124,3 +125,17 @@ def test_tool_help(capsys):
     assert info.value.code == 0
     printed = capsys.readouterr().out
     assert '--shape H W' in printed and '--dynamic' in printed and 'checkpoint' in printed
+
+
+SHIPPED = ([(f'{name}_8xb128_in1k.py', 224) for name in ('ppma_t', 'rmt_t', 'mlla_t', 'ppmla_t', 'vminet_ti')] +
+           [(f'upernet_{name}_512x512_160k_ade20k.py', 512) for name in ('ppma_t', 'rmt_t', 'mlla_t', 'ppmla_t',
+                                                                         'vminet_ti')])
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('config, size', SHIPPED)
+def test_shipped_configs(config, size, tmp_path):
+    """The tool on the shipped ImageNet and UPerNet configs, random weights (minutes each on a CPU)."""
+    pytest.importorskip('mmseg' if config.startswith('upernet') else 'mmpretrain')
+    out = str(tmp_path / 'model.onnx')
+    assert tool.main([str(REPO_ROOT / 'configs' / config), '--shape', str(size), str(size), '--out', out]) == 0

@@ -32,7 +32,8 @@ DEFAULT_CONFIGS = [osp.join(ROOT, 'configs', f'{name}_t_8xb128_in1k.py') for nam
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('configs', nargs='*', default=DEFAULT_CONFIGS, help='classifier configs (default: PPMA-T, RMT-T)')
+    parser.add_argument('configs', nargs='*', default=DEFAULT_CONFIGS,
+                        help='classifier configs (default: PPMA-T, RMT-T)')
     parser.add_argument('--shape', type=int, nargs=2, default=[224, 224], metavar=('H', 'W'))
     parser.add_argument('--batch', type=int, default=8)
     parser.add_argument('--iters', type=int, default=5, help='timed runs per backend (after one warm-up run)')
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
           f'{args.shape[0]}x{args.shape[1]}, median of {args.iters} runs')
     with tempfile.TemporaryDirectory() as workdir:
         rows = [bench(config, args, workdir) for config in args.configs]
-    print(f'| model | torch eager (s/batch) | onnxruntime (s/batch) | torch / onnxruntime | max rel. diff |')
+    print('| model | torch eager (s/batch) | onnxruntime (s/batch) | torch / onnxruntime | max rel. diff |')
     print('|---|---|---|---|---|')
     for r in rows:
         print(f"| {r['name']} | {r['torch']:.3f} | {r['onnxruntime']:.3f} | {r['torch'] / r['onnxruntime']:.2f} "
