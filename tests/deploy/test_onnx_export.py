@@ -10,6 +10,7 @@ import torch
 from mmppma.deploy import TOLERANCE, ExportError, compare_onnx, dynamic_axes, export_module, export_onnx
 from mmppma.models import MLLA, PPMA, RMT, VMINet
 from mmppma.models.layers.conv import conv2d_op
+from mmppma.ops import export_mode, exporting, resolve_impl
 
 from ..conftest import REPO_ROOT
 
@@ -71,6 +72,18 @@ def test_mlla(attn, tmp_path):
 def test_vminet(tmp_path):
     # traced at another size than the one its token-weight tables are trained at: the resize runs too
     _export_and_compare(VMINet(VMINET_ARCH, img_size=64, out_indices=(0, 1)), tmp_path)
+
+
+def test_export_mode_takes_the_torch_path():
+    x = torch.zeros(1)
+    assert not exporting()
+    assert resolve_impl('triton', 'ppma_attention', [x]) == 'triton'  # the interpreter on CPU (conftest)
+    with export_mode():
+        assert exporting()
+        assert resolve_impl('triton', 'ppma_attention', [x]) == 'torch'
+        assert resolve_impl('auto', 'ppma_attention', [x]) == 'torch'
+        assert resolve_impl('reference', 'ppma_attention', [x]) == 'reference'
+    assert not exporting()
 
 
 def test_export_failure_names_the_op(tmp_path):
