@@ -102,14 +102,27 @@ def _failed_op(message: str) -> Optional[str]:
     return None
 
 
+def fixed_grid_pools(module: nn.Module) -> List[str]:
+    """Names of the submodules that pool to a fixed grid other than 1 x 1 (``nn.AdaptiveAvgPool2d`` /
+    ``AdaptiveMaxPool2d``, as UPerNet's pyramid pooling): torch.onnx translates them with gather indices of the
+    traced input size, wrong at any other size, so with them the input's height and width stay static."""
+    pools = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
+    return [name for name, m in module.named_modules()
+            if isinstance(m, pools) and torch.nn.modules.utils._pair(m.output_size) != (1, 1)]
+
+
 def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = False, opset: int = 18,
                 optimize: bool = True) -> None:
     """Export ``module`` (one tensor in) at input ``x`` to the ONNX file ``path`` (weights inside), tracing
     its plain PyTorch paths (:func:`mmppma.ops.export_mode`). ``dynamic``: batch, height and width are
-    dynamic wherever the model allows (``torch.export.Dim.AUTO``: an axis the model fixes stays static; see
-    :func:`dynamic_axes`). ``optimize``: run onnxscript's graph optimizer on the result (constant folding,
-    fusions). Raises :class:`ExportError` naming the op the exporter failed on."""
-    shapes = ({0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO}, ) if dynamic else None
+    dynamic wherever the model allows (``torch.export.Dim.AUTO``: an axis the model fixes stays static, as do
+    height and width for a model with :func:`fixed_grid_pools`; see :func:`dynamic_axes`). ``optimize``: run
+    onnxscript's graph optimizer on the result (constant folding, fusions). Raises :class:`ExportError` naming
+    the op the exporter failed on."""
+    shapes = None
+    if dynamic:
+        axes = (0, ) if fixed_grid_pools(module) else (0, 2, 3)
+        shapes = ({axis: torch.export.Dim.AUTO for axis in axes}, )
     try:
         with export_mode(), torch.no_grad():
             torch.onnx.export(module, (x, ), path, dynamo=True, opset_version=opset, dynamic_shapes=shapes,

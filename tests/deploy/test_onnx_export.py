@@ -7,7 +7,15 @@ import importlib.util
 import pytest
 import torch
 
-from mmppma.deploy import TOLERANCE, ExportError, compare_onnx, dynamic_axes, export_module, export_onnx
+from mmppma.deploy import (
+    TOLERANCE,
+    ExportError,
+    compare_onnx,
+    dynamic_axes,
+    export_module,
+    export_onnx,
+    fixed_grid_pools,
+)
 from mmppma.models import MLLA, PPMA, RMT, VMINet
 from mmppma.models.layers.conv import conv2d_op
 from mmppma.ops import export_mode, exporting, resolve_impl
@@ -84,6 +92,13 @@ def test_export_mode_takes_the_torch_path():
         assert resolve_impl('auto', 'ppma_attention', [x]) == 'torch'
         assert resolve_impl('reference', 'ppma_attention', [x]) == 'reference'
     assert not exporting()
+
+
+def test_fixed_grid_pools():
+    """Pools to a fixed grid other than 1 x 1 (UPerNet's pyramid pooling) keep height and width static."""
+    model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.AdaptiveAvgPool2d(3),
+                                torch.nn.AdaptiveMaxPool2d((1, 2)), torch.nn.AvgPool2d(2))
+    assert fixed_grid_pools(model) == ['1', '2']
 
 
 def test_export_failure_names_the_op(tmp_path):

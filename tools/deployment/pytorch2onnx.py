@@ -22,7 +22,16 @@ import torch
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))  # run from a checkout
 
-from mmppma.deploy import OUTPUTS, TOLERANCE, ExportError, compare_onnx, dynamic_axes, export_module, export_onnx  # noqa: E402,E501
+from mmppma.deploy import (  # noqa: E402
+    OUTPUTS,
+    TOLERANCE,
+    ExportError,
+    compare_onnx,
+    dynamic_axes,
+    export_module,
+    export_onnx,
+    fixed_grid_pools,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -82,6 +91,10 @@ def main(argv=None) -> int:
     out = args.out or osp.splitext(osp.basename(args.config))[0] + ('_backbone' if args.backbone_only else '') + '.onnx'
     x = torch.randn(args.batch, 3, *args.shape)
     print(f'exporting {osp.basename(args.config)} as a {kind}: {OUTPUTS[kind]}')
+    pools = fixed_grid_pools(module) if args.dynamic else []
+    if pools:
+        print(f'height and width stay static: {", ".join(pools)} pool to fixed grids, which the exporter '
+              'translates for the traced size only')
     try:
         export_onnx(module, x, out, dynamic=args.dynamic, opset=args.opset)
     except ExportError as err:
