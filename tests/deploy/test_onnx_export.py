@@ -1,21 +1,13 @@
 """ONNX export (mmppma.deploy, tools/deployment/pytorch2onnx.py): a tiny model of every backbone family and
 variant, exported under export_mode() and run in onnxruntime, gives the outputs of torch eager, whose
 inference paths (in-place shortcuts, blockwise loops, custom ops) are separate code from the exported one.
-The remaining PPMA mask forms, a classifier config and the shipped configs run in the full tier (heavy)."""
+The remaining PPMA mask forms and the shipped ImageNet and UPerNet configs run in the full tier (heavy)."""
 import importlib.util
 
 import pytest
 import torch
 
-from mmppma.deploy import (
-    TOLERANCE,
-    ExportError,
-    compare_onnx,
-    dynamic_axes,
-    export_module,
-    export_onnx,
-    fixed_grid_pools,
-)
+from mmppma import deploy
 from mmppma.models import MLLA, PPMA, RMT, VMINet
 from mmppma.models.layers.conv import conv2d_op
 from mmppma.ops import export_mode, exporting, resolve_impl
@@ -44,13 +36,13 @@ VMINET_ARCH = dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2], stem_ch
 
 def _export_and_compare(backbone, tmp_path, shape=(1, 3, 32, 32)):
     torch.manual_seed(0)
-    module, kind = export_module(backbone.eval())
+    module, kind = deploy.export_module(backbone.eval())
     assert kind == 'backbone'
     x = torch.randn(*shape)
     path = str(tmp_path / 'model.onnx')
-    export_onnx(module, x, path, optimize=False)  # the optimizer is onnxscript's, and slow: the tool runs it
-    [(_, diff)] = compare_onnx(path, module, [x])
-    assert diff <= TOLERANCE
+    deploy.export_onnx(module, x, path, optimize=False)  # the optimizer is onnxscript's, and slow: the tool runs it
+    [(_, diff)] = deploy.compare_onnx(path, module, [x])
+    assert diff <= deploy.TOLERANCE
 
 
 def test_ppma(tmp_path):
@@ -98,7 +90,7 @@ def test_fixed_grid_pools():
     """Pools to a fixed grid other than 1 x 1 (UPerNet's pyramid pooling) keep height and width static."""
     model = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.AdaptiveAvgPool2d(3),
                                 torch.nn.AdaptiveMaxPool2d((1, 2)), torch.nn.AvgPool2d(2))
-    assert fixed_grid_pools(model) == ['1', '2']
+    assert deploy.fixed_grid_pools(model) == ['1', '2']
 
 
 def test_export_failure_names_the_op(tmp_path):
@@ -113,11 +105,12 @@ def test_export_failure_names_the_op(tmp_path):
         def forward(self, x):
             return conv2d_op(x, self.weight, None, [1, 1], [1, 1], [1, 1], 1)
 
-    with pytest.raises(ExportError, match='at the operator mmppma::conv2d') as info:
-        export_onnx(OpaqueConv().eval(), torch.randn(1, 3, 8, 8), str(tmp_path / 'model.onnx'))
+    with pytest.raises(deploy.ExportError, match='at the operator mmppma::conv2d') as info:
+        deploy.export_onnx(OpaqueConv().eval(), torch.randn(1, 3, 8, 8), str(tmp_path / 'model.onnx'))
     assert info.value.op == 'mmppma::conv2d'
 
 
+@pytest.mark.slow  # tracing with symbolic shapes: about 15 s of CPU
 @pytest.mark.skipif(importlib.util.find_spec('mmseg') is None, reason='needs mmsegmentation')
 def test_segmentor_dynamic_two_sizes(tmp_path, capsys):
     """The tool on an mmseg encoder-decoder config (one criss-cross block, a 1x1 conv head): --dynamic, checked
@@ -138,7 +131,7 @@ model = dict(
     assert tool.main([str(config), '--shape', '32', '32', '--batch', '2', '--dynamic', '--out', str(out)]) == 0
     printed = capsys.readouterr().out
     assert 'as a segmentor' in printed
-    assert dynamic_axes(str(out)) == ['batch', 'height', 'width']
+    assert deploy.dynamic_axes(str(out)) == ['batch', 'height', 'width']
     lines = [line for line in printed.splitlines() if 'max relative difference' in line]
     assert [line.split(' at input ')[1].split(':')[0] for line in lines] == ['(2, 3, 32, 32)', '(3, 3, 64, 64)']
     import onnxruntime
