@@ -1,6 +1,6 @@
 """ONNX export of mmppma's models and the check of the exported file against torch (tools/deployment).
 
-:func:`export_module` picks what a model exports (:func:`export_module`), :func:`export_onnx` traces it with
+:func:`export_module` picks the part of a model that is exported (:data:`OUTPUTS`), :func:`export_onnx` traces it with
 ``torch.onnx.export(dynamo=True)`` under :func:`mmppma.ops.export_mode` (plain PyTorch ops throughout) and
 turns a failure into an :class:`ExportError` naming the op, and :func:`compare_onnx` runs the file in
 onnxruntime on CPU against the torch module. Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime).
