@@ -2,7 +2,7 @@
 
 Requirements come from requirements.txt, the single place where the stack is pinned: its ``# [group]``
 headers split it into ``install_requires`` (core, plus setuptools from the build group) and extras (cls, det,
-seg, triton, tests, all).
+seg, triton, deploy, tests, all).
 """
 import re
 import shutil
@@ -48,7 +48,7 @@ class BuildPyWithConfigs(build_py):
 
 
 groups = read_groups(ROOT / 'requirements.txt')
-extras = {name: groups[name] for name in ('cls', 'det', 'seg', 'triton', 'tests')}
+extras = {name: groups[name] for name in ('cls', 'det', 'seg', 'triton', 'deploy', 'tests')}
 extras['det'] = groups['mmcv'] + extras['det']
 extras['seg'] = groups['mmcv'] + extras['seg']
 extras['all'] = sorted({req for reqs in extras.values() for req in reqs})

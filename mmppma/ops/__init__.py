@@ -43,7 +43,7 @@ from .attention import (
     rmt_criss_cross_attention,
     whole_attention_branch,
 )
-from .dispatch import IMPLEMENTATIONS, IMPLS, resolve_impl
+from .dispatch import IMPLEMENTATIONS, IMPLS, export_mode, exporting, resolve_impl
 from .linear_attention import ppma_decomposed_attention, ppma_linear_attention
 from .polyline_mask import (
                         column_segment_sums,
@@ -62,8 +62,8 @@ OPS = ('ppma_attention', 'criss_cross_attention', 'manhattan_attention', 'rmt_cr
        'decay_scan_1d', 'polyline_mask', 'polyline_mask_3d', 'manhattan_decay_mask')
 
 __all__ = [
-    'OPS', 'IMPLS', 'IMPLEMENTATIONS', 'resolve_impl', 'decay_tables', 'segment_sum', 'row_segment_sums',
-    'column_segment_sums', 'whole_attention_branch', 'ppma_attention', 'criss_cross_attention',
+    'OPS', 'IMPLS', 'IMPLEMENTATIONS', 'resolve_impl', 'export_mode', 'exporting', 'decay_tables', 'segment_sum',
+    'row_segment_sums', 'column_segment_sums', 'whole_attention_branch', 'ppma_attention', 'criss_cross_attention',
     'manhattan_attention', 'rmt_criss_cross_attention', 'ppma_linear_attention', 'ppma_decomposed_attention',
     'polyline_mask_matvec', 'polyline_mask_matvec_3d', 'decay_scan_1d', 'polyline_mask', 'polyline_mask_3d',
     'manhattan_decay_mask'

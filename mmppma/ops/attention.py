@@ -23,7 +23,7 @@ import torch
 from mmppma.utils.deprecation import renamed_arguments
 
 from ._checks import check_choice, check_log_decay, check_qkv, table_dtype
-from .dispatch import resolve_impl
+from .dispatch import exporting, resolve_impl
 from .polyline_mask import (
     column_segment_sums,
     decay_tables,
@@ -60,9 +60,9 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
 
 def _eager_inference(*tensors: torch.Tensor) -> bool:
     """Whether the criss-cross ops take their inference loop over groups of (image, head) maps: autograd not
-    recording, and not while torch.compile traces (a Python loop over the batch would specialise the graph on
-    its size)."""
-    return not _needs_grad(*tensors) and not torch.compiler.is_compiling()
+    recording, and neither torch.compile tracing (a Python loop over the batch would specialise the graph on
+    its size) nor an export (:func:`mmppma.ops.dispatch.exporting`)."""
+    return not _needs_grad(*tensors) and not torch.compiler.is_compiling() and not exporting()
 
 
 def _flatten(t: torch.Tensor) -> torch.Tensor:
@@ -387,7 +387,7 @@ def _whole_torch(q, k, v, sa, sb, scale, form):
         qf = qf * scale
     sa, sb = sa.to(dtype), sb.to(dtype)
     branch = whole_attention_branch(b, heads, h, w, grad=_needs_grad(qf, kf, vf, sa, sb))
-    if branch == 'autograd':
+    if branch == 'autograd' or exporting():  # an export takes the plain ops, whatever the size
         out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1),
                                  _paths_for(form))
     else:
@@ -504,9 +504,7 @@ class _SegmentMaskedSoftmax(torch.autograd.Function):
             probs = _segment_softmax_(scores, c)
             ctx.mark_dirty(scores)
         else:
-            sign = _sign_table(c.shape[-1], c.dtype, c.device)
-            probs = torch.addcmul(scores, c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0)
-            probs = probs.softmax(-1)
+            probs = _segment_softmax(scores, c)
         ctx.save_for_backward(probs, c)
         return probs
 
@@ -595,6 +593,12 @@ class _SegmentCrissCrossBoth(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dk = ds_rows.transpose(-1, -2) @ q + (ds_cols.transpose(-1, -2) @ q.transpose(2, 3)).transpose(2, 3)
         return dq, dk, dvv, dca, dcbt
+
+
+def _segment_softmax(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``softmax(scores + seg(c))`` of :class:`_SegmentMaskedSoftmax` in plain, out-of-place ops."""
+    sign = _sign_table(c.shape[-1], c.dtype, c.device)
+    return torch.addcmul(scores, c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0).softmax(-1)
 
 
 def _segment_softmax_(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -743,6 +747,9 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
 
         return _criss_cross_slices(q.to(dtype), k.to(dtype), v.to(dtype), segment_bias(ca),
                                    segment_bias(cb.transpose(-1, -2)), scale, order).to(v.dtype)
+    if exporting():
+        return _criss_cross_core(q.to(dtype), k.to(dtype), v.to(dtype), lambda s: _segment_softmax(s, ca),
+                                 lambda s: _segment_softmax(s, cb.transpose(-1, -2)), scale, order).to(v.dtype)
     if order == 'both' and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(q.device.type):
         # eager, no autocast (under autocast the products' dtypes differ): one autograd.Function
         qs = q.to(dtype) * scale if scale != 1.0 else q.to(dtype)

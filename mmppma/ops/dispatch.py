@@ -11,9 +11,17 @@
 
 The environment variable ``MMPPMA_IMPL`` (one of the above) overrides ``'auto'`` everywhere, for A/B
 runs without touching configs.
+
+While a model is exported (:func:`exporting`: inside :func:`export_mode`, or while ``torch.export`` traces, as
+``torch.onnx.export(..., dynamo=True)`` does) every op and layer runs plain PyTorch that an exporter can
+translate: ``'auto'`` and ``'triton'`` resolve to ``'torch'`` (a Triton kernel is opaque to a graph), and the
+torch paths take their plain differentiable branches (no ``torch.library`` op, custom autograd Function,
+in-place inference shortcut or Python loop over blocks of the input).
 """
+import contextlib
+import contextvars
 import os
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Iterator, Tuple
 
 import torch
 
@@ -21,6 +29,7 @@ IMPLS = ('auto', 'torch', 'triton', 'reference')
 ENV_VAR = 'MMPPMA_IMPL'
 
 _ALL = ('reference', 'torch', 'triton')
+_EXPORT_MODE = contextvars.ContextVar('mmppma_export_mode', default=False)
 #: The implementations of every public op that takes ``impl``. The matvecs and the linear / decomposed
 #: attention run their 1D scans on the Triton scan kernel.
 IMPLEMENTATIONS: Dict[str, Tuple[str, ...]] = {
@@ -34,6 +43,23 @@ IMPLEMENTATIONS: Dict[str, Tuple[str, ...]] = {
     'polyline_mask_matvec': _ALL,
     'polyline_mask_matvec_3d': _ALL,
 }
+
+
+@contextlib.contextmanager
+def export_mode() -> Iterator[None]:
+    """Run mmppma's ops and layers as plain PyTorch inside this context (see the module docstring); for
+    exporters that trace without ``torch.export``, and for checking the export paths in eager mode."""
+    token = _EXPORT_MODE.set(True)
+    try:
+        yield
+    finally:
+        _EXPORT_MODE.reset(token)
+
+
+def exporting() -> bool:
+    """Whether the ops and layers take their plain PyTorch paths: inside :func:`export_mode`, or while
+    ``torch.export`` traces."""
+    return _EXPORT_MODE.get() or torch.compiler.is_exporting()
 
 
 def triton_available() -> bool:
@@ -62,6 +88,8 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
                 raise ValueError(f'{ENV_VAR}={forced!r} is not supported; set it to one of '
                                  f'{", ".join(IMPLS)} or unset it')
             impl = forced
+    if exporting() and impl in ('auto', 'triton'):
+        return 'torch'
     tensors = list(tensors)
     on_cuda = any(t.is_cuda for t in tensors)
     has_kernel = 'triton' in IMPLEMENTATIONS[op]
