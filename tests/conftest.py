@@ -57,6 +57,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     items[:] = ordered + fast[len(slow):]
 
 
+#: torch.compile backends for the compile tests: the default tier traces with aot_eager (dynamo and AOT autograd,
+#: no code generation), the full tier also generates code with inductor
+COMPILE_BACKENDS = [pytest.param('aot_eager', id='aot_eager'),
+                    pytest.param('inductor', id='inductor', marks=[pytest.mark.heavy, pytest.mark.slow])]
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     """Every test starts from the same RNG state, so a failure reproduces when run alone."""

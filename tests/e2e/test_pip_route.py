@@ -92,6 +92,7 @@ print('OK', len(configs), 'configs; setuptools', setuptools.__version__, '; mmcv
 '''
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_readme_pip_route_with_mmcv_lite(tmp_path):
     if shutil.which('git') is None or not (REPO / '.git').exists():

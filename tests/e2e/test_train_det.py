@@ -55,6 +55,7 @@ def test_train_resume_test_through_the_launchers(tiny_env, tmp_path):
     assert len(preds) == 6 and {'bboxes', 'labels', 'masks', 'scores'} <= set(preds[0]['pred_instances'])
 
 
+@pytest.mark.heavy  # a PPMA-T step at the upstream pipeline's full image size
 def test_upstream_mask_rcnn_config_with_ppma_backbone_trains_a_step(tiny_data, tmp_path):
     """mmdet's own mask-rcnn_r50_fpn_1x_coco.py, backbone -> PPMA-T and FPN in_channels; data pointed at the
     tiny set (its class names, batch 1, no workers); its 1333x800 pipeline and heads as they are."""

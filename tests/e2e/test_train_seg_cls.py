@@ -59,6 +59,7 @@ def test_upernet_train_resume_evaluate(tiny_env, tmp_path):
     assert set(final) >= {'mIoU', 'aAcc'} and 0.0 <= final['mIoU'] <= 100.0
 
 
+@pytest.mark.heavy  # a PPMA-T step at the upstream pipeline's full image size
 def test_upstream_upernet_config_with_ppma_backbone_trains_a_step(tiny_data, tmp_path):
     """mmseg's own upernet_r50_4xb4-160k_ade20k-512x512.py, backbone -> PPMA-T and the heads' in_channels;
     data root -> the tiny ADE-layout set (batch 2, no workers); its 512 crop pipeline and heads as they are."""

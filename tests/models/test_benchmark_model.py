@@ -79,6 +79,7 @@ def {factory}T(args):
 '''
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_benchmark_model_inference_rounds_against_release_models(run_python, tmp_path):
     """--release-dir loads DIR/PPMA.py and DIR/RMT.py (here stand-ins) and times their forward_features in the

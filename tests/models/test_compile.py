@@ -13,6 +13,8 @@ import mmppma.ops.attention as attention_module
 from mmppma import ops
 from mmppma.models.backbones import MLLA, PPMA, RMT, VMINet
 
+from ..conftest import COMPILE_BACKENDS
+
 CC, WHOLE = 'criss_cross', 'whole'
 # two stages of one block each: a criss-cross stage, then a whole-attention stage (PPMA, RMT)
 PPMA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 2], mlp_ratios=[2, 2], attn_types=[CC, WHOLE])
@@ -94,22 +96,20 @@ def test_backbone_compiles_with_dynamic_shapes_and_equals_eager(name):
 
 
 def test_one_stage_compiles_on_inductor_with_a_reused_dynamic_graph():
-    """A one-stage PPMA (conv stem, one whole-attention block with its positional conv) on inductor, forward and
-    backward: every conv is the mmppma::conv2d op, whose layout does not pin the dynamic graph's sizes, so the
-    third size runs the graph the second compiled."""
+    """A one-stage PPMA (conv stem, one whole-attention block with its positional conv) compiled on inductor with
+    dynamic shapes, forward and backward: every conv is the mmppma::conv2d op, whose layout does not pin the
+    dynamic graph's sizes, so the second size runs the graph the first compiled."""
     torch.manual_seed(0)
     model = PPMA(arch=dict(embed_dims=[16], depths=[1], num_heads=[2], mlp_ratios=[2], attn_types=[WHOLE]),
                  impl='torch', out_indices=(0, )).train()
     torch._dynamo.reset()
-    compiled = torch.compile(model)
-
-    def run(h, w):
+    compiled = torch.compile(model, dynamic=True)
+    for i, (h, w) in enumerate([(32, 40), (48, 24)]):
         x = torch.randn(2, 3, h, w)
-        got_outs, got_grads = _step(model, compiled, x)
+        with torch._dynamo.config.patch(error_on_recompile=i >= 1):
+            got_outs, got_grads = _step(model, compiled, x)
         want_outs, want_grads = _step(model, model, x)
         _assert_close(got_outs + got_grads, want_outs + want_grads, f'{h}x{w}')
-
-    _reuses_dynamic_graph(run, [(32, 32), (40, 48), (48, 40)])
 
 
 ONE_BLOCK_PER_STAGE = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 1, 1], num_heads=[2, 2, 4, 4],
@@ -128,6 +128,7 @@ def test_classifier_train_step_traces_on_aot_eager_and_reuses_its_dynamic_graph(
     cfg.model.backbone.arch = ONE_BLOCK_PER_STAGE
     cfg.model.head.in_channels = ONE_BLOCK_PER_STAGE['embed_dims'][-1]
     cfg.model.train_cfg = None  # mixup / cutmix draw random numbers on the host: one fixed batch per size instead
+    cfg.model.backbone.drop_path_rate = 0.0  # the eager twin and the compiled step draw different random numbers
     models = [get_model(cfg).train() for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
     wrappers = [build_optim_wrapper(m, cfg.optim_wrapper) for m in models]
@@ -139,21 +140,21 @@ def test_classifier_train_step_traces_on_aot_eager_and_reuses_its_dynamic_graph(
                     data_samples=[DataSample().set_gt_label(1), DataSample().set_gt_label(3)])
         want = models[0].train_step(data, wrappers[0])['loss']
         got = compiled(data, wrappers[1])['loss']
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # AOT autograd orders float sums its own way
 
     _reuses_dynamic_graph(run, [(32, 32), (40, 48), (48, 40)])
     for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.slow
-def test_backbone_inference_compiles_and_equals_eager():
+@pytest.mark.parametrize('backend', COMPILE_BACKENDS)
+def test_backbone_inference_compiles_and_equals_eager(backend):
     """eval() under inference_mode (the inference-only paths of the layers, e.g. RoPE in the projections'
     storage in eager mode) compiles and equals eager; RMT: its criss-cross and whole attention."""
     torch.manual_seed(0)
     model = BACKBONES['RMT']().eval()
     torch._dynamo.reset()
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, backend=backend)
     x = torch.randn(2, 3, 64, 64)
     with torch.inference_mode():
         got, want = compiled(x), model(x)
@@ -201,14 +202,14 @@ def test_torch_path_ops_trace_without_graph_breaks(op, branch, monkeypatch):
     assert ('mmppma.whole_attention_blockwise' in code) == uses_library_op
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize('backend', COMPILE_BACKENDS)
 @pytest.mark.parametrize('op', ['ppma_attention', 'manhattan_attention'])
-def test_blockwise_branch_compiles_with_dynamic_shapes_and_equals_eager(op, monkeypatch):
+def test_blockwise_branch_compiles_with_dynamic_shapes_and_equals_eager(op, backend, monkeypatch):
     monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
     monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 64)
     fn = OPS[op]
     torch._dynamo.reset()
-    compiled = torch.compile(fn)
+    compiled = torch.compile(fn, backend=backend)
     for h, w in [(5, 7), (6, 9)]:
         leaves = _op_inputs(h, w, seed=h)
         results = []

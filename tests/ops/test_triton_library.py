@@ -14,6 +14,8 @@ from mmppma.ops.triton.decay_scan import scan_op  # noqa: E402
 from mmppma.ops.triton.line_attention import line_attention_backward_op, line_attention_op  # noqa: E402
 from mmppma.ops.triton.whole_attention import whole_attention_backward_op, whole_attention_op  # noqa: E402
 
+from ..conftest import COMPILE_BACKENDS  # noqa: E402
+
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 # a backward op is not differentiated again: no autograd registration to check
 NO_AUTOGRAD = ('test_schema', 'test_faketensor', 'test_aot_dispatch_dynamic')
@@ -78,9 +80,9 @@ def test_triton_path_traces_without_graph_breaks():
     assert 'mmppma.whole_attention_triton' in code and 'mmppma.line_attention_triton' in code
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize('backend', COMPILE_BACKENDS)
 @pytest.mark.parametrize('op', ['ppma_attention', 'criss_cross_attention', 'ppma_linear_attention'])
-def test_triton_ops_compile_with_dynamic_shapes_and_equal_eager(op):
+def test_triton_ops_compile_with_dynamic_shapes_and_equal_eager(op, backend):
     """Forward and every input gradient, compiled against eager, at two sizes (the second recompiles with
     dynamic shapes)."""
     def run(q, k, v, la, lb):
@@ -89,7 +91,7 @@ def test_triton_ops_compile_with_dynamic_shapes_and_equal_eager(op):
         return getattr(ops, op)(q, k, v, la, lb, impl='triton')
 
     torch._dynamo.reset()
-    compiled = torch.compile(run)
+    compiled = torch.compile(run, backend=backend)
     for h, w in [(3, 5), (4, 7)]:
         g = torch.Generator().manual_seed(h)
         leaves = [torch.randn(1, 2, h, w, 8, generator=g) for _ in range(3)]
