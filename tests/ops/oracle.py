@@ -13,30 +13,14 @@ def seg(line, s, t):
 
 def mask_v2h(la, lb):
     """la, lb: (H, W) -> (N, N) log-mask, query (i, j) -> key (k, l): row i from j to l, then column l."""
-    h, w = la.shape
-    m = np.zeros((h * w, h * w))
-    for i in range(h):
-        for j in range(w):
-            for k in range(h):
-                for l in range(w):
-                    m[i * w + j, k * w + l] = seg(la[i, :], j, l) + seg(lb[:, l], i, k)
-    return m
+    return np.array([[seg(la[i, :], j, l) + seg(lb[:, l], i, k) for k, l in np.ndindex(la.shape)]
+                     for i, j in np.ndindex(la.shape)])
 
 
 def mask_3d(la, lb, lc):
     """la, lb, lc: (D, H, W) -> (N, N): along W in the query's row, along H at the key's column, along D."""
-    d, h, w = la.shape
-    n = d * h * w
-    m = np.zeros((n, n))
-    for i in range(d):
-        for j in range(h):
-            for k in range(w):
-                for l in range(d):
-                    for mm in range(h):
-                        for nn in range(w):
-                            m[(i * h + j) * w + k, (l * h + mm) * w + nn] = (
-                                seg(la[i, j, :], k, nn) + seg(lb[i, :, nn], j, mm) + seg(lc[:, mm, nn], i, l))
-    return m
+    return np.array([[seg(la[i, j, :], k, nn) + seg(lb[i, :, nn], j, mm) + seg(lc[:, mm, nn], i, l)
+                      for l, mm, nn in np.ndindex(la.shape)] for i, j, k in np.ndindex(la.shape)])
 
 
 def softmax(x):
@@ -88,13 +72,8 @@ def criss_cross(q, k, v, la, lb, scale, order):
 
 
 def manhattan_mask(gamma, h, w):
-    m = np.zeros((h * w, h * w))
-    for i in range(h):
-        for j in range(w):
-            for k in range(h):
-                for l in range(w):
-                    m[i * w + j, k * w + l] = gamma * (abs(i - k) + abs(j - l))
-    return m
+    """(N, N): gamma times the Manhattan distance |i - k| + |j - l| between (i, j) and (k, l)."""
+    return np.array([[gamma * (abs(i - k) + abs(j - l)) for k, l in np.ndindex(h, w)] for i, j in np.ndindex(h, w)])
 
 
 def apply_per_head(fn, *arrays, **kwargs):

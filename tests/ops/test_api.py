@@ -15,6 +15,7 @@ from .test_attention import qkv
 from .test_masks_and_scans import decays
 
 # the options every op takes after its tensors, in the documented order
+IMPLS = ('reference', 'torch', 'triton')
 ORDER = ('scale', 'form', 'feature_map', 'normalize', 'normalizer', 'eps', 'space', 'queries', 'impl', 'chunk')
 
 
@@ -33,7 +34,7 @@ def test_signature_follows_the_vocabulary(name):
     assert ('impl' in options) == (name in IMPLEMENTATIONS)
 
 
-def test_resolve_impl_reads_the_one_table():
+def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
     x = torch.zeros(1)
     for op, impls in IMPLEMENTATIONS.items():
         assert set(impls) <= {'reference', 'torch', 'triton'}
@@ -41,24 +42,53 @@ def test_resolve_impl_reads_the_one_table():
         assert resolve_impl('auto', op, [x]) == 'torch'  # CPU tensors
     with pytest.raises(KeyError, match='not an op'):
         resolve_impl('torch', 'polyline_mask', [x])
+    with pytest.raises(ValueError, match="'auto', 'torch', 'triton', 'reference'"):
+        resolve_impl('cuda', 'ppma_attention', [x])
+    monkeypatch.setenv('MMPPMA_IMPL', 'reference')
+    assert resolve_impl('auto', 'ppma_attention', [x]) == 'reference'
+    calls = []
+    original = attention_module._whole_reference
+    monkeypatch.setattr(attention_module, '_whole_reference', lambda *a: calls.append(1) or original(*a))
+    ops.ppma_attention(*qkv(1, 1, 2, 3, 4), *decays(1, 1, 2, 3))
+    assert calls, 'MMPPMA_IMPL=reference did not route auto to the reference implementation'
+    monkeypatch.setenv('MMPPMA_IMPL', 'fast')
+    with pytest.raises(ValueError, match='MMPPMA_IMPL'):
+        resolve_impl('auto', 'ppma_attention', [x])
 
 
-@pytest.mark.parametrize('impl', ['reference', 'torch', 'triton'])
-@pytest.mark.parametrize('op', [ops.manhattan_attention, ops.rmt_criss_cross_attention])
-def test_log_decay_is_checked_before_dispatch(op, impl):
-    q, k, v = qkv(2, 3, 2, 3, 4)
-    for bad in (torch.zeros(2), torch.zeros(3, 3), torch.zeros(1, 1, 3), torch.zeros(3, dtype=torch.long)):
-        with pytest.raises(ValueError, match='log_decay'):
-            op(q, k, v, bad, impl=impl)
+Q, K, V = qkv(1, 2, 3, 4, 5)
+LA, LB = decays(1, 2, 3, 4)
+WHOLE_AND_CRISS_CROSS = (ops.ppma_attention, ops.criss_cross_attention)
+PER_HEAD = (ops.manhattan_attention, ops.rmt_criss_cross_attention)
+QKV_2X3 = qkv(2, 3, 2, 3, 4)  # batch 2, heads 3: a log-decay is (3,) or (2, 3)
+BAD_LOG_DECAYS = (torch.zeros(2), torch.zeros(3, 3), torch.zeros(1, 1, 3), torch.zeros(3, dtype=torch.long))
+SCAN_X = torch.zeros(2, 5, 3)
+BAD_INPUTS = [  # (op, its tensors, its options, what the ValueError says); log-decays checked before dispatch
+    *[(fn, (Q, K[..., :4], V, LA, LB), {}, r'q, k: \(B, heads, H, W, d\)') for fn in WHOLE_AND_CRISS_CROSS],
+    *[(fn, (Q, K, V, LA[..., :3], LB), {}, r'la \(horizontal\), lb \(vertical\) log-decays: \(B, heads, H, W\)')
+      for fn in WHOLE_AND_CRISS_CROSS],
+    *[(fn, (Q[0], K[0], V[0], LA[0], LB[0]), {}, r'\(B, heads, H, W, d\)') for fn in WHOLE_AND_CRISS_CROSS],
+    *[(fn, (Q, K, V, LA, LB), dict(form='x'), 'form') for fn in WHOLE_AND_CRISS_CROSS],
+    (ops.ppma_attention, (Q.long(), K, V, LA, LB), {}, 'floating point'),
+    (ops.ppma_linear_attention, (Q, K[:, :1], V, LA, LB), {}, r'\(B, heads, H, W, r\)'),
+    (ops.ppma_linear_attention, (Q, K, V, LA, LB), dict(normalizer=(Q, K)), 'normalize=True'),
+    (ops.ppma_linear_attention, (Q, K, V, LA, LB), dict(normalize=True, normalizer=(Q[:, :1], K)), 'shaped like q'),
+    (ops.polyline_mask_matvec, (V[:, :, :, :3], LA, LB), {}, r'\(B, heads, H, W'),
+    (ops.polyline_mask_matvec, (V, LA, LB[..., :3]), {}, r'\(B, heads, H, W'),
+    (ops.polyline_mask, (LA, LB), dict(form='vh'), "'v2h', 'h2v', '2d'"),
+    (ops.polyline_mask_matvec, (V, LA, LB), dict(form='x'), 'form'),
+    *[(op, (*QKV_2X3, bad), dict(impl=impl), 'log_decay')
+      for op in PER_HEAD for impl in IMPLS for bad in BAD_LOG_DECAYS],
+    *[(ops.decay_scan_1d, (SCAN_X, torch.zeros(2, 4)), dict(impl=impl), 'log_decay') for impl in IMPLS],
+    *[(ops.decay_scan_1d, (SCAN_X, torch.zeros(2, 5, dtype=torch.long)), dict(impl=impl), 'floating point')
+      for impl in IMPLS],
+]
 
 
-@pytest.mark.parametrize('impl', ['reference', 'torch', 'triton'])
-def test_scan_inputs_are_checked_before_dispatch(impl):
-    x = torch.zeros(2, 5, 3)
-    with pytest.raises(ValueError, match='log_decay'):
-        ops.decay_scan_1d(x, torch.zeros(2, 4), impl=impl)
-    with pytest.raises(ValueError, match='floating point'):
-        ops.decay_scan_1d(x, torch.zeros(2, 5, dtype=torch.long), impl=impl)
+@pytest.mark.parametrize('op, tensors, options, match', BAD_INPUTS, ids=[f'{case[0].__name__}' for case in BAD_INPUTS])
+def test_bad_input_raises_naming_the_expected_layout(op, tensors, options, match):
+    with pytest.raises(ValueError, match=match):
+        op(*tensors, **options)
 
 
 def test_whole_attention_branch_is_the_one_taken(monkeypatch):
@@ -85,64 +115,51 @@ def test_whole_attention_branch_is_the_one_taken(monkeypatch):
     assert calls == [False, True]  # the blockwise branch: the same op, recorded by autograd
 
 
-def _new_and_old():
-    """(name, new spelling, old spelling) calls of every op whose spelling changed."""
+def _spellings():
+    """(op, new args, new kwargs, old args, old kwargs) of every op whose spelling changed."""
     q, k, v = qkv(1, 2, 3, 4, 2, seed=1)
     la, lb = decays(1, 2, 3, 4, seed=2)
     lc = decays(1, 2, 3, 4, seed=3)[0]
     g = torch.tensor([-0.2, -0.5], dtype=torch.float64)
     l3d = (la[:, :, None], lb[:, :, None], lc[:, :, None])
     x3, l3 = torch.randn(1, 2, 2, 3, 4, 3, dtype=torch.float64), -torch.rand(1, 2, 2, 3, 4, dtype=torch.float64)
+    t, tg, x, m3 = (q, k, v, la, lb), (q, k, v, g), (v, la, lb), (x3, l3, l3, l3)
+    cc, mv, scan, dec = (ops.criss_cross_attention, ops.polyline_mask_matvec, ops.decay_scan_1d,
+                         ops.ppma_decomposed_attention)
     return [
-        ('ppma_attention', lambda: ops.ppma_attention(q, k, v, la, lb, scale=0.5, form='v2h', impl='torch'),
-         lambda: ops.ppma_attention(q, k, v, la, lb, 0.5, 'v2h', 'torch')),
-        ('manhattan_attention', lambda: ops.manhattan_attention(q, k, v, g, scale=0.5, impl='reference'),
-         lambda: ops.manhattan_attention(q, k, v, g, 0.5, 'reference')),
-        ('rmt_criss_cross_attention', lambda: ops.rmt_criss_cross_attention(q, k, v, g, scale=0.5),
-         lambda: ops.rmt_criss_cross_attention(q, k, v, g, 0.5)),
-        ('criss_cross order=both', lambda: ops.criss_cross_attention(q, k, v, la, lb, scale=0.5),
-         lambda: ops.criss_cross_attention(q, k, v, la, lb, scale=0.5, order='both')),
-        ('criss_cross order=col_row', lambda: ops.criss_cross_attention(q, k, v, la, lb, form='v2h'),
-         lambda: ops.criss_cross_attention(q, k, v, la, lb, order='col_row')),
-        ('criss_cross positional row_col', lambda: ops.criss_cross_attention(q, k, v, la, lb, scale=0.3, form='h2v',
-                                                                             impl='reference'),
-         lambda: ops.criss_cross_attention(q, k, v, la, lb, 0.3, 'row_col', 'reference')),
-        ('criss_cross form=row_col', lambda: ops.criss_cross_attention(q, k, v, la, lb, form='h2v'),
-         lambda: ops.criss_cross_attention(q, k, v, la, lb, form='row_col')),
-        ('polyline_mask', lambda: ops.polyline_mask(la, lb, form='h2v', space='linear'),
-         lambda: ops.polyline_mask(la, lb, 'h2v', 'linear')),
-        ('polyline_mask_3d', lambda: ops.polyline_mask_3d(*l3d, space='linear'),
-         lambda: ops.polyline_mask_3d(*l3d, 'linear')),
-        ('polyline_mask_matvec order=', lambda: ops.polyline_mask_matvec(v, la, lb, form='h2v', chunk=2),
-         lambda: ops.polyline_mask_matvec(v, la, lb, order='h2v', chunk=2)),
-        ('polyline_mask_matvec positional', lambda: ops.polyline_mask_matvec(v, la, lb, form='2d', chunk=2,
-                                                                             impl='torch'),
-         lambda: ops.polyline_mask_matvec(v, la, lb, '2d', 2, 'torch')),
-        ('polyline_mask_matvec_3d', lambda: ops.polyline_mask_matvec_3d(x3, l3, l3, l3, chunk=2, impl='torch'),
-         lambda: ops.polyline_mask_matvec_3d(x3, l3, l3, l3, 2, 'torch')),
-        ('decay_scan_1d a=', lambda: ops.decay_scan_1d(v, la, chunk=2),
-         lambda: ops.decay_scan_1d(v, a=la, chunk=2)),
-        ('decay_scan_1d positional', lambda: ops.decay_scan_1d(v, la, chunk=2, impl='reference'),
-         lambda: ops.decay_scan_1d(v, la, 2, 'reference')),
-        ('ppma_decomposed_attention', lambda: ops.ppma_decomposed_attention(q, k, v, la, lb, form='v2h', chunk=2),
-         lambda: ops.ppma_decomposed_attention(q, k, v, la, lb, mask='v2h', chunk=2)),
-        ('ppma_decomposed_attention positional', lambda: ops.ppma_decomposed_attention(q, k, v, la, lb, form='h2v',
-                                                                                       impl='reference'),
-         lambda: ops.ppma_decomposed_attention(q, k, v, la, lb, 'h2v', 'reference')),
-        ('ppma_linear_attention', lambda: ops.ppma_linear_attention(q, k, v, la, lb, form='h2v', feature_map='elu',
-                                                                    normalize=True),
-         lambda: ops.ppma_linear_attention(q, k, v, la, lb, 'elu', True, mask='h2v')),
+        (ops.ppma_attention, t, dict(scale=0.5, form='v2h', impl='torch'), t + (0.5, 'v2h', 'torch'), {}),
+        (ops.manhattan_attention, tg, dict(scale=0.5, impl='reference'), tg + (0.5, 'reference'), {}),
+        (ops.rmt_criss_cross_attention, tg, dict(scale=0.5), tg + (0.5, ), {}),
+        (cc, t, dict(scale=0.5), t, dict(scale=0.5, order='both')),
+        (cc, t, dict(form='v2h'), t, dict(order='col_row')),
+        (cc, t, dict(scale=0.3, form='h2v', impl='reference'), t + (0.3, 'row_col', 'reference'), {}),
+        (cc, t, dict(form='h2v'), t, dict(form='row_col')),
+        (ops.polyline_mask, (la, lb), dict(form='h2v', space='linear'), (la, lb, 'h2v', 'linear'), {}),
+        (ops.polyline_mask_3d, l3d, dict(space='linear'), l3d + ('linear', ), {}),
+        (mv, x, dict(form='h2v', chunk=2), x, dict(order='h2v', chunk=2)),
+        (mv, x, dict(form='2d', chunk=2, impl='torch'), x + ('2d', 2, 'torch'), {}),
+        (ops.polyline_mask_matvec_3d, m3, dict(chunk=2, impl='torch'), m3 + (2, 'torch'), {}),
+        (scan, (v, la), dict(chunk=2), (v, ), dict(a=la, chunk=2)),
+        (scan, (v, la), dict(chunk=2, impl='reference'), (v, la, 2, 'reference'), {}),
+        (dec, t, dict(form='v2h', chunk=2), t, dict(mask='v2h', chunk=2)),
+        (dec, t, dict(form='h2v', impl='reference'), t + ('h2v', 'reference'), {}),
+        (ops.ppma_linear_attention, t, dict(form='h2v', feature_map='elu', normalize=True), t + ('elu', True),
+         dict(mask='h2v')),
     ]
 
 
-@pytest.mark.parametrize('case', range(len(_new_and_old())), ids=[c[0] for c in _new_and_old()])
-def test_old_spellings_warn_and_give_identical_results(case):
-    _, new, old = _new_and_old()[case]
+SPELLINGS = _spellings()
+
+
+@pytest.mark.parametrize('op, args, kwargs, old_args, old_kwargs', SPELLINGS,
+                         ids=[f"{c[0].__name__}({', '.join([*map(repr, c[3][len(c[1]):]), *(f'{k}=' for k in c[4])])})"
+                              for c in SPELLINGS])
+def test_old_spellings_warn_and_give_identical_results(op, args, kwargs, old_args, old_kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # the new spelling warns about nothing
-        want = new()
+        want = op(*args, **kwargs)
     with pytest.warns(DeprecationWarning, match='deprecated and will be removed in the next release'):
-        got = old()
+        got = op(*old_args, **old_kwargs)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 

@@ -1,10 +1,9 @@
-"""The torch.library ops of the torch path (``mmppma::whole_attention_blockwise`` and its backward): schema,
-fake implementations, autograd registration and dynamic-shape tracing checked by ``torch.library.opcheck``;
-values against the dense reference path."""
+"""The torch.library ops of the torch path (``mmppma::whole_attention_blockwise`` and its backward,
+``mmppma::tokens_to_nchw``): schema, fake implementations, autograd registration and dynamic-shape tracing checked
+by ``torch.library.opcheck``."""
 import pytest
 import torch
 
-from mmppma.ops import manhattan_attention, ppma_attention
 from mmppma.ops.attention import _manhattan_tables
 from mmppma.ops.polyline_mask import column_segment_sums, row_segment_sums
 
@@ -53,63 +52,6 @@ def test_blockwise_backward_op_passes_opcheck(table_grads):
         assert dsa.shape == sa.shape and dsb.shape == sb.shape
     else:
         assert dsa.numel() == 0 and dsb.numel() == 0
-
-
-@pytest.mark.parametrize('op', ['ppma', 'manhattan'])
-def test_blockwise_op_values_and_gradients_match_reference(op, monkeypatch):
-    """The torch path through the registered op (forced onto the blockwise branch) equals the dense
-    reference, outputs and every input gradient."""
-    import mmppma.ops.attention as attention_module
-    monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
-    monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 1)
-    g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 2, 5, 7, 4, generator=g, dtype=torch.float64) for _ in range(3))
-    la, lb = decays(2, 2, 5, 7, seed=4)
-    log_decay = -torch.rand(2, generator=g, dtype=torch.float64)
-    leaves = [q, k, v, la, lb] if op == 'ppma' else [q, k, v, log_decay]
-
-    def run(impl):
-        xs = [t.clone().requires_grad_() for t in leaves]
-        if op == 'ppma':
-            out = ppma_attention(*xs, scale=0.7, impl=impl)
-        else:
-            out = manhattan_attention(*xs, scale=0.7, impl=impl)
-        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out))
-        return [out.detach()] + [x.grad for x in xs]
-
-    for got, want in zip(run('torch'), run('reference')):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-
-
-@pytest.mark.parametrize('op', ['ppma', 'rmt_criss_cross'])
-def test_triton_impl_under_torch_compile_has_no_graph_break_and_equals_eager(op):
-    """Each Triton op is a torch.library op that torch.compile traces with the code around it, in one graph
-    (the kernels run on the interpreter here, launched on a GPU): outputs and gradients equal eager."""
-    pytest.importorskip('triton')
-    from mmppma.ops import rmt_criss_cross_attention
-    g = torch.Generator().manual_seed(5)
-    leaves = [torch.randn(1, 2, 3, 4, 16, generator=g) for _ in range(3)]
-    if op == 'ppma':
-        leaves += [t.float() for t in decays(1, 2, 3, 4)]
-    else:
-        leaves.append(-torch.rand(2, generator=g))
-
-    def fn(q, k, v, *decay):
-        attend = ppma_attention if op == 'ppma' else rmt_criss_cross_attention
-        return torch.tanh(attend(q * 2, k, v, *decay, impl='triton')).sum(-1)
-
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(fn)(*leaves)
-    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
-    assert '_triton' in '\n'.join(graph.code for graph in explained.graphs)  # the mmppma::*_triton op is traced
-    results = []
-    for run in (torch.compile(fn, backend='aot_eager'), fn):
-        xs = [t.clone().requires_grad_() for t in leaves]
-        out = run(*xs)
-        out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
-        results.append([out.detach()] + [x.grad for x in xs])
-    for got, want in zip(*results):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # float32, fused in another order
 
 
 def test_tokens_to_nchw_op_is_a_channels_last_copy_and_passes_opcheck():

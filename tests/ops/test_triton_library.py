@@ -80,26 +80,34 @@ def test_triton_path_traces_without_graph_breaks():
     assert 'mmppma.whole_attention_triton' in code and 'mmppma.line_attention_triton' in code
 
 
-@pytest.mark.parametrize('backend', COMPILE_BACKENDS)
-@pytest.mark.parametrize('op', ['ppma_attention', 'criss_cross_attention', 'ppma_linear_attention'])
-def test_triton_ops_compile_with_dynamic_shapes_and_equal_eager(op, backend):
-    """Forward and every input gradient, compiled against eager, at two sizes (the second recompiles with
-    dynamic shapes)."""
-    def run(q, k, v, la, lb):
-        if op == 'ppma_linear_attention':
-            return ops.ppma_linear_attention(q, k, v, la, lb, feature_map='elu', normalize=True, impl='triton')
-        return getattr(ops, op)(q, k, v, la, lb, impl='triton')
+@pytest.mark.parametrize('op, sizes, backend', [
+    *[pytest.param(op, [(3, 4)], 'aot_eager', id=op) for op in ('ppma_attention', 'rmt_criss_cross_attention')],
+    *[pytest.param(op, [(3, 5), (4, 7)], *backend.values, marks=backend.marks, id=f'{op}-dynamic-{backend.id}')
+      for op in ('ppma_attention', 'criss_cross_attention', 'ppma_linear_attention') for backend in COMPILE_BACKENDS]])
+def test_triton_ops_trace_in_one_graph_and_compiled_equal_eager(op, sizes, backend):
+    """Each Triton op is a torch.library op that torch.compile traces with the code around it, in one graph (the
+    mmppma::*_triton op in its code); compiled, the output and every input gradient equal eager's (float32, fused in
+    another order), at each size (a second size recompiles with dynamic shapes)."""
+    def fn(q, k, v, *decay):
+        options = dict(feature_map='elu', normalize=True) if op == 'ppma_linear_attention' else {}
+        return torch.tanh(getattr(ops, op)(q * 2, k, v, *decay, impl='triton', **options)).sum(-1)
 
     torch._dynamo.reset()
-    compiled = torch.compile(run, backend=backend)
-    for h, w in [(3, 5), (4, 7)]:
+    compiled = torch.compile(fn, backend=backend)
+    for h, w in sizes:
         g = torch.Generator().manual_seed(h)
         leaves = [torch.randn(1, 2, h, w, 8, generator=g) for _ in range(3)]
-        leaves += [-torch.rand(1, 2, h, w, generator=g) for _ in range(2)]
+        leaves += ([-torch.rand(2, generator=g)] if op == 'rmt_criss_cross_attention' else
+                   [-torch.rand(1, 2, h, w, generator=g) for _ in range(2)])
+        leaves = [t.to(DEVICE) for t in leaves]
+        if (h, w) == sizes[0]:
+            explained = torch._dynamo.explain(fn)(*leaves)
+            assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+            assert '_triton' in '\n'.join(graph.code for graph in explained.graphs)
         results = []
-        for fn in (compiled, run):
-            xs = [t.to(DEVICE).requires_grad_() for t in leaves]
-            out = fn(*xs)
+        for run in (compiled, fn):
+            xs = [t.clone().requires_grad_() for t in leaves]
+            out = run(*xs)
             grads = torch.autograd.grad(out, xs, torch.linspace(-1, 1, out.numel(), device=DEVICE).view_as(out))
             results.append([out.detach(), *grads])
         for i, (got, want) in enumerate(zip(*results)):
