@@ -226,13 +226,17 @@ def test_get_model_downloads_caches_and_converts(served, reference_logits, tmp_p
     torch.testing.assert_close(logits(model, images), want, rtol=0, atol=0)
     cached = tmp_path / 'torch_home' / 'hub' / 'checkpoints' / 'best.pth'
     assert cached.read_bytes() == served['file'].read_bytes()
-    check_top5(ImageClassificationInferencer(model))
+    check_top5(lambda: ImageClassificationInferencer(model))
 
 
-def check_top5(inferencer) -> None:
+def check_top5(make_inferencer) -> None:
+    """The inferencer ``make_inferencer()`` builds gives top-5 ImageNet class names; built and run in mmpretrain's
+    scope (another test's Runner may have left its own as the process's current default scope)."""
+    from mmengine.registry import DefaultScope
     from mmpretrain.datasets.categories import IMAGENET_CATEGORIES
     image = torch.randint(0, 256, (96, 120, 3), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
-    result = inferencer(image.numpy())[0]
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        result = make_inferencer()(image.numpy())[0]
     scores = torch.as_tensor(result['pred_scores'])
     assert scores.shape == (1000, )
     top5 = [IMAGENET_CATEGORIES[i] for i in scores.topk(5).indices.tolist()]
@@ -243,7 +247,7 @@ def check_top5(inferencer) -> None:
 def test_inferencer_by_name_gives_top5_class_names(served, tmp_path, monkeypatch):
     from mmpretrain import ImageClassificationInferencer
     monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
-    check_top5(ImageClassificationInferencer(PPMA_T, pretrained=served['url']))
+    check_top5(lambda: ImageClassificationInferencer(PPMA_T, pretrained=served['url']))
 
 
 def test_release_url_loader_caches_under_a_name_unique_to_the_url(served, tmp_path, monkeypatch):

@@ -19,7 +19,6 @@ torch paths take their plain differentiable branches (no ``torch.library`` op, c
 in-place inference shortcut or Python loop over blocks of the input).
 """
 import contextlib
-import contextvars
 import os
 from typing import Dict, Iterable, Iterator, Tuple
 
@@ -29,7 +28,8 @@ IMPLS = ('auto', 'torch', 'triton', 'reference')
 ENV_VAR = 'MMPPMA_IMPL'
 
 _ALL = ('reference', 'torch', 'triton')
-_EXPORT_MODE = contextvars.ContextVar('mmppma_export_mode', default=False)
+# a plain global, not a ContextVar: dynamo reads (and guards on) a global, but cannot trace ContextVar.get
+_EXPORT_MODE = False
 #: The implementations of every public op that takes ``impl``. The matvecs and the linear / decomposed
 #: attention run their 1D scans on the Triton scan kernel.
 IMPLEMENTATIONS: Dict[str, Tuple[str, ...]] = {
@@ -49,17 +49,18 @@ IMPLEMENTATIONS: Dict[str, Tuple[str, ...]] = {
 def export_mode() -> Iterator[None]:
     """Run mmppma's ops and layers as plain PyTorch inside this context (see the module docstring); for
     exporters that trace without ``torch.export``, and for checking the export paths in eager mode."""
-    token = _EXPORT_MODE.set(True)
+    global _EXPORT_MODE
+    before, _EXPORT_MODE = _EXPORT_MODE, True
     try:
         yield
     finally:
-        _EXPORT_MODE.reset(token)
+        _EXPORT_MODE = before
 
 
 def exporting() -> bool:
     """Whether the ops and layers take their plain PyTorch paths: inside :func:`export_mode`, or while
     ``torch.export`` traces."""
-    return _EXPORT_MODE.get() or torch.compiler.is_exporting()
+    return _EXPORT_MODE or torch.compiler.is_exporting()
 
 
 def triton_available() -> bool:

@@ -143,8 +143,16 @@ def test_classifier_train_step_traces_on_aot_eager_and_reuses_its_dynamic_graph(
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # AOT autograd orders float sums its own way
 
     _reuses_dynamic_graph(run, [(32, 32), (40, 48), (48, 40)])
+    # Each step's loss comes from the weights the steps before it wrote, so the losses compare the updates. The
+    # weights agree elementwise, but for gradients that are zero up to rounding (a conv bias before a BatchNorm),
+    # which Adam's normalization turns into steps of +-lr: those agree to two steps of lr per step.
+    lr = cfg.optim_wrapper.optimizer.lr
+    close = total = 0
     for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
-        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
+        assert (q - p).abs().max() <= 3 * 2.2 * lr, name
+        close += torch.isclose(q, p, rtol=1e-4, atol=1e-6).sum().item()
+        total += p.numel()
+    assert close >= 0.99 * total
 
 
 @pytest.mark.parametrize('backend', COMPILE_BACKENDS)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.registry import init_default_scope
+from mmengine.registry import DefaultScope
 
 from .conftest import SMALL_ARCH
 from .test_backbone_contract import FAMILIES
@@ -66,8 +66,8 @@ def test_mask_rcnn_from_config_losses(name, mmdet_ready):
         'model.roi_head.bbox_head.in_channels': 32, 'model.roi_head.bbox_head.fc_out_channels': 64,
         'model.roi_head.mask_roi_extractor.out_channels': 32, 'model.roi_head.mask_head.in_channels': 32,
         'model.roi_head.mask_head.conv_out_channels': 32})
-    init_default_scope('mmdet')
-    model = MODELS.build(cfg.model)
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        model = MODELS.build(cfg.model)
     model.init_weights()
     model.train()
     sample = DetDataSample(metainfo=dict(img_shape=(64, 96), pad_shape=(64, 96), ori_shape=(64, 96),
@@ -91,8 +91,8 @@ def test_upernet_from_config_forward(name, mmseg_ready):
     norm_cfg = dict(type='BN', requires_grad=True)
     cfg.model.decode_head.update(in_channels=dims(name), channels=16, num_classes=5, norm_cfg=norm_cfg)
     cfg.model.auxiliary_head.update(in_channels=dims(name)[2], channels=8, num_classes=5, norm_cfg=norm_cfg)
-    init_default_scope('mmseg')
-    model = MODELS.build(cfg.model).eval()
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        model = MODELS.build(cfg.model).eval()
     with torch.no_grad():
         logits = model(torch.randn(1, 3, 50, 70), mode='tensor')
     assert logits.shape == (1, 5, 13, 18)  # UPerHead predicts at the stride-4 map
@@ -114,8 +114,8 @@ def check_trains(cfg: Config) -> None:
     from mmengine.structures import PixelData
     from mmseg.registry import MODELS
     from mmseg.structures import SegDataSample
-    init_default_scope('mmseg')
-    model = MODELS.build(cfg.model)
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        model = MODELS.build(cfg.model)
     model.init_weights()
     model.train()
     samples = []

@@ -152,6 +152,8 @@ def test_one_pixel_late_stages():
     assert [tuple(o.shape[2:]) for o in outs] == stage_shapes(40, 8) == [(10, 2), (5, 1), (3, 1), (2, 1)]
     sum(o.square().mean() for o in outs).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    model.zero_grad()
+    sum(o.square().mean() for o in model(torch.randn(2, 3, 97, 131))).backward()
     assert model.stages[2].blocks[1].sum.weight.grad.abs().sum() > 0  # the resized table is trained
 
 
