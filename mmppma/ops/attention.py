@@ -371,9 +371,12 @@ def whole_attention_branch(batch: int, heads: int, height: int, width: int, form
     """The branch the ``torch`` path of whole attention (:func:`ppma_attention`, :func:`manhattan_attention`)
     takes for q (batch, heads, height, width, d): ``'dense'`` (form 'paper'), ``'inference'`` (autograd not
     recording: ``grad=False``), ``'autograd'`` (at most ``SMALL_ELEMENTS`` = batch * heads * N^2 score
-    elements) or ``'blockwise'``. See the module docstring."""
+    elements, or any size in an export: :func:`mmppma.ops.dispatch.exporting`) or ``'blockwise'``. See the module
+    docstring."""
     if form == 'paper':
         return 'dense'
+    if exporting():  # the plain ops, whatever the size
+        return 'autograd'
     if not grad:
         return 'inference'
     return 'autograd' if batch * heads * (height * width)**2 <= SMALL_ELEMENTS else 'blockwise'
@@ -387,7 +390,7 @@ def _whole_torch(q, k, v, sa, sb, scale, form):
         qf = qf * scale
     sa, sb = sa.to(dtype), sb.to(dtype)
     branch = whole_attention_branch(b, heads, h, w, grad=_needs_grad(qf, kf, vf, sa, sb))
-    if branch == 'autograd' or exporting():  # an export takes the plain ops, whatever the size
+    if branch == 'autograd':
         out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1),
                                  _paths_for(form))
     else:
