@@ -69,11 +69,12 @@ def test_backbone_traces_without_graph_breaks(name):
 DYNAMIC = list(BACKBONES) if os.environ.get('MMPPMA_COMPILE_ALL') else ['PPMA']
 
 
-def _reuses_dynamic_graph(run, sizes) -> None:
-    """``run(h, w)`` at each size; from the third size on a recompile is an error."""
+def _reuses_dynamic_graph(run, sizes, reused_from: int = 2) -> None:
+    """``run(i, h, w)`` at each size; from size ``reused_from`` on a recompile is an error (2: the first size
+    compiles static shapes, the second dynamic ones; 1: compiled with ``dynamic=True``)."""
     for i, (h, w) in enumerate(sizes):
-        with torch._dynamo.config.patch(error_on_recompile=i >= 2):
-            run(h, w)
+        with torch._dynamo.config.patch(error_on_recompile=i >= reused_from):
+            run(i, h, w)
 
 
 @pytest.mark.heavy
@@ -85,7 +86,7 @@ def test_backbone_compiles_with_dynamic_shapes_and_equals_eager(name):
     torch._dynamo.reset()
     compiled = torch.compile(model)
 
-    def run(h, w):
+    def run(i, h, w):
         x = torch.randn(2, 3, h, w)
         got_outs, got_grads = _step(model, compiled, x)
         want_outs, want_grads = _step(model, model, x)
@@ -104,12 +105,14 @@ def test_one_stage_compiles_on_inductor_with_a_reused_dynamic_graph():
                  impl='torch', out_indices=(0, )).train()
     torch._dynamo.reset()
     compiled = torch.compile(model, dynamic=True)
-    for i, (h, w) in enumerate([(32, 40), (48, 24)]):
+
+    def run(i, h, w):
         x = torch.randn(2, 3, h, w)
-        with torch._dynamo.config.patch(error_on_recompile=i >= 1):
-            got_outs, got_grads = _step(model, compiled, x)
+        got_outs, got_grads = _step(model, compiled, x)
         want_outs, want_grads = _step(model, model, x)
         _assert_close(got_outs + got_grads, want_outs + want_grads, f'{h}x{w}')
+
+    _reuses_dynamic_graph(run, [(32, 40), (48, 24)], reused_from=1)
 
 
 def test_classifier_train_step_traces_on_aot_eager_and_reuses_its_dynamic_graph():
@@ -131,14 +134,15 @@ def test_classifier_train_step_traces_on_aot_eager_and_reuses_its_dynamic_graph(
     wrappers = [build_optim_wrapper(m, cfg.optim_wrapper) for m in models]
     torch._dynamo.reset()
     compiled = torch.compile(models[1].train_step, backend='aot_eager', dynamic=True)
-    for i, (h, w) in enumerate([(64, 72), (72, 88)]):
+    def run(i, h, w):
         data = dict(inputs=[torch.randint(0, 256, (3, h, w), dtype=torch.uint8) for _ in range(2)],
                     data_samples=[DataSample().set_gt_label(1), DataSample().set_gt_label(3)])
         want = models[0].train_step(data, wrappers[0])['loss']
-        with torch._dynamo.config.patch(error_on_recompile=i >= 1):
-            got = compiled(data, wrappers[1])['loss']
+        got = compiled(data, wrappers[1])['loss']
         # the first step starts from equal weights; the second from weights one Adam step apart (below)
         torch.testing.assert_close(got, want, rtol=1e-4 if i == 0 else 1e-3, atol=1e-5)
+
+    _reuses_dynamic_graph(run, [(64, 72), (72, 88)], reused_from=1)
     # Gradients that are zero up to rounding (a conv bias before a BatchNorm) become Adam steps of +-lr, so those
     # weights agree to 2 lr per step; most others elementwise.
     lr = cfg.optim_wrapper.optimizer.lr
