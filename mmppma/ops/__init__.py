@@ -32,9 +32,6 @@ manhattan_decay_mask         (log_decay, height, width)                  dense
 ============================ =========================================================================
 
 plus the table helpers ``decay_tables``, ``segment_sum``, ``row_segment_sums``, ``column_segment_sums``.
-The previous release's spellings (positional options, ``order=``/``mask=`` for ``form=``, criss-cross
-``order='both'|'col_row'|'row_col'`` for ``form='release'|'v2h'|'h2v'``, ``decay_scan_1d(a=...)``) still work
-for this release with a ``DeprecationWarning`` (:func:`mmppma.utils.deprecation.renamed_arguments`).
 """
 from .attention import (
                         criss_cross_attention,

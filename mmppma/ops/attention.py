@@ -20,8 +20,6 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from mmppma.utils.deprecation import renamed_arguments
-
 from ._checks import check_choice, check_log_decay, check_qkv, table_dtype
 from .dispatch import exporting, resolve_impl
 from .polyline_mask import (
@@ -39,8 +37,6 @@ CRISS_CROSS_FORMS = ('release', 'v2h', 'h2v')
 # criss-cross form -> the order in which row (Aw) and column (Ah) attention compose: 'v2h' is Aw(Ah v)
 # (columns first), 'h2v' is Ah(Aw v) (rows first), 'release' the mean of both
 _CRISS_CROSS_ORDER = {'release': 'both', 'v2h': 'col_row', 'h2v': 'row_col'}
-# the previous release's criss-cross ``order`` values
-_OLD_ORDERS = {order: form for form, order in _CRISS_CROSS_ORDER.items()}
 
 # elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the blockwise path
 BLOCK_ELEMENTS = 1 << 21
@@ -422,7 +418,6 @@ def _whole_reference(q, k, v, m, scale, form):
     return (attn @ vf).reshape(*v.shape).to(v.dtype)
 
 
-@renamed_arguments(positional=('scale', 'form', 'impl'))
 def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, *,
                    scale: float = 1.0, form: str = 'release', impl: str = 'auto') -> torch.Tensor:
     """Whole polyline-path-masked softmax attention (PPMVA).
@@ -462,7 +457,6 @@ def _manhattan_tables(log_decay: torch.Tensor, h: int, w: int, dtype: torch.dtyp
     return sa.expand(-1, -1, h, -1, -1), sb.expand(-1, -1, w, -1, -1)
 
 
-@renamed_arguments(positional=('scale', 'impl'))
 def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *,
                         scale: float = 1.0, impl: str = 'auto') -> torch.Tensor:
     """RMT's whole attention: softmax(scale * q k^T + log_decay * (|i-k| + |j-l|)) v.
@@ -710,7 +704,6 @@ def _criss_cross_reference(q, k, v, la, lb, scale, order):
     return out.reshape(*v.shape)
 
 
-@renamed_arguments(keywords={'order': 'form'}, values={'form': _OLD_ORDERS}, positional=('scale', 'order', 'impl'))
 def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
                           lb: torch.Tensor, *, scale: float = 1.0, form: str = 'release',
                           impl: str = 'auto') -> torch.Tensor:
@@ -763,7 +756,6 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
                              order).to(v.dtype)
 
 
-@renamed_arguments(positional=('scale', 'impl'))
 def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *,
                               scale: float = 1.0, impl: str = 'auto') -> torch.Tensor:
     """RMT's decomposed attention: rows first, then columns (form ``'h2v'`` of :func:`criss_cross_attention`),

@@ -9,8 +9,6 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from mmppma.utils.deprecation import renamed_arguments
-
 from ._checks import check_choice, check_decays, table_dtype
 from .dispatch import resolve_impl
 from .polyline_mask import polyline_mask
@@ -33,7 +31,6 @@ def _check(s1, s2, v, la, lb):
     check_decays(la, lb)
 
 
-@renamed_arguments(keywords={'mask': 'form'}, positional=('mask', 'impl', 'chunk'))
 def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
                               lb: torch.Tensor, *, form: str = '2d', impl: str = 'auto',
                               chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
@@ -58,8 +55,6 @@ def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tenso
     return (s1f.unsqueeze(-2) @ z).squeeze(-2).to(v.dtype)
 
 
-@renamed_arguments(keywords={'mask': 'form'},
-                   positional=('feature_map', 'normalize', 'eps', 'mask', 'impl', 'chunk', 'normalizer'))
 def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
                           lb: torch.Tensor, *, form: str = '2d', feature_map: Union[None, str, Callable] = None,
                           normalize: bool = False, normalizer: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,

@@ -14,8 +14,6 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from mmppma.utils.deprecation import renamed_arguments
-
 from ._checks import check_choice, check_decays, table_dtype
 
 
@@ -78,7 +76,6 @@ def _mask_rows(la: torch.Tensor, lb: torch.Tensor, queries: torch.Tensor) -> Tup
     return v2h, h2v
 
 
-@renamed_arguments(positional=('form', 'space'))
 def polyline_mask(la: torch.Tensor, lb: torch.Tensor, *, form: str = 'v2h', space: str = 'log',
                   queries: Optional[Union[Sequence[int], torch.Tensor]] = None) -> torch.Tensor:
     """The dense polyline path mask, (B, heads, H*W, H*W), raster order ``p = i*W + j``.
@@ -108,7 +105,6 @@ def polyline_mask(la: torch.Tensor, lb: torch.Tensor, *, form: str = 'v2h', spac
     return m if space == 'log' else m.exp()
 
 
-@renamed_arguments(positional=('space', ))
 def polyline_mask_3d(la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, *, space: str = 'log') -> torch.Tensor:
     """Dense 3D polyline path mask (paper Appendix C.2, Eq. 40), (B, heads, N, N) with N = D*H*W.
 

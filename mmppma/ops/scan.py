@@ -9,8 +9,6 @@ chunk states between them), which is O(L) in time and memory.
 import torch
 import torch.nn.functional as F
 
-from mmppma.utils.deprecation import renamed_arguments
-
 from ._checks import check_choice, check_decays, table_dtype
 from .dispatch import resolve_impl
 from .polyline_mask import polyline_mask, polyline_mask_3d, segment_sum
@@ -46,7 +44,6 @@ def _causal_chunked_scan(x: torch.Tensor, a: torch.Tensor, chunk: int) -> torch.
     return y[..., :length, :]
 
 
-@renamed_arguments(keywords={'a': 'log_decay'}, positional=('chunk', 'impl'))
 def decay_scan_1d(x: torch.Tensor, log_decay: torch.Tensor, *, impl: str = 'auto',
                   chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
     """Bidirectional 1D decay scan ``y_t = sum_s exp(segsum(t, s)) x_s`` along the second-last dim of x.
@@ -83,7 +80,6 @@ def _scan_columns(x: torch.Tensor, lb: torch.Tensor, impl: str, chunk: int) -> t
     return decay_scan_1d(x.transpose(-3, -2), lb.transpose(-1, -2), impl=impl, chunk=chunk).transpose(-3, -2)
 
 
-@renamed_arguments(keywords={'order': 'form'}, positional=('order', 'chunk', 'impl'))
 def polyline_mask_matvec(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, *, form: str = 'v2h',
                          impl: str = 'auto', chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
     """``L @ x`` for the polyline path mask, without forming L (Algorithm 1).
@@ -109,7 +105,6 @@ def polyline_mask_matvec(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, *,
     return _scan_columns(decay_scan_1d(x, la, impl=impl, chunk=chunk), lb, impl, chunk)
 
 
-@renamed_arguments(positional=('chunk', 'impl'))
 def polyline_mask_matvec_3d(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, *,
                             impl: str = 'auto', chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
     """``L3D @ x`` for the 3D polyline path mask (Appendix C.2) without forming it: a depth scan

@@ -1,7 +1,6 @@
 """The ops' one vocabulary: signatures, the implementation table, validation before dispatch, the torch
-branch of whole attention, and the previous release's spellings (they warn and give identical results)."""
+branch of whole attention."""
 import inspect
-import warnings
 
 import pytest
 import torch
@@ -9,7 +8,6 @@ import torch
 import mmppma.ops as ops
 import mmppma.ops.attention as attention_module
 from mmppma.ops.dispatch import IMPLEMENTATIONS, resolve_impl
-from mmppma.utils.deprecation import renamed_arguments
 
 from .test_attention import qkv
 from .test_masks_and_scans import decays
@@ -113,80 +111,6 @@ def test_whole_attention_branch_is_the_one_taken(monkeypatch):
     assert ops.whole_attention_branch(1, 1, 3, 4) == 'blockwise'
     ops.ppma_attention(q, k, v, la, lb, impl='torch')
     assert calls == [False, True]  # the blockwise branch: the same op, recorded by autograd
-
-
-def _spellings():
-    """(op, new args, new kwargs, old args, old kwargs) of every op whose spelling changed."""
-    q, k, v = qkv(1, 2, 3, 4, 2, seed=1)
-    la, lb = decays(1, 2, 3, 4, seed=2)
-    lc = decays(1, 2, 3, 4, seed=3)[0]
-    g = torch.tensor([-0.2, -0.5], dtype=torch.float64)
-    l3d = (la[:, :, None], lb[:, :, None], lc[:, :, None])
-    x3, l3 = torch.randn(1, 2, 2, 3, 4, 3, dtype=torch.float64), -torch.rand(1, 2, 2, 3, 4, dtype=torch.float64)
-    t, tg, x, m3 = (q, k, v, la, lb), (q, k, v, g), (v, la, lb), (x3, l3, l3, l3)
-    cc, mv, scan, dec = (ops.criss_cross_attention, ops.polyline_mask_matvec, ops.decay_scan_1d,
-                         ops.ppma_decomposed_attention)
-    return [
-        (ops.ppma_attention, t, dict(scale=0.5, form='v2h', impl='torch'), t + (0.5, 'v2h', 'torch'), {}),
-        (ops.manhattan_attention, tg, dict(scale=0.5, impl='reference'), tg + (0.5, 'reference'), {}),
-        (ops.rmt_criss_cross_attention, tg, dict(scale=0.5), tg + (0.5, ), {}),
-        (cc, t, dict(scale=0.5), t, dict(scale=0.5, order='both')),
-        (cc, t, dict(form='v2h'), t, dict(order='col_row')),
-        (cc, t, dict(scale=0.3, form='h2v', impl='reference'), t + (0.3, 'row_col', 'reference'), {}),
-        (cc, t, dict(form='h2v'), t, dict(form='row_col')),
-        (ops.polyline_mask, (la, lb), dict(form='h2v', space='linear'), (la, lb, 'h2v', 'linear'), {}),
-        (ops.polyline_mask_3d, l3d, dict(space='linear'), l3d + ('linear', ), {}),
-        (mv, x, dict(form='h2v', chunk=2), x, dict(order='h2v', chunk=2)),
-        (mv, x, dict(form='2d', chunk=2, impl='torch'), x + ('2d', 2, 'torch'), {}),
-        (ops.polyline_mask_matvec_3d, m3, dict(chunk=2, impl='torch'), m3 + (2, 'torch'), {}),
-        (scan, (v, la), dict(chunk=2), (v, ), dict(a=la, chunk=2)),
-        (scan, (v, la), dict(chunk=2, impl='reference'), (v, la, 2, 'reference'), {}),
-        (dec, t, dict(form='v2h', chunk=2), t, dict(mask='v2h', chunk=2)),
-        (dec, t, dict(form='h2v', impl='reference'), t + ('h2v', 'reference'), {}),
-        (ops.ppma_linear_attention, t, dict(form='h2v', feature_map='elu', normalize=True), t + ('elu', True),
-         dict(mask='h2v')),
-    ]
-
-
-SPELLINGS = _spellings()
-
-
-@pytest.mark.parametrize('op, args, kwargs, old_args, old_kwargs', SPELLINGS,
-                         ids=[f"{c[0].__name__}({', '.join([*map(repr, c[3][len(c[1]):]), *(f'{k}=' for k in c[4])])})"
-                              for c in SPELLINGS])
-def test_old_spellings_warn_and_give_identical_results(op, args, kwargs, old_args, old_kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')  # the new spelling warns about nothing
-        want = op(*args, **kwargs)
-    with pytest.warns(DeprecationWarning, match='deprecated and will be removed in the next release'):
-        got = op(*old_args, **old_kwargs)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-
-
-def test_old_and_new_spelling_together_is_an_error():
-    q, k, v = qkv(1, 1, 2, 2, 2)
-    la, lb = decays(1, 1, 2, 2)
-    with pytest.raises(TypeError, match="both 'order' .* and 'form'"):
-        ops.criss_cross_attention(q, k, v, la, lb, order='both', form='release')
-    with pytest.raises(TypeError, match="multiple values for argument 'form'"):
-        ops.polyline_mask(la, lb, 'v2h', form='h2v')
-    with pytest.raises(TypeError, match='takes 2 positional arguments but 5 were given'):
-        ops.polyline_mask(la, lb, 'v2h', 'log', 'extra')
-
-
-def test_renamed_arguments_names_each_old_spelling():
-
-    @renamed_arguments(keywords={'old': 'new'}, values={'new': {'before': 'after'}}, positional=('old', ))
-    def f(x, *, new='after'):
-        return x, new
-
-    with pytest.warns(DeprecationWarning, match=r"f: passing 'old' positionally \(pass new=\.\.\. by keyword\)"):
-        assert f(1, 'x') == (1, 'x')
-    with pytest.warns(DeprecationWarning, match=r"f: keyword 'old' \(use 'new'\)"):
-        assert f(1, old='x') == (1, 'x')
-    with pytest.warns(DeprecationWarning, match=r"f: new='before' \(use new='after'\)"):
-        assert f(1, new='before') == (1, 'after')
-    assert inspect.signature(f) == inspect.signature(f.__wrapped__)
 
 
 def test_public_names_are_exported():
