@@ -46,8 +46,8 @@ def whole_attention(q, k, v, la, lb, scale, form):
     return (a @ vf).reshape(h, w, -1)
 
 
-def criss_cross(q, k, v, la, lb, scale, order):
-    """Loops over rows and columns: Aw per row, Ah per column, composed in the given order."""
+def criss_cross(q, k, v, la, lb, scale, form):
+    """Loops over rows and columns: Aw per row, Ah per column, composed in the order of ``form``."""
     h, w, _ = q.shape
 
     def rows(x):
@@ -64,9 +64,9 @@ def criss_cross(q, k, v, la, lb, scale, order):
             out[:, j] = softmax(scale * q[:, j] @ k[:, j].T + bias) @ x[:, j]
         return out
 
-    if order == 'row_col':
+    if form == 'h2v':
         return cols(rows(v))
-    if order == 'col_row':
+    if form == 'v2h':
         return rows(cols(v))
     return 0.5 * cols(rows(v)) + 0.5 * rows(cols(v))
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import mmppma.ops as ops
-import mmppma.ops.attention as attention_module
+import mmppma.ops.whole
+import mmppma.ops.whole.reference as whole_reference
+import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma.ops.dispatch import IMPLEMENTATIONS, resolve_impl
 
 from .test_attention import qkv
@@ -45,8 +47,8 @@ def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
     monkeypatch.setenv('MMPPMA_IMPL', 'reference')
     assert resolve_impl('auto', 'ppma_attention', [x]) == 'reference'
     calls = []
-    original = attention_module._whole_reference
-    monkeypatch.setattr(attention_module, '_whole_reference', lambda *a: calls.append(1) or original(*a))
+    original = whole_reference.whole_reference
+    monkeypatch.setattr(mmppma.ops.whole, 'whole_reference', lambda *a: calls.append(1) or original(*a))
     ops.ppma_attention(*qkv(1, 1, 2, 3, 4), *decays(1, 1, 2, 3))
     assert calls, 'MMPPMA_IMPL=reference did not route auto to the reference implementation'
     monkeypatch.setenv('MMPPMA_IMPL', 'fast')
@@ -90,15 +92,15 @@ def test_bad_input_raises_naming_the_expected_layout(op, tensors, options, match
 
 
 def test_whole_attention_branch_is_the_one_taken(monkeypatch):
-    assert attention_module.SMALL_ELEMENTS == 2**22
+    assert whole_torch.SMALL_ELEMENTS == 2**22
     assert ops.whole_attention_branch(1, 4, 16, 32) == 'autograd'  # 4 * 512^2 = 2^20
     assert ops.whole_attention_branch(1, 4, 32, 32) == 'autograd'  # 4 * 1024^2 = 2^22
     assert ops.whole_attention_branch(1, 4, 32, 33) == 'blockwise'
     assert ops.whole_attention_branch(1, 1, 1, 1, form='paper') == 'dense'
     assert ops.whole_attention_branch(1, 4, 32, 33, grad=False) == 'inference'
     calls = []
-    library_op = attention_module.whole_attention_blockwise
-    monkeypatch.setattr(attention_module, 'whole_attention_blockwise',
+    library_op = whole_torch.whole_attention_blockwise
+    monkeypatch.setattr(whole_torch, 'whole_attention_blockwise',
                         lambda *a: calls.append(torch.is_grad_enabled()) or library_op(*a))
     q, k, v = (t.requires_grad_() for t in qkv(1, 1, 3, 4, 2))
     la, lb = decays(1, 1, 3, 4)
@@ -107,7 +109,7 @@ def test_whole_attention_branch_is_the_one_taken(monkeypatch):
     with torch.no_grad():
         ops.ppma_attention(q, k, v, la, lb, impl='torch')
     assert calls == [False]  # the inference branch: the torch.library op, autograd off
-    monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 143)  # 12^2 = 144 elements
+    monkeypatch.setattr(whole_torch, 'SMALL_ELEMENTS', 143)  # 12^2 = 144 elements
     assert ops.whole_attention_branch(1, 1, 3, 4) == 'blockwise'
     ops.ppma_attention(q, k, v, la, lb, impl='torch')
     assert calls == [False, True]  # the blockwise branch: the same op, recorded by autograd

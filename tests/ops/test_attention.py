@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-import mmppma.ops.attention as attention_module
+import mmppma.ops.criss_cross.torch_impl as criss_cross_torch
+import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma.ops import (
     criss_cross_attention,
     manhattan_attention,
@@ -22,7 +23,7 @@ from .test_masks_and_scans import SHAPES, decays
 
 IMPLS = ['torch', 'reference']
 FORMS = ['release', 'paper', 'v2h', 'h2v']
-CRISS_CROSS = [('release', 'both'), ('h2v', 'row_col'), ('v2h', 'col_row')]  # form, the oracle's order
+CRISS_CROSS = ['release', 'h2v', 'v2h']
 
 
 def qkv(b, heads, h, w, d, seed=0, dtype=torch.float64, dv=None):
@@ -32,8 +33,8 @@ def qkv(b, heads, h, w, d, seed=0, dtype=torch.float64, dv=None):
 
 def force_blockwise(monkeypatch):
     """The torch path of whole attention on its blockwise (recomputing) branch, one image row of queries per block."""
-    monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
-    monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 1)
+    monkeypatch.setattr(whole_torch, 'SMALL_ELEMENTS', 0)
+    monkeypatch.setattr(whole_torch, 'BLOCK_ELEMENTS', 1)
 
 
 @pytest.fixture(params=['plain', 'blockwise'])
@@ -57,13 +58,13 @@ def oracle_cases(q, k, v, la, lb, gamma):
              for form in FORMS]
     cases += [(f'criss_cross {form}',
                lambda *t, form=form, **kw: criss_cross_attention(*t, la, lb, scale=0.7, form=form, **kw),
-               oracle.apply_per_head(oracle.criss_cross, *arrays, la.numpy(), lb.numpy(), scale=0.7, order=order))
-              for form, order in CRISS_CROSS]
+               oracle.apply_per_head(oracle.criss_cross, *arrays, la.numpy(), lb.numpy(), scale=0.7, form=form))
+              for form in CRISS_CROSS]
     gamma_bh = torch.broadcast_to(gamma, (b, heads))
     g = gamma_bh[:, :, None, None].expand(b, heads, h, w).numpy()
     # decomposed RMT = polyline criss-cross with constant decays, rows first
     cases.append(('rmt_criss_cross', lambda *t, **kw: rmt_criss_cross_attention(*t, gamma, scale=0.5, **kw),
-                  oracle.apply_per_head(oracle.criss_cross, *arrays, g, g, scale=0.5, order='row_col')))
+                  oracle.apply_per_head(oracle.criss_cross, *arrays, g, g, scale=0.5, form='h2v')))
     masks = np.stack([np.stack([oracle.manhattan_mask(gamma_bh[bi, n].item(), h, w) for n in range(heads)])
                       for bi in range(b)])
     qf, kf, vf = (a.reshape(b, heads, h * w, -1) for a in arrays)
@@ -97,7 +98,7 @@ def test_inference_and_autograd_paths_match_oracle(hw, slice_elements, monkeypat
     """Without autograd the torch path takes its inference branches (blockwise whole attention, criss-cross
     per group of (image, head) maps), with it the autograd ones, and then the blockwise (recomputing) branch of
     whole attention when forced: all equal the oracle, with a decay per image and head (the reference too)."""
-    monkeypatch.setattr(attention_module, 'SLICE_ELEMENTS', slice_elements)
+    monkeypatch.setattr(criss_cross_torch, 'SLICE_ELEMENTS', slice_elements)
     h, w = hw
     q, k, v = qkv(2, 3, h, w, 4, seed=h + w, dv=5)
     la, lb = decays(2, 3, h, w, seed=h * w)

@@ -4,8 +4,7 @@ by ``torch.library.opcheck``."""
 import pytest
 import torch
 
-from mmppma.ops.attention import _manhattan_tables
-from mmppma.ops.polyline_mask import column_segment_sums, row_segment_sums
+from mmppma.ops.masks import column_segment_sums, manhattan_segment_sums, row_segment_sums
 
 from .test_masks_and_scans import decays
 
@@ -34,7 +33,7 @@ def test_blockwise_op_passes_opcheck_with_tables_broadcast_over_batch():
     """The Manhattan tables: one per head, broadcast (stride 0) over the batch and the image rows."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 4 * 6, 5, generator=g, dtype=torch.float64) for _ in range(3))
-    sa, sb = _manhattan_tables(-torch.rand(3, generator=g, dtype=torch.float64), 4, 6, torch.float64)
+    sa, sb = manhattan_segment_sums(-torch.rand(3, generator=g, dtype=torch.float64), 4, 6, torch.float64)
     torch.library.opcheck(BLOCKWISE, (q, k, v, sa, sb, 'v2h'))
 
 

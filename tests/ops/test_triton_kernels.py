@@ -11,7 +11,8 @@ from functools import partial
 import pytest
 import torch
 
-import mmppma.ops.attention as attention_module
+import mmppma.ops.criss_cross
+import mmppma.ops.whole
 from mmppma.ops import (
     criss_cross_attention,
     decay_scan_1d,
@@ -28,8 +29,9 @@ pytest.importorskip('triton', reason='triton is part of the pinned stack (requir
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from mmppma.ops.triton import launch as lp  # noqa: E402
-from mmppma.ops.triton._tiles import slice_offset  # noqa: E402
+from mmppma.ops.triton_support import launch as lp  # noqa: E402
+from mmppma.ops.triton_support import preflight  # noqa: E402
+from mmppma.ops.triton_support.tiles import slice_offset  # noqa: E402
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 TOL = dict(rtol=2e-4, atol=2e-5)
@@ -93,7 +95,7 @@ def test_whole_kernel_with_corner_sums_in_programs_of_their_own(shape, monkeypat
     b, heads, h, w, d, dv = shape
     assert_same(partial(ppma_attention, scale=d**-0.5), make(b, heads, h, w, d, dv, seed=h + w))
     parts = {(x.constexprs['KEYS'], x.constexprs['GRADS'], x.constexprs['CORNER_SUMS']) for x in ran
-             if x.name == '_whole_bwd' and x.constexprs['CORNERS']}
+             if x.name == '_whole_bwd' and (x.constexprs['FORM'] == 'h2v') == x.constexprs['KEYS']}
     assert parts == {(keys, grads, not grads) for keys in (True, False) for grads in (True, False)}, parts
 
 
@@ -291,17 +293,16 @@ def test_auto_falls_back_to_torch_when_a_kernel_cannot_run_on_the_gpu(monkeypatc
     runs the torch path with one warning naming op, shape, dtype and GPU; impl='triton' raises."""
     from triton.runtime.errors import OutOfResources
 
-    import mmppma.ops.triton as triton_ops
-
     def out_of_shared_memory(self):
         raise OutOfResources(300000, 232448, 'shared memory')
 
     monkeypatch.setattr(lp.Launch, 'prepare', out_of_shared_memory)
-    monkeypatch.setattr(triton_ops, '_on_gpu', lambda t: True)
-    monkeypatch.setattr(triton_ops, '_device_name', lambda device: 'Pretend GPU')
-    monkeypatch.setattr(triton_ops, '_PREFLIGHT', {})
-    monkeypatch.setattr(attention_module, 'resolve_impl',  # 'auto' picks triton, as on a GPU
-                        lambda impl, *args: 'triton' if impl == 'auto' else resolve_impl(impl, *args))
+    monkeypatch.setattr(preflight, '_on_gpu', lambda t: True)
+    monkeypatch.setattr(preflight, '_device_name', lambda device: 'Pretend GPU')
+    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    for package in (mmppma.ops.whole, mmppma.ops.criss_cross):  # 'auto' picks triton, as on a GPU
+        monkeypatch.setattr(package, 'resolve_impl',
+                            lambda impl, *args: 'triton' if impl == 'auto' else resolve_impl(impl, *args))
     inputs = q, k, v, la, lb = make(1, 2, 3, 5, 16, seed=7)
     with pytest.warns(UserWarning, match=r"ppma_attention: .*Pretend GPU.*\(1, 2, 3, 5, 16\) torch.float32.*"
                                          r"OutOfResources.*impl='torch'") as record:

@@ -9,10 +9,10 @@ pytest.importorskip('triton', reason='triton is part of the pinned stack (requir
 
 from mmppma import ops  # noqa: E402
 from mmppma.models.backbones import PPMA  # noqa: E402
-from mmppma.ops.polyline_mask import decay_tables  # noqa: E402
-from mmppma.ops.triton.decay_scan import scan_op  # noqa: E402
-from mmppma.ops.triton.line_attention import line_attention_backward_op, line_attention_op  # noqa: E402
-from mmppma.ops.triton.whole_attention import whole_attention_backward_op, whole_attention_op  # noqa: E402
+from mmppma.ops.line.triton_impl import line_attention_backward_op, line_attention_op  # noqa: E402
+from mmppma.ops.masks import decay_tables  # noqa: E402
+from mmppma.ops.scan.triton_impl import scan_op  # noqa: E402
+from mmppma.ops.whole.triton_impl import whole_attention_backward_op, whole_attention_op  # noqa: E402
 
 from ..conftest import COMPILE_BACKENDS  # noqa: E402
 
@@ -32,17 +32,17 @@ def _tables(bh, h, w, seed=1):
     return [t.to(DEVICE).contiguous() for t in decay_tables(la, lb)]
 
 
-@pytest.mark.parametrize('v2h, h2v', [(True, True), (True, False), (False, True)])
-def test_whole_attention_ops_pass_opcheck(v2h, h2v):
+@pytest.mark.parametrize('form', ['release', 'v2h', 'h2v'])
+def test_whole_attention_ops_pass_opcheck(form):
     bh, h, w, d, dv = 2, 3, 5, 8, 4
     q, k, v = _tensors((bh, h * w, d), (bh, h * w, d), (bh, h * w, dv))
     ca, cb = _tables(bh, h, w)
     tensors = (q, k, v, ca, cb)
-    torch.library.opcheck(whole_attention_op, (*[t.clone().requires_grad_() for t in tensors], 0.5, v2h, h2v))
-    out, o, lse = whole_attention_op(*tensors, 0.5, v2h, h2v)
-    assert o.shape == (int(v2h) + int(h2v), bh, h * w, dv) and lse.shape == o.shape[:-1]
+    torch.library.opcheck(whole_attention_op, (*[t.clone().requires_grad_() for t in tensors], 0.5, form))
+    out, o, lse = whole_attention_op(*tensors, 0.5, form)
+    assert o.shape == (1 + (form == 'release'), bh, h * w, dv) and lse.shape == o.shape[:-1]
     dout, = _tensors((bh, h * w, dv), seed=2)
-    torch.library.opcheck(whole_attention_backward_op, (dout, *tensors, o, lse, 0.5, v2h, h2v),
+    torch.library.opcheck(whole_attention_backward_op, (dout, *tensors, o, lse, 0.5, form),
                           test_utils=NO_AUTOGRAD)
 
 
