@@ -133,6 +133,12 @@ def head_decay_map(log_decay: torch.Tensor, shape) -> torch.Tensor:
     return log_decay[:, :, None, None].expand(*shape)
 
 
+def head_decay_tables(log_decay: torch.Tensor, shape) -> Tuple[torch.Tensor, torch.Tensor]:
+    """float32 :func:`decay_tables` of RMT's fixed per-head decay on a (B, heads, H, W) grid (the Triton paths)."""
+    decay = head_decay_map(log_decay.float(), shape)
+    return decay_tables(decay, decay)
+
+
 def manhattan_segment_sums(log_decay: torch.Tensor, h: int, w: int, dtype: torch.dtype):
     """(Sa, Sb) segment-sum tables of RMT's Manhattan mask, as :func:`row_segment_sums` and
     :func:`column_segment_sums` lay them out, broadcast over the batch (B|1) and the lines; log_decay (heads,) or

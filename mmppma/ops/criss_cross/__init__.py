@@ -7,7 +7,7 @@ from ..checks import check_choice, check_log_decay, check_qkv, table_dtype
 from ..dispatch import exporting, resolve_impl
 from ..forms import CRISS_CROSS_FORMS
 from ..line.torch_impl import SegmentMaskedSoftmax, padded_segment_bias, segment_softmax
-from ..masks import decay_tables, head_decay_map, manhattan_segment_sums
+from ..masks import decay_tables, head_decay_map, head_decay_tables, manhattan_segment_sums
 from ..torch_support import eager_inference, pad_last, padded
 from .reference import criss_cross_reference
 from .torch_impl import SegmentCrissCrossRelease, criss_cross_core, criss_cross_slices
@@ -30,14 +30,13 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     check_qkv(q, k, v, la, lb)
     requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v))
     if impl == 'triton':
-        from ..triton_support.preflight import fallback_for, run_or_fall_back
+        from ..triton_support.preflight import run_or_fall_back
         from .triton_impl import criss_cross_attention_triton
-
-        def run(q, k, v, la, lb):
-            return criss_cross_attention_triton(q, k, v, *decay_tables(la, lb), scale, form)
-
-        return run_or_fall_back('criss_cross_attention', run, (q, k, v, la, lb), fallback_for(
-            requested, lambda: criss_cross_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch')))
+        return run_or_fall_back(
+            'criss_cross_attention',
+            lambda q, k, v, la, lb: criss_cross_attention_triton(q, k, v, *decay_tables(la, lb), scale, form),
+            (q, k, v, la, lb), requested,
+            lambda: criss_cross_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch'))
     if impl == 'reference':
         return criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype)
     dtype = table_dtype(q, k, v, la, lb)
@@ -71,15 +70,14 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dtype = table_dtype(q, k, v, log_decay)
     requested, impl = impl, resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v))
     if impl == 'triton':
-        from ..triton_support.preflight import fallback_for, run_or_fall_back
+        from ..triton_support.preflight import run_or_fall_back
         from .triton_impl import criss_cross_attention_triton
-
-        def run(q, k, v, log_decay):
-            decay = head_decay_map(log_decay.float(), q.shape[:-1])
-            return criss_cross_attention_triton(q, k, v, *decay_tables(decay, decay), scale, 'h2v')
-
-        return run_or_fall_back('rmt_criss_cross_attention', run, (q, k, v, log_decay), fallback_for(
-            requested, lambda: rmt_criss_cross_attention(q, k, v, log_decay, scale=scale, impl='torch')))
+        return run_or_fall_back(
+            'rmt_criss_cross_attention',
+            lambda q, k, v, log_decay: criss_cross_attention_triton(
+                q, k, v, *head_decay_tables(log_decay, q.shape[:-1]), scale, 'h2v'),
+            (q, k, v, log_decay), requested,
+            lambda: rmt_criss_cross_attention(q, k, v, log_decay, scale=scale, impl='torch'))
     if impl == 'reference':
         decay = head_decay_map(log_decay.to(dtype), q.shape[:-1])
         return criss_cross_attention(q, k, v, decay, decay, scale=scale, form='h2v', impl='reference')

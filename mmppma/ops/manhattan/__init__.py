@@ -6,7 +6,7 @@ import torch
 
 from ..checks import check_log_decay, check_qkv, table_dtype
 from ..dispatch import resolve_impl
-from ..masks import decay_tables, head_decay_map, manhattan_decay_mask, manhattan_segment_sums
+from ..masks import head_decay_tables, manhattan_decay_mask, manhattan_segment_sums
 from ..whole.reference import whole_reference
 from ..whole.torch_impl import whole_torch
 
@@ -25,15 +25,13 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
     requested, impl = impl, resolve_impl(impl, 'manhattan_attention', (q, k, v))
     dtype = table_dtype(q, k, v, log_decay)
     if impl == 'triton':
-        from ..triton_support.preflight import fallback_for, run_or_fall_back
+        from ..triton_support.preflight import run_or_fall_back
         from ..whole.triton_impl import whole_attention_triton
-
-        def run(q, k, v, log_decay):
-            decay = head_decay_map(log_decay.float(), q.shape[:-1])
-            return whole_attention_triton(q, k, v, *decay_tables(decay, decay), scale, 'v2h')
-
-        return run_or_fall_back('manhattan_attention', run, (q, k, v, log_decay), fallback_for(
-            requested, lambda: manhattan_attention(q, k, v, log_decay, scale=scale, impl='torch')))
+        return run_or_fall_back(
+            'manhattan_attention',
+            lambda q, k, v, log_decay: whole_attention_triton(q, k, v, *head_decay_tables(log_decay, q.shape[:-1]),
+                                                              scale, 'v2h'),
+            (q, k, v, log_decay), requested, lambda: manhattan_attention(q, k, v, log_decay, scale=scale, impl='torch'))
     if impl == 'reference':
         m = manhattan_decay_mask(log_decay.to(dtype), h, w)
         m = m if m.dim() == 4 else m.unsqueeze(0)

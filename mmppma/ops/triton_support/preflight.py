@@ -63,9 +63,11 @@ def kernels_fit(op: str, run: Callable[[], torch.Tensor], inputs, fallback) -> b
     return _PREFLIGHT[key] is None
 
 
-def run_or_fall_back(op: str, run: Callable[..., torch.Tensor], inputs, fallback) -> torch.Tensor:
-    """``run(*inputs)`` (the op's Triton path) if its kernels fit the inputs' GPU (:func:`kernels_fit`), else
-    ``fallback()``."""
+def run_or_fall_back(op: str, run: Callable[..., torch.Tensor], inputs, impl: str,
+                     torch_path: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``run(*inputs)`` (the op's Triton path) if its kernels fit the inputs' GPU (:func:`kernels_fit`), else the
+    fallback of the requested ``impl`` (:func:`fallback_for`)."""
+    fallback = fallback_for(impl, torch_path)
     if not kernels_fit(op, run, inputs, fallback):
         return fallback()
     return run(*inputs)

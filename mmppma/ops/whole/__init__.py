@@ -39,14 +39,13 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
         if form == 'paper':
             raise NotImplementedError("impl='triton' implements the softmax-biased forms ('release', 'v2h', "
                                       "'h2v'); for form='paper' use impl='torch'")
-        from ..triton_support.preflight import fallback_for, run_or_fall_back
+        from ..triton_support.preflight import run_or_fall_back
         from .triton_impl import whole_attention_triton
-
-        def run(q, k, v, la, lb):
-            return whole_attention_triton(q, k, v, *decay_tables(la, lb), scale, form)
-
-        return run_or_fall_back('ppma_attention', run, (q, k, v, la, lb), fallback_for(
-            requested, lambda: ppma_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch')))
+        return run_or_fall_back(
+            'ppma_attention',
+            lambda q, k, v, la, lb: whole_attention_triton(q, k, v, *decay_tables(la, lb), scale, form),
+            (q, k, v, la, lb), requested,
+            lambda: ppma_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch'))
     if impl == 'reference' or form == 'paper':
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise
         # log-sum-exp trick applies, so its torch path is the dense one
