@@ -1,5 +1,5 @@
-"""The ops' one vocabulary: signatures, the implementation table, validation before dispatch, the torch
-branch of whole attention."""
+"""The ops' one vocabulary: signatures, the implementation table, validation before dispatch, the torch branch
+of whole attention."""
 import inspect
 
 import pytest
@@ -7,47 +7,45 @@ import torch
 
 import mmppma.ops as ops
 import mmppma.ops.whole
-import mmppma.ops.whole.reference as whole_reference
 import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma.ops.dispatch import IMPLEMENTATIONS, resolve_impl
 
-from .test_attention import qkv
-from .test_masks_and_scans import decays
+from .oracle import decays, qkv
 
-# the options every op takes after its tensors, in the documented order
 IMPLS = ('reference', 'torch', 'triton')
 ORDER = ('scale', 'form', 'feature_map', 'normalize', 'normalizer', 'eps', 'space', 'queries', 'impl', 'chunk')
 
 
 @pytest.mark.parametrize('name', ops.OPS)
 def test_signature_follows_the_vocabulary(name):
-    fn = getattr(ops, name)
-    params = list(inspect.signature(fn).parameters.values())
+    """Tensors positional, then the options keyword-only in the documented order; no other decay or form name."""
+    params = list(inspect.signature(getattr(ops, name)).parameters.values())
     positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
     options = [p.name for p in params if p.kind == p.KEYWORD_ONLY]
     assert all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
     assert all(p.default is p.empty for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
     assert options == [o for o in ORDER if o in options], f'{name}: options {options} out of order'
-    assert set(options) <= set(ORDER)
-    for decay in ('a', 'g', 'gamma', 'mask', 'order'):
-        assert decay not in positional + options
+    assert set(options) <= set(ORDER) and not {'a', 'g', 'gamma', 'mask', 'order'} & set(positional + options)
     assert ('impl' in options) == (name in IMPLEMENTATIONS)
+
+
+def test_public_names_are_exported():
+    assert set(ops.OPS) <= set(ops.__all__)
+    assert all(callable(getattr(ops, name)) for name in ops.__all__ if name not in ('OPS', 'IMPLS', 'IMPLEMENTATIONS'))
 
 
 def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
     x = torch.zeros(1)
     for op, impls in IMPLEMENTATIONS.items():
-        assert set(impls) <= {'reference', 'torch', 'triton'}
-        assert resolve_impl('reference', op, [x]) == 'reference'
-        assert resolve_impl('auto', op, [x]) == 'torch'  # CPU tensors
+        assert set(impls) <= set(IMPLS)
+        assert resolve_impl('reference', op, [x]) == 'reference' and resolve_impl('auto', op, [x]) == 'torch'
     with pytest.raises(KeyError, match='not an op'):
         resolve_impl('torch', 'polyline_mask', [x])
     with pytest.raises(ValueError, match="'auto', 'torch', 'triton', 'reference'"):
         resolve_impl('cuda', 'ppma_attention', [x])
     monkeypatch.setenv('MMPPMA_IMPL', 'reference')
     assert resolve_impl('auto', 'ppma_attention', [x]) == 'reference'
-    calls = []
-    original = whole_reference.whole_reference
+    calls, original = [], mmppma.ops.whole.whole_reference
     monkeypatch.setattr(mmppma.ops.whole, 'whole_reference', lambda *a: calls.append(1) or original(*a))
     ops.ppma_attention(*qkv(1, 1, 2, 3, 4), *decays(1, 1, 2, 3))
     assert calls, 'MMPPMA_IMPL=reference did not route auto to the reference implementation'
@@ -59,7 +57,6 @@ def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
 Q, K, V = qkv(1, 2, 3, 4, 5)
 LA, LB = decays(1, 2, 3, 4)
 WHOLE_AND_CRISS_CROSS = (ops.ppma_attention, ops.criss_cross_attention)
-PER_HEAD = (ops.manhattan_attention, ops.rmt_criss_cross_attention)
 QKV_2X3 = qkv(2, 3, 2, 3, 4)  # batch 2, heads 3: a log-decay is (3,) or (2, 3)
 BAD_LOG_DECAYS = (torch.zeros(2), torch.zeros(3, 3), torch.zeros(1, 1, 3), torch.zeros(3, dtype=torch.long))
 SCAN_X = torch.zeros(2, 5, 3)
@@ -77,8 +74,9 @@ BAD_INPUTS = [  # (op, its tensors, its options, what the ValueError says); log-
     (ops.polyline_mask_matvec, (V, LA, LB[..., :3]), {}, r'\(B, heads, H, W'),
     (ops.polyline_mask, (LA, LB), dict(form='vh'), "'v2h', 'h2v', '2d'"),
     (ops.polyline_mask_matvec, (V, LA, LB), dict(form='x'), 'form'),
-    *[(op, (*QKV_2X3, bad), dict(impl=impl), 'log_decay')
-      for op in PER_HEAD for impl in IMPLS for bad in BAD_LOG_DECAYS],
+    *[(op, (*QKV_2X3, bad), dict(impl=impl), 'log_decay') for op in (ops.manhattan_attention,
+                                                                      ops.rmt_criss_cross_attention)
+      for impl in IMPLS for bad in BAD_LOG_DECAYS],
     *[(ops.decay_scan_1d, (SCAN_X, torch.zeros(2, 4)), dict(impl=impl), 'log_decay') for impl in IMPLS],
     *[(ops.decay_scan_1d, (SCAN_X, torch.zeros(2, 5, dtype=torch.long)), dict(impl=impl), 'floating point')
       for impl in IMPLS],
@@ -93,13 +91,11 @@ def test_bad_input_raises_naming_the_expected_layout(op, tensors, options, match
 
 def test_whole_attention_branch_is_the_one_taken(monkeypatch):
     assert whole_torch.SMALL_ELEMENTS == 2**22
-    assert ops.whole_attention_branch(1, 4, 16, 32) == 'autograd'  # 4 * 512^2 = 2^20
-    assert ops.whole_attention_branch(1, 4, 32, 32) == 'autograd'  # 4 * 1024^2 = 2^22
-    assert ops.whole_attention_branch(1, 4, 32, 33) == 'blockwise'
-    assert ops.whole_attention_branch(1, 1, 1, 1, form='paper') == 'dense'
-    assert ops.whole_attention_branch(1, 4, 32, 33, grad=False) == 'inference'
-    calls = []
-    library_op = whole_torch.whole_attention_blockwise
+    for args, kwargs, branch in (((1, 4, 16, 32), {}, 'autograd'), ((1, 4, 32, 32), {}, 'autograd'),  # 2^20, 2^22
+                                 ((1, 4, 32, 33), {}, 'blockwise'), ((1, 1, 1, 1), dict(form='paper'), 'dense'),
+                                 ((1, 4, 32, 33), dict(grad=False), 'inference')):
+        assert ops.whole_attention_branch(*args, **kwargs) == branch
+    calls, library_op = [], whole_torch.whole_attention_blockwise
     monkeypatch.setattr(whole_torch, 'whole_attention_blockwise',
                         lambda *a: calls.append(torch.is_grad_enabled()) or library_op(*a))
     q, k, v = (t.requires_grad_() for t in qkv(1, 1, 3, 4, 2))
@@ -113,8 +109,3 @@ def test_whole_attention_branch_is_the_one_taken(monkeypatch):
     assert ops.whole_attention_branch(1, 1, 3, 4) == 'blockwise'
     ops.ppma_attention(q, k, v, la, lb, impl='torch')
     assert calls == [False, True]  # the blockwise branch: the same op, recorded by autograd
-
-
-def test_public_names_are_exported():
-    assert set(ops.OPS) <= set(ops.__all__)
-    assert all(callable(getattr(ops, name)) for name in ops.__all__ if name not in ('OPS', 'IMPLS', 'IMPLEMENTATIONS'))
