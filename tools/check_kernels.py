@@ -6,7 +6,7 @@
     python tools/check_kernels.py --arch 86 --dtype fp16 --shapes upernet_512 --jobs 2
 
 The launches are found by running the ops themselves (forward and backward, through ``impl='triton'``) on
-``meta`` tensors while :func:`mmppma.ops.triton.launch.recording` collects them instead of launching: the same
+``meta`` tensors while :func:`mmppma.ops.triton_support.launch.recording` collects them instead of launching: the same
 code that picks tiles, warps and stages at run time, for the capability being checked. Each distinct
 specialization is compiled by ``triton.compile`` for that target; ptxas's ``-v`` log gives registers and spill
 bytes. A row fails (exit status 1) if compiling fails, the shared memory exceeds the target's per-block limit,
@@ -33,7 +33,7 @@ import triton  # noqa: E402
 
 import mmppma.ops as ops  # noqa: E402
 from mmppma.ops import dispatch  # noqa: E402
-from mmppma.ops.triton import launch as lp  # noqa: E402
+from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 ARCHS = (80, 86, 89, 90)
@@ -91,12 +91,12 @@ def record(kind: str, shape: tuple, dtype: torch.dtype, cap: int) -> List[Tuple[
     b, heads, h, w, d = shape
     q, k, v = (_meta(b, heads, h, w, d, dtype=dtype) for _ in range(3))
     la, lb = _meta(b, heads, h, w), _meta(b, heads, h, w)
-    gamma = torch.empty(heads, device='meta')
+    log_decay = torch.empty(heads, device='meta')
     call = {
         'whole': lambda: ops.ppma_attention(q, k, v, la, lb, scale=d**-0.5, impl='triton'),
         'cc': lambda: ops.criss_cross_attention(q, k, v, la, lb, impl='triton'),
-        'manhattan': lambda: ops.manhattan_attention(q, k, v, gamma, impl='triton'),
-        'rmt_cc': lambda: ops.rmt_criss_cross_attention(q, k, v, gamma, impl='triton'),
+        'manhattan': lambda: ops.manhattan_attention(q, k, v, log_decay, impl='triton'),
+        'rmt_cc': lambda: ops.rmt_criss_cross_attention(q, k, v, log_decay, impl='triton'),
         'linear': lambda: ops.ppma_linear_attention(q, k, v, la, lb, feature_map='elu', normalize=True,
                                                     impl='triton'),
     }[kind]
@@ -276,8 +276,13 @@ def tile_text(c: dict) -> str:
     text = [f'{c.get("BLOCK_M", c.get("BLOCK_OWN"))}x{c.get("BLOCK_N", c.get("BLOCK_OTHER"))}']
     text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN') if name in c]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
-    text += [name.lower() for name in ('KEYS', 'CORNERS', 'V2H', 'H2V', 'COLUMNS', 'SIGNED') if c.get(name)]
-    if c.get('CORNERS'):  # what the program computes: token gradients, corner sums or both
+    # whole attention's backward: the program's own tokens hold the corners of its path ('v2h' for queries, 'h2v'
+    # for keys); its forward: 'h2v' named, 'v2h' the default
+    corners = 'FORM' in c and 'KEYS' in c and (c['FORM'] == 'h2v') == c['KEYS']
+    text += ['keys'] * bool(c.get('KEYS')) + ['corners'] * corners
+    text += ['h2v'] * (c.get('FORM') == 'h2v' and 'KEYS' not in c)
+    text += [name.lower() for name in ('COLUMNS', 'SIGNED') if c.get(name)]
+    if corners:  # what the program computes: token gradients, corner sums or both
         text += ['+'.join(part for part, on in (('grads', c['GRADS']), ('sums', c['CORNER_SUMS'])) if on)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)

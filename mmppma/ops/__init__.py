@@ -1,4 +1,5 @@
-"""Polyline path mask ops: pure functions on tensors (torch, and triton kernels on GPUs).
+"""Polyline path mask ops: pure functions on tensors (torch, and triton kernels on GPUs), one package per op
+family (docs/code_layout.md).
 
 One vocabulary for every op (docs/method.md §2-5 for the math):
 
@@ -6,10 +7,11 @@ One vocabulary for every op (docs/method.md §2-5 for the math):
   ``la`` (horizontal, along W) and ``lb`` (vertical, along H) learned log-decays (B, heads, H, W), <= 0, and
   ``lc`` (along D) for 3D; ``log_decay`` for a decay that is not per 2D axis: RMT's fixed one per head,
   (heads,) or (B, heads), and the per-token one of a 1D scan, (..., L).
-* Then keyword-only, in this order: ``scale`` (of q k^T); ``form``, the path(s) the mask takes (``'v2h'``,
-  ``'h2v'``; ``'2d'`` for the summed mask L2D = L + L^T; the softmax attentions' ``'release'``, the mean of the
-  two one-path softmaxes, and ``'paper'``); the op's own options; ``impl`` (:mod:`mmppma.ops.dispatch`, whose
-  ``IMPLEMENTATIONS`` lists which op has which); tuning knobs (``chunk``).
+* Then keyword-only, in this order: ``scale`` (of q k^T); ``form``, the path(s) the mask takes
+  (:mod:`mmppma.ops.forms`: ``'v2h'``, ``'h2v'``; ``'2d'`` for the summed mask L2D = L + L^T; the softmax
+  attentions' ``'release'``, the mean of the two one-path softmaxes, and ``'paper'``); the op's own options;
+  ``impl`` (:mod:`mmppma.ops.dispatch`, whose ``IMPLEMENTATIONS`` lists which op has which); tuning knobs
+  (``chunk``).
 
 Public op names (stable; what a ``torch.library`` registration uses):
 
@@ -32,29 +34,21 @@ manhattan_decay_mask         (log_decay, height, width)                  dense
 ============================ =========================================================================
 
 plus the table helpers ``decay_tables``, ``segment_sum``, ``row_segment_sums``, ``column_segment_sums``.
-The previous release's spellings (positional options, ``order=``/``mask=`` for ``form=``, criss-cross
-``order='both'|'col_row'|'row_col'`` for ``form='release'|'v2h'|'h2v'``, ``decay_scan_1d(a=...)``) still work
-for this release with a ``DeprecationWarning`` (:func:`mmppma.utils.deprecation.renamed_arguments`).
 """
-from .attention import (
-                        criss_cross_attention,
-    manhattan_attention,
-    ppma_attention,
-    rmt_criss_cross_attention,
-    whole_attention_branch,
-)
+from .criss_cross import criss_cross_attention, rmt_criss_cross_attention
 from .dispatch import IMPLEMENTATIONS, IMPLS, export_mode, exporting, resolve_impl
-from .linear_attention import ppma_decomposed_attention, ppma_linear_attention
-from .polyline_mask import (
-                        column_segment_sums,
+from .manhattan import manhattan_attention
+from .mask3d import polyline_mask_3d, polyline_mask_matvec_3d
+from .masks import (
+    column_segment_sums,
     decay_tables,
     manhattan_decay_mask,
     polyline_mask,
-    polyline_mask_3d,
     row_segment_sums,
     segment_sum,
 )
-from .scan import decay_scan_1d, polyline_mask_matvec, polyline_mask_matvec_3d
+from .scan import decay_scan_1d, polyline_mask_matvec, ppma_decomposed_attention, ppma_linear_attention
+from .whole import ppma_attention, whole_attention_branch
 
 #: The public ops, by their stable names.
 OPS = ('ppma_attention', 'criss_cross_attention', 'manhattan_attention', 'rmt_criss_cross_attention',

@@ -5,7 +5,7 @@
 * ``'reference'`` - dense and obviously correct: forms the whole N x N mask (test oracle);
 * ``'torch'`` - PyTorch: masks assembled from segment-sum tables, never an N x N mask for the scans and
   criss-cross attention; whole attention's size-chosen branches are named by
-  :func:`mmppma.ops.attention.whole_attention_branch`;
+  :func:`mmppma.ops.whole_attention_branch`;
 * ``'triton'`` - fused GPU kernels (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``);
 * ``'auto'`` - triton for CUDA tensors when a kernel exists and triton imports, torch otherwise.
 

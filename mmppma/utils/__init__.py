@@ -1,5 +1,5 @@
 """Utilities: the weights_only checkpoint allowlist and the launcher helpers of tools/train.py and test.py
-(plus :mod:`.checks` and :mod:`.deprecation`, imported by their users)."""
+(plus :mod:`.checks`, imported by its users)."""
 from .checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
 from .launch import (
                      apply_test_amp,

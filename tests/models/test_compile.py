@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch._dynamo
 
-import mmppma.ops.attention as attention_module
+import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma import ops
 from mmppma.models.backbones import MLLA, PPMA, RMT, VMINet
 
@@ -199,8 +199,8 @@ OP_RUNS = [(op, grad) for op in OPS for grad in ('autograd', 'inference')] + [(o
 @pytest.mark.parametrize('op, branch', OP_RUNS)
 def test_torch_path_ops_trace_without_graph_breaks(op, branch, monkeypatch):
     if branch == 'blockwise':
-        monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
-        monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 64)
+        monkeypatch.setattr(whole_torch, 'SMALL_ELEMENTS', 0)
+        monkeypatch.setattr(whole_torch, 'BLOCK_ELEMENTS', 64)
     inputs = [t.requires_grad_(branch != 'inference') for t in _op_inputs(5, 7)]
     torch._dynamo.reset()
     explained = torch._dynamo.explain(OPS[op])(*inputs)
@@ -213,8 +213,8 @@ def test_torch_path_ops_trace_without_graph_breaks(op, branch, monkeypatch):
 @pytest.mark.parametrize('backend', COMPILE_BACKENDS)
 @pytest.mark.parametrize('op', ['ppma_attention', 'manhattan_attention'])
 def test_blockwise_branch_compiles_with_dynamic_shapes_and_equals_eager(op, backend, monkeypatch):
-    monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 0)
-    monkeypatch.setattr(attention_module, 'BLOCK_ELEMENTS', 64)
+    monkeypatch.setattr(whole_torch, 'SMALL_ELEMENTS', 0)
+    monkeypatch.setattr(whole_torch, 'BLOCK_ELEMENTS', 64)
     fn = OPS[op]
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=backend)
@@ -233,7 +233,7 @@ def test_blockwise_ops_return_the_strides_of_their_fake_impls():
     """Compiled code asserts a custom op's output strides against its fake impl (contiguous): with q, k, v
     permuted views of token-layout tensors (B, N, heads, d), as the layers hand them over, the real ops'
     outputs are contiguous too (a training step of PPMA-T at 512x768 runs the blockwise branch)."""
-    from mmppma.ops.attention import whole_attention_blockwise, whole_attention_blockwise_backward
+    from mmppma.ops.whole.torch_impl import whole_attention_blockwise, whole_attention_blockwise_backward
     g = torch.Generator().manual_seed(0)
     b, heads, h, w, d = 1, 2, 3, 4, 8
     q, k, v = (torch.randn(b, h * w, heads, d, generator=g).transpose(1, 2) for _ in range(3))

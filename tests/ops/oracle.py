@@ -1,14 +1,12 @@
-"""Independent float64 oracles, written from the definitions with explicit loops (numpy).
-
-They share no code with mmppma.ops: a path's log-decay is summed term by term along the path
-(docs/method.md §2: the segment from s to t sums the log-decays strictly after min(s, t) up to max(s, t)).
-"""
+"""Independent float64 oracles written from the definitions with explicit loops (numpy), sharing no code with
+mmppma.ops (a segment from s to t sums the log-decays strictly after min(s, t) up to max(s, t), docs/method.md
+§2), and the tests' input makers."""
 import numpy as np
+import torch
 
 
 def seg(line, s, t):
-    lo, hi = min(s, t), max(s, t)
-    return line[lo + 1:hi + 1].sum()
+    return line[min(s, t) + 1:max(s, t) + 1].sum()
 
 
 def mask_v2h(la, lb):
@@ -24,30 +22,23 @@ def mask_3d(la, lb, lc):
 
 
 def softmax(x):
-    x = x - x.max(-1, keepdims=True)
-    e = np.exp(x)
+    e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
 
 
 def whole_attention(q, k, v, la, lb, scale, form):
-    """q, k, v: (H, W, d) for one batch item and head; la, lb: (H, W). -> (H, W, d_v)."""
+    """q, k, v: (H, W, d) of one batch item and head; la, lb: (H, W) -> (H, W, d_v)."""
     h, w, _ = q.shape
     qf, kf, vf = q.reshape(h * w, -1), k.reshape(h * w, -1), v.reshape(h * w, -1)
-    s = scale * qf @ kf.T
-    m = mask_v2h(la, lb)
-    if form == 'release':
-        a = 0.5 * softmax(s + m) + 0.5 * softmax(s + m.T)
-    elif form == 'paper':
-        a = softmax(s) * (np.exp(m) + np.exp(m.T))
-    elif form == 'v2h':
-        a = softmax(s + m)
-    else:
-        a = softmax(s + m.T)
+    s, m = scale * qf @ kf.T, mask_v2h(la, lb)
+    a = {'release': lambda: 0.5 * softmax(s + m) + 0.5 * softmax(s + m.T),
+         'paper': lambda: softmax(s) * (np.exp(m) + np.exp(m.T)),
+         'v2h': lambda: softmax(s + m), 'h2v': lambda: softmax(s + m.T)}[form]()
     return (a @ vf).reshape(h, w, -1)
 
 
-def criss_cross(q, k, v, la, lb, scale, order):
-    """Loops over rows and columns: Aw per row, Ah per column, composed in the given order."""
+def criss_cross(q, k, v, la, lb, scale, form):
+    """Loops over rows and columns: Aw per row, Ah per column; 'h2v' rows first, 'v2h' columns first."""
     h, w, _ = q.shape
 
     def rows(x):
@@ -64,20 +55,32 @@ def criss_cross(q, k, v, la, lb, scale, order):
             out[:, j] = softmax(scale * q[:, j] @ k[:, j].T + bias) @ x[:, j]
         return out
 
-    if order == 'row_col':
-        return cols(rows(v))
-    if order == 'col_row':
-        return rows(cols(v))
-    return 0.5 * cols(rows(v)) + 0.5 * rows(cols(v))
+    return {'h2v': lambda: cols(rows(v)), 'v2h': lambda: rows(cols(v)),
+            'release': lambda: 0.5 * cols(rows(v)) + 0.5 * rows(cols(v))}[form]()
 
 
-def manhattan_mask(gamma, h, w):
-    """(N, N): gamma times the Manhattan distance |i - k| + |j - l| between (i, j) and (k, l)."""
-    return np.array([[gamma * (abs(i - k) + abs(j - l)) for k, l in np.ndindex(h, w)] for i, j in np.ndindex(h, w)])
+def manhattan_mask(log_decay, h, w):
+    """(N, N): log_decay times the Manhattan distance |i - k| + |j - l| between (i, j) and (k, l)."""
+    return np.array([[log_decay * (abs(i - k) + abs(j - l)) for k, l in np.ndindex(h, w)]
+                     for i, j in np.ndindex(h, w)])
 
 
 def apply_per_head(fn, *arrays, **kwargs):
     """Run a per-(batch, head) oracle over leading (B, heads) dims of numpy arrays."""
-    b, heads = arrays[0].shape[:2]
-    outs = [[fn(*(a[bi, hi] for a in arrays), **kwargs) for hi in range(heads)] for bi in range(b)]
-    return np.stack([np.stack(o) for o in outs])
+    return np.stack([np.stack([fn(*(a[bi, hi] for a in arrays), **kwargs) for hi in range(arrays[0].shape[1])])
+                     for bi in range(arrays[0].shape[0])])
+
+
+def qkv(b, heads, h, w, d, seed=0, dtype=torch.float64, dv=None):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, heads, h, w, n, generator=g, dtype=dtype) for n in (d, d, dv or d)]
+
+
+def decays(b, heads, h, w, seed=0, scale=1.0, offset=0.0, dtype=torch.float64):
+    """la, lb in [-(offset + scale), -offset]."""
+    g = torch.Generator().manual_seed(seed)
+    return [-(torch.rand(b, heads, h, w, generator=g, dtype=dtype) * scale + offset) for _ in 'ab']
+
+
+def leaf(*ts):
+    return [t.clone().requires_grad_() for t in ts]

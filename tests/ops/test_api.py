@@ -1,54 +1,52 @@
-"""The ops' one vocabulary: signatures, the implementation table, validation before dispatch, the torch
-branch of whole attention, and the previous release's spellings (they warn and give identical results)."""
+"""The ops' one vocabulary: signatures, the implementation table, validation before dispatch, the torch branch
+of whole attention."""
 import inspect
-import warnings
 
 import pytest
 import torch
 
 import mmppma.ops as ops
-import mmppma.ops.attention as attention_module
+import mmppma.ops.whole
+import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma.ops.dispatch import IMPLEMENTATIONS, resolve_impl
-from mmppma.utils.deprecation import renamed_arguments
 
-from .test_attention import qkv
-from .test_masks_and_scans import decays
+from .oracle import decays, qkv
 
-# the options every op takes after its tensors, in the documented order
 IMPLS = ('reference', 'torch', 'triton')
 ORDER = ('scale', 'form', 'feature_map', 'normalize', 'normalizer', 'eps', 'space', 'queries', 'impl', 'chunk')
 
 
 @pytest.mark.parametrize('name', ops.OPS)
 def test_signature_follows_the_vocabulary(name):
-    fn = getattr(ops, name)
-    params = list(inspect.signature(fn).parameters.values())
+    """Tensors positional, then the options keyword-only in the documented order; no other decay or form name."""
+    params = list(inspect.signature(getattr(ops, name)).parameters.values())
     positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
     options = [p.name for p in params if p.kind == p.KEYWORD_ONLY]
     assert all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
     assert all(p.default is p.empty for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
     assert options == [o for o in ORDER if o in options], f'{name}: options {options} out of order'
-    assert set(options) <= set(ORDER)
-    for decay in ('a', 'g', 'gamma', 'mask', 'order'):
-        assert decay not in positional + options
+    assert set(options) <= set(ORDER) and not {'a', 'g', 'gamma', 'mask', 'order'} & set(positional + options)
     assert ('impl' in options) == (name in IMPLEMENTATIONS)
+
+
+def test_public_names_are_exported():
+    assert set(ops.OPS) <= set(ops.__all__)
+    assert all(callable(getattr(ops, name)) for name in ops.__all__ if name not in ('OPS', 'IMPLS', 'IMPLEMENTATIONS'))
 
 
 def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
     x = torch.zeros(1)
     for op, impls in IMPLEMENTATIONS.items():
-        assert set(impls) <= {'reference', 'torch', 'triton'}
-        assert resolve_impl('reference', op, [x]) == 'reference'
-        assert resolve_impl('auto', op, [x]) == 'torch'  # CPU tensors
+        assert set(impls) <= set(IMPLS)
+        assert resolve_impl('reference', op, [x]) == 'reference' and resolve_impl('auto', op, [x]) == 'torch'
     with pytest.raises(KeyError, match='not an op'):
         resolve_impl('torch', 'polyline_mask', [x])
     with pytest.raises(ValueError, match="'auto', 'torch', 'triton', 'reference'"):
         resolve_impl('cuda', 'ppma_attention', [x])
     monkeypatch.setenv('MMPPMA_IMPL', 'reference')
     assert resolve_impl('auto', 'ppma_attention', [x]) == 'reference'
-    calls = []
-    original = attention_module._whole_reference
-    monkeypatch.setattr(attention_module, '_whole_reference', lambda *a: calls.append(1) or original(*a))
+    calls, original = [], mmppma.ops.whole.whole_reference
+    monkeypatch.setattr(mmppma.ops.whole, 'whole_reference', lambda *a: calls.append(1) or original(*a))
     ops.ppma_attention(*qkv(1, 1, 2, 3, 4), *decays(1, 1, 2, 3))
     assert calls, 'MMPPMA_IMPL=reference did not route auto to the reference implementation'
     monkeypatch.setenv('MMPPMA_IMPL', 'fast')
@@ -59,7 +57,6 @@ def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
 Q, K, V = qkv(1, 2, 3, 4, 5)
 LA, LB = decays(1, 2, 3, 4)
 WHOLE_AND_CRISS_CROSS = (ops.ppma_attention, ops.criss_cross_attention)
-PER_HEAD = (ops.manhattan_attention, ops.rmt_criss_cross_attention)
 QKV_2X3 = qkv(2, 3, 2, 3, 4)  # batch 2, heads 3: a log-decay is (3,) or (2, 3)
 BAD_LOG_DECAYS = (torch.zeros(2), torch.zeros(3, 3), torch.zeros(1, 1, 3), torch.zeros(3, dtype=torch.long))
 SCAN_X = torch.zeros(2, 5, 3)
@@ -77,8 +74,9 @@ BAD_INPUTS = [  # (op, its tensors, its options, what the ValueError says); log-
     (ops.polyline_mask_matvec, (V, LA, LB[..., :3]), {}, r'\(B, heads, H, W'),
     (ops.polyline_mask, (LA, LB), dict(form='vh'), "'v2h', 'h2v', '2d'"),
     (ops.polyline_mask_matvec, (V, LA, LB), dict(form='x'), 'form'),
-    *[(op, (*QKV_2X3, bad), dict(impl=impl), 'log_decay')
-      for op in PER_HEAD for impl in IMPLS for bad in BAD_LOG_DECAYS],
+    *[(op, (*QKV_2X3, bad), dict(impl=impl), 'log_decay') for op in (ops.manhattan_attention,
+                                                                      ops.rmt_criss_cross_attention)
+      for impl in IMPLS for bad in BAD_LOG_DECAYS],
     *[(ops.decay_scan_1d, (SCAN_X, torch.zeros(2, 4)), dict(impl=impl), 'log_decay') for impl in IMPLS],
     *[(ops.decay_scan_1d, (SCAN_X, torch.zeros(2, 5, dtype=torch.long)), dict(impl=impl), 'floating point')
       for impl in IMPLS],
@@ -92,15 +90,13 @@ def test_bad_input_raises_naming_the_expected_layout(op, tensors, options, match
 
 
 def test_whole_attention_branch_is_the_one_taken(monkeypatch):
-    assert attention_module.SMALL_ELEMENTS == 2**22
-    assert ops.whole_attention_branch(1, 4, 16, 32) == 'autograd'  # 4 * 512^2 = 2^20
-    assert ops.whole_attention_branch(1, 4, 32, 32) == 'autograd'  # 4 * 1024^2 = 2^22
-    assert ops.whole_attention_branch(1, 4, 32, 33) == 'blockwise'
-    assert ops.whole_attention_branch(1, 1, 1, 1, form='paper') == 'dense'
-    assert ops.whole_attention_branch(1, 4, 32, 33, grad=False) == 'inference'
-    calls = []
-    library_op = attention_module.whole_attention_blockwise
-    monkeypatch.setattr(attention_module, 'whole_attention_blockwise',
+    assert whole_torch.SMALL_ELEMENTS == 2**22
+    for args, kwargs, branch in (((1, 4, 16, 32), {}, 'autograd'), ((1, 4, 32, 32), {}, 'autograd'),  # 2^20, 2^22
+                                 ((1, 4, 32, 33), {}, 'blockwise'), ((1, 1, 1, 1), dict(form='paper'), 'dense'),
+                                 ((1, 4, 32, 33), dict(grad=False), 'inference')):
+        assert ops.whole_attention_branch(*args, **kwargs) == branch
+    calls, library_op = [], whole_torch.whole_attention_blockwise
+    monkeypatch.setattr(whole_torch, 'whole_attention_blockwise',
                         lambda *a: calls.append(torch.is_grad_enabled()) or library_op(*a))
     q, k, v = (t.requires_grad_() for t in qkv(1, 1, 3, 4, 2))
     la, lb = decays(1, 1, 3, 4)
@@ -109,86 +105,7 @@ def test_whole_attention_branch_is_the_one_taken(monkeypatch):
     with torch.no_grad():
         ops.ppma_attention(q, k, v, la, lb, impl='torch')
     assert calls == [False]  # the inference branch: the torch.library op, autograd off
-    monkeypatch.setattr(attention_module, 'SMALL_ELEMENTS', 143)  # 12^2 = 144 elements
+    monkeypatch.setattr(whole_torch, 'SMALL_ELEMENTS', 143)  # 12^2 = 144 elements
     assert ops.whole_attention_branch(1, 1, 3, 4) == 'blockwise'
     ops.ppma_attention(q, k, v, la, lb, impl='torch')
     assert calls == [False, True]  # the blockwise branch: the same op, recorded by autograd
-
-
-def _spellings():
-    """(op, new args, new kwargs, old args, old kwargs) of every op whose spelling changed."""
-    q, k, v = qkv(1, 2, 3, 4, 2, seed=1)
-    la, lb = decays(1, 2, 3, 4, seed=2)
-    lc = decays(1, 2, 3, 4, seed=3)[0]
-    g = torch.tensor([-0.2, -0.5], dtype=torch.float64)
-    l3d = (la[:, :, None], lb[:, :, None], lc[:, :, None])
-    x3, l3 = torch.randn(1, 2, 2, 3, 4, 3, dtype=torch.float64), -torch.rand(1, 2, 2, 3, 4, dtype=torch.float64)
-    t, tg, x, m3 = (q, k, v, la, lb), (q, k, v, g), (v, la, lb), (x3, l3, l3, l3)
-    cc, mv, scan, dec = (ops.criss_cross_attention, ops.polyline_mask_matvec, ops.decay_scan_1d,
-                         ops.ppma_decomposed_attention)
-    return [
-        (ops.ppma_attention, t, dict(scale=0.5, form='v2h', impl='torch'), t + (0.5, 'v2h', 'torch'), {}),
-        (ops.manhattan_attention, tg, dict(scale=0.5, impl='reference'), tg + (0.5, 'reference'), {}),
-        (ops.rmt_criss_cross_attention, tg, dict(scale=0.5), tg + (0.5, ), {}),
-        (cc, t, dict(scale=0.5), t, dict(scale=0.5, order='both')),
-        (cc, t, dict(form='v2h'), t, dict(order='col_row')),
-        (cc, t, dict(scale=0.3, form='h2v', impl='reference'), t + (0.3, 'row_col', 'reference'), {}),
-        (cc, t, dict(form='h2v'), t, dict(form='row_col')),
-        (ops.polyline_mask, (la, lb), dict(form='h2v', space='linear'), (la, lb, 'h2v', 'linear'), {}),
-        (ops.polyline_mask_3d, l3d, dict(space='linear'), l3d + ('linear', ), {}),
-        (mv, x, dict(form='h2v', chunk=2), x, dict(order='h2v', chunk=2)),
-        (mv, x, dict(form='2d', chunk=2, impl='torch'), x + ('2d', 2, 'torch'), {}),
-        (ops.polyline_mask_matvec_3d, m3, dict(chunk=2, impl='torch'), m3 + (2, 'torch'), {}),
-        (scan, (v, la), dict(chunk=2), (v, ), dict(a=la, chunk=2)),
-        (scan, (v, la), dict(chunk=2, impl='reference'), (v, la, 2, 'reference'), {}),
-        (dec, t, dict(form='v2h', chunk=2), t, dict(mask='v2h', chunk=2)),
-        (dec, t, dict(form='h2v', impl='reference'), t + ('h2v', 'reference'), {}),
-        (ops.ppma_linear_attention, t, dict(form='h2v', feature_map='elu', normalize=True), t + ('elu', True),
-         dict(mask='h2v')),
-    ]
-
-
-SPELLINGS = _spellings()
-
-
-@pytest.mark.parametrize('op, args, kwargs, old_args, old_kwargs', SPELLINGS,
-                         ids=[f"{c[0].__name__}({', '.join([*map(repr, c[3][len(c[1]):]), *(f'{k}=' for k in c[4])])})"
-                              for c in SPELLINGS])
-def test_old_spellings_warn_and_give_identical_results(op, args, kwargs, old_args, old_kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')  # the new spelling warns about nothing
-        want = op(*args, **kwargs)
-    with pytest.warns(DeprecationWarning, match='deprecated and will be removed in the next release'):
-        got = op(*old_args, **old_kwargs)
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
-
-
-def test_old_and_new_spelling_together_is_an_error():
-    q, k, v = qkv(1, 1, 2, 2, 2)
-    la, lb = decays(1, 1, 2, 2)
-    with pytest.raises(TypeError, match="both 'order' .* and 'form'"):
-        ops.criss_cross_attention(q, k, v, la, lb, order='both', form='release')
-    with pytest.raises(TypeError, match="multiple values for argument 'form'"):
-        ops.polyline_mask(la, lb, 'v2h', form='h2v')
-    with pytest.raises(TypeError, match='takes 2 positional arguments but 5 were given'):
-        ops.polyline_mask(la, lb, 'v2h', 'log', 'extra')
-
-
-def test_renamed_arguments_names_each_old_spelling():
-
-    @renamed_arguments(keywords={'old': 'new'}, values={'new': {'before': 'after'}}, positional=('old', ))
-    def f(x, *, new='after'):
-        return x, new
-
-    with pytest.warns(DeprecationWarning, match=r"f: passing 'old' positionally \(pass new=\.\.\. by keyword\)"):
-        assert f(1, 'x') == (1, 'x')
-    with pytest.warns(DeprecationWarning, match=r"f: keyword 'old' \(use 'new'\)"):
-        assert f(1, old='x') == (1, 'x')
-    with pytest.warns(DeprecationWarning, match=r"f: new='before' \(use new='after'\)"):
-        assert f(1, new='before') == (1, 'after')
-    assert inspect.signature(f) == inspect.signature(f.__wrapped__)
-
-
-def test_public_names_are_exported():
-    assert set(ops.OPS) <= set(ops.__all__)
-    assert all(callable(getattr(ops, name)) for name in ops.__all__ if name not in ('OPS', 'IMPLS', 'IMPLEMENTATIONS'))

@@ -1,4 +1,5 @@
-"""Masked softmax attention along image rows or columns (the two halves of criss-cross attention).
+"""Line attention, Triton kernels: masked softmax attention along image rows or columns (the two halves of
+criss-cross attention).
 
 For every line (a row: length W, or a column: length H) of a (BH, H, W, .) tensor:
 ``out[t] = sum_s softmax_s(scale * q_t . k_s + seg(C; t, s)) x_s`` with C the line's cumsum table.
@@ -12,9 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention import compose_criss_cross
-from . import launch as lp
-from ._tiles import bwd_operands, load_tile, online_softmax_step, seg, sign, store_tile, token_block
+from ..triton_support import launch as lp
+from ..triton_support.tiles import bwd_operands, load_tile, online_softmax_step, seg, sign, store_tile, token_block
 
 
 @triton.jit
@@ -193,21 +193,3 @@ def line_attention(q, k, x, c, scale: float, columns: bool):
     out, _ = line_attention_op(q.contiguous(), k.contiguous(), x.contiguous(), c.float().contiguous(), float(scale),
                                columns)
     return out.to(x.dtype)
-
-
-def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, order: str):
-    """q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca (row cumsums), cb (column cumsums):
-    (B, heads, H, W). ``order`` as :func:`mmppma.ops.criss_cross_attention`."""
-    b, heads, hh, ww, d = q.shape
-    dv = v.shape[-1]
-    q3, k3 = q.reshape(b * heads, hh, ww, d), k.reshape(b * heads, hh, ww, d)
-    v3 = v.reshape(b * heads, hh, ww, dv)
-    ca3, cb3 = ca.reshape(b * heads, hh, ww), cb.reshape(b * heads, hh, ww)
-
-    def rows(x):
-        return line_attention(q3, k3, x, ca3, scale, False)
-
-    def cols(x):
-        return line_attention(q3, k3, x, cb3, scale, True)
-
-    return compose_criss_cross(rows, cols, v3, order).reshape(b, heads, hh, ww, dv)

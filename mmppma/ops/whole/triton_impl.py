@@ -1,10 +1,11 @@
-"""Fused whole polyline-masked attention (PPMVA, release form) - forward and backward, no N x N tensor.
+"""Whole attention, Triton kernels: the softmax forms of PPMVA (and RMT's Manhattan attention), forward and
+backward, no N x N tensor.
 
-One launch per path (V2H: bias M, H2V: M^T): scores ``S = scale * q k^T`` per tile plus the path's bias, built in
-registers from the O(N) cumsum tables Ca (rows) and Cb (columns), under an online softmax. A bias reads each
-table at a token's own entry and at a "corner" (the query's row and the key's column for V2H, the reverse for
-H2V). A block of consecutive tokens covers at most ROWS image rows, so a tile's corners are a (ROWS x key
-columns) slab: one gathered vector per image row, selected by row.
+One launch per path, its ``FORM`` constexpr the one-path form (``'v2h'``: bias M, ``'h2v'``: M^T; Triton takes string
+constexprs): scores ``S = scale * q k^T`` per tile plus the path's bias, built in registers from the O(N) cumsum tables
+Ca (rows) and Cb (columns), under an online softmax. A bias reads each table at a token's own entry and at a "corner"
+(the query's row and the key's column for V2H, the reverse for H2V). A block of consecutive tokens covers at most ROWS
+image rows, so a tile's corners are a (ROWS x key columns) slab: one gathered vector per image row, selected by row.
 
 The backward recomputes the tiles and reduces the bias gradient onto the tables: own entries as row sums of the
 score gradient; corners per own image row, each tile's share summed over the block's tokens of that row by a
@@ -19,12 +20,21 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch as lp
-from ._tiles import bwd_operands, load_tile, online_softmax_step, seg, slice_offset, store_tile, token_block
+from ..forms import paths, transposed
+from ..triton_support import launch as lp
+from ..triton_support.tiles import (
+    bwd_operands,
+    load_tile,
+    online_softmax_step,
+    seg,
+    slice_offset,
+    store_tile,
+    token_block,
+)
 
 
 @triton.jit
-def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V: tl.constexpr, ROWS):
+def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM: tl.constexpr, ROWS):
     """Scores plus one path's log-mask for query block ``qb`` and key block ``kb`` (see :func:`_block`).
 
     V2H: M[p, s] = sgn(j >= l) (Ca[i, j] - Ca[i, l]) + sgn(i >= k) (Cb[i, l] - Cb[k, l]): along the query's row i
@@ -34,7 +44,7 @@ def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V: tl.constexpr, ROWS):
     ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
     ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
     # each image row adds its corner terms where it holds the corner: no per-element corner tile stays live
-    if H2V:
+    if FORM == 'h2v':
         ge = l_c[None, :] >= j_q[:, None]
         for r in range(ROWS):
             row = first_k + r
@@ -76,9 +86,9 @@ def _block(ca_ptr, cb_ptr, start, BLOCK: tl.constexpr, N, W):
 
 @triton.jit
 def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, ROWS_M, ROWS_N,
-               H2V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+               FORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per query block, one path (V2H, or H2V if ``H2V``) per launch: the path's online softmax over
+    """One program per query block, one path (``FORM``, 'v2h' or 'h2v') per launch: the path's online softmax over
     all key blocks; ROWS_M / ROWS_N bound the image rows of a query / key block."""
     bh = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
@@ -93,7 +103,8 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
     for start_n in range(0, N, BLOCK_N):
         kb = _block(ca_ptr, cb_ptr, start_n, BLOCK_N, N, W)
         s = tl.dot(q, tl.trans(load_tile(k_ptr, kb[6], kb[5], offs_d, D)), input_precision=PRECISION) * scale
-        x = tl.where(kb[5][None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, H2V, ROWS_N if H2V else ROWS_M),
+        x = tl.where(kb[5][None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM,
+                                                      ROWS_N if FORM == 'h2v' else ROWS_M),
                      float('-inf'))
         m, l, acc = online_softmax_step(x, load_tile(v_ptr, kb[6], kb[5], offs_dv, DV), m, l, acc, PRECISION)
     store_tile(o_ptr + slice_offset(bh, N, DV), offs_m, mask_m, offs_dv, DV, acc / l[:, None])
@@ -119,9 +130,9 @@ def _probs(s, own, other, ca_ptr, cb_ptr, W, N, CORNERS: tl.constexpr, ROWS_OWN:
     tokens hold the corners (M's V2H form, own rows at the corners); otherwise the H2V form, the other tile's
     rows at the corners."""
     if CORNERS:
-        x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, False, ROWS_OWN)
+        x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, 'v2h', ROWS_OWN)
     else:
-        x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, True, ROWS_OTHER)
+        x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, 'h2v', ROWS_OTHER)
     return tl.where(own[5][:, None] & other[5][None, :], tl.exp(x), 0.0)
 
 
@@ -171,12 +182,12 @@ def _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK: tl.constexpr, COLS: tl.constexpr)
 @triton.jit
 def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr,
                corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS, KEYS: tl.constexpr,
-               CORNERS: tl.constexpr, GRADS: tl.constexpr, CORNER_SUMS: tl.constexpr, BLOCK_OWN: tl.constexpr,
+               FORM: tl.constexpr, GRADS: tl.constexpr, CORNER_SUMS: tl.constexpr, BLOCK_OWN: tl.constexpr,
                BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr,
                ROWS_OWN: tl.constexpr, CORNER_ROWS: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per block of BLOCK_OWN keys (KEYS) or queries, one path per launch. CORNERS (V2H for queries,
-    H2V for keys): the own tokens hold the path's corners. Tiles are (own x other tokens): for keys H2V's M[s, p]
-    is then V2H's form with the key in the query's place.
+    """One program per block of BLOCK_OWN keys (KEYS) or queries, one path (``FORM``) per launch. CORNERS ('v2h'
+    for queries, 'h2v' for keys): the own tokens hold the path's corners. Tiles are (own x other tokens): for keys
+    H2V's M[s, p] is then V2H's form with the key in the query's place.
 
     GRADS: g1 = dk, g2 = dv (KEYS) or g1 = dq. CORNER_SUMS (with CORNERS): the corners Ca, Cb at (own row, other
     column), summed over the block's tokens of each image row, into the corner slots. A launch does one or both.
@@ -186,6 +197,7 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     The other tokens come in tiles of (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column
     chunk. CORNER_ROWS: the image rows a block can touch (ROWS_OWN), at least 16 (a matrix product's smallest
     side)."""
+    CORNERS: tl.constexpr = (FORM == 'h2v') == KEYS
     pid = tl.program_id(0)
     bh = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
@@ -246,42 +258,42 @@ def _rows(block: int, h: int, w: int) -> int:
     return lp.pow2(min(h, (block - 1) // w + 2), 1)
 
 
-def forward_launches(q, k, v, ca, cb, scale: float, v2h: bool, h2v: bool, cap: int):
-    """The forward's launches, one per path, and their outputs (o: (paths, BH, N, dv), lse: (paths, BH, N),
-    float32; V2H first)."""
+def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
+    """The forward's launches, one per path of ``form``, and their outputs (o: (paths, BH, N, dv), lse:
+    (paths, BH, N), float32; in :func:`mmppma.ops.forms.paths` order)."""
     bh, n, d = q.shape
     dv = v.shape[-1]
     hh, ww = ca.shape[-2:]
-    paths = [h2v_path for h2v_path, on in ((False, v2h), (True, h2v)) if on]
-    o = torch.empty(len(paths), bh, n, dv, device=q.device, dtype=torch.float32)
-    lse = torch.empty(len(paths), bh, n, device=q.device, dtype=torch.float32)
+    names = paths(form)
+    o = torch.empty(len(names), bh, n, dv, device=q.device, dtype=torch.float32)
+    lse = torch.empty(len(names), bh, n, device=q.device, dtype=torch.float32)
     cfg = lp.config('whole_fwd', n, q.dtype, cap)
     launches = [lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
                           (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv, _rows(cfg.block_m, hh, ww),
                            _rows(cfg.block_n, hh, ww)),
-                          dict(H2V=h2v_path, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+                          dict(FORM=path, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
                                BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg)
-                for i, h2v_path in enumerate(paths)]
+                for i, path in enumerate(names)]
     return launches, o, lse
 
 
-def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2v: bool, cap: int):
+def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, cap: int):
     """The backward's launches, one pair (keys, queries) per path, and the buffers they fill: dq, dk, dv per path
     (paths, BH, N, .) float32, and the table-gradient parts (each token's own entries ``self_q``, ``self_k``:
     (2, BH, N); corner slots ``corner_k``, ``corner_q``: (2, BH, H, SLOTS, W); index 0 is Ca, 1 is Cb)."""
     bh, n, d = q.shape
     dv = v.shape[-1]
     hh, ww = ca.shape[-2:]
-    paths = [flags for flags, on in (((True, False), v2h), ((False, True), h2v)) if on]
-    weight = 1.0 / len(paths)
+    names = paths(form)
+    weight = 1.0 / len(names)
     # delta_p = rowsum(dP_p * P_p) = weight * (dout . o_p)
     delta = (weight * (dout.float().unsqueeze(0) * o).sum(-1)).contiguous()
     zeros = dict(device=q.device, dtype=torch.float32)
-    dq = torch.empty(len(paths), *q.shape, **zeros)
-    dk = torch.empty(len(paths), *k.shape, **zeros)
-    dvv = torch.empty(len(paths), *v.shape, **zeros)
+    dq = torch.empty(len(names), *q.shape, **zeros)
+    dk = torch.empty(len(names), *k.shape, **zeros)
+    dvv = torch.empty(len(names), *v.shape, **zeros)
     self_q, self_k = torch.zeros(2, bh, n, **zeros), torch.zeros(2, bh, n, **zeros)
-    # the corners are the V2H path's for the queries, the H2V path's for the keys: (own, other) block per role
+    # the corners are the 'v2h' path's for the queries, the 'h2v' path's for the keys: (own, other) block per role
     blocks = {}
     for keys, corners in ((True, False), (True, True), (False, False), (False, True)):
         cfg = lp.config(('whole_bwd_kv' if keys else 'whole_bwd_q') + ('_corners' if corners else ''), n, q.dtype,
@@ -290,9 +302,9 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
     slots = {keys: (ww - 1) // blocks[keys, True][1][0] + 2 for keys in (True, False)}  # blocks a row can touch
     corner = {keys: torch.zeros(2, bh, hh, slots[keys], ww, **zeros) for keys in (True, False)}
     launches = []
-    for i, (p_v2h, p_h2v) in enumerate(paths):
+    for i, path in enumerate(names):
         for keys, grads, selfs in ((True, (dk[i], dvv[i]), self_k), (False, (dq[i], dq[i]), self_q)):
-            corners = p_h2v if keys else p_v2h
+            corners = (path == 'h2v') == keys
             cfg, (own, other) = blocks[keys, corners]
             rows = _rows(own, hh, ww)
             # (GRADS, CORNER_SUMS) of each launch: the corner sums in the same program or in one of their own
@@ -301,7 +313,7 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
                 _whole_bwd, (triton.cdiv(n, own), bh),
                 (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0 if corners else 1], corner[keys][0],
                  corner[keys][1], float(scale), weight, n, hh, ww, d, dv, slots[keys]),
-                dict(KEYS=keys, CORNERS=corners, GRADS=with_grads, CORNER_SUMS=sums, BLOCK_OWN=own,
+                dict(KEYS=keys, FORM=path, GRADS=with_grads, CORNER_SUMS=sums, BLOCK_OWN=own,
                      BLOCK_OTHER=other, BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)),
                      ROWS_OWN=rows, CORNER_ROWS=max(16, rows), PRECISION=lp.precision(q.dtype)), cfg)
                 for with_grads, sums in parts)
@@ -309,35 +321,35 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, v2h: bool, h2
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor, cb: torch.Tensor, scale: float,
-             v2h: bool, h2v: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             form: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Flattened per (batch*head): q, k (BH, N, d), v (BH, N, dv), Ca, Cb (BH, H, W) float32 cumsum tables ->
     the output (BH, N, dv) in v's dtype, and per path o (paths, BH, N, dv) and lse (paths, BH, N), float32."""
-    launches, o, lse = forward_launches(q, k, v, ca, cb, scale, v2h, h2v, lp.capability(q.device))
+    launches, o, lse = forward_launches(q, k, v, ca, cb, scale, form, lp.capability(q.device))
     lp.run(launches)
     return o.mean(0).to(v.dtype), o, lse  # equal weights: 1 path -> itself, 2 paths -> the release's average
 
 
-def _forward_shapes(q, k, v, ca, cb, scale, v2h, h2v):
-    paths = int(v2h) + int(h2v)
+def _forward_shapes(q, k, v, ca, cb, scale, form):
+    count = len(paths(form))
     out = v.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-    return out, out.new_empty(paths, *out.shape, dtype=torch.float32), q.new_empty(paths, *q.shape[:2],
+    return out, out.new_empty(count, *out.shape, dtype=torch.float32), q.new_empty(count, *q.shape[:2],
                                                                                    dtype=torch.float32)
 
 
 def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor,
-              cb: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, scale: float, v2h: bool,
-              h2v: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+              cb: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, scale: float,
+              form: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv in the inputs' dtypes and dCa, dCb (float32) from the output gradient ``dout``."""
     bh, hh, ww = ca.shape
     launches, (dq, dk, dvv, self_q, self_k, corner_k, corner_q) = backward_launches(
-        q, k, v, ca, cb, o, lse, dout.contiguous(), scale, v2h, h2v, lp.capability(q.device))
+        q, k, v, ca, cb, o, lse, dout.contiguous(), scale, form, lp.capability(q.device))
     lp.run(launches)
     dca, dcb = ((self_q[i] + self_k[i]).reshape(bh, hh, ww) + corner_q[i].sum(2) + corner_k[i].sum(2)
                 for i in range(2))  # Ca, Cb
     return dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dvv.sum(0).to(v.dtype), dca, dcb
 
 
-def _backward_shapes(dout, q, k, v, ca, cb, o, lse, scale, v2h, h2v):
+def _backward_shapes(dout, q, k, v, ca, cb, o, lse, scale, form):
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(ca),
             torch.empty_like(cb))
 
@@ -347,33 +359,34 @@ whole_attention_backward_op = lp.library_op('whole_attention_triton_backward', _
 
 
 def _save(ctx, inputs, output):
-    q, k, v, ca, cb, scale, v2h, h2v = inputs
+    q, k, v, ca, cb, scale, form = inputs
     ctx.save_for_backward(q, k, v, ca, cb, *output[1:])
     ctx.mark_non_differentiable(*output[1:])  # o and lse: saved for the backward
-    ctx.args = (scale, v2h, h2v)
+    ctx.args = (scale, form)
 
 
 def _gradients(ctx, dout, do, dlse):
-    return (*whole_attention_backward_op(dout, *ctx.saved_tensors, *ctx.args), None, None, None)
+    return (*whole_attention_backward_op(dout, *ctx.saved_tensors, *ctx.args), None, None)
 
 
 whole_attention_op.register_autograd(_gradients, setup_context=_save)
 
 
-def whole_attention_triton(q, k, v, ca, cb, scale: float, v2h: bool = True, h2v: bool = True):
-    """q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca, cb: (B, heads, H, W) float32 cumsums. An image
-    narrower than ``lp.NARROW`` tokens and at least that tall runs transposed, so that a block of consecutive
-    tokens spans few image rows: the transpose's rows are the columns here, its Ca is Cb and its V2H path H2V."""
+def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str):
+    """Whole attention of ``form`` ('release' | 'v2h' | 'h2v'). q, k: (B, heads, H, W, d); v: (B, heads, H, W,
+    dv); ca, cb: (B, heads, H, W) float32 decay tables. An image narrower than ``lp.NARROW`` tokens and at least
+    that tall runs transposed, so that a block of consecutive tokens spans few image rows: the transpose's rows
+    are the columns here, its Ca is Cb and its 'v2h' path 'h2v'."""
     b, heads, hh, ww, d = q.shape
     if ww < lp.NARROW <= hh:
         def t(x):
             return x.transpose(2, 3)
-        return t(whole_attention_triton(t(q), t(k), t(v), t(cb), t(ca), scale, h2v, v2h))
+        return t(whole_attention_triton(t(q), t(k), t(v), t(cb), t(ca), scale, transposed(form)))
     bh = b * heads
     if abs(scale) < 1e-30:  # scores of zero; the backward divides the log-normaliser by the scale
         q, scale = q * 0, 1.0
     out, _, _ = whole_attention_op(
         q.reshape(bh, hh * ww, d).contiguous(), k.reshape(bh, hh * ww, d).contiguous(),
         v.reshape(bh, hh * ww, v.shape[-1]).contiguous(), ca.reshape(bh, hh, ww).float().contiguous(),
-        cb.reshape(bh, hh, ww).float().contiguous(), float(scale), v2h, h2v)
+        cb.reshape(bh, hh, ww).float().contiguous(), float(scale), form)
     return out.reshape(b, heads, hh, ww, v.shape[-1])

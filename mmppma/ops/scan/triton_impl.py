@@ -1,4 +1,5 @@
-"""Bidirectional 1D decay scan ``y_t = sum_s exp(seg(C; t, s)) x_s`` (Algorithm 1's building block).
+"""Decay scan, Triton kernel: the bidirectional 1D scan ``y_t = sum_s exp(seg(C; t, s)) x_s`` (Algorithm 1's
+building block).
 
 Tiled as a masked matrix product along each line (tensor cores, O(L^2 D) per line - lines are image
 rows/columns, so O(N^1.5) in total). The mask is symmetric, so the input gradient is the same scan of
@@ -9,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch as lp
+from ..triton_support import launch as lp
 
 
 @triton.jit
@@ -83,9 +84,9 @@ def _gradients(ctx, dy):
 scan_op.register_autograd(_gradients, setup_context=_save)
 
 
-def decay_scan_triton(x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """x: (..., L, D); a: (..., L) log-decays -> (..., L, D), like :func:`mmppma.ops.decay_scan_1d`."""
+def decay_scan_triton(x: torch.Tensor, log_decay: torch.Tensor) -> torch.Tensor:
+    """x: (..., L, D); log_decay: (..., L) -> (..., L, D), like :func:`mmppma.ops.decay_scan_1d`."""
     *lead, length, d = x.shape
-    c = a.float().cumsum(-1).reshape(-1, length).contiguous()
+    c = log_decay.float().cumsum(-1).reshape(-1, length).contiguous()
     y = scan_op(x.reshape(-1, length, d).contiguous(), c, False).to(x.dtype)
     return y.reshape(*lead, length, d)

@@ -1,4 +1,4 @@
-"""Decay tables and the polyline path mask (docs/method.md §2), plus RMT's fixed Manhattan decay mask.
+"""Decay tables and the dense polyline path mask (docs/method.md §2), plus RMT's fixed Manhattan decay mask.
 
 Notation: ``la`` (horizontal) and ``lb`` (vertical) are log-decays of shape (B, heads, H, W), <= 0.
 ``Ca = cumsum(la)`` along each row, ``Cb = cumsum(lb)`` along each column. The log-decay of a 1D segment
@@ -14,9 +14,8 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from mmppma.utils.deprecation import renamed_arguments
-
-from ._checks import check_choice, check_decays, table_dtype
+from .checks import check_choice, check_decays, table_dtype
+from .forms import MASK_FORMS
 
 
 def decay_tables(la: torch.Tensor, lb: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -28,10 +27,12 @@ def decay_tables(la: torch.Tensor, lb: torch.Tensor) -> Tuple[torch.Tensor, torc
 
 def segment_sum(c: torch.Tensor) -> torch.Tensor:
     """``out[..., t, s] = c[..., max(t,s)] - c[..., min(t,s)]`` for a cumsum ``c`` (..., L) -> (..., L, L)."""
-    n = c.shape[-1]
-    # +1 on and below the diagonal, -1 above: one multiply by a small (L, L) table
-    sign = torch.ones(n, n, dtype=c.dtype, device=c.device).tril().mul_(2).sub_(1)
-    return (c.unsqueeze(-1) - c.unsqueeze(-2)) * sign
+    return (c.unsqueeze(-1) - c.unsqueeze(-2)) * sign_table(c.shape[-1], c.dtype, c.device)
+
+
+def sign_table(n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """+1 on and below the diagonal, -1 above: (n, n), the sign of a segment sum in index order."""
+    return torch.ones(n, n, dtype=dtype, device=device).tril().mul_(2).sub_(1)
 
 
 def row_segment_sums(la: torch.Tensor) -> torch.Tensor:
@@ -78,7 +79,6 @@ def _mask_rows(la: torch.Tensor, lb: torch.Tensor, queries: torch.Tensor) -> Tup
     return v2h, h2v
 
 
-@renamed_arguments(positional=('form', 'space'))
 def polyline_mask(la: torch.Tensor, lb: torch.Tensor, *, form: str = 'v2h', space: str = 'log',
                   queries: Optional[Union[Sequence[int], torch.Tensor]] = None) -> torch.Tensor:
     """The dense polyline path mask, (B, heads, H*W, H*W), raster order ``p = i*W + j``.
@@ -88,7 +88,7 @@ def polyline_mask(la: torch.Tensor, lb: torch.Tensor, *, form: str = 'v2h', spac
     queries: raster indices of the query rows to return, (B, heads, Q, H*W), computed in O(Q N) from the
     decay tables; default all rows, O(N^2) memory: a test oracle and a tool for small maps, not for models.
     """
-    check_choice('form', form, ('v2h', 'h2v', '2d'))
+    check_choice('form', form, MASK_FORMS)
     check_choice('space', space, ('log', 'linear'))
     check_decays(la, lb)
     if queries is not None:
@@ -105,31 +105,6 @@ def polyline_mask(la: torch.Tensor, lb: torch.Tensor, *, form: str = 'v2h', spac
         m = m.transpose(-1, -2)
     elif form == '2d':
         m = torch.logaddexp(m, m.transpose(-1, -2))
-    return m if space == 'log' else m.exp()
-
-
-@renamed_arguments(positional=('space', ))
-def polyline_mask_3d(la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, *, space: str = 'log') -> torch.Tensor:
-    """Dense 3D polyline path mask (paper Appendix C.2, Eq. 40), (B, heads, N, N) with N = D*H*W.
-
-    la (along W), lb (along H), lc (along D): (B, heads, D, H, W). Token (i, j, k) = (depth, row, column),
-    raster order ``p = (i*H + j)*W + k``. The path from query (i, j, k) to key (l, m, n) runs along the
-    query's row to column n, then along column n (at depth i) to row m, then along depth to l.
-    """
-    check_choice('space', space, ('log', 'linear'))
-    if la.dim() != 5 or la.shape != lb.shape or la.shape != lc.shape:
-        raise ValueError('la, lb, lc: expected three log-decay tensors of shape (B, heads, D, H, W); got '
-                         f'{tuple(la.shape)}, {tuple(lb.shape)}, {tuple(lc.shape)}')
-    dtype = table_dtype(la, lb, lc)
-    sa = segment_sum(la.to(dtype).cumsum(-1))  # [i, j, k, n]
-    sb = segment_sum(lb.to(dtype).cumsum(-2).transpose(-1, -2))  # [i, n, j, m]
-    sc = segment_sum(lc.to(dtype).cumsum(-3).permute(0, 1, 3, 4, 2))  # [m, n, i, l]
-    bsz, heads, d, h, w = la.shape
-    # M[i, j, k, l, m, n] = sa[i, j, k, n] + sb[i, n, j, m] + sc[m, n, i, l]
-    m = (sa[:, :, :, :, :, None, None, :]
-         + sb.permute(0, 1, 2, 4, 5, 3)[:, :, :, :, None, None, :, :]
-         + sc.permute(0, 1, 4, 5, 2, 3)[:, :, :, None, None, :, :, :])
-    m = m.reshape(bsz, heads, d * h * w, d * h * w)
     return m if space == 'log' else m.exp()
 
 
@@ -150,3 +125,25 @@ def line_distance(length: int, device=None, dtype=torch.float32) -> torch.Tensor
     """``|t - s|`` for a 1D line of ``length`` tokens, (length, length)."""
     idx = torch.arange(length, device=device, dtype=dtype)
     return (idx[:, None] - idx[None, :]).abs()
+
+
+def head_decay_map(log_decay: torch.Tensor, shape) -> torch.Tensor:
+    """RMT's fixed decay, (heads,) or (B|1, heads), as a per-token log-decay map of ``shape`` (B, heads, H, W)."""
+    log_decay = log_decay if log_decay.dim() == 2 else log_decay.unsqueeze(0)
+    return log_decay[:, :, None, None].expand(*shape)
+
+
+def head_decay_tables(log_decay: torch.Tensor, shape) -> Tuple[torch.Tensor, torch.Tensor]:
+    """float32 :func:`decay_tables` of RMT's fixed per-head decay on a (B, heads, H, W) grid (the Triton paths)."""
+    decay = head_decay_map(log_decay.float(), shape)
+    return decay_tables(decay, decay)
+
+
+def manhattan_segment_sums(log_decay: torch.Tensor, h: int, w: int, dtype: torch.dtype):
+    """(Sa, Sb) segment-sum tables of RMT's Manhattan mask, as :func:`row_segment_sums` and
+    :func:`column_segment_sums` lay them out, broadcast over the batch (B|1) and the lines; log_decay (heads,) or
+    (B, heads), checked."""
+    log_decay = (log_decay if log_decay.dim() == 2 else log_decay.unsqueeze(0)).to(dtype)[:, :, None, None, None]
+    sa = log_decay * line_distance(w, log_decay.device, dtype)[None, None, None]  # (B|1, heads, 1, W, W)
+    sb = log_decay * line_distance(h, log_decay.device, dtype)[None, None, None]  # (B|1, heads, 1, H, H)
+    return sa.expand(-1, -1, h, -1, -1), sb.expand(-1, -1, w, -1, -1)

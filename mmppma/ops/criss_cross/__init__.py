@@ -1,0 +1,95 @@
+"""Decomposed criss-cross attention: :func:`criss_cross_attention` (PPMCCA) and RMT's
+:func:`rmt_criss_cross_attention`, row attention and column attention (:mod:`mmppma.ops.line`) composed in the
+order the ``form`` names, dispatched to :mod:`.reference` (dense), :mod:`.torch_impl` or :mod:`.triton_impl`."""
+import torch
+
+from ..checks import check_choice, check_log_decay, check_qkv, table_dtype
+from ..dispatch import exporting, resolve_impl
+from ..forms import CRISS_CROSS_FORMS
+from ..line.torch_impl import SegmentMaskedSoftmax, padded_segment_bias, segment_softmax
+from ..masks import decay_tables, head_decay_map, head_decay_tables, manhattan_segment_sums
+from ..torch_support import eager_inference, pad_last, padded
+from .reference import criss_cross_reference
+from .torch_impl import SegmentCrissCrossRelease, criss_cross_core, criss_cross_slices
+
+__all__ = ['criss_cross_attention', 'rmt_criss_cross_attention']
+
+
+def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
+                          lb: torch.Tensor, *, scale: float = 1.0, form: str = 'release',
+                          impl: str = 'auto') -> torch.Tensor:
+    """Decomposed criss-cross masked attention (PPMCCA).
+
+    Row attention ``Aw = softmax(scale * q_row k_row^T + Sa)`` (W x W per row), column attention
+    ``Ah = softmax(scale * q_col k_col^T + Sb)`` (H x H per column), with the 1D segment-sum biases.
+    form ``'release'``: 0.5 Ah(Aw v) + 0.5 Aw(Ah v); ``'v2h'``: Aw(Ah v) (columns first: a key reaches the
+    query down its column, then along the query's row, the V2H path); ``'h2v'``: Ah(Aw v) (rows first, RMT).
+    Shapes as :func:`~mmppma.ops.ppma_attention`. Never forms an N x N tensor (torch path).
+    """
+    check_choice('form', form, CRISS_CROSS_FORMS)
+    check_qkv(q, k, v, la, lb)
+    requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v))
+    if impl == 'triton':
+        from ..triton_support.preflight import run_or_fall_back
+        from .triton_impl import criss_cross_attention_triton
+        return run_or_fall_back(
+            'criss_cross_attention',
+            lambda q, k, v, la, lb: criss_cross_attention_triton(q, k, v, *decay_tables(la, lb), scale, form),
+            (q, k, v, la, lb), requested,
+            lambda: criss_cross_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch'))
+    if impl == 'reference':
+        return criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype)
+    dtype = table_dtype(q, k, v, la, lb)
+    ca, cb = decay_tables(la, lb)
+    q, k, v_in = q.to(dtype), k.to(dtype), v.to(dtype)
+    if eager_inference(q, k, v_in, la, lb):
+        out = criss_cross_slices(q, k, v_in, padded_segment_bias(ca, dtype),
+                                 padded_segment_bias(cb.transpose(-1, -2), dtype), scale, form)
+    elif exporting():
+        out = criss_cross_core(q, k, v_in, lambda s: segment_softmax(s, ca),
+                               lambda s: segment_softmax(s, cb.transpose(-1, -2)), scale, form)
+    elif form == 'release' and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(q.device.type):
+        # eager, no autocast (under autocast the products' dtypes differ): one autograd.Function
+        out = SegmentCrissCrossRelease.apply(q * scale if scale != 1.0 else q, k, v_in, ca, cb.transpose(-1, -2))
+    else:
+        out = criss_cross_core(q, k, v_in, lambda s: SegmentMaskedSoftmax.apply(s, ca),
+                               lambda s: SegmentMaskedSoftmax.apply(s, cb.transpose(-1, -2)), scale, form)
+    return out.to(v.dtype)
+
+
+def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *,
+                              scale: float = 1.0, impl: str = 'auto') -> torch.Tensor:
+    """RMT's decomposed attention: rows first, then columns (form ``'h2v'`` of :func:`criss_cross_attention`),
+    fixed decay ``log_decay * |d|`` per axis.
+
+    log_decay: (heads,) or (B, heads). The bias is built once per head, (heads, W, W) and (heads, H, H).
+    """
+    check_qkv(q, k, v)
+    check_log_decay(log_decay, q)
+    b, heads, h, w, _ = q.shape
+    dtype = table_dtype(q, k, v, log_decay)
+    requested, impl = impl, resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v))
+    if impl == 'triton':
+        from ..triton_support.preflight import run_or_fall_back
+        from .triton_impl import criss_cross_attention_triton
+        return run_or_fall_back(
+            'rmt_criss_cross_attention',
+            lambda q, k, v, log_decay: criss_cross_attention_triton(
+                q, k, v, *head_decay_tables(log_decay, q.shape[:-1]), scale, 'h2v'),
+            (q, k, v, log_decay), requested,
+            lambda: rmt_criss_cross_attention(q, k, v, log_decay, scale=scale, impl='torch'))
+    if impl == 'reference':
+        decay = head_decay_map(log_decay.to(dtype), q.shape[:-1])
+        return criss_cross_attention(q, k, v, decay, decay, scale=scale, form='h2v', impl='reference')
+    sa, sb = manhattan_segment_sums(log_decay, h, w, dtype)
+    sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
+    q, k, v_in = q.to(dtype), k.to(dtype), v.to(dtype)
+    if eager_inference(q, k, v_in, log_decay):
+        def head_bias(table):  # (B|1, heads, 1, L, L) -> -inf in the padding of the rows
+            table = pad_last(table, padded(table.shape[-1], table.device), float('-inf')).expand(b, -1, -1, -1, -1)
+            return lambda s, i0, i1, n0, n1: s.add_(table[i0:i1, n0:n1])
+        out = criss_cross_slices(q, k, v_in, head_bias(sa), head_bias(sb), scale, 'h2v')
+    else:
+        out = criss_cross_core(q, k, v_in, lambda s: s.add_(sa).softmax(-1), lambda s: s.add_(sb).softmax(-1), scale,
+                               'h2v')
+    return out.to(v.dtype)

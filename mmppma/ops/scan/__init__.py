@@ -1,0 +1,150 @@
+"""The polyline mask applied without forming it (paper Algorithm 1, Appendix A.7; docs/method.md §4): the 1D
+decay scan :func:`decay_scan_1d`, the mask-vector product :func:`polyline_mask_matvec` and the O(N) linear and
+decomposed attentions built on it, dispatched to :mod:`.reference` (dense), :mod:`.torch_impl` or
+:mod:`.triton_impl`.
+
+The 2D mask factorizes into 1D structured masks: ``L_v2h x`` is a bidirectional decay scan down every column
+(``lb``), then along every row (``la``); ``L_h2v x`` is the other order. A bidirectional scan is a symmetric
+1-semiseparable product ``y_t = sum_s exp(segsum(t, s)) x_s``. ``((S1 S2^T) * L2D) v`` with a low-rank attention
+S1 S2^T is then computed without any N x N tensor: per token form ``S2 (x) v`` (r x d_v), apply the mask to it,
+and contract with S1.
+"""
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from ..checks import check_choice, check_decays, table_dtype
+from ..dispatch import resolve_impl
+from ..forms import MASK_FORMS
+from .reference import decay_scan_reference, decomposed_reference, matvec_reference
+from .torch_impl import decay_scan_torch
+
+__all__ = ['decay_scan_1d', 'polyline_mask_matvec', 'ppma_decomposed_attention', 'ppma_linear_attention']
+
+DEFAULT_CHUNK = 64
+FEATURE_MAPS = {
+    'elu': lambda x: F.elu(x) + 1.0,
+    'relu': F.relu,
+    'identity': lambda x: x,
+}
+
+
+def decay_scan_1d(x: torch.Tensor, log_decay: torch.Tensor, *, impl: str = 'auto',
+                  chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """Bidirectional 1D decay scan ``y_t = sum_s exp(segsum(t, s)) x_s`` along the second-last dim of x.
+
+    x: (..., L, D); log_decay: (..., L) per-token log-decays (<= 0). Computed in float32 at least; returns
+    x's dtype. ``torch``: lines up to ``chunk`` long use one dense tile, longer ones the O(L) chunkwise scan;
+    ``reference``: the dense L x L mask; ``triton``: a tiled kernel.
+    """
+    if x.dim() < 2 or log_decay.shape != x.shape[:-1]:
+        raise ValueError(f'decay_scan_1d: expected x (..., L, D) and log_decay (..., L); got x {tuple(x.shape)}, '
+                         f'log_decay {tuple(log_decay.shape)}')
+    if not log_decay.is_floating_point() or log_decay.is_complex():
+        raise ValueError(f'decay_scan_1d: log_decay must be a real floating point tensor; got {log_decay.dtype}')
+    impl = resolve_impl(impl, 'decay_scan_1d', (x, log_decay))
+    if impl == 'triton':
+        from .triton_impl import decay_scan_triton
+        return decay_scan_triton(x, log_decay)
+    dtype = table_dtype(x, log_decay)
+    scan = decay_scan_reference if impl == 'reference' else lambda x, d: decay_scan_torch(x, d, chunk)
+    return scan(x.to(dtype), log_decay.to(dtype)).to(x.dtype)
+
+
+def scan_columns(x: torch.Tensor, lb: torch.Tensor, impl: str, chunk: int) -> torch.Tensor:
+    """The scan down every column: x (..., H, W, D), lb (..., H, W)."""
+    return decay_scan_1d(x.transpose(-3, -2), lb.transpose(-1, -2), impl=impl, chunk=chunk).transpose(-3, -2)
+
+
+def polyline_mask_matvec(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, *, form: str = 'v2h',
+                         impl: str = 'auto', chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """``L @ x`` for the polyline path mask, without forming L (Algorithm 1).
+
+    x: (B, heads, H, W, D); la, lb: (B, heads, H, W). form ``'v2h'``: L = exp(M) (column scan, then
+    row scan); ``'h2v'``: L^T (row scan, then column scan); ``'2d'``: L2D = L + L^T.
+    ``impl``: ``'reference'`` forms the dense mask; the others choose the 1D scans' implementation.
+    """
+    check_choice('form', form, MASK_FORMS)
+    check_decays(la, lb)
+    if x.dim() != 5 or x.shape[:-1] != la.shape:
+        raise ValueError(f'x: expected (B, heads, H, W, D) matching la, lb (B, heads, H, W) = '
+                         f'{tuple(la.shape)}; got x {tuple(x.shape)}')
+    if form == '2d':
+        return (polyline_mask_matvec(x, la, lb, form='v2h', impl=impl, chunk=chunk) +
+                polyline_mask_matvec(x, la, lb, form='h2v', impl=impl, chunk=chunk))
+    if resolve_impl(impl, 'polyline_mask_matvec', (x, la, lb)) == 'reference':
+        return matvec_reference(x, la, lb, form)
+    if form == 'v2h':
+        return decay_scan_1d(scan_columns(x, lb, impl, chunk), la, impl=impl, chunk=chunk)
+    return scan_columns(decay_scan_1d(x, la, impl=impl, chunk=chunk), lb, impl, chunk)
+
+
+def _check(s1, s2, v, la, lb):
+    if not (s1.dim() == 5 and s2.shape == s1.shape and v.dim() == 5 and v.shape[:-1] == s1.shape[:-1]
+            and la.shape == s1.shape[:-1]):
+        raise ValueError('expected s1, s2 (or q, k): (B, heads, H, W, r); v: (B, heads, H, W, d_v); '
+                         'la, lb: (B, heads, H, W); got '
+                         f'{tuple(s1.shape)}, {tuple(s2.shape)}, {tuple(v.shape)}, {tuple(la.shape)}, '
+                         f'{tuple(lb.shape)}')
+    check_decays(la, lb)
+
+
+def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
+                              lb: torch.Tensor, *, form: str = '2d', impl: str = 'auto',
+                              chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """PPMDA: ``((s1 s2^T) * L) v`` for a low-rank attention map s1 s2^T.
+
+    s1, s2: (B, heads, H, W, r) (the map is s1 @ s2^T over raster-ordered tokens); v: (B, heads, H, W, d_v);
+    la, lb: (B, heads, H, W). form: ``'2d'`` (L2D = L + L^T, the paper's), ``'v2h'`` (L) or ``'h2v'`` (L^T).
+    """
+    check_choice('form', form, MASK_FORMS)
+    _check(s1, s2, v, la, lb)
+    impl = resolve_impl(impl, 'ppma_decomposed_attention', (s1, s2, v))
+    dtype = table_dtype(s1, s2, v, la, lb)
+    s1f, s2f, vf = s1.to(dtype), s2.to(dtype), v.to(dtype)
+    if impl == 'reference':
+        return decomposed_reference(s1f, s2f, vf, la.to(dtype), lb.to(dtype), form).to(v.dtype)
+    b, heads, h, w, r = s1.shape
+    dv = v.shape[-1]
+    kv = (s2f.unsqueeze(-1) * vf.unsqueeze(-2)).reshape(b, heads, h, w, r * dv)  # per-token s2 (x) v
+    z = polyline_mask_matvec(kv, la, lb, form=form, impl=impl, chunk=chunk).reshape(b, heads, h, w, r, dv)
+    return (s1f.unsqueeze(-2) @ z).squeeze(-2).to(v.dtype)
+
+
+def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
+                          lb: torch.Tensor, *, form: str = '2d', feature_map: Union[None, str, Callable] = None,
+                          normalize: bool = False, normalizer: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                          eps: float = 1e-6, impl: str = 'auto', chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """PPMLA (paper Eq. 34): ``((phi(q) phi(k)^T) * L2D) v`` in O(N), never forming N x N.
+
+    q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); la, lb: (B, heads, H, W).
+    form: the mask, as :func:`ppma_decomposed_attention` (``'2d'``: L2D).
+    feature_map: None / ``'identity'`` (Eq. 34 as written), ``'elu'`` (elu + 1, as MLLA), ``'relu'``, or a
+    callable. normalize: divide each output by its masked attention mass ``phi(q_p) . (L2D phi(k))_p``
+    (+ eps), as normalized linear attention does; only meaningful for non-negative feature maps.
+    normalizer: ``(q', k')`` to take that mass from instead of ``(q, k)`` (same shapes; the feature map
+    applies to them too), e.g. MLLA's un-rotated features when q, k carry RoPE, whose products can be
+    negative. Only with ``normalize=True``.
+    """
+    if normalizer is not None and not normalize:
+        raise ValueError('normalizer=(q, k) is only used with normalize=True; pass normalize=True or drop it')
+    check_choice('form', form, MASK_FORMS)
+    _check(q, k, v, la, lb)
+    if normalizer is not None and (normalizer[0].shape != q.shape or normalizer[1].shape != k.shape):
+        raise ValueError(f'normalizer: expected tensors shaped like q {tuple(q.shape)} and k {tuple(k.shape)}; '
+                         f'got {tuple(normalizer[0].shape)} and {tuple(normalizer[1].shape)}')
+    if feature_map is None:
+        feature_map = 'identity'
+    if isinstance(feature_map, str):
+        check_choice('feature_map', feature_map, tuple(FEATURE_MAPS))
+        feature_map = FEATURE_MAPS[feature_map]
+    fq, fk = feature_map(q), feature_map(k)
+    out = ppma_decomposed_attention(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk)
+    if not normalize:
+        return out
+    if normalizer is not None:
+        fq, fk = feature_map(normalizer[0]), feature_map(normalizer[1])
+    ones = v.new_ones(*v.shape[:-1], 1)
+    mass = ppma_decomposed_attention(fq, fk, ones, la, lb, form=form, impl=impl, chunk=chunk)
+    return out / (mass + eps)

@@ -1,0 +1,55 @@
+"""Helpers shared by the torch paths of the softmax attentions: when to take the inference branches, the
+in-place softmax and its backward, and the CPU-friendly padding of softmax rows."""
+import torch
+
+from .dispatch import exporting
+
+
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records ops on these tensors; without it the ops take their inference paths (no saved
+    tensors, in-place softmax)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def eager_inference(*tensors: torch.Tensor) -> bool:
+    """Whether the criss-cross ops take their inference loop over groups of (image, head) maps: autograd not
+    recording, and neither torch.compile tracing (a Python loop over the batch would specialise the graph on
+    its size) nor an export (:func:`mmppma.ops.dispatch.exporting`)."""
+    return not needs_grad(*tensors) and not torch.compiler.is_compiling() and not exporting()
+
+
+def flatten(t: torch.Tensor) -> torch.Tensor:
+    """(B, heads, H, W, d) -> (B, heads, N, d), raster order."""
+    b, h, hh, ww, d = t.shape
+    return t.reshape(b, h, hh * ww, d)
+
+
+def softmax_(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim into ``x`` (CPU: the kernel overwrites each row in place; elsewhere through
+    a temporary)."""
+    if x.device.type == 'cpu':
+        return torch.ops.aten._softmax.out(x, -1, False, out=x)
+    return x.copy_(x.softmax(-1))
+
+
+def softmax_backward_(grad: torch.Tensor, probs: torch.Tensor, out: torch.Tensor = None) -> torch.Tensor:
+    """``probs * (grad - rowsum(probs * grad))`` (the softmax backward), into ``out`` if given, else into
+    ``probs``'s storage on CPU."""
+    if out is not None:
+        return torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=out)
+    if probs.device.type == 'cpu':
+        return torch.ops.aten._softmax_backward_data.out(grad, probs, -1, probs.dtype, grad_input=probs)
+    return torch._softmax_backward_data(grad, probs, -1, probs.dtype)
+
+
+def padded(n: int, device: torch.device) -> int:
+    """Softmax row length for n scores on the inference paths: CPU softmax kernels run up to several times
+    faster on rows a multiple of 16 long (the padding holds -inf, so the probabilities do not change)."""
+    return -(-n // 16) * 16 if device.type == 'cpu' else n
+
+
+def pad_last(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
+    """``t`` with its last dim extended to ``length`` by ``value``."""
+    if t.shape[-1] == length:
+        return t
+    return torch.cat([t, t.new_full((*t.shape[:-1], length - t.shape[-1]), value)], -1)

@@ -1,0 +1,53 @@
+"""Whole polyline-path-masked softmax attention (PPMVA): :func:`ppma_attention`, dispatched to
+:mod:`.reference` (dense), :mod:`.torch_impl` (branches named by :func:`whole_attention_branch`) or
+:mod:`.triton_impl` (fused kernels).
+
+Layouts: q, k (B, heads, H, W, d); v (B, heads, H, W, d_v); log-decays la, lb (B, heads, H, W), <= 0.
+All scores, biases and softmaxes are float32 (float64 for float64 inputs); outputs take v's dtype.
+"""
+import torch
+
+from ..checks import check_choice, check_qkv
+from ..dispatch import resolve_impl
+from ..forms import WHOLE_FORMS
+from ..masks import column_segment_sums, decay_tables, polyline_mask, row_segment_sums
+from .reference import whole_reference
+from .torch_impl import whole_attention_branch, whole_torch
+
+__all__ = ['ppma_attention', 'whole_attention_branch']
+
+
+def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, *,
+                   scale: float = 1.0, form: str = 'release', impl: str = 'auto') -> torch.Tensor:
+    """Whole polyline-path-masked softmax attention (PPMVA).
+
+    q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); la, lb: (B, heads, H, W) -> (B, heads, H, W, d_v).
+    With S = scale * q k^T and M the V2H log-mask, ``form``:
+
+    * ``'release'``: 0.5 softmax(S + M) v + 0.5 softmax(S + M^T) v (the released checkpoints);
+    * ``'paper'``: (softmax(S) * (exp(M) + exp(M^T))) v (paper Eq. 33; no Triton kernel);
+    * ``'v2h'`` / ``'h2v'``: softmax(S + M) v / softmax(S + M^T) v (one path, Table 4 ablation).
+
+    ``impl='torch'`` takes the branch :func:`whole_attention_branch` names: ``'dense'`` for the paper form,
+    ``'autograd'`` (keeps the N x N probabilities) while B * heads * N^2 <= ``SMALL_ELEMENTS`` (2^22),
+    ``'blockwise'`` (recomputes them, memory O(N^1.5)) above.
+    """
+    check_choice('form', form, WHOLE_FORMS)
+    check_qkv(q, k, v, la, lb)
+    requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v))
+    if impl == 'triton':
+        if form == 'paper':
+            raise NotImplementedError("impl='triton' implements the softmax-biased forms ('release', 'v2h', "
+                                      "'h2v'); for form='paper' use impl='torch'")
+        from ..triton_support.preflight import run_or_fall_back
+        from .triton_impl import whole_attention_triton
+        return run_or_fall_back(
+            'ppma_attention',
+            lambda q, k, v, la, lb: whole_attention_triton(q, k, v, *decay_tables(la, lb), scale, form),
+            (q, k, v, la, lb), requested,
+            lambda: ppma_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch'))
+    if impl == 'reference' or form == 'paper':
+        # the paper form multiplies probabilities by the mask after the softmax: no blockwise
+        # log-sum-exp trick applies, so its torch path is the dense one
+        return whole_reference(q, k, v, polyline_mask(la, lb, form='v2h'), scale, form)
+    return whole_torch(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, form)
