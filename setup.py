@@ -13,10 +13,11 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 # torch and triton are pinned for the verified CPU stack; a CUDA user brings their own build, so the
-# installed package only asks for a compatible range (README "Supported versions"). setuptools: the range
+# installed package only asks for the oldest versions that have what the code uses (tests/test_packaging.py
+# lists those features with the version that introduced each, README "Supported versions"). setuptools: the range
 # of its pin's comment in requirements.txt (mmengine's `mmpretrain::` / `mmdet::` config lookups import
 # pkg_resources, gone from setuptools >= 81), so `pip install -e .[cls]` keeps the config system working.
-RANGES = {'torch': 'torch>=2.1', 'torchvision': 'torchvision', 'triton': 'triton>=3.6',
+RANGES = {'torch': 'torch>=2.7', 'torchvision': 'torchvision', 'triton': 'triton>=3.0',
           'setuptools': 'setuptools>=77.0.3,<81'}
 
 

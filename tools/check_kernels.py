@@ -4,6 +4,7 @@
     python tools/check_kernels.py                          # default shapes, fp32/fp16/bf16, sm_80/86/89/90
     python tools/check_kernels.py --quick --arch 80 90     # reduced shape set (the CI check)
     python tools/check_kernels.py --arch 86 --dtype fp16 --shapes upernet_512 --jobs 2
+    python tools/check_kernels.py --jobs 2 --write         # rewrite docs/generated/check_kernels.md
 
 The launches are found by running the ops themselves (forward and backward, through ``impl='triton'``) on
 ``meta`` tensors while :func:`mmppma.ops.triton_support.launch.recording` collects them instead of launching: the same
@@ -27,7 +28,8 @@ from typing import Dict, List, Tuple
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import triton  # noqa: E402
 
@@ -37,6 +39,7 @@ from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 ARCHS = (80, 86, 89, 90)
+GENERATED = os.path.join('docs', 'generated', 'check_kernels.md')  # --write's default, from the repository root
 CACHE = os.path.join(os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')), 'mmppma',
                      'check_kernels.json')
 
@@ -158,10 +161,12 @@ def main(argv=None) -> int:
     parser.add_argument('--jobs', type=int, default=1, help='parallel compiles (default 1)')
     parser.add_argument('--max-seconds', type=float, default=15.0, help='compile time limit per row (0: none)')
     parser.add_argument('--no-cache', action='store_true', help='recompile even what the cache holds')
-    parser.add_argument('--markdown', help='also write the table to this file as markdown')
+    parser.add_argument('--write', nargs='?', const=os.path.join(ROOT, GENERATED), metavar='PATH',
+                        help=f'also write the table as markdown to PATH (default: {GENERATED})')
     parser.add_argument('--cached-only', action='store_true',
                         help='compile nothing: report the cached specializations and count the others as failed')
     args = parser.parse_args(argv)
+    command = ' '.join(['python tools/check_kernels.py'] + list(sys.argv[1:] if argv is None else argv))
 
     args.dtype = args.dtype or list(QUICK_DTYPES if args.quick else DTYPES)
     images = args.shapes or (QUICK_IMAGES if args.quick else list(IMAGES))
@@ -226,19 +231,12 @@ def main(argv=None) -> int:
             save_cache(cache)
 
     failed = [k for k in specs if status(specs[k], results[k], args.max_seconds) != 'ok']
-    if args.markdown:
-        write_markdown(args.markdown, specs, results, args.max_seconds)
-    print(f'\n{len(specs) - len(failed)} passed, {len(failed) + missing} failed (of {len(specs) + missing} '
-          f'specializations{f", {missing} not compiled" if missing else ""})')
-    for arch in args.arch:
-        rows = [(specs[k], results[k]) for k in specs if specs[k]['desc']['arch'] == arch and 'error' not in results[k]]
-        if rows:
-            shared = max(rows, key=lambda r: r[1]['shared'])
-            regs = max(rows, key=lambda r: r[1]['registers'])
-            secs = max(r[1]['seconds'] for r in rows)
-            print(f'sm_{arch}: worst shared memory {shared[1]["shared"] / 1024:.1f} KB of '
-                  f'{lp.SHARED_MEMORY_LIMIT[arch] / 1024:.1f} ({shared[0]["desc"]["kernel"]}), most registers '
-                  f'{regs[1]["registers"]} ({regs[0]["desc"]["kernel"]}), longest compile {secs:.1f} s')
+    summary = [f'{len(specs) - len(failed)} passed, {len(failed) + missing} failed (of {len(specs) + missing} '
+               f'specializations{f", {missing} not compiled" if missing else ""})']
+    summary += arch_summary(specs, results, args.arch)
+    if args.write:
+        write_markdown(args.write, specs, results, args.max_seconds, command, summary)
+    print('\n' + '\n'.join(summary))
     for key in failed:
         print(f'FAILED {specs[key]["desc"]["kernel"]} sm_{specs[key]["desc"]["arch"]} {specs[key]["dtype"]}: '
               f'{status(specs[key], results[key], args.max_seconds)}; shapes {", ".join(specs[key]["shapes"][:4])}')
@@ -252,13 +250,36 @@ def save_cache(cache: dict) -> None:
     os.replace(CACHE + '.tmp', CACHE)
 
 
-def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], max_seconds: float) -> None:
+def arch_summary(specs: Dict[str, dict], results: Dict[str, dict], archs) -> List[str]:
+    """Per target: the largest shared memory and register count, the longest compile."""
+    lines = []
+    for arch in archs:
+        rows = [(specs[k], results[k]) for k in specs if specs[k]['desc']['arch'] == arch and 'error' not in results[k]]
+        if rows:
+            shared = max(rows, key=lambda r: r[1]['shared'])
+            regs = max(rows, key=lambda r: r[1]['registers'])
+            secs = max(r[1]['seconds'] for r in rows)
+            lines.append(f'sm_{arch}: worst shared memory {shared[1]["shared"] / 1024:.1f} KB of '
+                         f'{lp.SHARED_MEMORY_LIMIT[arch] / 1024:.1f} ({shared[0]["desc"]["kernel"]}), most registers '
+                         f'{regs[1]["registers"]} ({regs[0]["desc"]["kernel"]}), longest compile {secs:.1f} s')
+    return lines
+
+
+def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], max_seconds: float, command: str,
+                   summary: List[str]) -> None:
+    """The table as a markdown page whose header names the command that wrote it."""
     def order(key):
         d = specs[key]['desc']
         return d['arch'], specs[key]['dtype'], d['kernel'], str(sorted(d['constexprs'].items(), key=str))
 
-    lines = ['| kernel | arch | dtype | tiles and constexprs | warps | stages | shared KB | regs | spill B | '
-             'compile s | launched by | status |', '|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|']
+    lines = ['# Triton kernel specializations compiled for GPU targets', '',
+             f'Generated by `{command}` (triton {triton.__version__}, torch {torch.__version__.split("+")[0]}); '
+             'do not edit, run the command again. Columns: shared memory per block, registers per thread and '
+             'spilled bytes from ptxas, compile seconds (of the run that first compiled the row; later runs '
+             'read it from the cache).', '']
+    lines += [f'- {line}' for line in summary] + ['']
+    lines += ['| kernel | arch | dtype | tiles and constexprs | warps | stages | shared KB | regs | spill B | '
+              'compile s | launched by | status |', '|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|']
     for key in sorted(specs, key=order):
         spec, result, d = specs[key], results[key], specs[key]['desc']
         shapes = spec['shapes']
@@ -268,6 +289,7 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
         lines.append(f'| `{d["kernel"]}` | {d["arch"]} | {spec["dtype"]} | {tile_text(d["constexprs"])} | '
                      f'{d["options"]["num_warps"]} | {d["options"]["num_stages"]} | {" | ".join(cells)} | {by} | '
                      f'{status(spec, result, max_seconds)} |')
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     with open(path, 'w') as f:
         f.write('\n'.join(lines) + '\n')
 

@@ -43,9 +43,7 @@ train_dataloader = dict(
         filter_cfg=dict(filter_empty_gt=True, min_size=8),
         pipeline=train_pipeline))
 val_dataloader = dict(
-    batch_size=2,
-    num_workers=0,
-    persistent_workers=False,
+    train_dataloader,  # the same loader settings
     dataset=dict(
         data_root=data_root,
         metainfo=metainfo,

@@ -53,9 +53,8 @@ train_dataloader = dict(
         data_prefix=dict(img_path='images/training', seg_map_path='annotations/training'),
         pipeline=train_pipeline))
 val_dataloader = dict(
+    train_dataloader,  # the same loader settings, one image per batch
     batch_size=1,
-    num_workers=0,
-    persistent_workers=False,
     dataset=dict(
         **dataset,
         data_prefix=dict(img_path='images/validation', seg_map_path='annotations/validation'),

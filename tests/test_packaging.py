@@ -1,0 +1,69 @@
+"""setup.py's torch and triton floors: each is at least the newest version that introduced a feature the code
+needs (the table: registered when mmppma is imported, or called by every op), and the installed versions have
+them all."""
+import ast
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+SETUP = Path(__file__).resolve().parent.parent / 'setup.py'
+
+
+def _dot_takes_input_precision():
+    import triton.language as tl
+    return 'input_precision' in inspect.signature(tl.dot).parameters
+
+
+def _launch_takes_maxnreg():
+    from triton.backends.nvidia.compiler import CUDAOptions
+    return 'maxnreg' in {field.name for field in dataclasses.fields(CUDAOptions)}
+
+
+def _runtime_errors_share_a_base():
+    from triton.runtime.errors import OutOfResources, TritonError
+    return issubclass(OutOfResources, TritonError)
+
+
+# (package, version that introduced it, feature and where the code uses it, check on the installed version);
+# the versions are the first releases documenting the feature (PyTorch docs, triton's merged pull requests)
+FEATURES = [
+    ('torch', (2, 4), 'torch.library.custom_op: the mmppma:: ops, registered at import',
+     lambda: callable(torch.library.custom_op)),
+    ('torch', (2, 4), 'CustomOpDef.register_fake / register_autograd, called at import',
+     lambda: all(hasattr(torch._library.custom_ops.CustomOpDef, name)
+                 for name in ('register_fake', 'register_autograd'))),
+    ('torch', (2, 3), 'torch.compiler.is_compiling: the ops and layers pick their path by it',
+     lambda: torch.compiler.is_compiling() is False),
+    ('torch', (2, 7), 'torch.compiler.is_exporting: every op asks it (mmppma.ops.dispatch.exporting)',
+     lambda: torch.compiler.is_exporting() is False),
+    ('triton', (3, 0), "tl.dot(..., input_precision=): every kernel's products",
+     _dot_takes_input_precision),
+    ('triton', (3, 0), 'the maxnreg launch option (mmppma.ops.triton.launch.Config)', _launch_takes_maxnreg),
+    ('triton', (3, 0), "triton.runtime.errors.TritonError: impl='auto' falls back on it",
+     _runtime_errors_share_a_base),
+]
+
+
+def _floors():
+    """{'torch': (2, 7), ...} from setup.py's RANGES, read without running setup()."""
+    for node in ast.walk(ast.parse(SETUP.read_text())):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', None) == 'RANGES':
+            ranges = ast.literal_eval(node.value)
+    return {name: tuple(int(part) for part in re.search(r'>=([\d.]+)', spec).group(1).split('.'))
+            for name, spec in ranges.items() if '>=' in spec}
+
+
+@pytest.mark.parametrize('package', ['torch', 'triton'])
+def test_setup_floor_is_the_newest_feature_version(package):
+    newest = max(version for name, version, _, _ in FEATURES if name == package)
+    assert _floors()[package] >= newest, f'setup.py asks for {package}>={_floors()[package]}; the code needs {newest}'
+
+
+@pytest.mark.parametrize('package, version, feature, check', FEATURES, ids=[row[2].split(':')[0] for row in FEATURES])
+def test_installed_version_has_the_feature(package, version, feature, check):
+    pytest.importorskip(package, reason='triton is part of the pinned stack (requirements.txt); install it')
+    assert check(), f'{package} lacks {feature} (introduced in {".".join(map(str, version))})'
