@@ -42,7 +42,7 @@ FEATURES = [
      lambda: torch.compiler.is_exporting() is False),
     ('triton', (3, 0), "tl.dot(..., input_precision=): every kernel's products",
      _dot_takes_input_precision),
-    ('triton', (3, 0), 'the maxnreg launch option (mmppma.ops.triton.launch.Config)', _launch_takes_maxnreg),
+    ('triton', (3, 0), 'the maxnreg launch option (mmppma.ops.triton_support.launch.Config)', _launch_takes_maxnreg),
     ('triton', (3, 0), "triton.runtime.errors.TritonError: impl='auto' falls back on it",
      _runtime_errors_share_a_base),
 ]
