@@ -1,0 +1,254 @@
+#!/usr/bin/env python
+"""Check mmppma's Triton kernels on this machine's GPU: every op and dtype at the shipped shapes against a float64
+reference, a determinism check, and a speed table against ``scaled_dot_product_attention`` (flash backend).
+
+    python tools/gpu_check.py                                  # every shipped shape, fp32 / fp16 / bf16
+    python tools/gpu_check.py --shapes cls_224 upernet_512 --no-speed
+    python tools/gpu_check.py --simulate 90                    # no GPU: the CUDA code path on CPU, tiny shapes
+
+Shapes are the attention stages of the shipped backbones at the shipped input sizes (``tools/check_kernels.py``'s
+tables). The reference is the op's dense ``impl='reference'`` in float64 up to ``--dense-tokens`` tokens and its
+``impl='torch'`` path in float64 above (itself tested against the dense one). Each row checks the output and the
+gradient of every input: float32 (TF32 off) within 1e-4 of the reference's largest entry, float16 / bfloat16
+within 1e-2 in relative norm; then two runs must be bitwise equal. Exit status 1 if any row fails.
+
+``--simulate CAP`` (80, 86, 89 or 90) sets ``MMPPMA_SIMULATE_CUDA=CAP`` and ``TRITON_INTERPRET=1``: CPU tensors take
+the CUDA code path of that capability and the kernels run on Triton's interpreter, at tiny shapes. It proves the
+tool and the host logic work; it measures no speed.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Callable, Dict, List, Tuple
+
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(TOOLS))
+
+DTYPES = ('fp32', 'fp16', 'bf16')
+# the ops of each attention kind of tools/check_kernels.py's MODELS (the linear stages also run the scans)
+KIND_OPS = {
+    'whole': ('ppma_attention', ),
+    'cc': ('criss_cross_attention', ),
+    'manhattan': ('manhattan_attention', ),
+    'rmt_cc': ('rmt_criss_cross_attention', ),
+    'linear': ('ppma_linear_attention', 'ppma_decomposed_attention', 'polyline_mask_matvec', 'decay_scan_1d'),
+}
+# (B, heads, H, W, d) per kind on the simulated device: odd sizes, several tiles along each axis
+TINY = {'whole': (1, 2, 5, 7, 16), 'cc': (1, 2, 6, 9, 16), 'manhattan': (1, 2, 5, 7, 16),
+        'rmt_cc': (1, 2, 6, 9, 16), 'linear': (1, 2, 6, 9, 16)}
+# the 3-D mask's matvec: no shipped backbone uses it; (B, heads, D, H, W, C)
+MATVEC_3D = (1, 2, 3, 8, 10, 16)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--shapes', nargs='+', help='input sizes of tools/check_kernels.py (default: all)')
+    parser.add_argument('--models', nargs='+', help='backbones of tools/check_kernels.py (default: all)')
+    parser.add_argument('--dtype', nargs='+', choices=DTYPES, default=list(DTYPES))
+    parser.add_argument('--batch', type=int, default=1, help='images per shape (default 1)')
+    parser.add_argument('--dense-tokens', type=int, default=4096,
+                        help='largest H * W checked against the dense reference (default 4096)')
+    parser.add_argument('--no-speed', action='store_true', help='skip the speed table')
+    parser.add_argument('--repeats', type=int, default=20, help='timed runs per speed row (median; default 20)')
+    parser.add_argument('--simulate', type=int, choices=(80, 86, 89, 90),
+                        help='no GPU: run the CUDA code path of this capability on CPU tensors (interpreted)')
+    parser.add_argument('--json', help='also write the rows to this file')
+    return parser.parse_args(argv)
+
+
+def shapes_to_check(args) -> List[Tuple[str, str, tuple]]:
+    """(label, kind, (B, heads, H, W, d)) of every attention stage to check."""
+    if args.simulate:
+        return [(f'tiny/{kind}', kind, shape) for kind, shape in TINY.items()]
+    import check_kernels
+    unknown = sorted(set(args.shapes or ()) - set(check_kernels.IMAGES)) + \
+        sorted(set(args.models or ()) - set(check_kernels.MODELS))
+    if unknown:
+        raise SystemExit(f'gpu_check: unknown shape or model {unknown}; the shapes are '
+                         f'{", ".join(check_kernels.IMAGES)}, the models {", ".join(check_kernels.MODELS)}')
+    rows = check_kernels.model_shapes(args.shapes or list(check_kernels.IMAGES),
+                                      args.models or list(check_kernels.MODELS))
+    return [(label, kind, (args.batch, *shape[1:])) for label, kind, shape in rows]
+
+
+def make_case(op: str, shape: tuple, device, dtype, seed: int = 0) -> Tuple[Callable, List]:
+    """(call(*inputs, impl) -> output, inputs): random inputs of ``op`` at ``shape`` (log-decays <= 0)."""
+    import torch
+
+    from mmppma import ops
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(*s, scale=1.0):
+        return (torch.randn(*s, generator=g) * scale).to(device=device, dtype=dtype)
+
+    def decay(*s):
+        return (-torch.rand(*s, generator=g) * 0.5).to(device)
+
+    if op == 'polyline_mask_matvec_3d':
+        b, heads, dd, h, w, c = shape
+        return (lambda x, la, lb, lc, impl: ops.polyline_mask_matvec_3d(x, la, lb, lc, impl=impl),
+                [randn(*shape), decay(b, heads, dd, h, w), decay(b, heads, dd, h, w), decay(b, heads, dd, h, w)])
+    b, heads, h, w, d = shape
+    qkv = [randn(b, heads, h, w, d, scale=0.5) for _ in range(3)]
+    tables = [decay(b, heads, h, w), decay(b, heads, h, w)]
+    scale = d**-0.5
+    if op in ('ppma_attention', 'criss_cross_attention'):
+        fn = getattr(ops, op)
+        return (lambda q, k, v, la, lb, impl: fn(q, k, v, la, lb, scale=scale, impl=impl)), qkv + tables
+    if op in ('manhattan_attention', 'rmt_criss_cross_attention'):
+        fn = getattr(ops, op)
+        log_decay = torch.log1p(-torch.rand(heads, generator=g) * 0.5).to(device)
+        return (lambda q, k, v, ld, impl: fn(q, k, v, ld, scale=scale, impl=impl)), qkv + [log_decay]
+    if op == 'ppma_linear_attention':
+        return (lambda q, k, v, la, lb, impl: ops.ppma_linear_attention(
+            q, k, v, la, lb, feature_map='elu', normalize=True, impl=impl)), qkv + tables
+    if op == 'ppma_decomposed_attention':
+        return (lambda s1, s2, v, la, lb, impl: ops.ppma_decomposed_attention(s1, s2, v, la, lb, impl=impl),
+                qkv + tables)
+    if op == 'polyline_mask_matvec':
+        return (lambda x, la, lb, impl: ops.polyline_mask_matvec(x, la, lb, form='2d', impl=impl),
+                qkv[:1] + tables)
+    if op == 'decay_scan_1d':
+        return (lambda x, ld, impl: ops.decay_scan_1d(x, ld, impl=impl),
+                [qkv[0].flatten(2, 3), tables[0].flatten(2)])
+    raise KeyError(op)
+
+
+def forward_backward(call, inputs, impl, cotangent=None):
+    """The output and the gradient of every input for the cotangent (random, fixed by the output's shape)."""
+    import torch
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = call(*leaves, impl)
+    if cotangent is None:
+        cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
+    grads = torch.autograd.grad(out, leaves, cotangent.to(out.dtype), allow_unused=True)
+    return [out.detach()] + [torch.zeros_like(t) if gr is None else gr for t, gr in zip(leaves, grads)], cotangent
+
+
+def error(got, want, half: bool) -> float:
+    """Relative norm error (half precision) or max error over the reference's largest entry (float32)."""
+    got, want = got.double(), want.double()
+    if half:
+        return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+def check_row(op, label, shape, dtype_name, device, dense_tokens) -> Dict:
+    import torch
+    dtype = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}[dtype_name]
+    call, inputs = make_case(op, shape, device, dtype)
+    got, cotangent = forward_backward(call, inputs, 'triton')
+    again, _ = forward_backward(call, inputs, 'triton', cotangent)
+    tokens = shape[2] * shape[3] * (shape[4] if op == 'polyline_mask_matvec_3d' else 1)
+    ref_impl = 'reference' if tokens <= dense_tokens else 'torch'
+    want, _ = forward_backward(call, [t.double() for t in inputs], ref_impl, cotangent.double())
+    half = dtype != torch.float32
+    errors = [error(g, w, half) for g, w in zip(got, want)]
+    limit = 1e-2 if half else 1e-4
+    finite = all(torch.isfinite(t).all().item() for t in got)
+    deterministic = all(torch.equal(a, b) for a, b in zip(got, again))
+    ok = finite and deterministic and max(errors) <= limit
+    return dict(op=op, shape=label, size=list(shape), dtype=dtype_name, reference=ref_impl, out_error=errors[0],
+                grad_error=max(errors[1:]), limit=limit, deterministic=deterministic, finite=finite, ok=ok)
+
+
+def time_ms(fn, repeats: int) -> float:
+    import torch
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def speed_row(op, label, shape, dtype_name, repeats) -> Dict:
+    """Forward and forward + backward of the op's kernels against flash SDPA on (B, heads, H * W, d)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16}[dtype_name]
+    call, inputs = make_case(op, shape, 'cuda', dtype)
+    leaves = [t.requires_grad_() for t in inputs]
+    b, heads, h, w, d = shape
+    flat = [torch.randn(b, heads, h * w, d, device='cuda', dtype=dtype, requires_grad=True) for _ in range(3)]
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(*flat)
+
+    def both(fn):
+        def run():
+            out = fn()
+            out.backward(torch.ones_like(out))
+        return run
+
+    ours = lambda: call(*leaves, 'triton')  # noqa: E731
+    row = dict(op=op, shape=label, dtype=dtype_name)
+    for key, fn in (('ms_fwd', ours), ('ms_fwd_bwd', both(ours)), ('sdpa_ms_fwd', sdpa),
+                    ('sdpa_ms_fwd_bwd', both(sdpa))):
+        with torch.no_grad() if key.endswith('fwd') else torch.enable_grad():
+            row[key] = time_ms(fn, repeats)
+    return row
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.simulate:
+        # read by triton at import and by the ops when they decide: set before either is imported
+        os.environ['MMPPMA_SIMULATE_CUDA'] = str(args.simulate)
+        os.environ['TRITON_INTERPRET'] = '1'
+    sys.path.insert(0, TOOLS)
+    import torch
+    if not args.simulate and not torch.cuda.is_available():
+        print('gpu_check: no CUDA device here; run on a GPU machine, or pass --simulate 90 to check the CUDA code '
+              'path on CPU', file=sys.stderr)
+        return 2
+    device = 'cpu' if args.simulate else 'cuda'
+    torch.backends.cuda.matmul.allow_tf32 = False  # float32 rows are checked against exact products
+    where = (f'simulated sm_{args.simulate} (CPU tensors, kernels interpreted)' if args.simulate else
+             f'{torch.cuda.get_device_name()} (sm_{"".join(map(str, torch.cuda.get_device_capability()))})')
+    print(f'gpu_check on {where}; torch {torch.__version__}', flush=True)
+
+    cases = [(op, label, shape) for label, kind, shape in shapes_to_check(args) for op in KIND_OPS[kind]]
+    cases.append(('polyline_mask_matvec_3d', '3d', MATVEC_3D))
+    rows, failed = [], 0
+    print(f'{"op":<27} {"shape":<34} {"dtype":<5} {"ref":<9} {"out err":>9} {"grad err":>9} {"limit":>6}  '
+          f'determ.  status', flush=True)
+    for op, label, shape in cases:
+        for dtype_name in args.dtype:
+            row = check_row(op, label, shape, dtype_name, device, args.dense_tokens)
+            rows.append(row)
+            failed += not row['ok']
+            print(f'{op:<27} {label:<34} {dtype_name:<5} {row["reference"]:<9} {row["out_error"]:>9.2e} '
+                  f'{row["grad_error"]:>9.2e} {row["limit"]:>6.0e}  {"yes" if row["deterministic"] else "NO":<7}  '
+                  f'{"ok" if row["ok"] else "FAIL"}', flush=True)
+    speed = []
+    if args.simulate or args.no_speed:
+        print('speed: not measured (' + ('simulated device' if args.simulate else '--no-speed') + ')')
+    else:
+        print(f'\n{"op":<27} {"shape":<34} {"dtype":<5} {"fwd ms":>8} {"sdpa":>8} {"fwd+bwd ms":>10} {"sdpa":>8}')
+        for op, label, shape in cases:
+            if op == 'polyline_mask_matvec_3d':
+                continue
+            for dtype_name in [d for d in args.dtype if d != 'fp32']:  # flash SDPA takes half precision only
+                row = speed_row(op, label, shape, dtype_name, args.repeats)
+                speed.append(row)
+                print(f'{op:<27} {label:<34} {dtype_name:<5} {row["ms_fwd"]:>8.3f} {row["sdpa_ms_fwd"]:>8.3f} '
+                      f'{row["ms_fwd_bwd"]:>10.3f} {row["sdpa_ms_fwd_bwd"]:>8.3f}', flush=True)
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(device=where, checks=rows, speed=speed), f, indent=1)
+    print(f'{len(rows) - failed} of {len(rows)} checks passed' + (f'; {failed} FAILED' if failed else ''))
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
