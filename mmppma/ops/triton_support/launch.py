@@ -36,12 +36,22 @@ def capability(device: torch.device) -> int:
 
 
 def precision(dtype: torch.dtype) -> Optional[str]:
-    """``tl.dot`` input precision: float32 inputs follow ``torch.backends.cuda.matmul.allow_tf32`` (TF32 tensor
-    cores when on, exact 'ieee' products otherwise); half inputs take triton's default (tensor cores with
-    float32 accumulation)."""
+    """``tl.dot`` input precision: float32 inputs follow torch's TF32 setting for CUDA matmuls (TF32 tensor cores
+    when on, exact 'ieee' products otherwise); half inputs take triton's default (tensor cores with float32
+    accumulation)."""
     if dtype != torch.float32:
         return None
-    return 'tf32' if torch.backends.cuda.matmul.allow_tf32 else 'ieee'
+    return 'tf32' if tf32_matmul() else 'ieee'
+
+
+def tf32_matmul() -> bool:
+    """Whether torch lets float32 CUDA matmuls use TF32: ``torch.backends.cuda.matmul.fp32_precision`` where torch
+    has it (it inherits ``torch.backends.fp32_precision`` and follows the legacy flag when that was set; reading
+    the legacy flag raises once the new setting was used), else ``torch.backends.cuda.matmul.allow_tf32``."""
+    setting = getattr(torch.backends.cuda.matmul, 'fp32_precision', None)
+    if setting is None:
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    return setting == 'tf32'
 
 
 @dataclasses.dataclass(frozen=True)
