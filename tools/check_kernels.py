@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Compile every Triton kernel specialization the ops launch for a GPU target, without a GPU, and check it fits.
 
-    python tools/check_kernels.py                          # default shapes, fp32/fp16/bf16, sm_80/86/89/90
+    python tools/check_kernels.py                          # default shapes, fp32/tf32/fp16/bf16, sm_80/86/89/90
     python tools/check_kernels.py --quick --arch 80 90     # reduced shape set (the CI check)
     python tools/check_kernels.py --arch 86 --dtype fp16 --shapes upernet_512 --jobs 2
     python tools/check_kernels.py --jobs 2 --write         # rewrite docs/generated/check_kernels.md
@@ -10,8 +10,11 @@ The launches are found by running the ops themselves (forward and backward, thro
 ``meta`` tensors while :func:`mmppma.ops.triton_support.launch.recording` collects them instead of launching: the same
 code that picks tiles, warps and stages at run time, for the capability being checked. Each distinct
 specialization is compiled by ``triton.compile`` for that target; ptxas's ``-v`` log gives registers and spill
-bytes. A row fails (exit status 1) if compiling fails, the shared memory exceeds the target's per-block limit,
-anything spills, or compiling takes longer than ``--max-seconds``. Results are cached per specialization
+bytes, the TTGIR the asynchronous copies of software-pipelined loops ('async': their count; 0 where no loop is
+pipelined). Every input is also recorded at batch 1024 (the detection input included, without --quick), so that
+each row's largest grid is checked against CUDA's limits. A row fails (exit status 1) if compiling fails, the
+shared memory exceeds the target's per-block limit, anything spills, compiling takes longer than
+``--max-seconds``, or a launch's grid passes CUDA's limits. Results are cached per specialization
 (kernel source, arguments, target, triton version) in ``~/.cache/mmppma/check_kernels.json``.
 """
 import argparse
@@ -37,7 +40,8 @@ import mmppma.ops as ops  # noqa: E402
 from mmppma.ops import dispatch  # noqa: E402
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
-DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
+# 'tf32': float32 inputs with torch's TF32 setting on (the kernels' dot products on TF32 tensor cores)
+DTYPES = {'fp32': torch.float32, 'tf32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 ARCHS = (80, 86, 89, 90)
 GENERATED = os.path.join('docs', 'generated', 'check_kernels.md')  # --write's default, from the repository root
 CACHE = os.path.join(os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')), 'mmppma',
@@ -66,27 +70,64 @@ IMAGES = {
 }
 QUICK_IMAGES = ('upernet_512', )
 QUICK_MODELS = ('ppma_t', 'mlla_t')
-QUICK_DTYPES = ('fp32', 'fp16')  # bf16 compiles like fp16 but for the operand conversions
+QUICK_DTYPES = ('fp32', 'tf32', 'fp16')  # bf16 compiles like fp16 but for the operand conversions
 STRIDES = (4, 8, 16, 32)
+# Grid check: every input is also recorded at this batch (the same specializations as at the configs' batch), so
+# that every row sees grids as large as the largest batches make them; CUDA's grid limits per axis
+GRID_BATCH = 1024
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+# TTGIR ops of asynchronous global -> shared copies, what the software pipeliner makes of the loads of a loop it
+# pipelines: cp.async (sm_80 and later) and TMA (sm_90)
+ASYNC_COPY = r'\b(?:ttg\.async_copy_global_to_local|ttng\.async_tma_copy_global_to_local)\b'
 
 
-def model_shapes(images, models) -> List[Tuple[str, str, tuple]]:
-    """(label, attention, (B, heads, H, W, d)) for every attention stage, duplicates removed."""
+def model_shapes(images, models, batch=None) -> List[Tuple[str, str, tuple]]:
+    """(label, attention, (B, heads, H, W, d)) for every attention stage, duplicates removed; ``batch``: instead
+    of the configs' images per GPU."""
     seen, shapes = set(), []
     for image in images:
-        (h, w), batch = IMAGES[image]
+        (h, w), per_gpu = IMAGES[image]
+        batch_ = batch or per_gpu
         for model in models:
             kinds, heads, dims = MODELS[model]
             for stage, (kind, nh, d) in enumerate(zip(kinds, heads, dims)):
-                key = (kind, batch, nh, h // STRIDES[stage], w // STRIDES[stage], d)
+                key = (kind, batch_, nh, h // STRIDES[stage], w // STRIDES[stage], d)
                 if key not in seen:
                     seen.add(key)
-                    shapes.append((f'{image}/{model}/stage{stage + 1}', kind, key[1:]))
+                    shapes.append((f'{image}{f"@{batch}" if batch else ""}/{model}/stage{stage + 1}', kind,
+                                   key[1:]))
     return shapes
 
 
 def _meta(*shape, dtype=torch.float32):
     return torch.empty(*shape, device='meta', dtype=dtype, requires_grad=True)
+
+
+@contextlib.contextmanager
+def tf32(on: bool):
+    """torch's TF32 setting for CUDA matmuls (which the kernels' float32 products follow) on or off within the
+    block, through the fp32_precision API where torch has it."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(torch.backends, 'fp32_precision'):
+        saved = matmul.fp32_precision
+        matmul.fp32_precision = 'tf32' if on else 'ieee'
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = saved
+    else:
+        saved = matmul.allow_tf32
+        matmul.allow_tf32 = on
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = saved
+
+
+def grid_problems(grid: Tuple[int, ...]) -> List[str]:
+    """The axes of a launch grid over CUDA's limits."""
+    return [f'grid axis {axis} = {size} > {limit}' for axis, (size, limit) in enumerate(zip(grid, GRID_LIMITS))
+            if size > limit]
 
 
 def record(kind: str, shape: tuple, dtype: torch.dtype, cap: int) -> List[Tuple[str, lp.Launch]]:
@@ -145,7 +186,8 @@ def compile_one(desc: dict) -> dict:
     regs = re.findall(r'Used (\d+) registers', text)
     spills = re.findall(r'(\d+) bytes spill stores, (\d+) bytes spill loads', text)
     return dict(shared=int(compiled.metadata.shared), registers=max(map(int, regs)) if regs else -1,
-                spill=sum(int(a) + int(b) for a, b in spills), seconds=seconds)
+                spill=sum(int(a) + int(b) for a, b in spills), seconds=seconds,
+                async_copies=len(re.findall(ASYNC_COPY, compiled.asm['ttgir'])))
 
 
 def main(argv=None) -> int:
@@ -171,7 +213,7 @@ def main(argv=None) -> int:
     args.dtype = args.dtype or list(QUICK_DTYPES if args.quick else DTYPES)
     images = args.shapes or (QUICK_IMAGES if args.quick else list(IMAGES))
     models = args.models or (QUICK_MODELS if args.quick else list(MODELS))
-    shapes = model_shapes(images, models)
+    shapes = model_shapes(images, models) + model_shapes(images, models, GRID_BATCH)
     dispatch.triton_interpreted = lambda: True  # impl='triton' accepts meta tensors; nothing is launched
 
     # every distinct specialization, with the shapes that launch it
@@ -179,16 +221,21 @@ def main(argv=None) -> int:
     for arch in args.arch:
         for dtype_name in args.dtype:
             for label, kind, shape in shapes:
-                for phase, launch in record(kind, shape, DTYPES[dtype_name], arch):
+                with tf32(dtype_name == 'tf32'):
+                    launches = record(kind, shape, DTYPES[dtype_name], arch)
+                for phase, launch in launches:
                     if args.kernels and not any(part in launch.name for part in args.kernels):
                         continue
                     key, desc = spec_key(launch, arch)
-                    row = specs.setdefault(key, dict(desc=desc, dtype=dtype_name, phase=phase, shapes=[]))
+                    row = specs.setdefault(key, dict(desc=desc, dtype=dtype_name, phase=phase, shapes=[],
+                                                     grid=(1, 1, 1)))
                     row['shapes'].append(label)
+                    row['grid'] = tuple(map(max, zip(launch.grid + (1, ) * (3 - len(launch.grid)), row['grid'])))
     cache = {}
     if not args.no_cache and os.path.exists(CACHE):
         with open(CACHE) as f:
             cache = json.load(f)
+    cache = {key: result for key, result in cache.items() if 'async_copies' in result}  # older entries lack it
     todo = [key for key in specs if key not in cache]
     if args.cached_only:
         specs = {key: spec for key, spec in specs.items() if key in cache}
@@ -200,7 +247,7 @@ def main(argv=None) -> int:
           f'{len(args.arch)} archs; {len(specs) - len(todo)} cached, compiling {len(todo)} with {args.jobs} job(s)',
           flush=True)
     header = (f'{"kernel":<14} {"arch":>4} {"dtype":<5} {"phase":<5} {"tiles":<44} {"warps":>5} {"stages":>6} '
-              f'{"shared KB":>9} {"regs":>4} {"spill B":>7} {"sec":>5}  status')
+              f'{"shared KB":>9} {"regs":>4} {"spill B":>7} {"async":>5} {"sec":>5}  status')
     print(header, flush=True)
     results = {}
 
@@ -275,17 +322,21 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
     lines = ['# Triton kernel specializations compiled for GPU targets', '',
              f'Generated by `{command}` (triton {triton.__version__}, torch {torch.__version__.split("+")[0]}); '
              'do not edit, run the command again. Columns: shared memory per block, registers per thread and '
-             'spilled bytes from ptxas, compile seconds (of the run that first compiled the row; later runs '
-             'read it from the cache).', '']
+             'spilled bytes from ptxas, asynchronous copies in the TTGIR (the loads of software-pipelined loops), '
+             'compile seconds (of the run that first compiled the row; later runs read it from the cache), the '
+             'largest grid of the row\'s launches per axis.', '']
     lines += [f'- {line}' for line in summary] + ['']
     lines += ['| kernel | arch | dtype | tiles and constexprs | warps | stages | shared KB | regs | spill B | '
-              'compile s | launched by | status |', '|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|']
+              'async | compile s | grid | launched by | status |',
+              '|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|']
     for key in sorted(specs, key=order):
         spec, result, d = specs[key], results[key], specs[key]['desc']
         shapes = spec['shapes']
         by = shapes[0] + (f' (+{len(shapes) - 1})' if len(shapes) > 1 else '')
-        cells = ['-'] * 4 if 'error' in result else [f'{result["shared"] / 1024:.1f}', str(result['registers']),
-                                                     str(result['spill']), f'{result["seconds"]:.1f}']
+        cells = ['-'] * 5 if 'error' in result else [f'{result["shared"] / 1024:.1f}', str(result['registers']),
+                                                     str(result['spill']), str(result['async_copies']),
+                                                     f'{result["seconds"]:.1f}']
+        cells.append(' x '.join(map(str, spec['grid'])))
         lines.append(f'| `{d["kernel"]}` | {d["arch"]} | {spec["dtype"]} | {tile_text(d["constexprs"])} | '
                      f'{d["options"]["num_warps"]} | {d["options"]["num_stages"]} | {" | ".join(cells)} | {by} | '
                      f'{status(spec, result, max_seconds)} |')
@@ -296,7 +347,7 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
 
 def tile_text(c: dict) -> str:
     text = [f'{c.get("BLOCK_M", c.get("BLOCK_OWN"))}x{c.get("BLOCK_N", c.get("BLOCK_OTHER"))}']
-    text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN') if name in c]
+    text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS', 'ROWS_OWN') if name in c]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     # whole attention's backward: the program's own tokens hold the corners of its path ('v2h' for queries, 'h2v'
     # for keys); its forward: 'h2v' named, 'v2h' the default
@@ -311,9 +362,9 @@ def tile_text(c: dict) -> str:
 
 
 def status(spec: dict, result: dict, max_seconds: float) -> str:
+    problems = grid_problems(spec['grid'])  # the largest grid of the row's launches, per axis
     if 'error' in result:
-        return 'compile failed: ' + result['error']
-    problems = []
+        return '; '.join(problems + ['compile failed: ' + result['error']])
     limit = lp.SHARED_MEMORY_LIMIT[spec['desc']['arch']]
     if result['shared'] > limit:
         problems.append(f'shared memory {result["shared"]} B > {limit} B')
@@ -333,10 +384,11 @@ def format_row(spec: dict, result: dict, max_seconds: float) -> str:
     if 'error' in result:
         return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<44} '
                 f'{desc["options"]["num_warps"]:>5} {desc["options"]["num_stages"]:>6} {"-":>9} {"-":>4} {"-":>7} '
+                f'{"-":>5} '
                 f'{result["seconds"]:>5.1f}  {status(spec, result, max_seconds)}')
     return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<44} '
             f'{desc["options"]["num_warps"]:>5} {desc["options"]["num_stages"]:>6} {result["shared"] / 1024:>9.1f} '
-            f'{result["registers"]:>4} {result["spill"]:>7} {result["seconds"]:>5.1f}  '
+            f'{result["registers"]:>4} {result["spill"]:>7} {result["async_copies"]:>5} {result["seconds"]:>5.1f}  '
             f'{status(spec, result, max_seconds)}{" (cached)" if result.get("cached") else ""}')
 
 

@@ -88,10 +88,13 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # one program; on sm_80 / sm_86 / sm_89 (operands in registers, one full copy of the other tile's per warp) they
 # take 64 x 64, and the keys' program, which also holds dv and a vector per query along its columns, leaves the
 # corner sums to a program of their own (corner_pass): done together, 64 others spill. Exact float32 products run
-# on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The remaining
-# choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py).
+# on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The forward
+# families take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current
+# block's math), which holds the prefetched block in registers too; the float32 whole-attention forward on short
+# sequences takes 8 warps for it (4 spill on sm_90). The remaining choices are the ones that compile without
+# spills at the checked shapes (tools/check_kernels.py).
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
-    ('whole_fwd', False, False): {0: Config(32, 32, 4, 2)},
+    ('whole_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('whole_fwd', True, False): {0: Config(64, 32, 8, 2)},
     ('whole_fwd', True, True): {0: Config(64, 64, 4, 2)},

@@ -34,37 +34,55 @@ from ..triton_support.tiles import (
 
 
 @triton.jit
-def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM: tl.constexpr, ROWS):
+def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM: tl.constexpr, ROWS, UNROLLED: tl.constexpr = False):
     """Scores plus one path's log-mask for query block ``qb`` and key block ``kb`` (see :func:`_block`).
 
     V2H: M[p, s] = sgn(j >= l) (Ca[i, j] - Ca[i, l]) + sgn(i >= k) (Cb[i, l] - Cb[k, l]): along the query's row i
     from column j to l, then along column l from row i to k. H2V: M[s, p], the key's row and the query's column
     at the corner. The corner entries (Ca, Cb at (query row, key column) for V2H, at (key row, query column) for
-    H2V) come one image row at a time: ROWS rows from the first row of the block that holds them."""
+    H2V) come one image row at a time: ROWS rows from the first row of the block that holds them. UNROLLED (ROWS
+    a constexpr): the rows unrolled, so that the loop this runs in holds no loop of its own (the software
+    pipeliner takes innermost loops only)."""
     ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
     ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
     # each image row adds its corner terms where it holds the corner: no per-element corner tile stays live
     if FORM == 'h2v':
         ge = l_c[None, :] >= j_q[:, None]
-        for r in range(ROWS):
-            row = first_k + r
-            at = row * W + j_q
-            va = tl.load(ca_ptr + at, mask=mask_m & (at < N), other=0.0)
-            vb = tl.load(cb_ptr + at, mask=mask_m & (at < N), other=0.0)
-            s = tl.where((k_r == row)[None, :],
-                         (s + tl.where(row >= i_q, vb, -vb)[:, None]) + seg(ca_k[None, :], va[:, None], ge), s)
-        x = s - tl.where(k_r[None, :] >= i_q[:, None], cb_q[:, None], -cb_q[:, None])
     else:
         ge = j_q[:, None] >= l_c[None, :]
+    if UNROLLED:
+        for r in tl.static_range(ROWS):
+            s = _corner_row(s, ca_ptr, cb_ptr, qb, kb, ge, r, W, N, FORM)
+    else:
         for r in range(ROWS):
-            row = first_q + r
-            at = row * W + l_c
-            va = tl.load(ca_ptr + at, mask=mask_n & (at < N), other=0.0)
-            vb = tl.load(cb_ptr + at, mask=mask_n & (at < N), other=0.0)
-            s = tl.where((i_q == row)[:, None],
-                         (s + tl.where(row >= k_r, vb, -vb)[None, :]) + seg(ca_q[:, None], va[None, :], ge), s)
+            s = _corner_row(s, ca_ptr, cb_ptr, qb, kb, ge, r, W, N, FORM)
+    if FORM == 'h2v':
+        x = s - tl.where(k_r[None, :] >= i_q[:, None], cb_q[:, None], -cb_q[:, None])
+    else:
         x = s - tl.where(i_q[:, None] >= k_r[None, :], cb_k[None, :], -cb_k[None, :])
     return x
+
+
+@triton.jit
+def _corner_row(s, ca_ptr, cb_ptr, qb, kb, ge, r, W, N, FORM: tl.constexpr):
+    """Add the corner terms of image row ``r`` of the block that holds the corners (see :func:`_logits`)."""
+    ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
+    ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
+    if FORM == 'h2v':
+        row = first_k + r
+        at = row * W + j_q
+        va = tl.load(ca_ptr + at, mask=mask_m & (at < N), other=0.0)
+        vb = tl.load(cb_ptr + at, mask=mask_m & (at < N), other=0.0)
+        s = tl.where((k_r == row)[None, :],
+                     (s + tl.where(row >= i_q, vb, -vb)[:, None]) + seg(ca_k[None, :], va[:, None], ge), s)
+    else:
+        row = first_q + r
+        at = row * W + l_c
+        va = tl.load(ca_ptr + at, mask=mask_n & (at < N), other=0.0)
+        vb = tl.load(cb_ptr + at, mask=mask_n & (at < N), other=0.0)
+        s = tl.where((i_q == row)[:, None],
+                     (s + tl.where(row >= k_r, vb, -vb)[None, :]) + seg(ca_q[:, None], va[None, :], ge), s)
+    return s
 
 
 @triton.jit
@@ -85,11 +103,13 @@ def _block(ca_ptr, cb_ptr, start, BLOCK: tl.constexpr, N, W):
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, ROWS_M, ROWS_N,
-               FORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, FORM: tl.constexpr,
+               ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """One program per query block, one path (``FORM``, 'v2h' or 'h2v') per launch: the path's online softmax over
-    all key blocks; ROWS_M / ROWS_N bound the image rows of a query / key block."""
+    all key blocks. ROWS bounds the image rows of the block that holds the path's corners (a key block for
+    'h2v', a query block for 'v2h'); a constexpr, so that the corner rows unroll and the key loop is
+    software-pipelined (its loads of the next key block overlap the current block's math)."""
     bh = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
     qb = _block(ca_ptr, cb_ptr, tl.program_id(0) * BLOCK_M, BLOCK_M, N, W)
@@ -103,9 +123,7 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
     for start_n in range(0, N, BLOCK_N):
         kb = _block(ca_ptr, cb_ptr, start_n, BLOCK_N, N, W)
         s = tl.dot(q, tl.trans(load_tile(k_ptr, kb[6], kb[5], offs_d, D)), input_precision=PRECISION) * scale
-        x = tl.where(kb[5][None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM,
-                                                      ROWS_N if FORM == 'h2v' else ROWS_M),
-                     float('-inf'))
+        x = tl.where(kb[5][None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM, ROWS, True), float('-inf'))
         m, l, acc = online_softmax_step(x, load_tile(v_ptr, kb[6], kb[5], offs_dv, DV), m, l, acc, PRECISION)
     store_tile(o_ptr + slice_offset(bh, N, DV), offs_m, mask_m, offs_dv, DV, acc / l[:, None])
     tl.store(lse_ptr + slice_offset(bh, N, 1) + offs_m, m + tl.log(l), mask=mask_m)
@@ -253,9 +271,14 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
         tl.store(self_ptr + slice_offset(bh, N, 1) + offs, self_own, mask=mask)
 
 
+def _rows_touched(block: int, h: int, w: int) -> int:
+    """Image rows a block of ``block`` consecutive tokens can touch."""
+    return min(h, (block - 1) // w + 2)
+
+
 def _rows(block: int, h: int, w: int) -> int:
-    """Image rows a block of ``block`` consecutive tokens can touch, rounded up to a power of two."""
-    return lp.pow2(min(h, (block - 1) // w + 2), 1)
+    """:func:`_rows_touched`, rounded up to a power of two."""
+    return lp.pow2(_rows_touched(block, h, w), 1)
 
 
 def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
@@ -269,9 +292,9 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     lse = torch.empty(len(names), bh, n, device=q.device, dtype=torch.float32)
     cfg = lp.config('whole_fwd', n, q.dtype, cap)
     launches = [lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
-                          (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv, _rows(cfg.block_m, hh, ww),
-                           _rows(cfg.block_n, hh, ww)),
-                          dict(FORM=path, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+                          (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv),
+                          dict(FORM=path, ROWS=_rows_touched(cfg.block_n if path == 'h2v' else cfg.block_m, hh, ww),
+                               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
                                BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg)
                 for i, path in enumerate(names)]
     return launches, o, lse
