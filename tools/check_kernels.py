@@ -347,7 +347,7 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
 
 def tile_text(c: dict) -> str:
     text = [f'{c.get("BLOCK_M", c.get("BLOCK_OWN"))}x{c.get("BLOCK_N", c.get("BLOCK_OTHER"))}']
-    text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS', 'ROWS_OWN') if name in c]
+    text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN', 'UNROLLED_ROWS') if name in c]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     # whole attention's backward: the program's own tokens hold the corners of its path ('v2h' for queries, 'h2v'
     # for keys); its forward: 'h2v' named, 'v2h' the default

@@ -103,13 +103,14 @@ def _block(ca_ptr, cb_ptr, start, BLOCK: tl.constexpr, N, W):
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, FORM: tl.constexpr,
-               ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, ROWS, FORM: tl.constexpr,
+               UNROLLED_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """One program per query block, one path (``FORM``, 'v2h' or 'h2v') per launch: the path's online softmax over
     all key blocks. ROWS bounds the image rows of the block that holds the path's corners (a key block for
-    'h2v', a query block for 'v2h'); a constexpr, so that the corner rows unroll and the key loop is
-    software-pipelined (its loads of the next key block overlap the current block's math)."""
+    'h2v', a query block for 'v2h'). UNROLLED_ROWS: ROWS as a constexpr, the corner rows unrolled, so that the key
+    loop is software-pipelined (with num_stages > 1 the next key block's loads overlap the current block's math);
+    0: a loop over ROWS rows (a loop of a run-time count, which the compiler keeps rolled)."""
     bh = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
     qb = _block(ca_ptr, cb_ptr, tl.program_id(0) * BLOCK_M, BLOCK_M, N, W)
@@ -123,7 +124,11 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
     for start_n in range(0, N, BLOCK_N):
         kb = _block(ca_ptr, cb_ptr, start_n, BLOCK_N, N, W)
         s = tl.dot(q, tl.trans(load_tile(k_ptr, kb[6], kb[5], offs_d, D)), input_precision=PRECISION) * scale
-        x = tl.where(kb[5][None, :], _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM, ROWS, True), float('-inf'))
+        if UNROLLED_ROWS:
+            x = _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM, UNROLLED_ROWS, True)
+        else:
+            x = _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM, ROWS, False)
+        x = tl.where(kb[5][None, :], x, float('-inf'))
         m, l, acc = online_softmax_step(x, load_tile(v_ptr, kb[6], kb[5], offs_dv, DV), m, l, acc, PRECISION)
     store_tile(o_ptr + slice_offset(bh, N, DV), offs_m, mask_m, offs_dv, DV, acc / l[:, None])
     tl.store(lse_ptr + slice_offset(bh, N, 1) + offs_m, m + tl.log(l), mask=mask_m)
@@ -271,6 +276,11 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
         tl.store(self_ptr + slice_offset(bh, N, 1) + offs, self_own, mask=mask)
 
 
+# the forward unrolls the corner rows of a block (and pipelines its key loop) up to this many: more rows, each
+# prefetched, spill registers on sm_90 (images narrower than a block or two)
+MAX_UNROLLED_ROWS = 3
+
+
 def _rows_touched(block: int, h: int, w: int) -> int:
     """Image rows a block of ``block`` consecutive tokens can touch."""
     return min(h, (block - 1) // w + 2)
@@ -291,12 +301,14 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     o = torch.empty(len(names), bh, n, dv, device=q.device, dtype=torch.float32)
     lse = torch.empty(len(names), bh, n, device=q.device, dtype=torch.float32)
     cfg = lp.config('whole_fwd', n, q.dtype, cap)
-    launches = [lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
-                          (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv),
-                          dict(FORM=path, ROWS=_rows_touched(cfg.block_n if path == 'h2v' else cfg.block_m, hh, ww),
-                               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
-                               BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg)
-                for i, path in enumerate(names)]
+    launches = []
+    for i, path in enumerate(names):
+        rows = _rows_touched(cfg.block_n if path == 'h2v' else cfg.block_m, hh, ww)
+        launches.append(lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
+                                  (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv, rows),
+                                  dict(FORM=path, UNROLLED_ROWS=rows if rows <= MAX_UNROLLED_ROWS else 0,
+                                       BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+                                       BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg))
     return launches, o, lse
 
 
