@@ -37,12 +37,12 @@ VMINET_ARCH = dict(embed_dims=[8, 16, 24, 32], depths=[1, 1, 2, 1], mlp_ratios=[
 FAMILIES = {
     'PPMA': Family(PPMA, SMALL_ARCH, bad_choice=(dict(mask='cross_scan'), "mask='cross_scan'.*'polyline'")),
     'RMT': Family(RMT, SMALL_ARCH, bad_choice=(dict(mask='polyline'), r'RMT takes no mask.*PPMA\(mask=\.\.\.\)')),
-    'MLLA': Family(MLLA, MLLA_ARCH, bad_choice=(dict(attn='softmax'), r"attn='softmax'.*'mlla', 'ppmla'"),
+    'MLLA': Family(MLLA, MLLA_ARCH, bad_choice=(dict(mask='softmax'), r"mask='softmax'.*'none', 'polyline'"),
                    per_stage='num_heads'),
-    'PPMLA': Family(MLLA, MLLA_ARCH, dict(attn='ppmla'), per_stage='num_heads',
-                    bad_choice=(dict(attn='PPMLA'), r"attn='PPMLA'.*'mlla', 'ppmla'")),
+    'PPMLA': Family(MLLA, MLLA_ARCH, dict(mask='polyline'), per_stage='num_heads',
+                    bad_choice=(dict(mask='PPMLA'), r"mask='PPMLA'.*'none', 'polyline'")),
     'VMINet': Family(VMINet, VMINET_ARCH, dict(img_size=64),
-                     bad_choice=(dict(context_mask='banded'), "context_mask='banded'.*'none', 'tril'"),
+                     bad_choice=(dict(mask='banded'), "mask='banded'.*'none', 'tril'"),
                      per_stage='mlp_ratios'),
 }
 NAMES = list(FAMILIES)

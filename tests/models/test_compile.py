@@ -23,7 +23,7 @@ BACKBONES = {
     'PPMA': lambda: PPMA(arch=PPMA_ARCH, impl='torch', out_indices=(0, 1)),
     'RMT': lambda: RMT(arch=PPMA_ARCH, impl='torch', out_indices=(0, 1)),
     'MLLA': lambda: MLLA(arch=MLLA_ARCH, out_indices=(0, 1)),
-    'PPMLA': lambda: MLLA(arch=MLLA_ARCH, attn='ppmla', impl='torch', out_indices=(0, 1)),
+    'PPMLA': lambda: MLLA(arch=MLLA_ARCH, mask='polyline', impl='torch', out_indices=(0, 1)),
     'VMINet': lambda: VMINet(arch=dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2]), img_size=64,
                              out_indices=(0, 1)),
 }

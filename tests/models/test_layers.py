@@ -95,7 +95,7 @@ def ref_attention_module(mod: PolylinePathAttention, x: torch.Tensor, decay=None
 
     if mod.attn_type == 'whole':
         if mod.mask in ('polyline', 'shared'):
-            if mod.attn_form == 'paper':
+            if mod.form == 'paper':
                 attn = s.softmax(-1) * (m.exp() + m.transpose(-1, -2).exp())
             else:
                 attn = 0.5 * sm(m) + 0.5 * sm(m.transpose(-1, -2))
@@ -199,7 +199,7 @@ CASES = [('whole', 'polyline', 'release'), ('whole', 'polyline', 'paper'), ('who
 def test_attention_module_matches_dense_reference(attn_type, mask, form, h, w):
     torch.manual_seed(0)
     c, n = 8, 2
-    mod = PolylinePathAttention(c, n, attn_type=attn_type, mask=mask, attn_form=form, impl='torch').double()
+    mod = PolylinePathAttention(c, n, attn_type=attn_type, mask=mask, form=form, impl='torch').double()
     for p in mod.parameters():  # larger weights so that masks and RoPE matter
         p.data.normal_(0, 0.5)
     if mod.path_embed is not None:
@@ -215,7 +215,7 @@ def test_attention_module_matches_dense_reference(attn_type, mask, form, h, w):
 def test_query_maps_match_the_dense_reference(attn_type, mask, form):
     torch.manual_seed(1)
     c, n, h, w = 8, 2, 3, 4
-    mod = PolylinePathAttention(c, n, attn_type=attn_type, mask=mask, attn_form=form, impl='torch').double()
+    mod = PolylinePathAttention(c, n, attn_type=attn_type, mask=mask, form=form, impl='torch').double()
     for p in mod.parameters():
         p.data.normal_(0, 0.5)
     rope = RasterRoPE2D(c // n, n, heads_range=4 if mask == 'rmt' else None).double()

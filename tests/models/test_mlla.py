@@ -52,7 +52,7 @@ def test_ppmla_adds_only_decay_parameters():
     extra = sum(depth * (2 * dims // heads + 2 * heads)
                 for depth, dims, heads in zip(s['depths'], s['embed_dims'], s['num_heads']))
     with torch.device('meta'):
-        model = Classifier(MLLA('tiny', attn='ppmla', out_indices=(3, )))
+        model = Classifier(MLLA('tiny', mask='polyline', out_indices=(3, )))
     assert num_params(model) == PARAM_COUNTS['tiny'] + extra
 
 
@@ -103,7 +103,7 @@ def test_ppmla_equals_dense_float64():
     torch.manual_seed(0)
     c, heads, h, w = 16, 2, 5, 7
     d = c // heads
-    attn = MLLAAttention(c, heads, attn='ppmla', impl='torch').double()
+    attn = MLLAAttention(c, heads, mask='polyline', impl='torch').double()
     with torch.no_grad():  # decays of a useful size (the init's are near 0: L2D ~ 2 everywhere)
         attn.path_embed.A_log.fill_(0.3)
         attn.path_embed.dt_bias.fill_(0.5)
@@ -137,8 +137,8 @@ def test_ppmla_equals_dense_float64():
 def test_ppmla_with_zero_decays_is_mlla():
     """L2D = 2 everywhere when every decay is 0: the masked mass normalization gives MLLA's attention back."""
     torch.manual_seed(0)
-    mlla = MLLAAttention(16, 2, attn='mlla').double()
-    ppmla = MLLAAttention(16, 2, attn='ppmla').double()
+    mlla = MLLAAttention(16, 2, mask='none').double()
+    ppmla = MLLAAttention(16, 2, mask='polyline').double()
     ppmla.load_state_dict(mlla.state_dict(), strict=False)
     with torch.no_grad():
         ppmla.path_embed.A_log.fill_(-float('inf'))  # A = -exp(A_log) = 0
@@ -148,7 +148,7 @@ def test_ppmla_with_zero_decays_is_mlla():
 
 
 def test_ppmla_backward_reaches_the_decays():
-    model = MLLA(SMALL, attn='ppmla', out_indices=(3, ))
+    model = MLLA(SMALL, mask='polyline', out_indices=(3, ))
     model(torch.randn(2, 3, 24, 40))[0].sum().backward()
     pe = model.layers[2].blocks[1].attn.path_embed
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in pe.parameters())

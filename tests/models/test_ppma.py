@@ -57,10 +57,10 @@ def test_argument_errors():
         PPMA(dict(SMALL_ARCH, attn_types=['local'] * 4))
     with pytest.raises(ValueError, match='even head dimension'):
         PPMA(dict(SMALL_ARCH, num_heads=[16, 2, 4, 4]))
-    with pytest.raises(ValueError, match='attn_form'):
-        PPMA(SMALL_ARCH, attn_form='dense')
-    with pytest.raises(TypeError, match='RMT takes no attn_form'):
-        RMT(SMALL_ARCH, attn_form='paper')
+    with pytest.raises(ValueError, match='form'):
+        PPMA(SMALL_ARCH, form='dense')
+    with pytest.raises(TypeError, match='RMT takes no form'):
+        RMT(SMALL_ARCH, form='paper')
     with pytest.raises(TypeError, match='positional'):
         PPMA(SMALL_ARCH, 3, 'polyline', 'release', 'auto', 0.1)  # the keywords after impl are keyword only
 
@@ -102,7 +102,7 @@ def test_paper_form_and_reference_impl():
         ref_model.load_state_dict(model.state_dict())
         for a, b in zip(fast, ref_model(x)):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-        paper = PPMA(SMALL_ARCH, attn_form='paper').eval()
+        paper = PPMA(SMALL_ARCH, form='paper').eval()
         paper.load_state_dict(model.state_dict())
         assert all(torch.isfinite(o).all() for o in paper(x))
 

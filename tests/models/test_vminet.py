@@ -116,7 +116,7 @@ def release_block(block: VMISABlock, x: torch.Tensor, tril: bool) -> torch.Tenso
 @pytest.mark.parametrize('mask', ['tril', 'none'])
 def test_block_matches_release_formulation(mask):
     torch.manual_seed(0)
-    block = VMISABlock(6, 2, (7, 5), context_mask=mask).double().eval()
+    block = VMISABlock(6, 2, (7, 5), mask=mask).double().eval()
     with torch.no_grad():
         block.stack.copy_(torch.tensor([0.7, 1.3]))
         for bn in (block.dwconv.bn, block.g.bn):
@@ -157,13 +157,13 @@ def test_one_pixel_late_stages():
     assert model.stages[2].blocks[1].sum.weight.grad.abs().sum() > 0  # the resized table is trained
 
 
-def test_context_mask_and_proj_norm_options():
+def test_mask_and_proj_norm_options():
     keys = set(VMINet(TINY_ARCH, proj_norm=True).state_dict())
     assert 'stages.0.1.g.bn.weight' in keys and 'stages.0.1.sum.weight' in keys
     assert not any('.g.bn.' in k for k in VMINet(TINY_ARCH, proj_norm=False).state_dict())
     torch.manual_seed(0)
-    a = VMINet(TINY_ARCH, context_mask='tril').eval()
-    b = VMINet(TINY_ARCH, context_mask='none').eval()
+    a = VMINet(TINY_ARCH, mask='tril').eval()
+    b = VMINet(TINY_ARCH, mask='none').eval()
     b.load_state_dict(a.state_dict())
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
