@@ -53,7 +53,7 @@ def test_rmt_fixed_decays_follow_reference():
 
 # ---------------------------------------------------------------- arguments, mask variants, forms
 def test_argument_errors():
-    with pytest.raises(ValueError, match="attn_types entry 'local'"):
+    with pytest.raises(ValueError, match=r"attn_types\[0\]='local'.*'criss_cross', 'whole'"):
         PPMA(dict(SMALL_ARCH, attn_types=['local'] * 4))
     with pytest.raises(ValueError, match='even head dimension'):
         PPMA(dict(SMALL_ARCH, num_heads=[16, 2, 4, 4]))

@@ -75,14 +75,8 @@ class MLLA(StagedBackbone):
     """
     arch_zoo = MLLA_ARCH_ZOO
 
-    def __init__(self,
-                 arch: Union[str, dict] = 'tiny',
-                 in_channels: int = 3,
-                 mask: str = 'none',
-                 impl: str = 'auto',
-                 *,
-                 out_norm: bool = True,
-                 **kwargs) -> None:
+    def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3, mask: str = 'none',
+                 impl: str = 'auto', *, out_norm: bool = True, **kwargs) -> None:
         check_choice('mask', mask, MLLA_MASKS)
         super().__init__(resolve_mlla_arch(arch), in_channels, **kwargs)
         s = self.arch_settings

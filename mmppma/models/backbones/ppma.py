@@ -67,10 +67,8 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
         if dims % heads or (dims // heads) % 2:
             raise ValueError(f'custom PPMA arch dict: stage {i} embed_dims={dims} must be num_heads={heads} times '
                              f'an even head dimension (RoPE rotates channel pairs)')
-    for t in arch['attn_types']:
-        if t not in PPMA_ATTN_TYPES:
-            raise ValueError(f'custom PPMA arch dict: attn_types entry {t!r}; choose from '
-                             f'{", ".join(PPMA_ATTN_TYPES)}')
+    for i, t in enumerate(arch['attn_types']):
+        check_choice(f'custom PPMA arch dict: attn_types[{i}]', t, PPMA_ATTN_TYPES)
     return arch
 
 
