@@ -9,17 +9,14 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
-from .conftest import SMALL_ARCH
-from .test_backbone_contract import FAMILIES
+from .conftest import FAMILIES, SMALL_ARCH
 
 CONFIGS = Path(__file__).resolve().parents[2] / 'configs'
-#: family -> its config name part and the tiny size's part
-CONFIG_NAMES = {'PPMA': ('ppma', 't'), 'RMT': ('rmt', 't'), 'MLLA': ('mlla', 't'), 'PPMLA': ('ppmla', 't'),
-                'VMINet': ('vminet', 'ti')}
 
 
 def small_config(name: str, kind: str) -> Config:
-    family, size = CONFIG_NAMES[name]
+    """The family's tiny config of ``kind`` ('cls' | 'det' | 'seg') with the family's small arch."""
+    family, size = name.lower(), 'ti' if name == 'VMINet' else 't'
     path = {'cls': f'{family}_{size}_8xb128_in1k.py', 'det': f'mask_rcnn_{family}_{size}_1x_coco.py',
             'seg': f'upernet_{family}_{size}_512x512_160k_ade20k.py'}[kind]
     cfg = Config.fromfile(str(CONFIGS / path))
