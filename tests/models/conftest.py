@@ -69,6 +69,15 @@ class Classifier(nn.Module):
         return self.head(feats[-1].mean((2, 3))) if self.pool else self.head(feats)
 
 
+def ref_v2h_mask(la, lb):
+    """M[(i,j),(k,l)] = -|Ca[i,j]-Ca[i,l]| - |Cb[i,l]-Cb[k,l]|, (B, heads, N, N)."""
+    b, n, h, w = la.shape
+    ca, cb = la.cumsum(-1), lb.cumsum(-2)
+    along_row = (ca[..., :, :, None] - ca[..., :, None, :]).abs()  # [i, j, l]
+    down_col = (cb[..., :, None, :] - cb[..., None, :, :]).abs()  # [i, k, l]
+    return -(along_row[..., :, :, None, :] + down_col[..., :, None, :, :]).reshape(b, n, h * w, h * w)
+
+
 def require(module: str) -> None:
     """Skip the test when ``module`` cannot be imported, with the import error as the reason (e.g. mmpretrain
     installed without torchvision)."""

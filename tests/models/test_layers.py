@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from mmppma.models.layers import PPMA_MASKS, PathEmbed, PolylinePathAttention, RasterRoPE2D, apply_rope
 
+from .conftest import ref_v2h_mask
+
 
 # ---------------------------------------------------------------- independent references
 def ref_rope(x: torch.Tensor) -> torch.Tensor:
@@ -26,15 +28,6 @@ def ref_decays(x, dt_weight, a_log, dt_bias, heads):
     dt = torch.einsum('bhwnd,kd->bnkhw', x.reshape(b, h, w, heads, c // heads), dt_weight)
     a = -torch.exp(a_log)[None, :, None, None]
     return tuple(F.softplus(dt[:, :, k] + dt_bias[None, :, None, None]) * a for k in (0, -1))
-
-
-def ref_v2h_mask(la, lb):
-    """M[(i,j),(k,l)] = -|Ca[i,j]-Ca[i,l]| - |Cb[i,l]-Cb[k,l]|, (B, heads, N, N)."""
-    b, n, h, w = la.shape
-    ca, cb = la.cumsum(-1), lb.cumsum(-2)
-    along_row = (ca[..., :, :, None] - ca[..., :, None, :]).abs()  # [i, j, l]
-    down_col = (cb[..., :, None, :] - cb[..., None, :, :]).abs()  # [i, k, l]
-    return -(along_row[..., :, :, None, :] + down_col[..., :, None, :, :]).reshape(b, n, h * w, h * w)
 
 
 def ref_manhattan_mask(log_decay, h, w):

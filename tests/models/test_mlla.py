@@ -1,17 +1,16 @@
 """What is MLLA's own (the contract every backbone keeps: test_backbone_contract.py): the release's parameter
 counts, FLOPs and key names, RoPE at the actual size, and PPMLA (``mask='polyline'``) against a dense float64
 computation. Named archs are built on the meta device (counts) or once (FLOPs); forwards use a small arch."""
-import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mmppma.models import MLLA
 from mmppma.models.backbones.mlla import MLLA_ARCH_ZOO
 from mmppma.models.layers import apply_rope
 from mmppma.models.layers.mlla import MLLAAttention, mlla_rope_tables
-from tests.ops.oracle import mask_v2h
 
-from .conftest import MLLA_ARCH, Classifier, num_params
+from .conftest import MLLA_ARCH, Classifier, num_params, ref_v2h_mask
 
 # With the 1000-class head (backbone with norm3 + Linear(C, 1000)): the release's own model (LeapLabTHU/MLLA
 # models/mlla.py, whose final `norm` is our norm3) has exactly these (checked against a transcription of it,
@@ -71,36 +70,23 @@ def test_rope_is_computed_for_the_actual_size():
 
 def test_ppmla_equals_dense_float64():
     """PPMLA attention on a 5 x 7 map equals ((phi(q~) phi(k~)^T) * L2D) v / ((phi(q) phi(k)^T) * L2D) 1 + lepe(v),
-    with L2D = L + L^T from the loop oracle (tests/ops/oracle.py), q~, k~ RoPE'd, phi = elu + 1."""
+    with L2D = exp(M) + exp(M^T) from the dense V2H log-mask, q~, k~ RoPE'd, phi = elu + 1."""
     c, heads, h, w = 16, 2, 5, 7
-    d = c // heads
     attn = MLLAAttention(c, heads, mask='polyline', impl='torch').double()
     with torch.no_grad():  # decays of a useful size (the init's are near 0: L2D ~ 2 everywhere)
         attn.path_embed.A_log.fill_(0.3)
         attn.path_embed.dt_bias.fill_(0.5)
     x = torch.randn(2, h, w, c, dtype=torch.float64)
     out = attn(x, mlla_rope_tables(h, w, c))
-
     with torch.no_grad():
-        la, lb = (t.double().numpy() for t in attn.path_embed(x))
-        q, k = (torch.nn.functional.elu(t) + 1 for t in attn.qk(x).chunk(2, -1))
+        m = ref_v2h_mask(*(t.double() for t in attn.path_embed(x)))
+        l2d = m.exp() + m.transpose(-1, -2).exp()  # (B, n, N, N)
+        q, k = (F.elu(t) + 1 for t in attn.qk(x).chunk(2, -1))
         sin, cos = (t.double() for t in mlla_rope_tables(h, w, c))
-
-        def rot(t):  # the release's complex-pair rotation
-            return torch.stack([t[..., 0::2] * cos[..., 0::2] - t[..., 1::2] * sin[..., 0::2],
-                                t[..., 1::2] * cos[..., 0::2] + t[..., 0::2] * sin[..., 0::2]], -1).flatten(-2)
-
-        qr, kr = rot(q), rot(k)
-        want = torch.empty_like(x)
-        for b in range(x.shape[0]):
-            for n in range(heads):
-                l2d = np.exp(mask_v2h(la[b, n], lb[b, n]))
-                l2d = torch.from_numpy(l2d + l2d.T)
-                sl = slice(n * d, (n + 1) * d)
-                flat = [t[b, ..., sl].reshape(h * w, d) for t in (q, k, qr, kr, x)]
-                num = ((flat[2] @ flat[3].T) * l2d) @ flat[4]
-                mass = ((flat[0] @ flat[1].T) * l2d).sum(-1, keepdim=True)
-                want[b, ..., sl] = (num / (mass + attn.eps)).reshape(h, w, d)
+        q, k, qr, kr, v = (t.reshape(2, h * w, heads, c // heads).transpose(1, 2)
+                           for t in (q, k, apply_rope(q, sin, cos), apply_rope(k, sin, cos), x))
+        mass = ((q @ k.transpose(-1, -2)) * l2d).sum(-1, keepdim=True)
+        want = (((qr @ kr.transpose(-1, -2)) * l2d) @ v / (mass + attn.eps)).transpose(1, 2).reshape(2, h, w, c)
         want = want + attn.lepe(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
     torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-10)
 
