@@ -30,66 +30,41 @@ def ref_decays(x, dt_weight, a_log, dt_bias, heads):
     return tuple(F.softplus(dt[:, :, k] + dt_bias[None, :, None, None]) * a for k in (0, -1))
 
 
-def ref_manhattan_mask(log_decay, h, w):
-    ii, jj = torch.arange(h * w) // w, torch.arange(h * w) % w
-    dist = (ii[:, None] - ii[None]).abs() + (jj[:, None] - jj[None]).abs()
-    return log_decay.view(1, -1, 1, 1) * dist.to(log_decay.dtype)
-
-
 def ref_attention_module(mod: PolylinePathAttention, x: torch.Tensor, decay=None, parts: bool = False):
     """The whole token mixer from docs/method.md §3, densely: (B, H, W, C) -> (B, H, W, C). With ``parts``: the
     attention matrix A (out = A v), the log-mask M and the scores S instead, each (B, n, N, N)."""
     b, h, w, c = x.shape
     n, d = mod.num_heads, c // mod.num_heads
-    q = F.linear(x, mod.q_proj.weight, mod.q_proj.bias)
-    k = F.linear(x, mod.k_proj.weight, mod.k_proj.bias) * d**-0.5
-    v = F.linear(x, mod.v_proj.weight, mod.v_proj.bias)
+    q, k, v = (F.linear(x, lin.weight, lin.bias) for lin in (mod.q_proj, mod.k_proj, mod.v_proj))
     lepe = F.conv2d(v.permute(0, 3, 1, 2), mod.lepe.conv.weight, mod.lepe.conv.bias, padding=2, groups=c)
-
-    def heads(t):
-        return t.reshape(b, h, w, n, d).permute(0, 3, 1, 2, 4)
-
-    q, k, v = ref_rope(heads(q)), ref_rope(heads(k)), heads(v)
-    qf, kf, vf = (t.reshape(b, n, h * w, d) for t in (q, k, v))
+    q, k, v = (t.reshape(b, h, w, n, d).permute(0, 3, 1, 2, 4) for t in (q, k * d**-0.5, v))  # (B, n, H, W, d)
+    qf, kf, vf = (t.reshape(b, n, h * w, d) for t in (ref_rope(q), ref_rope(k), v))
     s = qf @ kf.transpose(-1, -2)
     ii, jj = torch.arange(h * w) // w, torch.arange(h * w) % w
     same_row, same_col = ii[:, None] == ii[None], jj[:, None] == jj[None]
-    if mod.mask == 'rmt':
-        m = ref_manhattan_mask(decay, h, w)
+    if mod.mask == 'rmt':  # the Manhattan distance times the head's decay
+        m = decay.view(1, -1, 1, 1) * ((ii[:, None] - ii[None]).abs() + (jj[:, None] - jj[None]).abs()).to(x.dtype)
     elif mod.mask == 'none':
         m = torch.zeros_like(s)
     else:
         pe = mod.path_embed
-        la, lb = ref_decays(x, pe.dt_linear.weight, pe.A_log, pe.dt_bias, n)
-        m = ref_v2h_mask(la, lb)
+        m = ref_v2h_mask(*ref_decays(x, pe.dt_linear.weight, pe.A_log, pe.dt_bias, n))
 
     def sm(bias, where=None):
-        logits = s + bias
-        if where is not None:
-            logits = logits.masked_fill(~where, float('-inf'))
-        return logits.softmax(-1)
+        return (s + bias if where is None else (s + bias).masked_fill(~where, float('-inf'))).softmax(-1)
 
-    if mod.attn_type == 'whole':
-        if mod.mask in ('polyline', 'shared'):
-            if mod.form == 'paper':
-                attn = s.softmax(-1) * (m.exp() + m.transpose(-1, -2).exp())
-            else:
-                attn = 0.5 * sm(m) + 0.5 * sm(m.transpose(-1, -2))
-        else:  # v2h, rmt, none: one softmax with M
-            attn = sm(m)
-    else:
-        # on a row / column the V2H mask is the 1D segment mask (and RMT's the 1D distance decay)
+    if mod.attn_type == 'whole' and mod.mask in ('polyline', 'shared'):
+        two_paths = m.exp() + m.transpose(-1, -2).exp()
+        attn = s.softmax(-1) * two_paths if mod.form == 'paper' else 0.5 * sm(m) + 0.5 * sm(m.transpose(-1, -2))
+    elif mod.attn_type == 'whole':  # v2h, rmt, none: one softmax with M
+        attn = sm(m)
+    else:  # on a row / column the V2H mask is the 1D segment mask (and RMT's the 1D distance decay)
         aw, ah = sm(m, same_row), sm(m, same_col)
-        if mod.mask == 'rmt':
-            attn = ah @ aw  # rows first
-        elif mod.mask == 'v2h':
-            attn = aw @ ah  # down the key's column, then along the query's row
-        else:
-            attn = 0.5 * ah @ aw + 0.5 * aw @ ah
+        # RMT: rows first; v2h: down the key's column, then along the query's row; else both orders
+        attn = {'rmt': ah @ aw, 'v2h': aw @ ah}.get(mod.mask, 0.5 * ah @ aw + 0.5 * aw @ ah)
     if parts:
         return attn, m, s
-    out = attn @ vf
-    out = out.reshape(b, n, h, w, d).permute(0, 2, 3, 1, 4).reshape(b, h, w, c)
+    out = (attn @ vf).reshape(b, n, h, w, d).permute(0, 2, 3, 1, 4).reshape(b, h, w, c)
     return F.linear(out + lepe.permute(0, 2, 3, 1), mod.out_proj.weight, mod.out_proj.bias)
 
 

@@ -26,17 +26,14 @@ def with_head(backbone: PPMA) -> Classifier:
 
 
 # ---------------------------------------------------------------- named archs
-@pytest.mark.parametrize('cls,arch', list(PARAM_COUNTS))
-def test_param_counts_with_head(cls, arch):
-    with torch.device('meta'):  # counts only: no need to allocate and initialize 54M parameters
-        assert num_params(with_head(cls(arch, out_indices=(3, ), out_norm=False))) == PARAM_COUNTS[(cls, arch)]
-
-
 @pytest.mark.parametrize('letter,arch', [('T', 'tiny'), ('S', 'small'), ('B', 'base')])
-def test_backbone_keys_match_release_layout(letter, arch):
-    """Every release backbone key exists with the same shape (the head keys are the converter's job)."""
+def test_param_counts_and_release_keys(letter, arch):
+    """Counts with the head (PPMA, RMT); every release backbone key with its shape (the head keys are the
+    converter's job). On the meta device: no need to allocate and initialize 54M parameters."""
     want = {k: v for k, v in fixture_shapes(f'ppma_{letter}').items() if not k.startswith(('proj.', 'norm.', 'head.'))}
     with torch.device('meta'):
+        for cls in (PPMA, RMT):
+            assert num_params(with_head(cls(arch, out_indices=(3, ), out_norm=False))) == PARAM_COUNTS[(cls, arch)]
         got = {k: tuple(v.shape) for k, v in PPMA(arch, out_indices=(3, ), out_norm=False).state_dict().items()}
     assert got == want
 

@@ -118,7 +118,7 @@ def test_one_pixel_late_stages():
     assert model.stages[2].blocks[1].sum.weight.grad.abs().sum() > 0  # the resized table is trained
 
 
-def test_mask_and_proj_norm_options():
+def test_mask_proj_norm_and_out_norm_options():
     keys = set(VMINet(VMINET_ARCH, proj_norm=True).state_dict())
     assert 'stages.0.1.g.bn.weight' in keys and 'stages.0.1.sum.weight' in keys
     assert not any('.g.bn.' in k for k in VMINet(VMINET_ARCH, proj_norm=False).state_dict())
@@ -128,10 +128,7 @@ def test_mask_and_proj_norm_options():
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert not torch.allclose(a(x)[-1], b(x)[-1])
-
-
-def test_out_norm_choices():
-    """'LN' (also True) names LayerNorms outnorm{i}; 'BN' names BatchNorms norm{i} (the release classifier's)."""
+    # out_norm: 'LN' (also True) names LayerNorms outnorm{i}; 'BN' names BatchNorms norm{i} (the release classifier's)
     with pytest.raises(ValueError, match="out_norm='GN'.*'LN', 'BN'"):
         VMINet(VMINET_ARCH, out_norm='GN')
     assert isinstance(VMINet(VMINET_ARCH, out_indices=(1, )).outnorm1, nn.LayerNorm)
