@@ -182,9 +182,10 @@ def test_layer_ids_for_lr_decay(name):
 
 # ---------------------------------------------------------------- weights: init_cfg and mmseg's pretrained
 @pytest.mark.parametrize('name', NAMES)
-def test_init_cfg_and_pretrained_load_the_weights(name, tmp_path):
+def test_init_cfg_and_pretrained(name, tmp_path):
     """``init_cfg=Pretrained`` with a prefix and mmseg's ``pretrained=PATH`` (with its deprecation warning) load
-    every tensor exactly; without either, a freshly built model differs."""
+    every tensor exactly; without either, a freshly built model differs. ``pretrained=None`` warns nothing; a
+    model-zoo URI, both set or a non-str are errors that say what to do."""
     family = FAMILIES[name]
     want = family.build().state_dict()
     torch.save({'state_dict': {f'backbone.{k}': v for k, v in want.items()}}, tmp_path / 'prefixed.pth')
@@ -200,11 +201,6 @@ def test_init_cfg_and_pretrained_load_the_weights(name, tmp_path):
         model.init_weights()
         got = model.state_dict()
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-
-
-@pytest.mark.parametrize('name', NAMES)
-def test_pretrained_none_uris_and_bad_values(name):
-    family = FAMILIES[name]
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # no deprecation warning without pretrained
         assert family.build(pretrained=None).init_cfg is None

@@ -57,12 +57,11 @@ def test_mask_rcnn_from_config_losses(name, mmdet_ready):
     from mmengine.structures import InstanceData
     cfg = small_config(name, 'det')
     cfg.model.backbone.frozen_stages = 1
-    cfg.merge_from_dict({  # narrower heads keep the test fast
-        'model.neck.in_channels': dims(name), 'model.neck.out_channels': 32, 'model.rpn_head.in_channels': 32,
-        'model.rpn_head.feat_channels': 32, 'model.roi_head.bbox_roi_extractor.out_channels': 32,
-        'model.roi_head.bbox_head.in_channels': 32, 'model.roi_head.bbox_head.fc_out_channels': 64,
-        'model.roi_head.mask_roi_extractor.out_channels': 32, 'model.roi_head.mask_head.in_channels': 32,
-        'model.roi_head.mask_head.conv_out_channels': 32})
+    narrow = ('neck.out_channels', 'rpn_head.in_channels', 'rpn_head.feat_channels', 'roi_head.bbox_head.in_channels',
+              'roi_head.bbox_roi_extractor.out_channels', 'roi_head.mask_roi_extractor.out_channels',
+              'roi_head.mask_head.in_channels', 'roi_head.mask_head.conv_out_channels')  # narrower heads: faster
+    cfg.merge_from_dict({'model.neck.in_channels': dims(name), 'model.roi_head.bbox_head.fc_out_channels': 64,
+                         **{f'model.{k}': 32 for k in narrow}})
     with DefaultScope.overwrite_default_scope('mmdet'):
         model = MODELS.build(cfg.model)
     model.init_weights()
