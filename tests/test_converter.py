@@ -55,8 +55,8 @@ CARRIED = {
 CARRIED['RMT'] = dict(CARRIED['PPMA'], **{'layers.1.Relpos.decay': 'backbone.layers.1.Relpos.decay'})
 # yws-wxs/VMINet vminet.py revisions -> the name of the blocks' depthwise ConvBN, the VMINet options reproducing
 # it: 6b11d4a has a BatchNorm after g (proj_norm) and no mask; 7c2632c no BatchNorm and the lower-triangular mask
-REVISIONS = {'6b11d4a': ('dwconv', dict(context_mask='none', proj_norm=True)),
-             '7c2632c': ('conv', dict(context_mask='tril', proj_norm=False))}
+REVISIONS = {'6b11d4a': ('dwconv', dict(mask='none', proj_norm=True)),
+             '7c2632c': ('conv', dict(mask='tril', proj_norm=False))}
 
 
 def shapes_of(state: dict) -> dict:
@@ -161,7 +161,7 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
     assert convert('only.pth', '--backbone-only') == 0
     assert set(torch.load(tmp_path / 'only.pth')['state_dict']) == backbone_keys(config)
     if family == 'VMINet':
-        assert "backbone needs context_mask='none', proj_norm=True" in capsys.readouterr().out
+        assert "backbone needs mask='none', proj_norm=True" in capsys.readouterr().out
     pretrained = dict(type='Pretrained', checkpoint=str(tmp_path / 'only.pth'), prefix='backbone.')
     model = build(config, device='cpu', init_cfg=pretrained)
     model.backbone.init_weights()
@@ -173,7 +173,7 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
     assert torch.equal(model.head.fc.weight, state['head.weight'])
     if family == 'VMINet':  # the release's blocks need the revision's options
         default = VMINet('ti', out_indices=(3, ), out_norm='BN', init_cfg=pretrained)
-        with pytest.raises(ValueError, match=r"release revision 6b11d4a, whose blocks need context_mask='none'"):
+        with pytest.raises(ValueError, match=r"release revision 6b11d4a, whose blocks need mask='none'"):
             default.init_weights()
 
     del state[needed]
@@ -384,7 +384,7 @@ def release_logits(state: dict, revision: str, x: torch.Tensor, tril: bool = Non
     s_c = sum over tokens n of w_n y[c, n] (``sum``; the mask keeps tokens n >= c); z = relu6(stack_0 s +
     stack_1 y); out = x + g(z) (with a BatchNorm in 6b11d4a); BatchNorm, global average pool, Linear."""
     depthwise, g_bn = REVISIONS[revision][0], REVISIONS[revision][1]['proj_norm']
-    tril = REVISIONS[revision][1]['context_mask'] == 'tril' if tril is None else tril
+    tril = REVISIONS[revision][1]['mask'] == 'tril' if tril is None else tril
     st = {k: v.to(x.dtype) if v.is_floating_point() else v for k, v in state.items()}
 
     def conv(key, x, stride=1, groups=1):
@@ -429,7 +429,7 @@ def test_vminet_revision_is_recognized_renamed_and_recorded(size, revision):
     assert info['release'] == converted._metadata['backbone']['mmppma_vminet_release'] == \
         dict(revision=revision, **REVISIONS[revision][1])
     backbone = Config.fromfile(str(REPO_ROOT / config)).model.backbone
-    assert dict(arch=backbone.arch, context_mask=backbone.context_mask, proj_norm=backbone.proj_norm) == \
+    assert dict(arch=backbone.arch, mask=backbone.mask, proj_norm=backbone.proj_norm) == \
         dict(arch=arch, **REVISIONS[revision][1])
     assert shapes_of(converted) == config_shapes(config)
     depthwise = REVISIONS[revision][0]
@@ -441,10 +441,10 @@ def test_vminet_revision_is_recognized_renamed_and_recorded(size, revision):
 
 # revision -> (a config with other options, the error)
 WRONG_CONFIGS = {
-    '6b11d4a': [('vminet_ti_8xb128_in1k.py', r"need context_mask='none'; this backbone has context_mask='tril'"),
-                ('vminet_ti_release-7c2632c_in1k.py', r"need context_mask='none', proj_norm=True")],
+    '6b11d4a': [('vminet_ti_8xb128_in1k.py', r"need mask='none'; this backbone has mask='tril'"),
+                ('vminet_ti_release-7c2632c_in1k.py', r"need mask='none', proj_norm=True")],
     '7c2632c': [('vminet_ti_8xb128_in1k.py', r'need proj_norm=False; this backbone has proj_norm=True'),
-                ('vminet_ti_release-6b11d4a_in1k.py', r"need context_mask='tril', proj_norm=False")],
+                ('vminet_ti_release-6b11d4a_in1k.py', r"need mask='tril', proj_norm=False")],
 }
 
 
@@ -470,7 +470,7 @@ def test_converted_vminet_release_gives_release_logits(size, revision, tmp_path,
     assert ref.abs().max() > 1 and ref.std() > 0.1  # logits far from degenerate
     assert rel_max_error(logits, ref) < 1e-4
     if size == 'Ti':  # the other revision's mask is far outside the tolerance
-        other_mask = REVISIONS[revision][1]['context_mask'] != 'tril'
+        other_mask = REVISIONS[revision][1]['mask'] != 'tril'
         assert rel_max_error(release_logits(state, revision, x, tril=other_mask), ref) > 1e-3
         for wrong, message in WRONG_CONFIGS[revision]:
             with pytest.raises(ValueError, match=message + r'.*release-' + revision):
@@ -493,8 +493,8 @@ def test_vminet_options_the_weights_contradict_are_errors():
     with pytest.raises(ValueError, match='unconverted VMINet release state dict.*vminet_official_to_mmppma'):
         VMINet('ti', out_indices=(3, ), out_norm=None, proj_norm=False).load_state_dict(raw)
     state = vminet_state('Ti', '6b11d4a')
-    with pytest.raises(CheckpointMismatchError, match=r"model.backbone has context_mask='tril'; the release revision "
-                       r"6b11d4a needs context_mask='none'"):
+    with pytest.raises(CheckpointMismatchError, match=r"model.backbone has mask='tril'; the release revision "
+                       r"6b11d4a needs mask='none'"):
         release_to_mmppma(state, 'VMINet', config=REPO_ROOT / 'configs' / 'vminet_ti_8xb128_in1k.py')
     mixed = {k: v for k, v in state.items() if '.g.bn.' not in k}  # dwconv without g.bn
     with pytest.raises(CheckpointMismatchError, match="neither release revision's layout"):

@@ -212,7 +212,7 @@ def test_init_model_converts_baseline_release_checkpoints(family, config, tmp_pa
     release = save_release(tmp_path / 'release.pth', state)
     torch.testing.assert_close(logits(init_model(str(REPO / config), release), images), want, rtol=0, atol=0)
     if family == 'VMINet':
-        with pytest.raises(ValueError, match="context_mask='none'.*proj_norm=True|proj_norm=True.*context_mask"):
+        with pytest.raises(ValueError, match="mask='none'.*proj_norm=True|proj_norm=True.*mask"):
             init_model(str(REPO / 'configs/vminet_ti_release-7c2632c_in1k.py'), release)
 
 

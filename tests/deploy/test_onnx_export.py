@@ -57,16 +57,16 @@ def test_ppma_masks(mask, tmp_path):
 
 @pytest.mark.heavy
 def test_ppma_paper_form(tmp_path):
-    _export_and_compare(PPMA(PPMA_ARCH, attn_form='paper', out_indices=(0, 1)), tmp_path)
+    _export_and_compare(PPMA(PPMA_ARCH, form='paper', out_indices=(0, 1)), tmp_path)
 
 
 def test_rmt(tmp_path):
     _export_and_compare(RMT(PPMA_ARCH, out_indices=(0, 1)), tmp_path)
 
 
-@pytest.mark.parametrize('attn', ['mlla', 'ppmla'])
-def test_mlla(attn, tmp_path):
-    _export_and_compare(MLLA(MLLA_ARCH, attn=attn, out_indices=(0, )), tmp_path)
+@pytest.mark.parametrize('mask', ['none', 'polyline'])
+def test_mlla(mask, tmp_path):
+    _export_and_compare(MLLA(MLLA_ARCH, mask=mask, out_indices=(0, )), tmp_path)
 
 
 def test_vminet(tmp_path):

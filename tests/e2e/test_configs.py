@@ -77,8 +77,7 @@ def test_in1k_recipe(path):
     cfg = Config.fromfile(str(path))
     bb = cfg.model.backbone
     assert bb.type == f'mmppma.{"RMT" if family == "rmt" else ZOO[family].__name__}'
-    assert bb.arch == arch_of(family, size) and bb.get('attn', 'mlla' if family == 'mlla' else None) == (
-        family if family in ('mlla', 'ppmla') else None)
+    assert bb.arch == arch_of(family, size) and bb.get('mask') == ('polyline' if family == 'ppmla' else None)
     assert bb.drop_path_rate == IN1K_DROP_PATH[family][size_index(family, size)]
     assert cfg.model.head.in_channels == ZOO[family].arch_zoo[arch_of(family, size)]['embed_dims'][-1]
     assert in1k_facts(cfg) == IN1K_RECIPES[family]
@@ -86,7 +85,7 @@ def test_in1k_recipe(path):
 
 def test_ppmla_in1k_config_is_mlla_t_with_ppmla():
     ppmla, mlla = (Config.fromfile(str(CONFIGS / f'{f}_t_8xb128_in1k.py')) for f in ('ppmla', 'mlla'))
-    assert ppmla.model.backbone.pop('attn') == 'ppmla'
+    assert ppmla.model.backbone.pop('mask') == 'polyline'
     assert ppmla.model.to_dict() == mlla.model.to_dict()
 
 
@@ -148,7 +147,7 @@ def test_dense_recipe_and_per_arch_settings(path):
     bb, arch = cfg.model.backbone, arch_of(family, size)
     dims = ZOO[family].arch_zoo[arch]['embed_dims']
     assert bb.type.startswith('mmppma.') and bb.arch == arch and tuple(bb.out_indices) == (0, 1, 2, 3)
-    assert bb.get('attn', 'mlla') == (family if family in ('mlla', 'ppmla') else 'mlla')
+    assert bb.get('mask') == ('polyline' if family == 'ppmla' else None)
     if family == 'vminet':
         assert bb.out_norm == 'LN' and bb.norm_eval
     else:

@@ -362,7 +362,7 @@ def _map_backbone(family: str, backbone: dict, measured: dict, downstream: bool,
             backbone = {VMINET_OLD_CONV.sub(r'\1dwconv.', k): v for k, v in backbone.items()}
             notes.append("blocks' conv.* renamed dwconv.*")
         if revision is None:
-            notes.append('a backbone.-prefixed state in mmppma\'s layout: no release revision, its context_mask is '
+            notes.append('a backbone.-prefixed state in mmppma\'s layout: no release revision, its mask is '
                          'not visible in the weights')
             if not measured['proj_norm']:
                 overrides['proj_norm'] = False
@@ -492,7 +492,7 @@ def release_to_mmppma(state: Mapping[str, torch.Tensor],
     ``configs/mlla_t_8xb128_in1k.py``; None for a custom arch), downstream, out_indices, backbone_overrides
     (settings the checkpoint needs that differ from the backbone's defaults), dropped (release buffers with no
     counterpart), passthrough keys, num_classes, notes, mask (PPMA), and ``revision`` / ``release`` (VMINet:
-    the record revision, context_mask, proj_norm; None for a downstream state in mmppma's layout). A VMINet
+    the record revision, mask, proj_norm; None for a downstream state in mmppma's layout). A VMINet
     release state comes back carrying the record (:func:`with_release_record`).
     """
     family = check_family(family)
