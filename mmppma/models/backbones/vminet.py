@@ -170,7 +170,7 @@ class VMINet(StagedBackbone):
         if 'conv' in found or 'conv.bn' in found:
             raise ValueError(f'{prefix}stages.*.conv.* keys: an unconverted VMINet release state dict (revision '
                              f'7c2632c names the blocks\' 7x7 ConvBN conv); convert it with '
-                             f'tools/model_converters/vminet_official_to_mmppma.py')
+                             f'tools/model_converters/release_to_mmppma.py --family VMINet')
         if 'g' not in found:
             return
         if self.proj_norm and 'g.bn' not in found:

@@ -15,7 +15,6 @@ import functools
 import inspect
 import math
 import re
-import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
@@ -606,27 +605,3 @@ def mmppma_to_release(state: Mapping[str, torch.Tensor],
         out['head.' + k[len('head.fc.'):] if k.startswith('head.fc.') else k] = v
     return out
 
-
-# ---------------------------------------------------------------- deprecated spellings
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f'{old} is deprecated and will be removed in the next release; use {new}', DeprecationWarning,
-                  stacklevel=3)
-
-
-def official_to_mmppma(state: Mapping[str, torch.Tensor], backbone_only: bool = False,
-                       arch: Optional[Union[str, dict]] = None, check: bool = True):
-    """Deprecated: :func:`release_to_mmppma` with ``family='PPMA'``."""
-    _deprecated('official_to_mmppma(state)', "release_to_mmppma(state, 'PPMA')")
-    return release_to_mmppma(state, 'PPMA', backbone_only=backbone_only, arch=arch, check=check)
-
-
-def mmppma_to_official(state: Mapping[str, torch.Tensor], downstream: bool = False) -> Dict[str, torch.Tensor]:
-    """Deprecated: :func:`mmppma_to_release` with ``family='PPMA'``."""
-    _deprecated('mmppma_to_official(state)', "mmppma_to_release(state, 'PPMA')")
-    return mmppma_to_release(state, 'PPMA', downstream=downstream)
-
-
-def extract_release_state(checkpoint: Mapping, key: Optional[str] = None) -> Tuple[Dict[str, torch.Tensor], str]:
-    """Deprecated: :func:`extract_state_dict`."""
-    _deprecated('extract_release_state', 'extract_state_dict')
-    return extract_state_dict(checkpoint, key)
