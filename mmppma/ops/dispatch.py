@@ -12,6 +12,11 @@
 The environment variable ``MMPPMA_IMPL`` (one of the above) overrides ``'auto'`` everywhere, for A/B
 runs without touching configs.
 
+The environment variable ``MMPPMA_SIMULATE_CUDA`` (a compute capability: 80, 86, 89 or 90) simulates a GPU: CPU
+tensors take the CUDA code path of that capability (``resolve_impl``, the preflight and its fallback, the launch
+table) and the kernels run on Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported). It is
+read whenever an op decides; :func:`on_gpu` and :func:`device_capability` are the one place that asks.
+
 While a model is exported (:func:`exporting`: inside :func:`export_mode`, or while ``torch.export`` traces, as
 ``torch.onnx.export(..., dynamo=True)`` does) every op and layer runs plain PyTorch that an exporter can
 translate: ``'auto'`` and ``'triton'`` resolve to ``'torch'`` (a Triton kernel is opaque to a graph), and the
@@ -26,6 +31,9 @@ import torch
 
 IMPLS = ('auto', 'torch', 'triton', 'reference')
 ENV_VAR = 'MMPPMA_IMPL'
+SIMULATE_VAR = 'MMPPMA_SIMULATE_CUDA'
+#: the compute capabilities (major * 10 + minor) the launch tables are sized for, and that can be simulated
+CAPABILITIES = (80, 86, 89, 90)
 
 _ALL = ('reference', 'torch', 'triton')
 # a plain global, not a ContextVar: dynamo reads (and guards on) a global, but cannot trace ContextVar.get
@@ -75,6 +83,42 @@ def triton_interpreted() -> bool:
     return os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
 
 
+def simulated_capability() -> int:
+    """The capability ``MMPPMA_SIMULATE_CUDA`` simulates on CPU tensors; 0 when it is unset."""
+    value = os.environ.get(SIMULATE_VAR, '').strip()
+    if not value:
+        return 0
+    if value not in map(str, CAPABILITIES):
+        raise ValueError(f'{SIMULATE_VAR}={value!r} is not a simulated capability; set it to one of '
+                         f'{", ".join(map(str, CAPABILITIES))} or unset it')
+    if not triton_interpreted():
+        raise RuntimeError(f'{SIMULATE_VAR}={value} runs the kernels on Triton\'s interpreter: set TRITON_INTERPRET=1 '
+                           f'before triton is imported, or unset {SIMULATE_VAR}')
+    return int(value)
+
+
+def on_gpu(t: torch.Tensor) -> bool:
+    """Whether ``t`` is on a CUDA device, or a CPU tensor on the simulated one (``MMPPMA_SIMULATE_CUDA``)."""
+    return t.is_cuda or (t.device.type == 'cpu' and simulated_capability() != 0)
+
+
+def device_capability(device: torch.device) -> int:
+    """Compute capability (major * 10 + minor) of a CUDA device, the simulated one for the CPU under
+    ``MMPPMA_SIMULATE_CUDA``; 0 otherwise (the interpreter's own launch configuration)."""
+    if device.type == 'cuda':
+        major, minor = torch.cuda.get_device_capability(device)
+        return major * 10 + minor
+    return simulated_capability() if device.type == 'cpu' else 0
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, for messages."""
+    if device.type == 'cuda':
+        return torch.cuda.get_device_name(device)
+    cap = device_capability(device)
+    return f'simulated sm_{cap} ({device})' if cap else str(device)
+
+
 def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
     """Return the concrete implementation ('torch' | 'triton' | 'reference') of ``op`` (a key of
     :data:`IMPLEMENTATIONS`) for ``impl`` and the device of ``tensors``."""
@@ -92,7 +136,7 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
     if exporting() and impl in ('auto', 'triton'):
         return 'torch'
     tensors = list(tensors)
-    on_cuda = any(t.is_cuda for t in tensors)
+    on_cuda = any(on_gpu(t) for t in tensors)
     has_kernel = 'triton' in IMPLEMENTATIONS[op]
     if impl == 'auto':
         return 'triton' if (on_cuda and has_kernel and triton_available()) else 'torch'

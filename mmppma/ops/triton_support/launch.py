@@ -11,12 +11,20 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import triton
 
+from ..dispatch import device_capability
+
 #: per-block shared memory limit in bytes, by compute capability (major * 10 + minor)
 SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 #: above this many tokens (whole attention) or this line length (row/column attention) the large tiles apply
 LARGE = 1024
 #: whole attention on images narrower than this many tokens takes the narrow tiles; taller ones run transposed
 NARROW = 16
+#: CUDA's limits on the grid: programs along axis 0, 1 and 2
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+class LaunchLimitError(RuntimeError):
+    """A launch whose grid exceeds :data:`GRID_LIMITS` (CUDA refuses it)."""
 
 
 def pow2(x: int, least: int = 16) -> int:
@@ -25,14 +33,12 @@ def pow2(x: int, least: int = 16) -> int:
 
 
 def capability(device: torch.device) -> int:
-    """Compute capability as major * 10 + minor of a CUDA device; 0 for the interpreter (CPU tensors); the
-    recorded capability inside :func:`recording`."""
+    """Compute capability as major * 10 + minor of a (simulated) CUDA device
+    (:func:`mmppma.ops.dispatch.device_capability`); 0 for the interpreter (CPU tensors); the recorded capability
+    inside :func:`recording`."""
     if _RECORDING:
         return _RECORDING[-1][0]
-    if device.type != 'cuda':
-        return 0
-    major, minor = torch.cuda.get_device_capability(device)
-    return major * 10 + minor
+    return device_capability(device)
 
 
 def precision(dtype: torch.dtype) -> Optional[str]:
@@ -139,6 +145,15 @@ class Launch:
     args: Tuple[Any, ...]
     constexprs: Dict[str, Any]
     config: Config
+
+    def __post_init__(self) -> None:
+        self.check_grid()
+
+    def check_grid(self) -> None:
+        """Raise :class:`LaunchLimitError` if the grid exceeds CUDA's limits."""
+        if len(self.grid) > len(GRID_LIMITS) or any(n > limit for n, limit in zip(self.grid, GRID_LIMITS)):
+            raise LaunchLimitError(f'{self.name}: grid {self.grid} exceeds CUDA\'s limits ('
+                                   f'{", ".join(map(str, GRID_LIMITS))} programs along axes 0, 1, 2)')
 
     def __call__(self) -> None:
         self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
