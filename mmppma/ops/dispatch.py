@@ -6,7 +6,8 @@
 * ``'torch'`` - PyTorch: masks assembled from segment-sum tables, never an N x N mask for the scans and
   criss-cross attention; whole attention's size-chosen branches are named by
   :func:`mmppma.ops.whole_attention_branch`;
-* ``'triton'`` - fused GPU kernels (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``);
+* ``'triton'`` - fused GPU kernels (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``; ``meta`` tensors
+  describe the launches without running them);
 * ``'auto'`` - triton for CUDA tensors when a kernel exists and triton imports, torch otherwise.
 
 The environment variable ``MMPPMA_IMPL`` (one of the above) overrides ``'auto'`` everywhere, for A/B
@@ -25,9 +26,11 @@ in-place inference shortcut or Python loop over blocks of the input).
 """
 import contextlib
 import os
-from typing import Dict, Iterable, Iterator, Tuple
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
+
+from .forms import CRISS_CROSS_FORMS, MASK_FORMS, WHOLE_FORMS
 
 IMPLS = ('auto', 'torch', 'triton', 'reference')
 ENV_VAR = 'MMPPMA_IMPL'
@@ -36,20 +39,26 @@ SIMULATE_VAR = 'MMPPMA_SIMULATE_CUDA'
 CAPABILITIES = (80, 86, 89, 90)
 
 _ALL = ('reference', 'torch', 'triton')
+_NO_KERNEL = ('reference', 'torch')
 # a plain global, not a ContextVar: dynamo reads (and guards on) a global, but cannot trace ContextVar.get
 _EXPORT_MODE = False
-#: The implementations of every public op that takes ``impl``. The matvecs and the linear / decomposed
-#: attention run their 1D scans on the Triton scan kernel.
+#: The implementations of every public op that takes ``impl``, per ``form`` (None: the op takes no form): the
+#: one table :func:`resolve_impl` reads. The matvecs and the linear / decomposed attention run their 1D scans
+#: on the Triton scan kernel; whole attention's paper form (probabilities times the mask after the softmax) has
+#: no kernel.
+IMPLEMENTATIONS_BY_FORM: Dict[Tuple[str, Optional[str]], Tuple[str, ...]] = {
+    **{('ppma_attention', form): _NO_KERNEL if form == 'paper' else _ALL for form in WHOLE_FORMS},
+    **{('criss_cross_attention', form): _ALL for form in CRISS_CROSS_FORMS},
+    **{(op, form): _ALL for op in ('ppma_decomposed_attention', 'ppma_linear_attention', 'polyline_mask_matvec')
+       for form in MASK_FORMS},
+    **{(op, None): _ALL for op in ('manhattan_attention', 'rmt_criss_cross_attention', 'decay_scan_1d',
+                                   'polyline_mask_matvec_3d')},
+}
+#: Derived from :data:`IMPLEMENTATIONS_BY_FORM`: the implementations each op has for at least one form.
 IMPLEMENTATIONS: Dict[str, Tuple[str, ...]] = {
-    'ppma_attention': _ALL,
-    'criss_cross_attention': _ALL,
-    'manhattan_attention': _ALL,
-    'rmt_criss_cross_attention': _ALL,
-    'ppma_decomposed_attention': _ALL,
-    'ppma_linear_attention': _ALL,
-    'decay_scan_1d': _ALL,
-    'polyline_mask_matvec': _ALL,
-    'polyline_mask_matvec_3d': _ALL,
+    op: tuple(impl for impl in _ALL if any(impl in impls for (name, _), impls in IMPLEMENTATIONS_BY_FORM.items()
+                                           if name == op))
+    for op, _ in IMPLEMENTATIONS_BY_FORM
 }
 
 
@@ -119,11 +128,19 @@ def device_name(device: torch.device) -> str:
     return f'simulated sm_{cap} ({device})' if cap else str(device)
 
 
-def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
-    """Return the concrete implementation ('torch' | 'triton' | 'reference') of ``op`` (a key of
-    :data:`IMPLEMENTATIONS`) for ``impl`` and the device of ``tensors``."""
+def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], form: Optional[str] = None) -> str:
+    """Return the concrete implementation ('torch' | 'triton' | 'reference') of ``op`` in ``form`` (a key of
+    :data:`IMPLEMENTATIONS_BY_FORM`; ``form=None`` for an op that takes forms: what any of its forms has) for
+    ``impl`` and the device of ``tensors``."""
     if op not in IMPLEMENTATIONS:
         raise KeyError(f'{op!r} is not an op with implementations; the ops are {", ".join(IMPLEMENTATIONS)}')
+    if form is None:
+        impls = IMPLEMENTATIONS[op]
+    elif (op, form) in IMPLEMENTATIONS_BY_FORM:
+        impls = IMPLEMENTATIONS_BY_FORM[op, form]
+    else:
+        raise ValueError(f'{op}: form={form!r} is not one of its forms '
+                         f'{", ".join(repr(f) for name, f in IMPLEMENTATIONS_BY_FORM if name == op)}')
     if impl not in IMPLS:
         raise ValueError(f'impl={impl!r} is not supported; choose one of {", ".join(map(repr, IMPLS))}')
     if impl == 'auto':
@@ -137,18 +154,18 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
         return 'torch'
     tensors = list(tensors)
     on_cuda = any(on_gpu(t) for t in tensors)
-    has_kernel = 'triton' in IMPLEMENTATIONS[op]
+    has_kernel = 'triton' in impls
     if impl == 'auto':
         return 'triton' if (on_cuda and has_kernel and triton_available()) else 'torch'
     if impl == 'triton':
         if not has_kernel:
             raise NotImplementedError(
-                f"{op}: no Triton kernel exists for this op yet; use impl='torch' (fast PyTorch) or "
-                f"impl='reference' (dense), or impl='auto'")
+                f"{op}: no Triton kernel exists for {f'form={form!r}' if form else 'this op'}; use impl='torch' "
+                f"(fast PyTorch) or impl='reference' (dense), or impl='auto'")
         if not triton_available():
             raise RuntimeError(f"{op}: impl='triton' needs the triton package (pip install triton); "
                                f"use impl='torch' or impl='auto' instead")
-        if not on_cuda and not triton_interpreted():
+        if not on_cuda and not triton_interpreted() and not all(t.device.type == 'meta' for t in tensors):
             raise RuntimeError(f"{op}: impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before "
                                f"triton is imported, for CPU debugging); use impl='torch' or impl='auto' "
                                f"on this device")

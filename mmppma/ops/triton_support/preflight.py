@@ -18,6 +18,12 @@ from . import launch
 #: what a kernel that cannot compile, load or launch on the user's GPU raises (a grid over the limits included:
 #: :class:`mmppma.ops.triton_support.launch.LaunchLimitError` is a RuntimeError)
 CANNOT_RUN = (TritonError, RuntimeError)
+
+
+class KernelLaunchError(RuntimeError):
+    """A Triton path that failed on the inputs' GPU under ``impl='triton'``, naming the op, shape, dtype and GPU."""
+
+
 #: (op, device, capability, shapes and dtypes) -> None (the kernels run) or what kept them from running
 _PREFLIGHT: Dict[tuple, Optional[Exception]] = {}
 
@@ -96,7 +102,9 @@ def run_or_fall_back(op: str, run: Callable[..., torch.Tensor], inputs, impl: st
         return run(*inputs)
     except CANNOT_RUN as e:
         if fallback is None:
-            raise RuntimeError(f"{_describe(op, q)}: {type(e).__name__}: {e}; impl='auto' falls back to the torch "
-                               f"path, impl='torch' runs it") from e
+            if isinstance(e, KernelLaunchError):  # in an op this one is made of
+                raise KernelLaunchError(f'{_describe(op, q)}: in {e}') from e
+            raise KernelLaunchError(f"{_describe(op, q)}: {type(e).__name__}: {e}; impl='auto' falls back to the "
+                                    f"torch path, impl='torch' runs it") from e
         _failed(_key(op, inputs), op, q, e)
         return fallback()
