@@ -161,28 +161,8 @@ def test_whole_kernel_backward_extra_memory_is_linear_in_n():
     assert mode.largest[0] <= 4 * 144 * 2, f'backward allocated {mode.largest[0]} floats ({mode.largest[1]})'
 
 
-@pytest.fixture
-def interpreter_bf16_dot(monkeypatch):
-    """The interpreter's ``tl.dot`` multiplies bfloat16's uint16 bit patterns (triton-lang/triton#11584): widen both
-    operands to float32 exactly, as the tensor cores do; nothing is patched on CUDA."""
-    if DEVICE == 'cuda':
-        return
-    import numpy as np
-    from triton.runtime import interpreter
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def widened(handle):
-        if handle.dtype.scalar != tl.bfloat16:
-            return handle
-        data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
-        return interpreter.TensorHandle(data, tl.float32)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, 'create_dot',
-                        lambda self, a, b, *args, **kwargs: original(self, widened(a), widened(b), *args, **kwargs))
-
-
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
-def test_half_precision_kernels_close_to_float32(dtype, interpreter_bf16_dot):
+def test_half_precision_kernels_close_to_float32(dtype):
     """Each kernel family with half q, k, v (float32 decays and accumulation) against the dense float32 reference on
     the same rounded values: output and gradients within 1e-2 in relative norm, the output in the half dtype."""
     whole = make(1, 2, 5, 7, 16, seed=5)
