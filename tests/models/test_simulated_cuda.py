@@ -13,6 +13,9 @@ import torch
 from mmppma.models.backbones import MLLA, PPMA, RMT, VMINet
 from mmppma.ops.triton_support import launch
 
+from ..conftest import REPO_ROOT
+from .conftest import require
+
 CC, WHOLE = 'criss_cross', 'whole'
 ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4], mlp_ratios=[2, 2], attn_types=[CC, WHOLE])
 MLLA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4])
@@ -123,3 +126,31 @@ def test_model_on_simulated_gpu_equals_torch(name, mode, cap, request, launched,
         err, own = ((t.double() - e.double()).norm().item() for t in (g, w))
         assert err <= 2 * own + tol * max(n, floor), \
             f'{name} {mode} tensor {i} {tuple(e.shape)}: error {err:.3g}, the torch path\'s {own:.3g}, norm {n:.3g}'
+
+
+def test_tiny_classification_config_evaluates_on_the_simulated_gpu(tmp_path, run_python, launched, monkeypatch):
+    """mmengine's validation loop (under no_grad) of configs/tiny/ppma_t_tiny_in.py, a PPMA of the arch above on
+    32 px crops: the kernels run, and the metrics equal the torch path's."""
+    require('mmpretrain.datasets')
+    require('mmpretrain.evaluation')
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    from mmppma.utils import register_scope_modules
+    run_python([REPO_ROOT / 'tools' / 'make_tiny_datasets.py', '--out', tmp_path, '--tasks', 'imagenet',
+                '--imagenet-train', '1', '--imagenet-val', '1'])
+    monkeypatch.setenv('MMPPMA_TINY_DATA', str(tmp_path))
+    cfg = Config.fromfile(REPO_ROOT / 'configs' / 'tiny' / 'ppma_t_tiny_in.py')
+    cfg.model.backbone.update(arch=ARCH, out_indices=(1, ))
+    cfg.model.head.in_channels = ARCH['embed_dims'][-1]
+    _, resize, crop, _ = cfg.val_dataloader.dataset.pipeline
+    resize.scale, crop.crop_size = 32, 32
+    cfg.work_dir = str(tmp_path / 'work')
+    register_scope_modules(cfg.default_scope)
+    runner = Runner.from_cfg(cfg)
+    want = runner.val()
+    assert not launched
+    monkeypatch.setenv('MMPPMA_SIMULATE_CUDA', '86')
+    got = runner.val()
+    assert {name for name, _ in launched} == {'_line_fwd', '_whole_fwd'}
+    assert 0 <= got['accuracy/top1'] <= 100 and got == want
