@@ -6,7 +6,7 @@ limit, no register spills); docs/benchmarks.md lists what they compile to.
 """
 import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 import torch
 import triton
@@ -63,6 +63,8 @@ class Config:
     #: '_corners' families: the corner-gradient sums run as a program of their own, which recomputes the tile's
     #: probabilities and score gradient, instead of in the one that accumulates the token gradients
     corner_pass: bool = False
+    #: the kernel family whose table row this is (set by :func:`config`)
+    family: str = ''
 
 
 # The interpreter runs programs one by one, at a cost per program and per operation nearly independent of the tile
@@ -125,16 +127,31 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
 }
 
 
+#: the families whose images narrower than NARROW take the narrow tiles (whole attention's backward)
+NARROW_FAMILIES = ('whole_bwd_q', 'whole_bwd_q_corners', 'whole_bwd_kv', 'whole_bwd_kv_corners')
+FAMILIES = tuple(dict.fromkeys(family for family, _, _ in _TABLE))
+
+
 def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = LARGE) -> Config:
     """Tiles, warps and stages of kernel ``family`` for sequences (or lines) of ``length`` tokens, of images
-    ``width`` tokens wide (whole attention)."""
+    ``width`` tokens wide (whole attention's backward)."""
     if cap == 0:
-        return _INTERPRETER
-    if width < NARROW:
+        chosen = _INTERPRETER
+    elif width < NARROW and family in NARROW_FAMILIES:
         narrow = _NARROW[dtype != torch.float32]
-        return narrow.get(cap, narrow[0])
-    row = _TABLE[(family, length >= LARGE, dtype != torch.float32)]
-    return row.get(cap, row[0])
+        chosen = narrow.get(cap, narrow[0])
+    else:
+        row = _TABLE[(family, length >= LARGE, dtype != torch.float32)]
+        chosen = row.get(cap, row[0])
+    return dataclasses.replace(chosen, family=family)
+
+
+def table_configs(cap: int) -> FrozenSet[Config]:
+    """Every distinct configuration :func:`config` can return for capability ``cap``: per family, short and long
+    sequences, each dtype, and the narrow images' tiles."""
+    return frozenset(config(family, length, dtype, cap, width) for family in FAMILIES for length in (1, LARGE)
+                     for dtype in (torch.float32, torch.float16, torch.bfloat16)
+                     for width in ((NARROW - 1, LARGE) if family in NARROW_FAMILIES else (LARGE, )))
 
 
 @dataclasses.dataclass
@@ -173,6 +190,11 @@ class Launch:
         return dict(num_warps=self.config.num_warps, num_stages=self.config.num_stages, maxnreg=self.config.maxnreg)
 
     @property
+    def device(self) -> torch.device:
+        """The device of the launch's tensors (its first tensor argument's)."""
+        return next(a.device for a in self.args if isinstance(a, torch.Tensor))
+
+    @property
     def name(self) -> str:
         return self.kernel.fn.__name__ if hasattr(self.kernel, 'fn') else self.kernel.__name__
 
@@ -209,15 +231,33 @@ _TRITON_DTYPE = {torch.float32: 'fp32', torch.float16: 'fp16', torch.bfloat16: '
 
 
 _RECORDING: List[Tuple[int, List[Launch]]] = []
+_EXECUTED: List[Set[Tuple[int, Config]]] = []
 
 
 def run(launches) -> None:
-    """Launch each of ``launches``; inside :func:`recording`, append them to its list instead."""
+    """Launch each of ``launches`` on its tensors' device (the current CUDA device is the process's, not the
+    inputs'); inside :func:`recording`, append them to its list instead; inside :func:`executed`, also note their
+    (capability, configuration)."""
     if _RECORDING:
         _RECORDING[-1][1].extend(launches)
         return
     for launch in launches:
-        launch()
+        device = launch.device
+        with torch.cuda.device(device) if device.type == 'cuda' else contextlib.nullcontext():
+            launch()
+        for ran in _EXECUTED:
+            ran.add((device_capability(device), launch.config))
+
+
+@contextlib.contextmanager
+def executed() -> Iterator[Set[Tuple[int, Config]]]:
+    """Within the block, every launch that runs adds its (capability, configuration) to the yielded set."""
+    ran: Set[Tuple[int, Config]] = set()
+    _EXECUTED.append(ran)
+    try:
+        yield ran
+    finally:
+        _EXECUTED.pop()
 
 
 @contextlib.contextmanager

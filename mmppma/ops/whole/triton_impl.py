@@ -89,10 +89,12 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
                FORM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """One program per query block, one path (``FORM``, 'v2h' or 'h2v') per launch: the path's online softmax over
-    all key blocks; ROWS_M / ROWS_N bound the image rows of a query / key block."""
-    bh = tl.program_id(1)
+    all key blocks; ROWS_M / ROWS_N bound the image rows of a query / key block. Grid: one axis of (slice,
+    block) programs, slice-major."""
+    blocks = tl.cdiv(N, BLOCK_M)
+    bh = tl.program_id(0) // blocks
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
-    qb = _block(ca_ptr, cb_ptr, tl.program_id(0) * BLOCK_M, BLOCK_M, N, W)
+    qb = _block(ca_ptr, cb_ptr, tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, N, W)
     offs_m, mask_m = qb[6], qb[5]
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -198,8 +200,9 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     chunk. CORNER_ROWS: the image rows a block can touch (ROWS_OWN), at least 16 (a matrix product's smallest
     side)."""
     CORNERS: tl.constexpr = (FORM == 'h2v') == KEYS
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
+    blocks = tl.cdiv(N, BLOCK_OWN)
+    pid = tl.program_id(0) % blocks  # the own block; grid: one axis of (slice, block) programs, slice-major
+    bh = tl.program_id(0) // blocks
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
     do_ptr += slice_offset(bh, N, DV)
     lse_ptr += slice_offset(bh, N, 1)
@@ -268,7 +271,7 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     o = torch.empty(len(names), bh, n, dv, device=q.device, dtype=torch.float32)
     lse = torch.empty(len(names), bh, n, device=q.device, dtype=torch.float32)
     cfg = lp.config('whole_fwd', n, q.dtype, cap)
-    launches = [lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
+    launches = [lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m) * bh, ),
                           (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv, _rows(cfg.block_m, hh, ww),
                            _rows(cfg.block_n, hh, ww)),
                           dict(FORM=path, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
@@ -310,7 +313,7 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
             # (GRADS, CORNER_SUMS) of each launch: the corner sums in the same program or in one of their own
             parts = [(True, False), (False, True)] if corners and cfg.corner_pass else [(True, corners)]
             launches.extend(lp.Launch(
-                _whole_bwd, (triton.cdiv(n, own), bh),
+                _whole_bwd, (triton.cdiv(n, own) * bh, ),
                 (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0 if corners else 1], corner[keys][0],
                  corner[keys][1], float(scale), weight, n, hh, ww, d, dv, slots[keys]),
                 dict(KEYS=keys, FORM=path, GRADS=with_grads, CORNER_SUMS=sums, BLOCK_OWN=own,
