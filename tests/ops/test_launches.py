@@ -157,25 +157,6 @@ def test_the_numeric_runs_execute_every_table_configuration():
 
 
 @pytest.fixture
-def interpreter_bf16_dot(monkeypatch):
-    """The interpreter's ``tl.dot`` multiplies bfloat16's uint16 bit patterns (triton-lang/triton#11584): widen both
-    operands to float32 exactly, as the tensor cores do."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def widened(handle):
-        if handle.dtype.scalar != tl.bfloat16:
-            return handle
-        data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
-        return interpreter.TensorHandle(data, tl.float32)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, 'create_dot',
-                        lambda self, a, b, *args, **kwargs: original(self, widened(a), widened(b), *args, **kwargs))
-
-
-@pytest.fixture
 def tf32_off():
     """Exact float32 products (the kernels' 'ieee' dot precision)."""
     matmul = torch.backends.cuda.matmul
@@ -187,8 +168,7 @@ def tf32_off():
 @pytest.mark.heavy
 @pytest.mark.slow(minutes=3)
 @pytest.mark.parametrize('cap, case, dtype', RUNS, ids=lambda x: str(x))
-def test_every_configuration_against_the_float64_reference(cap, case, dtype, monkeypatch, interpreter_bf16_dot,
-                                                           tf32_off):
+def test_every_configuration_against_the_float64_reference(cap, case, dtype, monkeypatch, tf32_off):
     """The case on the simulated device of ``cap`` executes the configurations recorded for it; output and the
     gradients of q, k, v, la, lb (or x and the log-decay) against the float64 reference of the same inputs: float32
     (TF32 off) within 1e-4 of the reference's largest entry, float16 / bfloat16 within 1e-2 in relative norm."""
