@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from mmppma.models.backbones import MLLA, PPMA, RMT, VMINet
-from mmppma.ops.triton_support import launch
+from mmppma.ops.triton_support import launch, preflight
 
 from ..conftest import REPO_ROOT
 from .conftest import require
 
+# a kernel that cannot run falls back to the torch path with a warning: here an error that names the cause
+pytestmark = pytest.mark.filterwarnings("error:.*impl='auto' falls back:UserWarning")
 CC, WHOLE = 'criss_cross', 'whole'
 ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4], mlp_ratios=[2, 2], attn_types=[CC, WHOLE])
 MLLA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4])
@@ -88,7 +90,9 @@ def run_model(model, mode: str, x):
 
 @pytest.fixture
 def launched(monkeypatch):
-    """The (kernel name, dot precision) of every kernel launch the test runs."""
+    """The (kernel name, dot precision) of every kernel launch the test runs; the preflight's verdicts of earlier
+    tests forgotten."""
+    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
     seen = set()
     call = launch.Launch.__call__
 
