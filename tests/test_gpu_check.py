@@ -4,12 +4,15 @@ import json
 import os
 
 import pytest
+import torch
 
 from mmppma.ops import IMPLEMENTATIONS
 
 from .conftest import REPO_ROOT
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
+if torch.cuda.is_available():
+    pytest.skip('a GPU is here: run python tools/gpu_check.py itself', allow_module_level=True)
 #: the largest error of a row (float32: of the reference's largest entry; half precision: in relative norm)
 LIMITS = {'fp32': 1e-4, 'fp16': 1e-2, 'bf16': 3e-2}
 
