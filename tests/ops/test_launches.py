@@ -168,8 +168,7 @@ def tf32_off():
 @pytest.mark.heavy
 @pytest.mark.slow(minutes=3)
 @pytest.mark.parametrize('cap, case, dtype', RUNS, ids=lambda x: str(x))
-def test_every_configuration_against_the_float64_reference(cap, case, dtype, monkeypatch, interpreter_bf16_dot,
-                                                           tf32_off):
+def test_every_configuration_against_the_float64_reference(cap, case, dtype, monkeypatch, tf32_off):
     """The case on the simulated device of ``cap`` executes the configurations recorded for it; output and the
     gradients of q, k, v, la, lb (or x and the log-decay) against the float64 reference of the same inputs: float32
     (TF32 off) within 1e-4 of the reference's largest entry, float16 / bfloat16 within 1e-2 in relative norm."""

@@ -162,7 +162,7 @@ def test_whole_kernel_backward_extra_memory_is_linear_in_n():
 
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
-def test_half_precision_kernels_close_to_float32(dtype, interpreter_bf16_dot):
+def test_half_precision_kernels_close_to_float32(dtype):
     """Each kernel family with half q, k, v (float32 decays and accumulation) against the dense float32 reference on
     the same rounded values: output and gradients within 1e-2 in relative norm, the output in the half dtype."""
     whole = make(1, 2, 5, 7, 16, seed=5)

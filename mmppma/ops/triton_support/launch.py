@@ -12,6 +12,7 @@ import torch
 import triton
 
 from ..dispatch import device_capability
+from .interpreter import exact_bf16_dots
 
 #: per-block shared memory limit in bytes, by compute capability (major * 10 + minor)
 SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
@@ -173,7 +174,9 @@ class Launch:
                                    f'{", ".join(map(str, GRID_LIMITS))} programs along axes 0, 1, 2)')
 
     def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
+        interpreted = any(isinstance(a, torch.Tensor) and a.device.type == 'cpu' for a in self.args)
+        with exact_bf16_dots() if interpreted else contextlib.nullcontext():
+            self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
     def prepare(self) -> None:
         """Compile for the current device and load the binary, without launching: raises what a launch would
