@@ -32,11 +32,11 @@ LINE, WHOLE_KERNELS, SCAN = {'_line_fwd', '_line_bwd'}, {'_whole_fwd', '_whole_b
 #: the torch path), RMT, PPMLA (MLLA with the polyline mask) and VMINet
 MODELS = {
     'PPMA': (lambda impl: PPMA(ARCH, impl=impl, out_indices=(0, 1)), LINE | WHOLE_KERNELS),
-    'PPMA-paper': (lambda impl: PPMA(ARCH, attn_form='paper', impl=impl, out_indices=(0, 1)), LINE),
+    'PPMA-paper': (lambda impl: PPMA(ARCH, form='paper', impl=impl, out_indices=(0, 1)), LINE),
     **{f'PPMA-{mask}': (lambda impl, mask=mask: PPMA(ARCH, mask=mask, impl=impl, out_indices=(0, 1)), kernels)
        for mask, kernels in (('shared', LINE | WHOLE_KERNELS), ('v2h', LINE | WHOLE_KERNELS), ('none', LINE))},
     'RMT': (lambda impl: RMT(ARCH, impl=impl, out_indices=(0, 1)), LINE | WHOLE_KERNELS),
-    'PPMLA': (lambda impl: MLLA(MLLA_ARCH, attn='ppmla', impl=impl, out_indices=(0, 1)), SCAN),
+    'PPMLA': (lambda impl: MLLA(MLLA_ARCH, mask='polyline', impl=impl, out_indices=(0, 1)), SCAN),
     'VMINet': (lambda impl: VMINet(dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2]), img_size=32,
                                    out_indices=(0, 1)), set()),
 }
