@@ -1,18 +1,21 @@
-"""Shared test setup: thread count, RNG seeds, the release key lists in ``tests/fixtures`` (and state dicts
-made from them), the converter's ``main`` and a helper for running Python in a fresh subprocess."""
+"""Shared test setup: thread count, RNG seeds, the tiers, the release key lists in ``tests/fixtures`` (and state
+dicts made from them), tools/ scripts as modules, and running Python or a tool in a fresh process."""
 import atexit
+import functools
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+TOOLS = REPO_ROOT / 'tools'
 FIXTURES = Path(__file__).resolve().parent / 'fixtures'
 
 # torch.compile's caches in a folder of this run's own (inherited by the tools the tests start): a cache shared
@@ -26,8 +29,7 @@ if 'TORCHINDUCTOR_CACHE_DIR' not in os.environ:
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 
-# CI has 2 cores; on a big machine more threads only add overhead for the tiny tensors used here. Under
-# pytest-xdist (tools/run_tests.sh) the workers share the cores.
+# CI has 2 cores; more threads only add overhead for tiny tensors. Under pytest-xdist the workers share the cores.
 _WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', 1))
 torch.set_num_threads(int(os.environ.get('MMPPMA_TEST_THREADS',
                                          max(1, min(4, os.cpu_count() or 1) // _WORKERS))))
@@ -72,28 +74,33 @@ def _seed() -> None:
 def fixture_shapes(name: str) -> Dict[str, Tuple[int, ...]]:
     """Key -> shape of a release state dict, from ``tests/fixtures/official_<name>_keys.txt`` (one
     ``key (d0, d1, ...)`` per line, in state-dict order), e.g. ``fixture_shapes('ppma_T')``."""
-    path = FIXTURES / f'official_{name}_keys.txt'
     shapes = {}
-    for line in path.read_text().splitlines():
+    for line in (FIXTURES / f'official_{name}_keys.txt').read_text().splitlines():
         key, shape = line.split(' ', 1)
         shapes[key] = tuple(int(s) for s in shape.strip('()').split(',') if s.strip())
     return shapes
 
 
-def release_state(name: str, random: bool = False) -> Dict[str, torch.Tensor]:
-    """A release state dict with the keys and shapes of ``fixture_shapes(name)``: uninitialized tensors, or with
-    ``random`` normal ones (seed 0; running variances positive); ``num_batches_tracked`` 7."""
-    gen = torch.Generator().manual_seed(0)
-    state = {}
-    for key, shape in fixture_shapes(name).items():
+def random_tensors(shapes: Mapping[str, Tuple[int, ...]], scale: float = 1.0) -> Dict[str, torch.Tensor]:
+    """Tensors of ``shapes`` ~ N(0, scale^2) (seed 0); running variances U(0.5, 1.5), ``num_batches_tracked`` 7."""
+    gen, state = torch.Generator().manual_seed(0), {}
+    for key, shape in shapes.items():
         if key.endswith('num_batches_tracked'):
             state[key] = torch.tensor(7)
-        elif not random:
-            state[key] = torch.empty(shape)
+        elif key.endswith('running_var'):
+            state[key] = torch.rand(shape, generator=gen) + 0.5
         else:
-            t = torch.randn(shape, generator=gen)
-            state[key] = t.abs() + 0.1 if key.endswith('running_var') else t
+            state[key] = torch.randn(shape, generator=gen) * scale
     return state
+
+
+def release_state(name: str, random: bool = False) -> Dict[str, torch.Tensor]:
+    """A release state dict with the keys and shapes of ``fixture_shapes(name)``: uninitialized tensors, or with
+    ``random`` :func:`random_tensors`; ``num_batches_tracked`` 7."""
+    shapes = fixture_shapes(name)
+    if random:
+        return random_tensors(shapes)
+    return {k: torch.tensor(7) if k.endswith('num_batches_tracked') else torch.empty(s) for k, s in shapes.items()}
 
 
 @pytest.fixture(scope='session')
@@ -101,18 +108,19 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
-CONVERTERS = REPO_ROOT / 'tools' / 'model_converters'
+@functools.lru_cache(maxsize=None)
+def load_tool(path: str):
+    """``tools/<path>`` imported as a module (tools/ is not a package), e.g. ``load_tool('train.py')``."""
+    spec = importlib.util.spec_from_file_location(f'mmppma_tools_{Path(path).stem}', TOOLS / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture
 def converter_main():
-    """``main(argv)`` of tools/model_converters/release_to_mmppma.py, imported from its folder."""
-    sys.path.insert(0, str(CONVERTERS))
-    try:
-        from release_to_mmppma import main
-        yield main
-    finally:
-        sys.path.remove(str(CONVERTERS))
+    """``main(argv)`` of tools/model_converters/release_to_mmppma.py."""
+    return load_tool('model_converters/release_to_mmppma.py').main
 
 
 def subprocess_env(extra_pythonpath: Sequence[str] = (), **env: str) -> Dict[str, str]:
@@ -125,30 +133,23 @@ def subprocess_env(extra_pythonpath: Sequence[str] = (), **env: str) -> Dict[str
     return merged
 
 
+def run(args: Sequence, env: Mapping[str, str], check: bool = True, cwd: Optional[Path] = None,
+        timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python ARGS`` (the interpreter running the tests; ``bash`` for a .sh script) in a fresh process; with
+    ``check`` a non-zero exit fails the test, showing the tail of the output."""
+    args = [str(a) for a in args]
+    cmd = (['bash'] if args[0].endswith('.sh') else [sys.executable]) + args
+    proc = subprocess.run(cmd, cwd=str(cwd or REPO_ROOT), env=dict(env), capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(f'`{" ".join(cmd)}` exited with {proc.returncode}\n--- stdout (tail) ---\n{proc.stdout[-4000:]}'
+                    f'\n--- stderr (tail) ---\n{proc.stderr[-5000:]}')
+    return proc
+
+
 @pytest.fixture
 def run_python() -> Callable[..., subprocess.CompletedProcess]:
-    """Run ``python ARGS`` (the interpreter running the tests) in a fresh process.
-
-    Returns the CompletedProcess; with ``check=True`` (default) a non-zero exit fails the test and shows
-    the tail of the output.
-    """
-
-    def run(args: Sequence[str],
-            *,
-            check: bool = True,
-            cwd: Optional[Path] = None,
-            timeout: float = 300,
-            extra_pythonpath: Sequence[str] = (),
-            **env: str) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, *map(str, args)],
-                              cwd=str(cwd or REPO_ROOT),
-                              env=subprocess_env(extra_pythonpath, **env),
-                              capture_output=True,
-                              text=True,
-                              timeout=timeout)
-        if check and proc.returncode != 0:
-            pytest.fail(f'`python {" ".join(map(str, args))}` exited with {proc.returncode}\n'
-                        f'--- stdout (tail) ---\n{proc.stdout[-4000:]}\n--- stderr (tail) ---\n{proc.stderr[-4000:]}')
-        return proc
-
-    return run
+    """``run_python(args, check=True, cwd=None, timeout=300, extra_pythonpath=(), **env)``: :func:`run` in
+    :func:`subprocess_env`."""
+    return lambda args, check=True, cwd=None, timeout=300, extra_pythonpath=(), **env: run(
+        args, subprocess_env(extra_pythonpath, **env), check, cwd, timeout)

@@ -1,14 +1,10 @@
-"""Saving, resuming and loading mmengine checkpoints under torch >= 2.6 (``weights_only=True`` default).
-
-A tiny regression model trains for 2 epochs on CPU. A run that crashes after epoch 1 and is resumed must
-end with exactly the state of a run that was never interrupted, both in-process (mmengine ``Runner``) and
-through ``tools/train.py --resume``; ``tools/test.py`` must evaluate the saved checkpoint. The toy
-classes below are referenced from configs by their import path (mmengine resolves ``'module.Class'``),
-so the test-only classes never enter a registry.
-"""
+"""Saving, resuming and loading mmengine checkpoints under torch >= 2.6 (``weights_only=True`` default), and the
+launchers' options. A tiny regression model trains 2 epochs on CPU; a run that crashes after epoch 1 and is resumed
+(in process, and through ``tools/train.py --resume``) ends with exactly the state of an uninterrupted run. The toy
+classes are referenced from configs by their import path, so they never enter a registry."""
 import pickle
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -25,10 +21,9 @@ from torch.utils.data import Dataset
 import mmppma  # noqa: F401  (allowlists the checkpoint globals)
 from mmppma.utils.checkpoint import history_buffer_getattr
 
-# Directory that makes this module importable under its own __name__ in a subprocess.
-IMPORT_ROOT = Path(__file__).resolve().parents[len(__name__.split('.')) - 1]
-TORCH_DEFAULTS_TO_WEIGHTS_ONLY = tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2]) >= (2, 6)
+from .conftest import TOOLS, load_tool
 
+IMPORT_ROOT = Path(__file__).resolve().parents[len(__name__.split('.')) - 1]  # imports this module in a subprocess
 SAMPLES, BATCH, EPOCHS = 8, 2, 2
 ITERS_PER_EPOCH = SAMPLES // BATCH
 
@@ -40,25 +35,21 @@ class ToyRegressor(BaseModel):
         super().__init__()
         self.fc = nn.Linear(4, 1)
 
-    def forward(self, inputs: List[torch.Tensor], targets: List[torch.Tensor], mode: str = 'tensor'):
-        pred = self.fc(torch.stack(inputs)).squeeze(-1)
-        target = torch.stack(targets)
+    def forward(self, inputs, targets, mode: str = 'tensor'):
+        pred, target = self.fc(torch.stack(inputs)).squeeze(-1), torch.stack(targets)
         if mode == 'loss':
             return dict(loss=F.mse_loss(pred, target))
-        if mode == 'predict':
-            return [dict(pred=p, target=t) for p, t in zip(pred.detach(), target)]
-        return pred
+        return [dict(pred=p, target=t) for p, t in zip(pred.detach(), target)] if mode == 'predict' else pred
 
 
 class ToyDataset(Dataset):
     """Fixed random samples of a noisy linear function."""
-
-    metainfo: Dict = dict(name='toy')
+    metainfo = dict(name='toy')
 
     def __len__(self) -> int:
         return SAMPLES
 
-    def __getitem__(self, index: int) -> Dict[str, torch.Tensor]:
+    def __getitem__(self, index: int) -> dict:
         gen = torch.Generator().manual_seed(index)
         x = torch.randn(4, generator=gen)
         return dict(inputs=x, targets=x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1 * torch.randn((), generator=gen))
@@ -69,7 +60,7 @@ class ToyMSE(BaseMetric):
     def process(self, data_batch, data_samples) -> None:
         self.results.extend(float((s['pred'] - s['target'])**2) for s in data_samples)
 
-    def compute_metrics(self, results: list) -> Dict[str, float]:
+    def compute_metrics(self, results: list) -> dict:
         return dict(mse=sum(results) / len(results))
 
 
@@ -78,16 +69,12 @@ class SimulatedCrash(RuntimeError):
 
 
 class CrashAfterEpoch(Hook):
-    """Raises once the checkpoint of ``epoch`` is written, unless the run resumed at or after it.
-
-    Also records where the run started, which shows whether it resumed.
-    """
+    """Raises once the checkpoint of ``epoch`` is written, unless the run resumed at or after it; records where
+    the run started (whether it resumed)."""
     priority = 'LOWEST'  # after CheckpointHook (VERY_LOW) has saved the epoch
 
     def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.start_epoch: Optional[int] = None
-        self.start_iter: Optional[int] = None
+        self.epoch, self.start_epoch, self.start_iter = epoch, None, None
 
     def before_train(self, runner) -> None:
         self.start_epoch, self.start_iter = runner.epoch, runner.iter
@@ -99,32 +86,18 @@ class CrashAfterEpoch(Hook):
 
 def toy_config(work_dir: Path, crash_after: Optional[int], name: str) -> Config:
     here = __name__
-    return Config(
-        dict(
-            default_scope='mmengine',
-            experiment_name=name,
-            work_dir=str(work_dir),
-            model=dict(type=f'{here}.ToyRegressor'),
-            train_dataloader=dict(
-                dataset=dict(type=f'{here}.ToyDataset'),
-                sampler=dict(type='DefaultSampler', shuffle=True, seed=0),
-                batch_size=BATCH,
-                num_workers=0),
-            train_cfg=dict(by_epoch=True, max_epochs=EPOCHS),
-            optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.05, momentum=0.9)),
-            param_scheduler=dict(type='MultiStepLR', milestones=[1], by_epoch=True),
-            test_dataloader=dict(
-                dataset=dict(type=f'{here}.ToyDataset'),
-                sampler=dict(type='DefaultSampler', shuffle=False),
-                batch_size=BATCH,
-                num_workers=0),
-            test_cfg=dict(),
-            test_evaluator=dict(type=f'{here}.ToyMSE'),
-            default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1),
-                               logger=dict(type='LoggerHook', interval=1)),
-            custom_hooks=[] if crash_after is None else [dict(type=f'{here}.CrashAfterEpoch', epoch=crash_after)],
-            randomness=dict(seed=0),
-            log_level='INFO'))
+    loader = dict(dataset=dict(type=f'{here}.ToyDataset'), batch_size=BATCH, num_workers=0)
+    return Config(dict(
+        default_scope='mmengine', experiment_name=name, work_dir=str(work_dir), model=dict(type=f'{here}.ToyRegressor'),
+        train_dataloader=dict(loader, sampler=dict(type='DefaultSampler', shuffle=True, seed=0)),
+        train_cfg=dict(by_epoch=True, max_epochs=EPOCHS),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.05, momentum=0.9)),
+        param_scheduler=dict(type='MultiStepLR', milestones=[1], by_epoch=True),
+        test_dataloader=dict(loader, sampler=dict(type='DefaultSampler', shuffle=False)), test_cfg=dict(),
+        test_evaluator=dict(type=f'{here}.ToyMSE'), default_hooks=dict(
+            checkpoint=dict(type='CheckpointHook', interval=1), logger=dict(type='LoggerHook', interval=1)),
+        custom_hooks=[] if crash_after is None else [dict(type=f'{here}.CrashAfterEpoch', epoch=crash_after)],
+        randomness=dict(seed=0), log_level='INFO'))
 
 
 def run_training(work_dir: Path, name: str, crash_after: Optional[int] = None, resume_from: Optional[Path] = None):
@@ -138,7 +111,7 @@ def run_training(work_dir: Path, name: str, crash_after: Optional[int] = None, r
 
 
 @pytest.fixture(scope='module')
-def reference(tmp_path_factory) -> Dict[str, torch.Tensor]:
+def reference(tmp_path_factory) -> dict:
     """State dict after an uninterrupted 2-epoch run."""
     runner = run_training(tmp_path_factory.mktemp('reference'), 'ckpt_reference')
     assert runner.iter == EPOCHS * ITERS_PER_EPOCH
@@ -155,38 +128,35 @@ def interrupted_work_dir(tmp_path_factory) -> Path:
     return work_dir
 
 
+def assert_state_is(state: dict, reference: dict) -> None:
+    for key, value in state.items():
+        torch.testing.assert_close(value, reference[key], msg=f'{key} differs from the uninterrupted run')
+
+
 def test_runner_resume_continues_exactly(interrupted_work_dir, reference, tmp_path):
     runner = run_training(tmp_path, 'ckpt_resumed', crash_after=1, resume_from=interrupted_work_dir / 'epoch_1.pth')
     crash_hook = next(h for h in runner.hooks if isinstance(h, CrashAfterEpoch))
     assert (crash_hook.start_epoch, crash_hook.start_iter) == (1, ITERS_PER_EPOCH), 'did not resume'
     assert (runner.epoch, runner.iter) == (EPOCHS, EPOCHS * ITERS_PER_EPOCH)
-    # scheduler state came back too: milestone 1 divided the lr by 10
-    assert runner.optim_wrapper.get_lr()['lr'] == [pytest.approx(0.005)]
-    for key, value in runner.model.state_dict().items():
-        torch.testing.assert_close(value, reference[key], msg=f'{key} differs from the uninterrupted run')
+    assert runner.optim_wrapper.get_lr()['lr'] == [pytest.approx(0.005)]  # the scheduler's milestone 1 came back
+    assert_state_is(runner.model.state_dict(), reference)
 
 
-def test_default_torch_load_reads_mmengine_checkpoint(interrupted_work_dir):
-    checkpoint = torch.load(interrupted_work_dir / 'epoch_1.pth')  # torch's default weights_only
+def test_torch_load_reads_mmengine_checkpoint_only_with_mmppma(interrupted_work_dir, run_python):
+    """torch's default (weights_only) load reads the file once mmppma is imported; a process without mmppma is
+    refused (torch >= 2.6), which shows the allowlist is what makes the load work."""
+    checkpoint = torch.load(interrupted_work_dir / 'epoch_1.pth')
     assert checkpoint['meta']['epoch'] == 1 and checkpoint['meta']['iter'] == ITERS_PER_EPOCH
     loss = checkpoint['message_hub']['log_scalars']['train/loss']
-    assert isinstance(loss, HistoryBuffer)
-    assert len(loss.data[0]) == ITERS_PER_EPOCH
+    assert isinstance(loss, HistoryBuffer) and len(loss.data[0]) == ITERS_PER_EPOCH
     assert np.isfinite(loss.mean()) and loss.current() == pytest.approx(float(loss.data[0][-1]))
     assert torch.is_tensor(checkpoint['state_dict']['fc.weight'])
-
-
-@pytest.mark.skipif(not TORCH_DEFAULTS_TO_WEIGHTS_ONLY, reason='torch < 2.6 loads with weights_only=False')
-def test_without_mmppma_plain_torch_load_fails(interrupted_work_dir, run_python):
-    """Shows the allowlist is what makes the load work (torch refuses the file on its own)."""
-    code = ('import pickle, sys, torch\n'
-            'try:\n'
-            f'    torch.load({str(interrupted_work_dir / "epoch_1.pth")!r})\n'
-            'except pickle.UnpicklingError as err:\n'
-            '    print("REFUSED", err)\n'
-            'assert "mmppma" not in sys.modules\n')
-    proc = run_python(['-c', code])
-    assert 'REFUSED' in proc.stdout and 'HistoryBuffer' in proc.stdout
+    if tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2]) < (2, 6):
+        return  # torch < 2.6 loads with weights_only=False
+    code = (f'import pickle, sys, torch\ntry:\n    torch.load({str(interrupted_work_dir / "epoch_1.pth")!r})\n'
+            'except pickle.UnpicklingError as err:\n    print("REFUSED", err)\nassert "mmppma" not in sys.modules\n')
+    out = run_python(['-c', code]).stdout
+    assert 'REFUSED' in out and 'HistoryBuffer' in out
 
 
 class _GetattrPayload:
@@ -201,81 +171,57 @@ def test_weights_only_stays_restrictive(tmp_path):
     for target, name in [(HistoryBuffer, '__init__'), (HistoryBuffer, '_statistics_methods'), (np, 'save')]:
         with pytest.raises(pickle.UnpicklingError):
             history_buffer_getattr(target, name)
-
     path = tmp_path / 'payload.pth'
-    torch.save({'x': _GetattrPayload()}, path)
-    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
-        torch.load(path, weights_only=True)
-    torch.save({'x': np.array([object()], dtype=object)}, path)
-    with pytest.raises(pickle.UnpicklingError):
-        torch.load(path, weights_only=True)
+    for payload, message in ((_GetattrPayload(), 'HistoryBuffer'), (np.array([object()], dtype=object), '')):
+        torch.save({'x': payload}, path)
+        with pytest.raises(pickle.UnpicklingError, match=message):
+            torch.load(path, weights_only=True)
 
 
 @pytest.mark.slow
-def test_train_py_resume_and_test_py(tmp_path, reference, run_python, repo_root):
+def test_train_py_resume_and_test_py(tmp_path, reference, run_python):
     """tools/train.py crashes after epoch 1, ``--resume`` finishes; tools/test.py evaluates the result."""
-    config = tmp_path / 'toy_config.py'
-    work_dir = tmp_path / 'work'
+    config, work_dir = tmp_path / 'toy_config.py', tmp_path / 'work'
     toy_config(work_dir, crash_after=1, name='ckpt_cli').dump(str(config))
-    train = [repo_root / 'tools' / 'train.py', config, '--work-dir', work_dir]
-
+    train = [TOOLS / 'train.py', config, '--work-dir', work_dir]
     first = run_python(train, check=False, extra_pythonpath=[IMPORT_ROOT])
     assert first.returncode != 0 and 'SimulatedCrash' in first.stderr, first.stderr[-3000:]
     assert (work_dir / 'epoch_1.pth').is_file() and not (work_dir / 'epoch_2.pth').exists()
-
     second = run_python([*train, '--resume'], extra_pythonpath=[IMPORT_ROOT])
     assert f'resumed epoch: 1, iter: {ITERS_PER_EPOCH}' in second.stdout + second.stderr
     checkpoint = torch.load(work_dir / 'epoch_2.pth')
     assert (checkpoint['meta']['epoch'], checkpoint['meta']['iter']) == (EPOCHS, EPOCHS * ITERS_PER_EPOCH)
-    for key, value in checkpoint['state_dict'].items():
-        torch.testing.assert_close(value, reference[key], msg=f'{key} differs from the uninterrupted run')
+    assert_state_is(checkpoint['state_dict'], reference)
 
     out = tmp_path / 'predictions.pkl'
-    run_python([repo_root / 'tools' / 'test.py', config, work_dir / 'epoch_2.pth', '--work-dir', tmp_path / 'test',
-                '--out', out], extra_pythonpath=[IMPORT_ROOT])
-    with open(out, 'rb') as f:
-        predictions = pickle.load(f)
+    run_python([TOOLS / 'test.py', config, work_dir / 'epoch_2.pth', '--work-dir', tmp_path / 'test', '--out', out],
+               extra_pythonpath=[IMPORT_ROOT])
+    predictions = pickle.loads(out.read_bytes())
     model = ToyRegressor()
     model.load_state_dict(reference)
     samples = [ToyDataset()[i] for i in range(SAMPLES)]
     expected = model([s['inputs'] for s in samples], [s['targets'] for s in samples], mode='tensor')
-    assert len(predictions) == SAMPLES
     torch.testing.assert_close(torch.stack([p['pred'] for p in predictions]), expected.detach())
 
 
 @pytest.mark.slow
-def test_train_py_cpu_distributed_uses_gloo(tmp_path, run_python, repo_root):
+def test_train_py_cpu_distributed_uses_gloo(tmp_path, run_python):
     """torchrun with 2 CPU processes: gloo instead of nccl, DDP without device_ids, data split in two."""
-    config = tmp_path / 'toy_config.py'
-    work_dir = tmp_path / 'work'
+    config, work_dir = tmp_path / 'toy_config.py', tmp_path / 'work'
     toy_config(work_dir, crash_after=None, name='ckpt_ddp').dump(str(config))
-    proc = run_python([
-        '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', repo_root / 'tools' / 'train.py', config,
-        '--work-dir', work_dir, '--launcher', 'pytorch'
-    ],
-                      extra_pythonpath=[IMPORT_ROOT],
+    proc = run_python(['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', TOOLS / 'train.py', config,
+                       '--work-dir', work_dir, '--launcher', 'pytorch'], extra_pythonpath=[IMPORT_ROOT],
                       CUDA_VISIBLE_DEVICES='')
     assert 'using the gloo dist backend' in proc.stdout + proc.stderr
-    checkpoint = torch.load(work_dir / f'epoch_{EPOCHS}.pth')
     # each of the 2 ranks sees half of the samples per epoch
-    assert checkpoint['meta']['iter'] == EPOCHS * ITERS_PER_EPOCH // 2
-
-
-def load_tool(name: str):
-    """Import ``tools/<name>.py`` as a module (tools/ is not a package)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f'mmppma_tools_{name}', IMPORT_ROOT / 'tools' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    assert torch.load(work_dir / f'epoch_{EPOCHS}.pth')['meta']['iter'] == EPOCHS * ITERS_PER_EPOCH // 2
 
 
 def test_train_py_options(tmp_path):
-    train = load_tool('train')
+    train = load_tool('train.py')
     assert train.parse_args(['c.py', '--resume']).resume == 'auto'
     assert train.parse_args(['c.py', '--resume', 'x.pth', '--local-rank', '1']).resume == 'x.pth'
     assert train.parse_args(['c.py']).resume is None
-
     cfg = Config(dict(optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1))))
     train.apply_resume(cfg, 'auto')
     assert cfg.resume is True and cfg.load_from is None
@@ -289,23 +235,19 @@ def test_train_py_options(tmp_path):
             train.apply_amp(cfg)
 
 
-def test_test_py_amp_runs_the_test_loop_under_bfloat16_on_cpu():
-    test = load_tool('test')
+def test_test_py_options():
+    """``--amp`` runs the test loop under bfloat16 autocast on CPU; ``--out`` adds DumpResults (a .pkl)."""
+    from mmengine.runner.amp import autocast
+    test = load_tool('test.py')
     assert test.parse_args(['c.py', 'w.pth', '--amp']).amp and not test.parse_args(['c.py', 'w.pth']).amp
     cfg = Config(dict(test_cfg=dict()))
     test.apply_test_amp(cfg)
     assert cfg.test_cfg == dict(fp16=True)
-    # mmengine's TestLoop(fp16=True) runs each test step under ``autocast(enabled=True)``
-    from mmengine.runner.amp import autocast
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available():  # mmengine's TestLoop(fp16=True) runs each step under autocast(enabled=True)
         with autocast(enabled=cfg.test_cfg['fp16']):
             assert torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.bfloat16
     with pytest.raises(SystemExit, match='test_cfg.type'):
         test.apply_test_amp(Config(dict(test_cfg=dict(type='MyLoop'))))
-
-
-def test_test_py_out_adds_dump_results():
-    test = load_tool('test')
     cfg = Config(dict(test_evaluator=dict(type='ToyMSE')))
     test.add_dump_results(cfg, 'preds.pkl')
     assert [m['type'] for m in cfg.test_evaluator] == ['ToyMSE', 'DumpResults']
@@ -313,20 +255,16 @@ def test_test_py_out_adds_dump_results():
         test.add_dump_results(cfg, 'preds.json')
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU fallback only applies without CUDA')
-def test_cpu_distributed_fallback_rules():
-    from mmppma.utils import setup_cpu_distributed
-    cfg = Config(dict(launcher='none'))
-    setup_cpu_distributed(cfg)
-    assert 'env_cfg' not in cfg  # single process: untouched
-    cfg = Config(dict(launcher='slurm', env_cfg=dict(dist_cfg=dict(backend='nccl'))))
-    with pytest.raises(RuntimeError, match='torchrun'):
+def test_cpu_distributed_fallback_and_unknown_scope():
+    from mmppma.utils import register_scope_modules, setup_cpu_distributed
+    if not torch.cuda.is_available():  # the CPU fallback only applies without CUDA
+        cfg = Config(dict(launcher='none'))
         setup_cpu_distributed(cfg)
-    assert cfg.env_cfg.dist_cfg.backend == 'gloo'
-
-
-def test_unknown_default_scope_names_the_fix():
-    from mmppma.utils import register_scope_modules
+        assert 'env_cfg' not in cfg  # single process: untouched
+        cfg = Config(dict(launcher='slurm', env_cfg=dict(dist_cfg=dict(backend='nccl'))))
+        with pytest.raises(RuntimeError, match='torchrun'):
+            setup_cpu_distributed(cfg)
+        assert cfg.env_cfg.dist_cfg.backend == 'gloo'
     register_scope_modules('mmengine')  # nothing beyond mmppma
     with pytest.raises(ImportError, match="default_scope='no_such_library'.*pip install no_such_library"):
         register_scope_modules('no_such_library')

@@ -1,14 +1,14 @@
-"""The release checkpoint converter (``release_to_mmppma`` and tools/model_converters/release_to_mmppma.py with
-its per-family aliases) for PPMA, RMT, MLLA and VMINet, against the releases' key+shape lists (tests/fixtures),
-their public parameter counts and, for VMINet, a forward of the release written here from its ``vminet.py``."""
+"""The release checkpoint converter (``release_to_mmppma``, tools/model_converters/release_to_mmppma.py) for PPMA,
+RMT, MLLA and VMINet, against the releases' key+shape lists (tests/fixtures), their public parameter counts and,
+for VMINet, a forward of the release written here from its ``vminet.py``; the PPMA release's whole Mask R-CNN
+(mmdet 2.x) and UPerNet (mmseg 0.x) checkpoints, written here from the release configs and mmdet 2 / mmseg 0.x's
+module names, into mmdet 3 / mmseg 1 models (``--model-config``)."""
 import argparse
 import functools
 import importlib
 import math
 import re
-import runpy
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,7 @@ from mmppma.models.utils.checkpoint_convert import (
     release_to_mmppma,
 )
 
-from .conftest import CONVERTERS, REPO_ROOT, fixture_shapes, release_state
+from .conftest import REPO_ROOT, fixture_shapes, random_tensors, release_state
 
 # (family, release size) -> (config arch, parameters of the release classifier with its 1000-class head)
 SIZES = {
@@ -55,8 +55,8 @@ CARRIED = {
 CARRIED['RMT'] = dict(CARRIED['PPMA'], **{'layers.1.Relpos.decay': 'backbone.layers.1.Relpos.decay'})
 # yws-wxs/VMINet vminet.py revisions -> the name of the blocks' depthwise ConvBN, the VMINet options reproducing
 # it: 6b11d4a has a BatchNorm after g (proj_norm) and no mask; 7c2632c no BatchNorm and the lower-triangular mask
-REVISIONS = {'6b11d4a': ('dwconv', dict(context_mask='none', proj_norm=True)),
-             '7c2632c': ('conv', dict(context_mask='tril', proj_norm=False))}
+REVISIONS = {'6b11d4a': ('dwconv', dict(mask='none', proj_norm=True)),
+             '7c2632c': ('conv', dict(mask='tril', proj_norm=False))}
 
 
 def shapes_of(state: dict) -> dict:
@@ -161,7 +161,7 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
     assert convert('only.pth', '--backbone-only') == 0
     assert set(torch.load(tmp_path / 'only.pth')['state_dict']) == backbone_keys(config)
     if family == 'VMINet':
-        assert "backbone needs context_mask='none', proj_norm=True" in capsys.readouterr().out
+        assert "backbone needs mask='none', proj_norm=True" in capsys.readouterr().out
     pretrained = dict(type='Pretrained', checkpoint=str(tmp_path / 'only.pth'), prefix='backbone.')
     model = build(config, device='cpu', init_cfg=pretrained)
     model.backbone.init_weights()
@@ -173,7 +173,7 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
     assert torch.equal(model.head.fc.weight, state['head.weight'])
     if family == 'VMINet':  # the release's blocks need the revision's options
         default = VMINet('ti', out_indices=(3, ), out_norm='BN', init_cfg=pretrained)
-        with pytest.raises(ValueError, match=r"release revision 6b11d4a, whose blocks need context_mask='none'"):
+        with pytest.raises(ValueError, match=r"release revision 6b11d4a, whose blocks need mask='none'"):
             default.init_weights()
 
     del state[needed]
@@ -184,28 +184,18 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
 
 
 @pytest.mark.parametrize('family', ['PPMA', 'MLLA', 'VMINet'])
-def test_alias_scripts_are_the_cli_and_read_no_config(family, tmp_path, converter_main, monkeypatch, capsys):
-    """``<family>_official_to_mmppma.py`` is the CLI with --family set. No config file is read unless one is
-    given (the check works from an installed package; the default config is only named), and a 10-class head
-    is converted with a note."""
+def test_cli_reads_no_config_and_notes_other_class_counts(family, tmp_path, converter_main, monkeypatch, capsys):
+    """No config file is read unless one is given (works from an installed package; the default is only named)."""
     monkeypatch.setattr(Config, 'fromfile', lambda *args, **kwargs: pytest.fail('a config file was read'))
-    size, arch = SMALLEST[family]
+    (size, arch), dst = SMALLEST[family], tmp_path / 'new.pth'
     state = family_state(family, size)
     state.update({'head.weight': torch.zeros(10, state['head.weight'].shape[1]), 'head.bias': torch.zeros(10)})
     torch.save({'model': state}, tmp_path / 'release.pth')
-    assert converter_main(['--family', family.lower(), str(tmp_path / 'release.pth'), str(tmp_path / 'new.pth')]) == 0
-    new_out = capsys.readouterr().out.replace('new.pth', 'X')
-    script = CONVERTERS / f'{family.lower()}_official_to_mmppma.py'
-    monkeypatch.setattr(sys, 'argv', [str(script), str(tmp_path / 'release.pth'), str(tmp_path / 'old.pth')])
-    with pytest.raises(SystemExit) as exit_:
-        runpy.run_path(str(script), run_name='__main__')
-    assert exit_.value.code == 0 and capsys.readouterr().out.replace('old.pth', 'X') == new_out
-    assert 'note: 10 classes: set model.head.num_classes=10' in new_out
-    new, old = torch.load(tmp_path / 'new.pth'), torch.load(tmp_path / 'old.pth')
-    assert new['meta'] == old['meta'] and new['meta']['family'] == family
-    assert Path(new['meta']['config']).resolve() == REPO_ROOT / named_config(family, arch)
-    assert new['state_dict'].keys() == old['state_dict'].keys()
-    assert len(new['state_dict']) == len(state) - new['meta']['dropped']
+    assert converter_main(['--family', family.lower(), str(tmp_path / 'release.pth'), str(dst)]) == 0
+    assert 'note: 10 classes: set model.head.num_classes=10' in capsys.readouterr().out
+    meta = torch.load(dst)['meta']
+    assert meta['family'] == family and Path(meta['config']).resolve() == REPO_ROOT / named_config(family, arch)
+    assert len(torch.load(dst)['state_dict']) == len(state) - meta['dropped']
 
 
 # family -> (an unexpected key, a missing key, (a key, a wrong shape, the message))
@@ -318,18 +308,6 @@ def test_state_containers():
         extract_state_dict({'optimizer': {}, 'epoch': 1})
 
 
-def test_deprecated_function_names_warn_and_match():
-    state = family_state('PPMA', 'T')
-    with pytest.warns(DeprecationWarning, match=r"release_to_mmppma\(state, 'PPMA'\)"):
-        old, old_info = cc.official_to_mmppma(state)
-    new, info = release_to_mmppma(state, 'PPMA')
-    assert old.keys() == new.keys() and old_info == info
-    with pytest.warns(DeprecationWarning, match=r"mmppma_to_release\(state, 'PPMA'\)"):
-        assert cc.mmppma_to_official(new).keys() == mmppma_to_release(new, 'PPMA').keys() == state.keys()
-    with pytest.warns(DeprecationWarning, match='extract_state_dict'):
-        assert cc.extract_release_state({'state_dict_ema': state}) == extract_state_dict({'state_dict_ema': state})
-
-
 def test_mlla_rope_tables_are_the_release_buffers_and_our_rope():
     """The regenerated release buffer follows the release formula and is the RoPE our MLLA computes, so dropping
     it loses nothing."""
@@ -384,7 +362,7 @@ def release_logits(state: dict, revision: str, x: torch.Tensor, tril: bool = Non
     s_c = sum over tokens n of w_n y[c, n] (``sum``; the mask keeps tokens n >= c); z = relu6(stack_0 s +
     stack_1 y); out = x + g(z) (with a BatchNorm in 6b11d4a); BatchNorm, global average pool, Linear."""
     depthwise, g_bn = REVISIONS[revision][0], REVISIONS[revision][1]['proj_norm']
-    tril = REVISIONS[revision][1]['context_mask'] == 'tril' if tril is None else tril
+    tril = REVISIONS[revision][1]['mask'] == 'tril' if tril is None else tril
     st = {k: v.to(x.dtype) if v.is_floating_point() else v for k, v in state.items()}
 
     def conv(key, x, stride=1, groups=1):
@@ -429,7 +407,7 @@ def test_vminet_revision_is_recognized_renamed_and_recorded(size, revision):
     assert info['release'] == converted._metadata['backbone']['mmppma_vminet_release'] == \
         dict(revision=revision, **REVISIONS[revision][1])
     backbone = Config.fromfile(str(REPO_ROOT / config)).model.backbone
-    assert dict(arch=backbone.arch, context_mask=backbone.context_mask, proj_norm=backbone.proj_norm) == \
+    assert dict(arch=backbone.arch, mask=backbone.mask, proj_norm=backbone.proj_norm) == \
         dict(arch=arch, **REVISIONS[revision][1])
     assert shapes_of(converted) == config_shapes(config)
     depthwise = REVISIONS[revision][0]
@@ -441,10 +419,10 @@ def test_vminet_revision_is_recognized_renamed_and_recorded(size, revision):
 
 # revision -> (a config with other options, the error)
 WRONG_CONFIGS = {
-    '6b11d4a': [('vminet_ti_8xb128_in1k.py', r"need context_mask='none'; this backbone has context_mask='tril'"),
-                ('vminet_ti_release-7c2632c_in1k.py', r"need context_mask='none', proj_norm=True")],
+    '6b11d4a': [('vminet_ti_8xb128_in1k.py', r"need mask='none'; this backbone has mask='tril'"),
+                ('vminet_ti_release-7c2632c_in1k.py', r"need mask='none', proj_norm=True")],
     '7c2632c': [('vminet_ti_8xb128_in1k.py', r'need proj_norm=False; this backbone has proj_norm=True'),
-                ('vminet_ti_release-6b11d4a_in1k.py', r"need context_mask='tril', proj_norm=False")],
+                ('vminet_ti_release-6b11d4a_in1k.py', r"need mask='tril', proj_norm=False")],
 }
 
 
@@ -470,7 +448,7 @@ def test_converted_vminet_release_gives_release_logits(size, revision, tmp_path,
     assert ref.abs().max() > 1 and ref.std() > 0.1  # logits far from degenerate
     assert rel_max_error(logits, ref) < 1e-4
     if size == 'Ti':  # the other revision's mask is far outside the tolerance
-        other_mask = REVISIONS[revision][1]['context_mask'] != 'tril'
+        other_mask = REVISIONS[revision][1]['mask'] != 'tril'
         assert rel_max_error(release_logits(state, revision, x, tril=other_mask), ref) > 1e-3
         for wrong, message in WRONG_CONFIGS[revision]:
             with pytest.raises(ValueError, match=message + r'.*release-' + revision):
@@ -490,11 +468,11 @@ def test_vminet_options_the_weights_contradict_are_errors():
         VMINet('ti', out_indices=(3, ), out_norm='BN', proj_norm=False).load_state_dict(plain_backbone('6b11d4a'),
                                                                                           strict=False)
     raw = {k: v for k, v in vminet_state('Ti', '7c2632c').items() if k.startswith(('stem.', 'stages.'))}
-    with pytest.raises(ValueError, match='unconverted VMINet release state dict.*vminet_official_to_mmppma'):
+    with pytest.raises(ValueError, match='unconverted VMINet release state dict.*release_to_mmppma.py --family VMINet'):
         VMINet('ti', out_indices=(3, ), out_norm=None, proj_norm=False).load_state_dict(raw)
     state = vminet_state('Ti', '6b11d4a')
-    with pytest.raises(CheckpointMismatchError, match=r"model.backbone has context_mask='tril'; the release revision "
-                       r"6b11d4a needs context_mask='none'"):
+    with pytest.raises(CheckpointMismatchError, match=r"model.backbone has mask='tril'; the release revision "
+                       r"6b11d4a needs mask='none'"):
         release_to_mmppma(state, 'VMINet', config=REPO_ROOT / 'configs' / 'vminet_ti_8xb128_in1k.py')
     mixed = {k: v for k, v in state.items() if '.g.bn.' not in k}  # dwconv without g.bn
     with pytest.raises(CheckpointMismatchError, match="neither release revision's layout"):
@@ -509,11 +487,11 @@ def test_readme_finetune_walkthrough(tmp_path, run_python):
     section = text[text.index('### Fine-tune from release weights'):]
     argv = shlex.split(re.search(r'```bash\n(.*?)```', section, re.S).group(1).replace('\\\n', ' '))
     config_text = re.search(r'```python\n(.*?)```', section, re.S).group(1)
-    assert argv[:2] == ['.venv/bin/python', 'tools/model_converters/ppma_official_to_mmppma.py'], argv
+    assert argv[:4] == ['.venv/bin/python', 'tools/model_converters/release_to_mmppma.py', '--family', 'PPMA'], argv
     state, release, path = release_state('ppma_T', random=True), tmp_path / 'release.pth', tmp_path / 'backbone.pth'
     torch.save({'model': state}, release)
-    run_python([argv[1], *(str(release) if a == 'ppma_t_release.pth' else str(path) if a.endswith('backbone.pth')
-                           else a for a in argv[2:])])
+    run_python([*argv[1:4], *(str(release) if a == 'ppma_t_release.pth' else str(path) if a.endswith('backbone.pth')
+                           else a for a in argv[4:])])
     written = torch.load(path)['state_dict']
     assert written and all(k.startswith('backbone.') for k in written)  # --backbone-only
     assert "checkpoint='checkpoints/ppma_t_backbone.pth'" in config_text
@@ -531,17 +509,122 @@ def test_readme_finetune_walkthrough(tmp_path, run_python):
         assert [k for k in state if not k.startswith(HEAD) and not torch.equal(got[k], state[k])] == []
 
 
-def test_init_model_loads_converted_release_checkpoint(tmp_path, converter_main):
-    """Release-layout state (from the fixture key list) -> converter -> mmpretrain init_model, strict."""
-    from mmpretrain.apis import init_model
-    state = release_state('ppma_T', random=True)
-    torch.save({'model': state}, tmp_path / 'official.pth')
-    converter_main(['--family', 'PPMA', str(tmp_path / 'official.pth'), str(tmp_path / 'mmppma.pth')])
-    model = init_model(str(REPO_ROOT / 'configs' / 'ppma_t_8xb128_in1k.py'), str(tmp_path / 'mmppma.pth'))
-    result = model.load_state_dict(torch.load(tmp_path / 'mmppma.pth')['state_dict'], strict=True)
-    assert not result.missing_keys and not result.unexpected_keys
-    torch.testing.assert_close(model.head.fc.weight, state['head.weight'])
-    torch.testing.assert_close(model.backbone.layers[2].blocks[7].retention.path_embed.A_log,
-                               state['layers.2.blocks.7.retention.path_embed.A_log'])
-    with torch.no_grad():
-        assert model.eval()(torch.randn(1, 3, 48, 40), mode='tensor').shape == (1, 1000)
+# ---------------------------------------------------------------- whole release detectors and segmentors
+DIMS = (64, 128, 256, 512)  # PPMA-T
+COCO_CLASSES = 80
+ADE_CLASSES = 150
+
+
+def backbone_shapes() -> dict:
+    """The release's dense PPMA-T backbone: its classification keys without the head, and LayerNorm outnorm{i}."""
+    shapes = {f'backbone.{k}': v for k, v in fixture_shapes('ppma_T').items()
+              if not k.startswith(('proj.', 'norm.', 'head.'))}
+    for i, dim in enumerate(DIMS):
+        shapes.update({f'backbone.outnorm{i}.weight': (dim, ), f'backbone.outnorm{i}.bias': (dim, )})
+    return shapes
+
+
+def conv(name: str, out: int, inp: int, k: int, bias: bool = True) -> dict:
+    return {f'{name}.weight': (out, inp, k, k), **({f'{name}.bias': (out, )} if bias else {})}
+
+
+def conv_module(name: str, out: int, inp: int, k: int, bn: bool) -> dict:
+    """mmcv's ConvModule: ``conv`` (no bias under a norm) and ``bn`` with its statistics."""
+    shapes = conv(f'{name}.conv', out, inp, k, bias=not bn)
+    if bn:
+        shapes.update({f'{name}.bn.{p}': (out, ) for p in ('weight', 'bias', 'running_mean', 'running_var')})
+        shapes[f'{name}.bn.num_batches_tracked'] = ()
+    return shapes
+
+
+def mask_rcnn_head_shapes() -> dict:
+    """mmdet 2.x mask_rcnn_r50_fpn: FPN(256, 5 outs), RPNHead (3 anchors), Shared2FCBBoxHead, FCNMaskHead."""
+    shapes = {}
+    for i, dim in enumerate(DIMS):
+        shapes.update(conv_module(f'neck.lateral_convs.{i}', 256, dim, 1, bn=False))
+        shapes.update(conv_module(f'neck.fpn_convs.{i}', 256, 256, 3, bn=False))
+    shapes.update(conv('rpn_head.rpn_conv', 256, 256, 3))
+    shapes.update(conv('rpn_head.rpn_cls', 3, 256, 1))
+    shapes.update(conv('rpn_head.rpn_reg', 12, 256, 1))
+    bbox = 'roi_head.bbox_head'
+    shapes.update({f'{bbox}.fc_cls.weight': (COCO_CLASSES + 1, 1024), f'{bbox}.fc_cls.bias': (COCO_CLASSES + 1, ),
+                   f'{bbox}.fc_reg.weight': (4 * COCO_CLASSES, 1024), f'{bbox}.fc_reg.bias': (4 * COCO_CLASSES, ),
+                   f'{bbox}.shared_fcs.0.weight': (1024, 256 * 7 * 7), f'{bbox}.shared_fcs.0.bias': (1024, ),
+                   f'{bbox}.shared_fcs.1.weight': (1024, 1024), f'{bbox}.shared_fcs.1.bias': (1024, )})
+    for i in range(4):
+        shapes.update(conv_module(f'roi_head.mask_head.convs.{i}', 256, 256, 3, bn=False))
+    shapes.update({'roi_head.mask_head.upsample.weight': (256, 256, 2, 2), 'roi_head.mask_head.upsample.bias': (256, )})
+    shapes.update(conv('roi_head.mask_head.conv_logits', COCO_CLASSES, 256, 1))
+    return shapes
+
+
+def upernet_head_shapes() -> dict:
+    """mmseg 0.x upernet_r50: UPerHead (channels 512, pool scales 1, 2, 3, 6; SyncBN) and FCNHead on stage 2
+    (channels 256, one conv), 150 classes."""
+    head, channels = 'decode_head', 512
+    shapes = conv(f'{head}.conv_seg', ADE_CLASSES, channels, 1)
+    for j in range(4):
+        shapes.update(conv_module(f'{head}.psp_modules.{j}.1', channels, DIMS[-1], 1, bn=True))
+    shapes.update(conv_module(f'{head}.bottleneck', channels, DIMS[-1] + 4 * channels, 3, bn=True))
+    for i, dim in enumerate(DIMS[:-1]):
+        shapes.update(conv_module(f'{head}.lateral_convs.{i}', channels, dim, 1, bn=True))
+        shapes.update(conv_module(f'{head}.fpn_convs.{i}', channels, channels, 3, bn=True))
+    shapes.update(conv_module(f'{head}.fpn_bottleneck', channels, 4 * channels, 3, bn=True))
+    shapes.update(conv_module('auxiliary_head.convs.0', 256, DIMS[2], 3, bn=True))
+    shapes.update(conv('auxiliary_head.conv_seg', ADE_CLASSES, 256, 1))
+    return shapes
+
+
+TASKS = {
+    'det': dict(library='mmdet.models', config='configs/mask_rcnn_ppma_t_1x_coco.py', heads=mask_rcnn_head_shapes,
+                meta=dict(CLASSES=tuple(f'class{i}' for i in range(COCO_CLASSES)), mmdet_version='2.28.2')),
+    'seg': dict(library='mmseg.models', config='configs/upernet_ppma_t_512x512_160k_ade20k.py',
+                heads=upernet_head_shapes,
+                meta=dict(CLASSES=tuple(f'class{i}' for i in range(ADE_CLASSES)),
+                          PALETTE=[[i, i, i] for i in range(ADE_CLASSES)], mmseg_version='0.30.0')),
+}
+
+
+def release_checkpoint(task: str) -> dict:
+    state = random_tensors({**backbone_shapes(), **TASKS[task]['heads']()}, scale=0.05)
+    return dict(meta=dict(TASKS[task]['meta']), state_dict=state, optimizer={})
+
+
+@pytest.fixture(params=list(TASKS))
+def task(request) -> str:
+    pytest.importorskip(TASKS[request.param]['library'])
+    return request.param
+
+
+def test_whole_release_model_converts_and_loads_strictly(task, tmp_path, converter_main):
+    """The command line: every key of the release file in the config's model, loaded with strict checking into
+    the model built by mmdet 3 / mmseg 1, each tensor the release's."""
+    from mmppma.models.utils.whole_model_convert import build_config_model
+    release = release_checkpoint(task)
+    src, dst = tmp_path / 'release.pth', tmp_path / 'converted.pth'
+    torch.save(release, src)
+    config = str(REPO_ROOT / TASKS[task]['config'])
+    assert converter_main(['--family', 'PPMA', str(src), str(dst), '--model-config', config]) == 0
+    converted = torch.load(dst, map_location='cpu', weights_only=True)
+    model = build_config_model(config, device='cpu')
+    model.load_state_dict(converted['state_dict'], strict=True)
+    got = model.state_dict()
+    assert set(got) == set(release['state_dict'])
+    for key, value in release['state_dict'].items():
+        assert torch.equal(got[key], value), key
+    assert converted['meta']['dataset_meta']['classes'] == list(TASKS[task]['meta']['CLASSES'])
+
+
+def test_whole_release_model_names_wrong_keys(task):
+    from mmppma.models.utils.whole_model_convert import convert_whole_release
+    edit, release = {'det': 'missing', 'seg': 'unexpected'}[task], release_checkpoint(task)
+    state = release['state_dict']
+    key = sorted(k for k in state if not k.startswith('backbone.'))[0]
+    if edit == 'missing':
+        del state[key]
+    else:
+        key = key.rsplit('.', 1)[0] + '.extra'
+        state[key] = torch.zeros(1)
+    config = REPO_ROOT / TASKS[task]['config']
+    with pytest.raises(CheckpointMismatchError, match=f'1 {edit} keys .*{key.replace(".", "[.]")}'):
+        convert_whole_release(release, 'PPMA', config)

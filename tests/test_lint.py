@@ -11,9 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _ruff() -> list:
     exe = Path(sys.executable).parent / 'ruff'
-    if exe.exists():
-        return [str(exe)]
-    found = shutil.which('ruff')
+    found = str(exe) if exe.exists() else shutil.which('ruff')
     if found is None:
         pytest.fail('ruff is not installed: it is pinned in requirements.txt [tests]; run bash tools/setup_env.sh')
     return [found]

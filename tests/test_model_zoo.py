@@ -1,16 +1,13 @@
 """Release checkpoints loaded where a user points at them (a backbone's ``init_cfg``, a whole model's
-``load_state_dict`` / mmpretrain's ``init_model``), and mmppma's model index read by mmpretrain (``list_models``,
-``get_model``, the Inferencer), with release weights served by a local HTTP server.
-
-The release checkpoints are random tensors with the key sets and shapes of the releases' own state dicts
-(``tests/fixtures/official_*_keys.txt``), independent of mmppma's modules. The reference is the explicit
-route: ``release_to_mmppma`` then an mmppma-layout checkpoint.
-"""
+``load_state_dict``, ``init_model``) and mmppma's model index in mmpretrain (``list_models``, ``get_model``, the
+Inferencer; weights served by a local HTTP server). The release checkpoints are random tensors with the releases'
+keys and shapes (tests/fixtures); the reference is the explicit route, ``release_to_mmppma`` then mmppma's layout."""
 import functools
 import http.server
+import math
 import threading
 from pathlib import Path
-from typing import Dict, Mapping, Tuple
+from typing import Dict
 
 import pytest
 import torch
@@ -22,7 +19,7 @@ from mmppma.models.backbones.vminet import RELEASE_REVISIONS
 from mmppma.models.utils import CheckpointMismatchError, release_loading, release_to_mmppma
 from mmppma.utils import model_zoo
 
-from .conftest import fixture_shapes
+from .conftest import fixture_shapes, random_tensors
 from .models.conftest import SMALL_ARCH
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,32 +33,18 @@ PPMA_T = 'mmppma_ppma-t_3rdparty_in1k'
 PPMA_T_CONFIG = REPO / 'configs' / 'ppma_t_8xb128_in1k.py'
 
 
-def random_tensors(shapes: Mapping[str, Tuple[int, ...]]) -> Dict[str, torch.Tensor]:
-    """Random tensors of the given shapes (seed 0): BatchNorm variances positive, counters integers."""
-    generator = torch.Generator().manual_seed(0)
-    state = {}
-    for key, shape in shapes.items():
-        if key.endswith('num_batches_tracked'):
-            state[key] = torch.tensor(7)
-        elif key.endswith('running_var'):
-            state[key] = torch.rand(shape, generator=generator) + 0.5
-        else:
-            state[key] = torch.randn(shape, generator=generator) * 0.05
-    return state
-
-
 @functools.lru_cache(maxsize=None)
 def _release_state(name: str) -> Dict[str, torch.Tensor]:
-    return random_tensors(fixture_shapes(name))
+    return random_tensors(fixture_shapes(name), scale=0.05)
 
 
 def release_state(family: str) -> dict:
-    """A classification release state dict of the family's smallest arch, random tensors (seed 0)."""
+    """A classification release state dict of the family's smallest arch (a copy)."""
     return dict(_release_state(KEY_LISTS[family]))
 
 
 def save_release(path: Path, state: dict) -> str:
-    """A release checkpoint file: the state under ``model`` beside training state, as the releases save it."""
+    """A release file: the state under ``model`` beside training state, as the releases save it."""
     torch.save({'model': state, 'epoch': 299, 'max_accuracy': 0.0}, path)
     return str(path)
 
@@ -120,18 +103,10 @@ def test_init_cfg_loads_an_mmppma_checkpoint_as_before(tmp_path):
 
 
 # ---------------------------------------------------------------- a whole model's load_state_dict
-class Classifier(nn.Module):
-    """The release classifier's module tree as mmpretrain's ImageClassifier holds it (backbone, head)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.backbone = PPMA('tiny', out_indices=(3, ), out_norm=False)
-        self.head = PPMAClsHead(1000, 512, 1024, loss=nn.Identity())
-
-
 def test_whole_model_load_converts_and_checks():
-    state = release_state('PPMA')
-    model = Classifier()
+    """The release classifier's module tree as mmpretrain's ImageClassifier holds it (backbone, head)."""
+    state, model = release_state('PPMA'), nn.ModuleDict(dict(backbone=PPMA('tiny', out_indices=(3, ), out_norm=False),
+                                                              head=PPMAClsHead(1000, 512, 1024, loss=nn.Identity())))
     model.load_state_dict(state)  # strict: every key consumed, none missing
     converted, _ = release_to_mmppma(state, 'PPMA')
     for key, value in model.state_dict().items():
@@ -142,9 +117,7 @@ def test_whole_model_load_converts_and_checks():
 
 
 def test_classification_release_into_a_larger_model_says_where_it_goes():
-    model = nn.Module()
-    model.backbone = PPMA(SMALL_ARCH, out_indices=(3, ), out_norm=False)  # refused before any shape is compared
-    model.neck = nn.Linear(2, 2)
+    model = nn.ModuleDict(dict(backbone=PPMA(SMALL_ARCH, out_indices=(3, ), out_norm=False), neck=nn.Linear(2, 2)))
     with pytest.raises(CheckpointMismatchError, match=r"\['neck'\].*init_cfg"):
         model.load_state_dict(release_state('PPMA'))
 
@@ -179,15 +152,13 @@ def reference_logits(tmp_path_factory):
     converted, _ = release_to_mmppma(release_state('PPMA'), 'PPMA')
     path = tmp_path_factory.mktemp('explicit') / 'ppma_t_converted.pth'
     torch.save({'state_dict': converted}, path)
-    model = init_model(str(PPMA_T_CONFIG), str(path))
     images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        return images, model(images, mode='tensor')
+    return images, logits(init_model(str(PPMA_T_CONFIG), str(path)), images)
 
 
+@torch.no_grad()
 def logits(model, images: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(images, mode='tensor')
+    return model(images, mode='tensor')
 
 
 def test_init_model_converts_a_release_checkpoint(served, reference_logits):
@@ -212,7 +183,7 @@ def test_init_model_converts_baseline_release_checkpoints(family, config, tmp_pa
     release = save_release(tmp_path / 'release.pth', state)
     torch.testing.assert_close(logits(init_model(str(REPO / config), release), images), want, rtol=0, atol=0)
     if family == 'VMINet':
-        with pytest.raises(ValueError, match="context_mask='none'.*proj_norm=True|proj_norm=True.*context_mask"):
+        with pytest.raises(ValueError, match="mask='none'.*proj_norm=True|proj_norm=True.*mask"):
             init_model(str(REPO / 'configs/vminet_ti_release-7c2632c_in1k.py'), release)
 
 
@@ -290,11 +261,8 @@ def test_index_lists_every_family_with_existing_configs():
     from mmpretrain import list_models
     from mmpretrain.apis import ModelHub
     names = list_models('*ppma*')
-    for family in ('ppma', 'rmt', 'mlla', 'vminet'):
-        assert any(n.startswith(f'mmppma_{family}-') for n in names), family
-    for name in names:
-        config = ModelHub._models_dict[name].config
-        assert Path(config).is_file(), (name, config)
+    assert {f'mmppma_{f}' for f in ('ppma', 'rmt', 'mlla', 'vminet')} <= {n.split('-')[0] for n in names}
+    assert [n for n in names if not Path(ModelHub._models_dict[n].config).is_file()] == []
 
 
 @pytest.mark.parametrize('first', ['mmppma', pytest.param('mmpretrain', marks=pytest.mark.heavy)])
@@ -318,11 +286,11 @@ def test_ppma_weights_are_the_release_files_in_direct_download_form():
         assert model['Weights'] == page.replace('/blob/main/', '/resolve/main/', 1)
 
 
-@pytest.mark.parametrize('arch, key_list', [('t', 'ppma_T'), ('s', 'ppma_S'), ('b', 'ppma_B')])
-def test_ppma_parameter_counts_match_the_release_key_lists(arch, key_list):
+def test_ppma_parameter_counts_match_the_release_key_lists():
     """The index's parameter counts (tools/get_flops.py) against the release state dicts' non-buffer totals."""
     buffers = ('running_mean', 'running_var', 'num_batches_tracked', 'Relpos.angle')
-    total = sum(int(torch.tensor(shape).prod()) for key, shape in fixture_shapes(key_list).items()
-                if not key.endswith(buffers))
-    entry = next(m for m in metafile('ppma')['Models'] if m['Name'] == f'mmppma_ppma-{arch}_3rdparty_in1k')
-    assert entry['Metadata']['Parameters'] == total
+    entries = {m['Name']: m['Metadata']['Parameters'] for m in metafile('ppma')['Models']}
+    for size in 'TSB':
+        total = sum(math.prod(shape) for key, shape in fixture_shapes(f'ppma_{size}').items()
+                    if not key.endswith(buffers))
+        assert entries[f'mmppma_ppma-{size.lower()}_3rdparty_in1k'] == total, size

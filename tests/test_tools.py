@@ -4,17 +4,16 @@ arguments. Training, testing, conversion, kernels and the model benchmark have t
 import os
 import re
 import subprocess
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-TOOLS = REPO / 'tools'
+import torch
+
+from mmppma.models import PPMA
+
+from .conftest import TOOLS
 
 
 def test_demo_builds_ppma_and_steps(run_python):
     out = run_python([TOOLS / 'demo.py', '--arch', 'tiny', '--batch', '1', '--size', '48', '--iters', '1']).stdout
-    import torch
-
-    from mmppma.models import PPMA
     with torch.device('meta'):
         params = sum(p.numel() for p in PPMA('tiny').parameters())
     assert f'{params:,} parameters' in out and 'out[3]: (1, 512, 2, 2)' in out, out  # 48 / 32, rounded up

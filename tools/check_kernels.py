@@ -73,9 +73,8 @@ QUICK_MODELS = ('ppma_t', 'mlla_t')
 QUICK_DTYPES = ('fp32', 'tf32', 'fp16')  # bf16 compiles like fp16 but for the operand conversions
 STRIDES = (4, 8, 16, 32)
 # Grid check: every input is also recorded at this batch (the same specializations as at the configs' batch), so
-# that every row sees grids as large as the largest batches make them; CUDA's grid limits per axis
+# that every row sees grids as large as the largest batches make them (against lp.GRID_LIMITS)
 GRID_BATCH = 1024
-GRID_LIMITS = (2**31 - 1, 65535, 65535)
 # TTGIR ops of asynchronous global -> shared copies, what the software pipeliner makes of the loads of a loop it
 # pipelines: cp.async (sm_80 and later) and TMA (sm_90)
 ASYNC_COPY = r'\b(?:ttg\.async_copy_global_to_local|ttng\.async_tma_copy_global_to_local)\b'
@@ -126,7 +125,7 @@ def tf32(on: bool):
 
 def grid_problems(grid: Tuple[int, ...]) -> List[str]:
     """The axes of a launch grid over CUDA's limits."""
-    return [f'grid axis {axis} = {size} > {limit}' for axis, (size, limit) in enumerate(zip(grid, GRID_LIMITS))
+    return [f'grid axis {axis} = {size} > {limit}' for axis, (size, limit) in enumerate(zip(grid, lp.GRID_LIMITS))
             if size > limit]
 
 

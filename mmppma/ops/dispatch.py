@@ -6,11 +6,17 @@
 * ``'torch'`` - PyTorch: masks assembled from segment-sum tables, never an N x N mask for the scans and
   criss-cross attention; whole attention's size-chosen branches are named by
   :func:`mmppma.ops.whole_attention_branch`;
-* ``'triton'`` - fused GPU kernels (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``);
+* ``'triton'`` - fused GPU kernels (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``; ``meta`` tensors
+  describe the launches without running them);
 * ``'auto'`` - triton for CUDA tensors when a kernel exists and triton imports, torch otherwise.
 
 The environment variable ``MMPPMA_IMPL`` (one of the above) overrides ``'auto'`` everywhere, for A/B
 runs without touching configs.
+
+The environment variable ``MMPPMA_SIMULATE_CUDA`` (a compute capability: 80, 86, 89 or 90) simulates a GPU: CPU
+tensors take the CUDA code path of that capability (``resolve_impl``, the preflight and its fallback, the launch
+table) and the kernels run on Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported). It is
+read whenever an op decides; :func:`on_gpu` and :func:`device_capability` are the one place that asks.
 
 While a model is exported (:func:`exporting`: inside :func:`export_mode`, or while ``torch.export`` traces, as
 ``torch.onnx.export(..., dynamo=True)`` does) every op and layer runs plain PyTorch that an exporter can
@@ -20,28 +26,39 @@ in-place inference shortcut or Python loop over blocks of the input).
 """
 import contextlib
 import os
-from typing import Dict, Iterable, Iterator, Tuple
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
 
+from .forms import CRISS_CROSS_FORMS, MASK_FORMS, WHOLE_FORMS
+
 IMPLS = ('auto', 'torch', 'triton', 'reference')
 ENV_VAR = 'MMPPMA_IMPL'
+SIMULATE_VAR = 'MMPPMA_SIMULATE_CUDA'
+#: the compute capabilities (major * 10 + minor) the launch tables are sized for, and that can be simulated
+CAPABILITIES = (80, 86, 89, 90)
 
 _ALL = ('reference', 'torch', 'triton')
+_NO_KERNEL = ('reference', 'torch')
 # a plain global, not a ContextVar: dynamo reads (and guards on) a global, but cannot trace ContextVar.get
 _EXPORT_MODE = False
-#: The implementations of every public op that takes ``impl``. The matvecs and the linear / decomposed
-#: attention run their 1D scans on the Triton scan kernel.
+#: The implementations of every public op that takes ``impl``, per ``form`` (None: the op takes no form): the
+#: one table :func:`resolve_impl` reads. The matvecs and the linear / decomposed attention run their 1D scans
+#: on the Triton scan kernel; whole attention's paper form (probabilities times the mask after the softmax) has
+#: no kernel.
+IMPLEMENTATIONS_BY_FORM: Dict[Tuple[str, Optional[str]], Tuple[str, ...]] = {
+    **{('ppma_attention', form): _NO_KERNEL if form == 'paper' else _ALL for form in WHOLE_FORMS},
+    **{('criss_cross_attention', form): _ALL for form in CRISS_CROSS_FORMS},
+    **{(op, form): _ALL for op in ('ppma_decomposed_attention', 'ppma_linear_attention', 'polyline_mask_matvec')
+       for form in MASK_FORMS},
+    **{(op, None): _ALL for op in ('manhattan_attention', 'rmt_criss_cross_attention', 'decay_scan_1d',
+                                   'polyline_mask_matvec_3d')},
+}
+#: Derived from :data:`IMPLEMENTATIONS_BY_FORM`: the implementations each op has for at least one form.
 IMPLEMENTATIONS: Dict[str, Tuple[str, ...]] = {
-    'ppma_attention': _ALL,
-    'criss_cross_attention': _ALL,
-    'manhattan_attention': _ALL,
-    'rmt_criss_cross_attention': _ALL,
-    'ppma_decomposed_attention': _ALL,
-    'ppma_linear_attention': _ALL,
-    'decay_scan_1d': _ALL,
-    'polyline_mask_matvec': _ALL,
-    'polyline_mask_matvec_3d': _ALL,
+    op: tuple(impl for impl in _ALL if any(impl in impls for (name, _), impls in IMPLEMENTATIONS_BY_FORM.items()
+                                           if name == op))
+    for op, _ in IMPLEMENTATIONS_BY_FORM
 }
 
 
@@ -75,11 +92,55 @@ def triton_interpreted() -> bool:
     return os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
 
 
-def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
-    """Return the concrete implementation ('torch' | 'triton' | 'reference') of ``op`` (a key of
-    :data:`IMPLEMENTATIONS`) for ``impl`` and the device of ``tensors``."""
+def simulated_capability() -> int:
+    """The capability ``MMPPMA_SIMULATE_CUDA`` simulates on CPU tensors; 0 when it is unset."""
+    value = os.environ.get(SIMULATE_VAR, '').strip()
+    if not value:
+        return 0
+    if value not in map(str, CAPABILITIES):
+        raise ValueError(f'{SIMULATE_VAR}={value!r} is not a simulated capability; set it to one of '
+                         f'{", ".join(map(str, CAPABILITIES))} or unset it')
+    if not triton_interpreted():
+        raise RuntimeError(f'{SIMULATE_VAR}={value} runs the kernels on Triton\'s interpreter: set TRITON_INTERPRET=1 '
+                           f'before triton is imported, or unset {SIMULATE_VAR}')
+    return int(value)
+
+
+def on_gpu(t: torch.Tensor) -> bool:
+    """Whether ``t`` is on a CUDA device, or a CPU tensor on the simulated one (``MMPPMA_SIMULATE_CUDA``)."""
+    return t.is_cuda or (t.device.type == 'cpu' and simulated_capability() != 0)
+
+
+def device_capability(device: torch.device) -> int:
+    """Compute capability (major * 10 + minor) of a CUDA device, the simulated one for the CPU under
+    ``MMPPMA_SIMULATE_CUDA``; 0 otherwise (the interpreter's own launch configuration)."""
+    if device.type == 'cuda':
+        major, minor = torch.cuda.get_device_capability(device)
+        return major * 10 + minor
+    return simulated_capability() if device.type == 'cpu' else 0
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, for messages."""
+    if device.type == 'cuda':
+        return torch.cuda.get_device_name(device)
+    cap = device_capability(device)
+    return f'simulated sm_{cap} ({device})' if cap else str(device)
+
+
+def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], form: Optional[str] = None) -> str:
+    """Return the concrete implementation ('torch' | 'triton' | 'reference') of ``op`` in ``form`` (a key of
+    :data:`IMPLEMENTATIONS_BY_FORM`; ``form=None`` for an op that takes forms: what any of its forms has) for
+    ``impl`` and the device of ``tensors``."""
     if op not in IMPLEMENTATIONS:
         raise KeyError(f'{op!r} is not an op with implementations; the ops are {", ".join(IMPLEMENTATIONS)}')
+    if form is None:
+        impls = IMPLEMENTATIONS[op]
+    elif (op, form) in IMPLEMENTATIONS_BY_FORM:
+        impls = IMPLEMENTATIONS_BY_FORM[op, form]
+    else:
+        raise ValueError(f'{op}: form={form!r} is not one of its forms '
+                         f'{", ".join(repr(f) for name, f in IMPLEMENTATIONS_BY_FORM if name == op)}')
     if impl not in IMPLS:
         raise ValueError(f'impl={impl!r} is not supported; choose one of {", ".join(map(repr, IMPLS))}')
     if impl == 'auto':
@@ -92,19 +153,19 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor]) -> str:
     if exporting() and impl in ('auto', 'triton'):
         return 'torch'
     tensors = list(tensors)
-    on_cuda = any(t.is_cuda for t in tensors)
-    has_kernel = 'triton' in IMPLEMENTATIONS[op]
+    on_cuda = any(on_gpu(t) for t in tensors)
+    has_kernel = 'triton' in impls
     if impl == 'auto':
         return 'triton' if (on_cuda and has_kernel and triton_available()) else 'torch'
     if impl == 'triton':
         if not has_kernel:
             raise NotImplementedError(
-                f"{op}: no Triton kernel exists for this op yet; use impl='torch' (fast PyTorch) or "
-                f"impl='reference' (dense), or impl='auto'")
+                f"{op}: no Triton kernel exists for {f'form={form!r}' if form else 'this op'}; use impl='torch' "
+                f"(fast PyTorch) or impl='reference' (dense), or impl='auto'")
         if not triton_available():
             raise RuntimeError(f"{op}: impl='triton' needs the triton package (pip install triton); "
                                f"use impl='torch' or impl='auto' instead")
-        if not on_cuda and not triton_interpreted():
+        if not on_cuda and not triton_interpreted() and not all(t.device.type == 'meta' for t in tensors):
             raise RuntimeError(f"{op}: impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before "
                                f"triton is imported, for CPU debugging); use impl='torch' or impl='auto' "
                                f"on this device")

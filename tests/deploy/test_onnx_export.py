@@ -12,20 +12,10 @@ from mmppma.models import MLLA, PPMA, RMT, VMINet
 from mmppma.models.layers.conv import conv2d_op
 from mmppma.ops import export_mode, exporting, resolve_impl
 
-from ..conftest import REPO_ROOT
+from ..conftest import REPO_ROOT, load_tool
 
 pytest.importorskip('onnxruntime', reason='the deploy extra: pip install -e .[deploy]')
-
-
-def _load_tool():
-    path = REPO_ROOT / 'tools' / 'deployment' / 'pytorch2onnx.py'
-    spec = importlib.util.spec_from_file_location('pytorch2onnx', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
+tool = load_tool('deployment/pytorch2onnx.py')
 
 # two stages: a criss-cross one and a whole-attention one
 PPMA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[1, 2], mlp_ratios=[2, 2],
@@ -34,44 +24,26 @@ MLLA_ARCH = dict(embed_dims=[16], depths=[1], num_heads=[1])
 VMINET_ARCH = dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2], stem_channels=8)
 
 
-def _export_and_compare(backbone, tmp_path, shape=(1, 3, 32, 32)):
-    torch.manual_seed(0)
-    module, kind = deploy.export_module(backbone.eval())
+BACKBONES = {  # VMINet traced at another size than its token-weight tables are trained at: the resize runs too
+    'PPMA': lambda: PPMA(PPMA_ARCH, out_indices=(0, 1)), 'RMT': lambda: RMT(PPMA_ARCH, out_indices=(0, 1)),
+    'MLLA': lambda: MLLA(MLLA_ARCH, mask='none', out_indices=(0, )),
+    'PPMLA': lambda: MLLA(MLLA_ARCH, mask='polyline', out_indices=(0, )),
+    'VMINet': lambda: VMINet(VMINET_ARCH, img_size=64, out_indices=(0, 1)),
+    **{f'PPMA-{mask}': lambda mask=mask: PPMA(PPMA_ARCH, mask=mask, out_indices=(0, 1))
+       for mask in ('v2h', 'shared', 'none')},
+    'PPMA-paper': lambda: PPMA(PPMA_ARCH, form='paper', out_indices=(0, 1)),
+}
+
+
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.heavy if '-' in n else ()) for n in BACKBONES])
+def test_backbone_export_matches_eager(name, tmp_path):
+    module, kind = deploy.export_module(BACKBONES[name]().eval())
     assert kind == 'backbone'
-    x = torch.randn(*shape)
+    x = torch.randn(1, 3, 32, 32)
     path = str(tmp_path / 'model.onnx')
     deploy.export_onnx(module, x, path, optimize=False)  # the optimizer is onnxscript's, and slow: the tool runs it
     [(_, diff)] = deploy.compare_onnx(path, module, [x])
     assert diff <= deploy.TOLERANCE
-
-
-def test_ppma(tmp_path):
-    _export_and_compare(PPMA(PPMA_ARCH, out_indices=(0, 1)), tmp_path)
-
-
-@pytest.mark.heavy
-@pytest.mark.parametrize('mask', ['v2h', 'shared', 'none'])
-def test_ppma_masks(mask, tmp_path):
-    _export_and_compare(PPMA(PPMA_ARCH, mask=mask, out_indices=(0, 1)), tmp_path)
-
-
-@pytest.mark.heavy
-def test_ppma_paper_form(tmp_path):
-    _export_and_compare(PPMA(PPMA_ARCH, attn_form='paper', out_indices=(0, 1)), tmp_path)
-
-
-def test_rmt(tmp_path):
-    _export_and_compare(RMT(PPMA_ARCH, out_indices=(0, 1)), tmp_path)
-
-
-@pytest.mark.parametrize('attn', ['mlla', 'ppmla'])
-def test_mlla(attn, tmp_path):
-    _export_and_compare(MLLA(MLLA_ARCH, attn=attn, out_indices=(0, )), tmp_path)
-
-
-def test_vminet(tmp_path):
-    # traced at another size than the one its token-weight tables are trained at: the resize runs too
-    _export_and_compare(VMINet(VMINET_ARCH, img_size=64, out_indices=(0, 1)), tmp_path)
 
 
 def test_export_mode_takes_the_torch_path():

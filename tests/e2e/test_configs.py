@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 from mmengine.config import Config, DictAction
-from mmengine.registry import DefaultScope
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import MODELS, DefaultScope
 
 from mmppma.models import MLLA, PPMA, VMINet
+from mmppma.utils import register_scope_modules
 
 from .conftest import CONFIGS, TINY_DET
 
@@ -17,13 +19,16 @@ ALL_CONFIGS = sorted(p for p in CONFIGS.rglob('*.py') if '_base_' not in p.parts
 IN1K = sorted(CONFIGS.glob('*_8xb128_in1k.py'))
 DENSE = sorted(p for pattern in ('mask_rcnn_*_coco.py', 'upernet_*_ade20k.py') for p in CONFIGS.glob(pattern))
 ZOO = {'ppma': PPMA, 'rmt': PPMA, 'mlla': MLLA, 'ppmla': MLLA, 'vminet': VMINet}
-LONG = {'t': 'tiny', 's': 'small', 'b': 'base'}
+SIZES = {'t': ('tiny', 0), 's': ('small', 1), 'b': ('base', 2)}  # size -> (arch, index); VMINet's: itself
 
 
 def family_size(path: Path):
     """('ppma', 't') from configs/mask_rcnn_ppma_t_1x_coco.py, upernet_..., ppma_t_8xb128_in1k.py."""
-    m = re.search(r'(?:^|_)(ppma|rmt|mlla|ppmla|vminet)_(ti|xs|t|s|b)_', path.name)
-    return m.group(1), m.group(2)
+    return re.search(r'(?:^|_)(ppma|rmt|mlla|ppmla|vminet)_(ti|xs|t|s|b)_', path.name).groups()
+
+
+def arch_and_index(family: str, size: str):
+    return (size, ('ti', 'xs', 's', 'b').index(size)) if family == 'vminet' else SIZES[size]
 
 
 def in1k_facts(cfg: Config) -> dict:
@@ -63,30 +68,21 @@ IN1K_DROP_PATH = {'ppma': (0.1, 0.15, 0.4), 'rmt': (0.1, 0.15, 0.4), 'mlla': (0.
                   'vminet': (0.0, 0.0, 0.0, 0.0)}
 
 
-def arch_of(family: str, size: str) -> str:
-    return size if family == 'vminet' else LONG[size]
-
-
-def size_index(family: str, size: str) -> int:
-    return (('ti', 'xs', 's', 'b') if family == 'vminet' else ('t', 's', 'b')).index(size)
-
-
 @pytest.mark.parametrize('path', IN1K, ids=lambda p: p.name)
 def test_in1k_recipe(path):
     family, size = family_size(path)
-    cfg = Config.fromfile(str(path))
+    (arch, index), cfg = arch_and_index(family, size), Config.fromfile(str(path))
     bb = cfg.model.backbone
     assert bb.type == f'mmppma.{"RMT" if family == "rmt" else ZOO[family].__name__}'
-    assert bb.arch == arch_of(family, size) and bb.get('attn', 'mlla' if family == 'mlla' else None) == (
-        family if family in ('mlla', 'ppmla') else None)
-    assert bb.drop_path_rate == IN1K_DROP_PATH[family][size_index(family, size)]
-    assert cfg.model.head.in_channels == ZOO[family].arch_zoo[arch_of(family, size)]['embed_dims'][-1]
+    assert bb.arch == arch and bb.get('mask') == ('polyline' if family == 'ppmla' else None)
+    assert bb.drop_path_rate == IN1K_DROP_PATH[family][index]
+    assert cfg.model.head.in_channels == ZOO[family].arch_zoo[arch]['embed_dims'][-1]
     assert in1k_facts(cfg) == IN1K_RECIPES[family]
 
 
 def test_ppmla_in1k_config_is_mlla_t_with_ppmla():
     ppmla, mlla = (Config.fromfile(str(CONFIGS / f'{f}_t_8xb128_in1k.py')) for f in ('ppmla', 'mlla'))
-    assert ppmla.model.backbone.pop('attn') == 'ppmla'
+    assert ppmla.model.backbone.pop('mask') == 'polyline'
     assert ppmla.model.to_dict() == mlla.model.to_dict()
 
 
@@ -140,20 +136,17 @@ def test_dense_recipe_and_per_arch_settings(path):
     """The family's recipe; type / arch / drop path from the file name; neck or head input channels = the arch's
     stage channels; ImageNet weights from the top-level ``pretrained`` through the backbone's init_cfg, which
     the documented ``--cfg-options model.backbone.init_cfg=None`` removes (training from scratch)."""
-    family, size = family_size(path)
-    det = path.name.startswith('mask_rcnn')
-    cfg = Config.fromfile(str(path))
+    (family, size), det, cfg = family_size(path), path.name.startswith('mask_rcnn'), Config.fromfile(str(path))
     schedule = ('3x' if '_3x_' in path.name else '1x') if det else 'seg'
     assert dense_facts(cfg, det) == DENSE_RECIPES[RECIPE_OF[family], schedule]
-    bb, arch = cfg.model.backbone, arch_of(family, size)
+    bb, (arch, index) = cfg.model.backbone, arch_and_index(family, size)
     dims = ZOO[family].arch_zoo[arch]['embed_dims']
     assert bb.type.startswith('mmppma.') and bb.arch == arch and tuple(bb.out_indices) == (0, 1, 2, 3)
-    assert bb.get('attn', 'mlla') == (family if family in ('mlla', 'ppmla') else 'mlla')
+    assert bb.get('mask') == ('polyline' if family == 'ppmla' else None)
     if family == 'vminet':
         assert bb.out_norm == 'LN' and bb.norm_eval
     else:
-        drop = (DENSE_DROP_PATH if det else SEG_DROP_PATH)[family][size_index(family, size)]
-        assert bb.drop_path_rate == drop
+        assert bb.drop_path_rate == (DENSE_DROP_PATH if det else SEG_DROP_PATH)[family][index]
     if det:
         assert cfg.model.neck.in_channels == dims
     else:
@@ -171,7 +164,6 @@ def test_every_family_has_its_configs():
 
 
 def scope_ready(scope: str) -> None:
-    from mmppma.utils import register_scope_modules
     try:
         register_scope_modules(scope)
     except ImportError as e:
@@ -183,7 +175,6 @@ def test_config_loads_and_builds(path):
     cfg = Config.fromfile(str(path))
     scope = cfg.default_scope
     scope_ready(scope)
-    from mmengine.registry import MODELS
     with DefaultScope.overwrite_default_scope(scope), torch.device('meta'):  # the structure, not the values
         model = MODELS.build(cfg.model)
     backbone = model.backbone
@@ -201,8 +192,6 @@ def test_config_loads_and_builds(path):
 def test_weight_decay_exclusions_in_the_built_optimizer(path, checks, tiny_env):
     """The recipe's paramwise_cfg on the real model: no decay on norms, biases (VMINet), ``stack``, A_log and
     dt_bias; decay on Linear / conv weights."""
-    from mmengine.optim import build_optim_wrapper
-    from mmengine.registry import MODELS
     cfg = Config.fromfile(str(path))
     scope_ready(cfg.default_scope)
     with DefaultScope.overwrite_default_scope(cfg.default_scope):

@@ -2,62 +2,48 @@
 with one message (no traceback) that names the missing path, the expected layout, docs/datasets.md and the
 --cfg-options override. Also the path collection itself, through dataset wrappers."""
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from mmengine.config import Config
 
 from mmppma.utils import missing_data
 
-from .conftest import CONFIGS, TOOLS
+from .conftest import CONFIGS, TOOLS, run
 
-
-def run_launcher(args, cwd: Path) -> subprocess.CompletedProcess:
-    """A launcher run from ``cwd`` (a directory without data/), as a user would start it."""
-    proc = subprocess.run([sys.executable, *map(str, args)], cwd=str(cwd), capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, PYTHONWARNINGS='ignore'))
-    assert proc.returncode != 0, proc.stdout[-2000:]
-    assert 'Traceback' not in proc.stderr, proc.stderr[-4000:]
-    return proc
-
-
-def assert_message(stderr: str, paths, layout: str, override: str) -> None:
-    assert stderr.startswith('mmppma: the data this config reads is not there:'), stderr
-    for path in paths:
-        assert f"'{path}' does not exist" in stderr, stderr
-    assert layout in stderr and 'docs/datasets.md' in stderr and f'--cfg-options {override}' in stderr, stderr
+# case -> (launcher, config, its --cfg-options, the missing paths, the layout named, the override named)
+CASES = {
+    'train-without-coco': ('train.py', 'mask_rcnn_ppma_b_1x_coco.py', [], ['data/coco/'], 'COCO 2017 layout',
+                           'train_dataloader.dataset.data_root=/path/to/data val_dataloader.dataset.data_root='),
+    'test-without-ade20k': ('test.py', 'upernet_ppma_t_512x512_160k_ade20k.py', [], ['data/ade/ADEChallengeData2016'],
+                            'ADE20K (ADEChallengeData2016) layout', 'test_dataloader.dataset.data_root=/path/to/data'),
+    # the data root exists but the annotation file the config names does not; no validation loop, no val data
+    'train-without-annotation-file': ('train.py', 'ppma_t_8xb128_in1k.py', [
+        'train_dataloader.dataset.data_root={root}', 'train_dataloader.dataset.ann_file=meta/train.txt',
+        'val_cfg=None'], ['{root}/meta/train.txt'], 'ImageNet-1K layout',
+        'train_dataloader.dataset.data_root=/path/to/data'),
+}
 
 
 @pytest.mark.slow
-def test_train_without_coco(tmp_path):
-    proc = run_launcher([TOOLS / 'train.py', CONFIGS / 'mask_rcnn_ppma_b_1x_coco.py'], tmp_path)
-    assert_message(proc.stderr, ['data/coco/'], 'COCO 2017 layout',
-                   'train_dataloader.dataset.data_root=/path/to/data val_dataloader.dataset.data_root=')
-    assert 'data/coco/annotations/instances_train2017.json' in proc.stderr  # the expected layout
-    assert not (tmp_path / 'work_dirs').exists()  # stopped before the runner made its work dir
-
-
-@pytest.mark.slow
-def test_test_without_ade20k(tmp_path):
-    proc = run_launcher([TOOLS / 'test.py', CONFIGS / 'upernet_ppma_t_512x512_160k_ade20k.py', 'nowhere.pth'],
-                        tmp_path)
-    assert_message(proc.stderr, ['data/ade/ADEChallengeData2016'], 'ADE20K (ADEChallengeData2016) layout',
-                   'test_dataloader.dataset.data_root=/path/to/data')
-
-
-@pytest.mark.slow
-def test_train_with_a_missing_annotation_file(tmp_path):
-    """The data root exists but the annotation file the config names does not (ImageNet with meta/train.txt)."""
+@pytest.mark.parametrize('case', CASES)
+def test_launcher_names_the_missing_data(case, tmp_path):
+    """Run from a directory without data/, as a user would start it."""
+    tool, config, options, paths, layout, override = CASES[case]
     root = tmp_path / 'imagenet'
     (root / 'train').mkdir(parents=True)
-    overrides = [f'train_dataloader.dataset.data_root={root}', 'train_dataloader.dataset.ann_file=meta/train.txt',
-                 'val_cfg=None']
-    proc = run_launcher([TOOLS / 'train.py', CONFIGS / 'ppma_t_8xb128_in1k.py', '--cfg-options', *overrides], tmp_path)
-    assert_message(proc.stderr, [f'{root}/meta/train.txt'], 'ImageNet-1K layout',
-                   'train_dataloader.dataset.data_root=/path/to/data')
-    assert 'val_dataloader' not in proc.stderr  # no validation loop, so its data is not needed
+    args = [TOOLS / tool, CONFIGS / config, *(['nowhere.pth'] if tool == 'test.py' else [])]
+    args += ['--cfg-options', *(o.format(root=root) for o in options)] if options else []
+    proc = run(args, dict(os.environ, PYTHONWARNINGS='ignore'), check=False, cwd=tmp_path)
+    assert proc.returncode != 0 and 'Traceback' not in proc.stderr, proc.stderr[-4000:]
+    assert proc.stderr.startswith('mmppma: the data this config reads is not there:'), proc.stderr
+    for path in paths:
+        assert f"'{path.format(root=root)}' does not exist" in proc.stderr, proc.stderr
+    assert layout in proc.stderr and 'docs/datasets.md' in proc.stderr and f'--cfg-options {override}' in proc.stderr
+    if case == 'train-without-coco':
+        assert 'data/coco/annotations/instances_train2017.json' in proc.stderr  # the expected layout
+        assert not (tmp_path / 'work_dirs').exists()  # stopped before the runner made its work dir
+    if case == 'train-without-annotation-file':
+        assert 'val_dataloader' not in proc.stderr
 
 
 def test_missing_data_looks_through_wrappers(tmp_path):

@@ -1,13 +1,7 @@
-"""The README's pip route in a fresh venv: `pip install mmcv-lite==2.1.0 -e .[cls]` on top of torch and a
-setuptools >= 81 (what `pip install torch` leaves: torch asks for setuptools>=77.0.3, pip takes the newest),
-then every classification config loads (mmengine's `mmpretrain::` base lookup imports pkg_resources) and
-PPMA-T's classifier builds and runs.
-
-torch, torchvision and their dependencies (several GB with the CUDA libraries) are not downloaded again: the
-fresh venv sees the test interpreter's installed distributions of exactly those, through a .pth file of
-symlinks (setuptools, pip and wheel excluded). Everything else comes from pip as the README says, so this
-needs the package index (as tools/setup_env.sh does); mmcv-lite is pure Python, nothing is compiled.
-"""
+"""The README's pip route in a fresh venv (full tier): `pip install mmcv-lite==2.1.0 -e .[cls]` on top of torch and
+setuptools >= 81 (what `pip install torch` leaves), then every classification config loads (mmengine's
+`mmpretrain::` lookup imports pkg_resources) and PPMA-T's classifier runs. torch, torchvision and their
+dependencies are this interpreter's, through a .pth file of symlinks; the rest comes from the package index."""
 import os
 import re
 import shutil
@@ -55,8 +49,7 @@ def link_installed(names: Iterable[str], dest: Path) -> List[str]:
 
 
 def copy_tracked(dest: Path) -> Path:
-    """The repository's tracked files (what a clone has) in ``dest``: the editable install writes its
-    egg-info there, not into this checkout."""
+    """The tracked files (what a clone has) in ``dest``, where the editable install writes its egg-info."""
     names = subprocess.run(['git', 'ls-files', '-z'], cwd=REPO, capture_output=True, check=True).stdout
     for name in filter(None, names.decode().split('\0')):
         target = dest / name

@@ -1,7 +1,6 @@
-"""Full tier (``--all``): mmengine's ``compile=True`` through tools/train.py on inductor: the tiny Mask R-CNN and
-UPerNet configs train two and three iterations with a compiled ``train_step`` (forward, backward and the optimizer
-step). The backbone has one block per stage (what compiling costs grows with the number of blocks; every kind of
-block is still there). The default tier traces a classifier's train step on aot_eager (test_compile.py)."""
+"""Full tier: mmengine's ``compile=True`` through tools/train.py on inductor: the tiny Mask R-CNN and UPerNet train
+with a compiled ``train_step`` (forward, backward, optimizer step), one block per stage (compile time grows with
+the blocks). The default tier traces a classifier's train step on aot_eager (tests/models/test_compile.py)."""
 import math
 
 import pytest
@@ -13,10 +12,9 @@ ONE_BLOCK_PER_STAGE = dict(embed_dims=[64, 128, 256, 512], depths=[1, 1, 1, 1], 
                            mlp_ratios=[3, 3, 3, 3], attn_types=['criss_cross', 'criss_cross', 'whole', 'whole'])
 
 
-# Detection: every image resized to 192 x 192, so that Mask R-CNN's many graphs (mmdet's heads break the graph
-# often) compile once, not once more per new input size (minutes each on 2 cores; recompiling for new input sizes
-# is tests/models/test_compile.py's subject). Its second iteration still recompiles the heads' graphs whose shapes
-# follow the number of objects (about 2 minutes): two iterations, where segmentation runs three.
+# Detection: every image 192 x 192, so that Mask R-CNN's many graphs compile once, not once per input size (minutes
+# each). Its second iteration still recompiles the heads' graphs whose shapes follow the number of objects (about
+# 2 minutes): two iterations, where segmentation runs three.
 FIXED_SIZE_DET = """
 train_pipeline = [
     dict(type='LoadImageFromFile'),

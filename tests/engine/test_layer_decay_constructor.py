@@ -1,7 +1,6 @@
 """LayerDecayOptimWrapperConstructor on mmpretrain/mmdet/mmseg-shaped models (a module with .backbone)."""
 import pytest
 import torch.nn as nn
-from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS
 
 from mmppma.engine import LayerDecayOptimWrapperConstructor
 from mmppma.models import PPMA, PPMAClsHead
@@ -29,16 +28,10 @@ def lookup(optimizer):
     return {id(p): g for g in optimizer.param_groups for p in g['params']}
 
 
-def test_registered_for_configs():
-    import mmppma  # noqa: F401
-    assert OPTIM_WRAPPER_CONSTRUCTORS.get('LayerDecayOptimWrapperConstructor') is LayerDecayOptimWrapperConstructor
-    assert OPTIM_WRAPPER_CONSTRUCTORS.get('mmppma.LayerDecayOptimWrapperConstructor') is \
-        LayerDecayOptimWrapperConstructor
-
-
-def test_weight_decay_exclusions():
-    model = Detector()
-    groups = lookup(build(model))
+def test_weight_decay_exclusions_and_layer_wise_lr_decay():
+    """No decay on norms, biases, A_log, dt_bias; each parameter in one group; lr * rate^(layers above)."""
+    model, rate = Detector(), 0.5
+    groups = lookup(build(model, rate))
     for name, p in model.named_parameters():
         wd = groups[id(p)]['weight_decay']
         excluded = p.ndim <= 1 or name.endswith('.bias') or 'A_log' in name or 'dt_bias' in name
@@ -47,14 +40,7 @@ def test_weight_decay_exclusions():
     assert groups[id(pe.A_log)]['weight_decay'] == 0 and groups[id(pe.dt_bias)]['weight_decay'] == 0
     assert groups[id(pe.dt_linear.weight)]['weight_decay'] == 0.05
     assert groups[id(model.backbone.layers[0].blocks[0].retention_layer_norm.weight)]['weight_decay'] == 0
-    # all trainable parameters are in exactly one group
     assert sum(len(g['params']) for g in build(model).param_groups) == len(list(model.parameters()))
-
-
-def test_layer_wise_lr_decay():
-    model = Detector()
-    rate = 0.5
-    groups = lookup(build(model, rate))
     n = sum(SMALL_ARCH['depths']) + 2
     lr = {name: groups[id(p)]['lr'] for name, p in model.named_parameters()}
     assert lr['backbone.patch_embed.proj.0.weight'] == pytest.approx(1e-3 * rate**(n - 1))

@@ -1,15 +1,81 @@
-"""Helpers for the model tests: a small arch and skips that name why a downstream library is unusable."""
+"""What the model tests share: small archs, every backbone family as a builder, a release-style classifier around
+a backbone, and skips that name why a downstream library is unusable."""
 import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Optional
 
 import pytest
+import torch
+import torch.nn as nn
+
+from mmppma.models import MLLA, PPMA, RMT, VMINet
 
 #: Small enough for fast CPU forward/backward, with both attention types and four stages.
-SMALL_ARCH = dict(
-    embed_dims=[16, 32, 32, 64],
-    depths=[1, 1, 2, 1],
-    num_heads=[2, 2, 4, 4],
-    mlp_ratios=[2, 2, 2, 2],
-    attn_types=['criss_cross', 'criss_cross', 'whole', 'whole'])
+SMALL_ARCH = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 4], mlp_ratios=[2, 2, 2, 2],
+                  attn_types=['criss_cross', 'criss_cross', 'whole', 'whole'])
+MLLA_ARCH = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 4], mlp_ratio=2.0)
+VMINET_ARCH = dict(embed_dims=[8, 16, 24, 32], depths=[1, 1, 2, 1], mlp_ratios=[2, 2, 2, 2], stem_channels=8)
+
+
+@dataclass
+class Family:
+    cls: type
+    arch: dict
+    kwargs: dict = field(default_factory=dict)
+    #: a keyword with a bad value and the message that must name the choices
+    bad_choice: tuple = ()
+    #: a per-stage key of ``arch`` (for the wrong-length error)
+    per_stage: str = 'embed_dims'
+
+    def build(self, **kwargs) -> nn.Module:
+        return self.cls(self.arch, **{**self.kwargs, **kwargs})
+
+
+FAMILIES = {
+    'PPMA': Family(PPMA, SMALL_ARCH, bad_choice=(dict(mask='cross_scan'), "mask='cross_scan'.*'polyline'")),
+    'RMT': Family(RMT, SMALL_ARCH, bad_choice=(dict(mask='polyline'), r'RMT takes no mask.*PPMA\(mask=\.\.\.\)')),
+    'MLLA': Family(MLLA, MLLA_ARCH, bad_choice=(dict(mask='softmax'), r"mask='softmax'.*'none', 'polyline'"),
+                   per_stage='num_heads'),
+    'PPMLA': Family(MLLA, MLLA_ARCH, dict(mask='polyline'), per_stage='num_heads',
+                    bad_choice=(dict(mask='PPMLA'), r"mask='PPMLA'.*'none', 'polyline'")),
+    'VMINet': Family(VMINet, VMINET_ARCH, dict(img_size=64), per_stage='mlp_ratios',
+                     bad_choice=(dict(mask='banded'), "mask='banded'.*'none', 'tril'")),
+}
+
+
+def num_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def out_size(n: int, stage: int) -> int:
+    """Every backbone halves the map twice in its stem and once per later stage, rounding up."""
+    for _ in range(stage + 2):
+        n = math.ceil(n / 2)
+    return n
+
+
+class Classifier(nn.Module):
+    """A release classifier: the backbone, then ``head`` on its outputs, by default a global average pool of the
+    last one and Linear(C, 1000)."""
+
+    def __init__(self, backbone: nn.Module, head: Optional[nn.Module] = None) -> None:
+        super().__init__()
+        self.backbone, self.pool = backbone, head is None
+        self.head = nn.Linear(backbone.embed_dims[-1], 1000) if head is None else head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats = self.backbone(x)
+        return self.head(feats[-1].mean((2, 3))) if self.pool else self.head(feats)
+
+
+def ref_v2h_mask(la, lb):
+    """M[(i,j),(k,l)] = -|Ca[i,j]-Ca[i,l]| - |Cb[i,l]-Cb[k,l]|, (B, heads, N, N)."""
+    b, n, h, w = la.shape
+    ca, cb = la.cumsum(-1), lb.cumsum(-2)
+    along_row = (ca[..., :, :, None] - ca[..., :, None, :]).abs()  # [i, j, l]
+    down_col = (cb[..., :, None, :] - cb[..., None, :, :]).abs()  # [i, k, l]
+    return -(along_row[..., :, :, None, :] + down_col[..., :, None, :, :]).reshape(b, n, h * w, h * w)
 
 
 def require(module: str) -> None:

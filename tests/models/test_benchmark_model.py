@@ -1,9 +1,5 @@
-"""The benchmark tools run end to end at tiny sizes and print every row and ratio they promise.
-
-Speed and memory targets are checked by running these tools on the intended machines (docs/benchmarks.md);
-here only their plumbing is checked: each (model, impl) is measured in the same run and the ratios are the
-quotients of the printed rows.
-"""
+"""tools/benchmark_model.py end to end at tiny sizes: every row and ratio it promises, each (model, impl) measured
+in the same run and the ratios the quotients of the printed rows (speed itself: docs/benchmarks.md)."""
 import math
 import re
 
@@ -50,22 +46,14 @@ def test_benchmark_model_mask_rcnn_step(run_python, mmdet_ready):
     assert 'stage' not in out.split('mask_rcnn (tiny)')[1]
 
 
-def test_benchmark_model_rejects_a_repeated_impl(run_python):
-    proc = run_python(['tools/benchmark_model.py', '--impl', 'torch', 'torch'], check=False)
-    assert proc.returncode == 2 and 'twice' in proc.stderr
-
-
 STAND_IN = '''import torch
 import torch.nn as nn
 
 
-class _Trunk(nn.Module):
-    """Stand-in for a release model: only its forward_features is timed (some milliseconds of matmuls)."""
-
+class _Trunk(nn.Module):  # a release model's stand-in: only its forward_features is timed (milliseconds of matmuls)
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv2d(3, {channels}, 3, 2, 1)
-        self.weight = nn.Parameter(torch.randn(256, 256) / 16)
+        self.conv, self.weight = nn.Conv2d(3, {channels}, 3, 2, 1), nn.Parameter(torch.randn(256, 256) / 16)
 
     def forward_features(self, x):
         y = self.conv(x).flatten(1)[:, :256].repeat(128, 1)
@@ -121,9 +109,10 @@ def test_benchmark_model_training_step_against_a_release_model(run_python, tmp_p
     assert float(m.group(1)) == pytest.approx(want, rel=0.02, abs=0.01)
 
 
-def test_benchmark_model_release_dir_needs_the_classifier_task_and_the_files(run_python, tmp_path):
-    proc = run_python(['tools/benchmark_model.py', '--release-dir', str(tmp_path)], check=False)
-    assert proc.returncode == 2 and '--task classifier' in proc.stderr
-    proc = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--task', 'classifier', '--release-dir',
-                       str(tmp_path)], check=False)
-    assert proc.returncode == 2 and 'PPMA.py' in proc.stderr and 'RMT.py' in proc.stderr
+@pytest.mark.parametrize('args, messages', [
+    (['--impl', 'torch', 'torch'], ['twice']), (['--release-dir', 'DIR'], ['--task classifier']),
+    (['--mode', 'infer', '--task', 'classifier', '--release-dir', 'DIR'], ['PPMA.py', 'RMT.py'])])
+def test_benchmark_model_argument_errors(args, messages, run_python, tmp_path):
+    """A repeated impl; --release-dir needs the classifier task and DIR/PPMA.py, DIR/RMT.py."""
+    proc = run_python(['tools/benchmark_model.py'] + [str(tmp_path) if a == 'DIR' else a for a in args], check=False)
+    assert proc.returncode == 2 and all(m in proc.stderr for m in messages), proc.stderr

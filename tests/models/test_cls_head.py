@@ -9,21 +9,13 @@ import torch.nn as nn
 from mmppma.models import PPMAClsHead
 
 
-def test_structure_and_shapes():
-    head = PPMAClsHead(10, in_channels=32, hidden_channels=24, loss=nn.Identity())
+def test_matches_written_out_release_head():
+    """Linear per position -> BatchNorm -> Swish -> global average pool -> Linear (docs/method.md §7), on the
+    last of the features; the release's key names; bad sizes are errors naming the argument."""
+    head = PPMAClsHead(7, in_channels=12, hidden_channels=20, loss=nn.Identity()).eval()
     assert [k for k in head.state_dict() if not k.startswith('norm.')] == [
         'proj.weight', 'proj.bias', 'fc.weight', 'fc.bias']
-    assert isinstance(head.norm, nn.BatchNorm2d) and head.norm.num_features == 24
-    feats = (torch.randn(3, 16, 8, 8), torch.randn(3, 32, 5, 7))
-    head.eval()
-    assert head.pre_logits(feats).shape == (3, 24)
-    assert head(feats).shape == (3, 10)
-
-
-def test_matches_written_out_release_head():
-    """Linear per position -> BatchNorm -> Swish -> global average pool -> Linear (docs/method.md §7)."""
-    torch.manual_seed(0)
-    head = PPMAClsHead(7, in_channels=12, hidden_channels=20, loss=nn.Identity()).eval()
+    assert isinstance(head.norm, nn.BatchNorm2d) and head.norm.num_features == 20
     head.norm.running_mean.normal_()
     head.norm.running_var.uniform_(0.5, 2)
     x = torch.randn(2, 12, 3, 5)
@@ -31,12 +23,9 @@ def test_matches_written_out_release_head():
     h = (h - head.norm.running_mean[:, None, None]) / torch.sqrt(head.norm.running_var[:, None, None] + 1e-5)
     h = h * head.norm.weight[:, None, None] + head.norm.bias[:, None, None]
     h = h * torch.sigmoid(h)
-    want = h.mean((2, 3)) @ head.fc.weight.T + head.fc.bias
-    torch.testing.assert_close(head((x, )), want, rtol=1e-5, atol=1e-5)
-
-
-def test_wrong_in_channels_is_a_clear_error():
-    head = PPMAClsHead(5, in_channels=64, loss=nn.Identity())
+    assert head.pre_logits((torch.randn(2, 16, 8, 8), x)).shape == (2, 20)
+    torch.testing.assert_close(head((torch.randn(2, 16, 8, 8), x)), h.mean((2, 3)) @ head.fc.weight.T + head.fc.bias,
+                               rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match='in_channels'):
         head((torch.randn(1, 32, 2, 2), ))
     with pytest.raises(ValueError, match='num_classes'):
@@ -45,45 +34,30 @@ def test_wrong_in_channels_is_a_clear_error():
 
 def test_importing_mmppma_imports_no_downstream_library():
     code = ('import sys, mmppma, mmppma.models, mmppma.engine; '
-            'bad = [m for m in ("mmpretrain", "mmdet", "mmseg") if m in sys.modules]; '
-            'assert not bad, bad')
+            'bad = [m for m in ("mmpretrain", "mmdet", "mmseg") if m in sys.modules]; assert not bad, bad')
     subprocess.run([sys.executable, '-c', code], check=True)
 
 
 # ---------------------------------------------------------------- with mmpretrain
-@pytest.fixture
-def mmpretrain_structures(mmpretrain_ready):
+def test_loss_hard_and_soft_labels(mmpretrain_ready):
+    """Hard labels: cross entropy with top-k accuracies; mixup-style soft targets: label smoothing, no accuracy."""
     from mmpretrain.structures import DataSample
-    return DataSample
-
-
-def test_loss_hard_labels_with_accuracy(mmpretrain_structures):
-    DataSample = mmpretrain_structures
     head = PPMAClsHead(4, in_channels=8, loss=dict(type='CrossEntropyLoss'), topk=(1, 2), cal_acc=True)
     feats = (torch.randn(3, 8, 2, 2), )
-    samples = [DataSample().set_gt_label(i) for i in (0, 3, 1)]
-    losses = head.loss(feats, samples)
-    logits = head(feats)
-    want = nn.functional.cross_entropy(logits, torch.tensor([0, 3, 1]))
-    torch.testing.assert_close(losses['loss'], want)
+    losses = head.loss(feats, [DataSample().set_gt_label(i) for i in (0, 3, 1)])
+    torch.testing.assert_close(losses['loss'], nn.functional.cross_entropy(head(feats), torch.tensor([0, 3, 1])))
     assert set(losses) == {'loss', 'accuracy_top-1', 'accuracy_top-2'}
-
-
-def test_loss_soft_labels_label_smoothing(mmpretrain_structures):
-    DataSample = mmpretrain_structures
-    head = PPMAClsHead(
-        4, in_channels=8, loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'), cal_acc=True)
+    head = PPMAClsHead(4, in_channels=8, loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
+                       cal_acc=True)
     feats = (torch.randn(2, 8, 3, 3), )
-    scores = torch.tensor([[0.7, 0.3, 0.0, 0.0], [0.0, 0.0, 0.4, 0.6]])  # mixup-style soft targets
-    samples = [DataSample().set_gt_score(s) for s in scores]
-    losses = head.loss(feats, samples)
-    assert set(losses) == {'loss'}  # no accuracy for soft targets
+    scores = torch.tensor([[0.7, 0.3, 0.0, 0.0], [0.0, 0.0, 0.4, 0.6]])
+    losses = head.loss(feats, [DataSample().set_gt_score(s) for s in scores])
+    assert set(losses) == {'loss'}
     smoothed = scores * 0.9 + 0.1 / 4
-    want = -(smoothed * head(feats).log_softmax(1)).sum(1).mean()
-    torch.testing.assert_close(losses['loss'], want)
+    torch.testing.assert_close(losses['loss'], -(smoothed * head(feats).log_softmax(1)).sum(1).mean())
 
 
-def test_loss_builds_from_mmpretrain_under_another_default_scope(mmpretrain_structures):
+def test_loss_builds_from_mmpretrain_under_another_default_scope(mmpretrain_ready):
     """An mmseg or mmdet run sets its own default scope (a process-wide global): the head's loss config still
     names mmpretrain's losses."""
     pytest.importorskip('mmseg')
@@ -93,8 +67,8 @@ def test_loss_builds_from_mmpretrain_under_another_default_scope(mmpretrain_stru
     assert type(head.loss_module).__name__ == 'LabelSmoothLoss'
 
 
-def test_predict(mmpretrain_structures):
-    DataSample = mmpretrain_structures
+def test_predict(mmpretrain_ready):
+    from mmpretrain.structures import DataSample
     head = PPMAClsHead(6, in_channels=8).eval()
     feats = (torch.randn(2, 8, 2, 2), )
     out = head.predict(feats)

@@ -1,8 +1,6 @@
-"""``torch.compile`` as mmengine's ``compile=True`` calls it (``torch.compile(model.train_step, **compile_cfg)``):
-the four backbones and the attention ops trace without graph breaks; a classifier's whole train step traces on
-``aot_eager`` and reuses its dynamic graph; one block compiles on inductor with a dynamic graph that new sizes
-reuse. The full tier (``--all``) compiles whole backbones on inductor at three input sizes in one process, where
-the second size recompiles with dynamic shapes and the third runs that dynamic graph."""
+"""``torch.compile`` as mmengine's ``compile=True`` calls it: the backbones and the attention ops trace without
+graph breaks; a classifier's train step traces on ``aot_eager``, one block compiles on inductor, each reusing its
+dynamic graph; the full tier compiles whole backbones on inductor at three sizes (static, dynamic, reused)."""
 import os
 
 import pytest
@@ -23,12 +21,10 @@ BACKBONES = {
     'PPMA': lambda: PPMA(arch=PPMA_ARCH, impl='torch', out_indices=(0, 1)),
     'RMT': lambda: RMT(arch=PPMA_ARCH, impl='torch', out_indices=(0, 1)),
     'MLLA': lambda: MLLA(arch=MLLA_ARCH, out_indices=(0, 1)),
-    'PPMLA': lambda: MLLA(arch=MLLA_ARCH, attn='ppmla', impl='torch', out_indices=(0, 1)),
-    'VMINet': lambda: VMINet(arch=dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2]), img_size=64,
-                             out_indices=(0, 1)),
+    'PPMLA': lambda: MLLA(arch=MLLA_ARCH, mask='polyline', impl='torch', out_indices=(0, 1)),
+    'VMINet': lambda: VMINet(dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2]), 3, 64, out_indices=(0, 1)),
 }
-# (H, W) of the input images: the first compiles static shapes, the second (both sides new) recompiles with
-# dynamic ones, the third (again both sides new, each stage's sizes too) must run the dynamic graph as it is
+# the first compiles static shapes, the second recompiles with dynamic ones, the third runs the dynamic graph
 SIZES = [(64, 64), (96, 128), (128, 96)]
 
 
@@ -41,9 +37,8 @@ def _step(model, module, x):
 
 
 def _assert_close(got, want, what):
-    """max |got - want| <= 1e-4 * max |want| per tensor. A bias followed by a BatchNorm has a gradient that is
-    zero up to float32 rounding (of sums over every position, as large as the largest gradients), so the scale
-    has a floor at 1e-1 of the largest gradient: such a tensor is compared to within 1e-5 of that."""
+    """max |got - want| <= 1e-4 * max |want| per tensor, the scale at least 1e-1 of the largest: a bias before a
+    BatchNorm has a gradient that is zero up to float32 rounding of sums as large as the largest gradients."""
     floor = 1e-1 * max(w.abs().max().item() for w in want)
     for i, (g, w) in enumerate(zip(got, want)):
         scale = max(w.abs().max().item(), floor)
@@ -57,15 +52,13 @@ def test_backbone_traces_without_graph_breaks(name):
     torch._dynamo.reset()
     explained = torch._dynamo.explain(model)(torch.randn(2, 3, 64, 96))
     assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
-    # every conv is the mmppma::conv2d op (layers/conv.py: an aten conv in the graph would pin a dynamic
-    # graph's sizes on CPU)
+    # every conv is the mmppma::conv2d op (an aten conv would pin a dynamic graph's sizes on CPU)
     code = '\n'.join(graph.code for graph in explained.graphs)
     assert 'mmppma.conv2d' in code
     assert 'torch.conv2d' not in code and 'aten.convolution' not in code
 
 
-# One inductor compile of forward and backward costs minutes on 2 cores, so the full tier compiles PPMA (stem,
-# criss-cross and whole attention, the polyline mask); the other backbones too with MMPPMA_COMPILE_ALL=1.
+# One inductor compile costs minutes on 2 cores: PPMA only, unless MMPPMA_COMPILE_ALL=1.
 DYNAMIC = list(BACKBONES) if os.environ.get('MMPPMA_COMPILE_ALL') else ['PPMA']
 
 
@@ -177,17 +170,16 @@ def _op_inputs(h, w, seed=0):
     return q, k, v, la, lb, log_decay
 
 
-OPS = {
-    'ppma_attention': lambda q, k, v, la, lb, g: ops.ppma_attention(q, k, v, la, lb, impl='torch'),
-    'ppma_attention_paper': lambda q, k, v, la, lb, g: ops.ppma_attention(q, k, v, la, lb, form='paper',
-                                                                          impl='torch'),
-    'manhattan_attention': lambda q, k, v, la, lb, g: ops.manhattan_attention(q, k, v, g, impl='torch'),
-    'criss_cross_attention': lambda q, k, v, la, lb, g: ops.criss_cross_attention(q, k, v, la, lb, impl='torch'),
-    'rmt_criss_cross_attention': lambda q, k, v, la, lb, g: ops.rmt_criss_cross_attention(q, k, v, g,
-                                                                                          impl='torch'),
-    'ppma_linear_attention': lambda q, k, v, la, lb, g: ops.ppma_linear_attention(
-        q, k, v, la, lb, feature_map='elu', normalize=True, impl='torch', chunk=4),
-}
+def _op(name: str, fixed_decay: bool = False, **kwargs):
+    """The op ``name`` on its torch path as a function of (q, k, v, la, lb, log_decay)."""
+    return lambda q, k, v, la, lb, log_decay: getattr(ops, name)(
+        q, k, v, *((log_decay, ) if fixed_decay else (la, lb)), impl='torch', **kwargs)
+
+
+OPS = {'ppma_attention': _op('ppma_attention'), 'ppma_attention_paper': _op('ppma_attention', form='paper'),
+       'manhattan_attention': _op('manhattan_attention', True), 'criss_cross_attention': _op('criss_cross_attention'),
+       'rmt_criss_cross_attention': _op('rmt_criss_cross_attention', True),
+       'ppma_linear_attention': _op('ppma_linear_attention', feature_map='elu', normalize=True, chunk=4)}
 
 
 WHOLE_OPS = ('ppma_attention', 'manhattan_attention')

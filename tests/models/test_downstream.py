@@ -9,17 +9,14 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
-from .conftest import SMALL_ARCH
-from .test_backbone_contract import FAMILIES
+from .conftest import FAMILIES, SMALL_ARCH
 
 CONFIGS = Path(__file__).resolve().parents[2] / 'configs'
-#: family -> its config name part and the tiny size's part
-CONFIG_NAMES = {'PPMA': ('ppma', 't'), 'RMT': ('rmt', 't'), 'MLLA': ('mlla', 't'), 'PPMLA': ('ppmla', 't'),
-                'VMINet': ('vminet', 'ti')}
 
 
 def small_config(name: str, kind: str) -> Config:
-    family, size = CONFIG_NAMES[name]
+    """The family's tiny config of ``kind`` ('cls' | 'det' | 'seg') with the family's small arch."""
+    family, size = name.lower(), 'ti' if name == 'VMINet' else 't'
     path = {'cls': f'{family}_{size}_8xb128_in1k.py', 'det': f'mask_rcnn_{family}_{size}_1x_coco.py',
             'seg': f'upernet_{family}_{size}_512x512_160k_ade20k.py'}[kind]
     cfg = Config.fromfile(str(CONFIGS / path))
@@ -60,12 +57,11 @@ def test_mask_rcnn_from_config_losses(name, mmdet_ready):
     from mmengine.structures import InstanceData
     cfg = small_config(name, 'det')
     cfg.model.backbone.frozen_stages = 1
-    cfg.merge_from_dict({  # narrower heads keep the test fast
-        'model.neck.in_channels': dims(name), 'model.neck.out_channels': 32, 'model.rpn_head.in_channels': 32,
-        'model.rpn_head.feat_channels': 32, 'model.roi_head.bbox_roi_extractor.out_channels': 32,
-        'model.roi_head.bbox_head.in_channels': 32, 'model.roi_head.bbox_head.fc_out_channels': 64,
-        'model.roi_head.mask_roi_extractor.out_channels': 32, 'model.roi_head.mask_head.in_channels': 32,
-        'model.roi_head.mask_head.conv_out_channels': 32})
+    narrow = ('neck.out_channels', 'rpn_head.in_channels', 'rpn_head.feat_channels', 'roi_head.bbox_head.in_channels',
+              'roi_head.bbox_roi_extractor.out_channels', 'roi_head.mask_roi_extractor.out_channels',
+              'roi_head.mask_head.in_channels', 'roi_head.mask_head.conv_out_channels')  # narrower heads: faster
+    cfg.merge_from_dict({'model.neck.in_channels': dims(name), 'model.roi_head.bbox_head.fc_out_channels': 64,
+                         **{f'model.{k}': 32 for k in narrow}})
     with DefaultScope.overwrite_default_scope('mmdet'):
         model = MODELS.build(cfg.model)
     model.init_weights()

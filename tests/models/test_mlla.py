@@ -1,59 +1,34 @@
 """What is MLLA's own (the contract every backbone keeps: test_backbone_contract.py): the release's parameter
-counts, FLOPs and key names, RoPE at the actual size, and PPMLA against a dense float64 computation. Named archs
-are built on the meta device (counts) or once (FLOPs); forwards use a small arch."""
-import numpy as np
+counts, FLOPs and key names, RoPE at the actual size, and PPMLA (``mask='polyline'``) against a dense float64
+computation. Named archs are built on the meta device (counts) or once (FLOPs); forwards use a small arch."""
 import pytest
 import torch
-import torch.nn as nn
+import torch.nn.functional as F
 
 from mmppma.models import MLLA
 from mmppma.models.backbones.mlla import MLLA_ARCH_ZOO
+from mmppma.models.layers import apply_rope
 from mmppma.models.layers.mlla import MLLAAttention, mlla_rope_tables
-from tests.ops.oracle import mask_v2h
 
-SMALL = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 4], mlp_ratio=2.0)
+from .conftest import MLLA_ARCH, Classifier, num_params, ref_v2h_mask
 
 # With the 1000-class head (backbone with norm3 + Linear(C, 1000)): the release's own model (LeapLabTHU/MLLA
 # models/mlla.py, whose final `norm` is our norm3) has exactly these (checked against a transcription of it,
 # same state-dict keys and shapes, same logits at 224x224); its README rounds them to 25M / 43M / 96M.
 PARAM_COUNTS = {'tiny': 24_392_200, 'small': 43_015_048, 'base': 95_983_960}
 RELEASE_PARAMS = {'tiny': 24.4e6, 'small': 43.0e6, 'base': 96.0e6}
-RELEASE_GFLOPS = {'tiny': 4.2e9, 'small': 7.3e9, 'base': 16.2e9}
-
-
-def num_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-class Classifier(nn.Module):
-    """The release's classifier: backbone (norm3 on the last stage), global average pool, Linear(C, 1000)."""
-
-    def __init__(self, backbone: MLLA) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.fc = nn.Linear(backbone.embed_dims[-1], 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.backbone(x)[-1].mean((2, 3)))
 
 
 # ---------------------------------------------------------------- named archs
 @pytest.mark.parametrize('arch', list(PARAM_COUNTS))
 def test_param_counts_with_head(arch):
+    """PPMLA adds per block only its decay parameters: dt_linear (2 x head_dims) + A_log + dt_bias (per head)."""
     with torch.device('meta'):
-        model = Classifier(MLLA(arch, out_indices=(3, )))
-    assert num_params(model) == PARAM_COUNTS[arch]
-    assert num_params(model) == pytest.approx(RELEASE_PARAMS[arch], rel=0.01)
-
-
-def test_ppmla_adds_only_decay_parameters():
-    """Per block: dt_linear (2 x head_dims) + A_log + dt_bias (one per head)."""
-    s = MLLA_ARCH_ZOO['tiny']
-    extra = sum(depth * (2 * dims // heads + 2 * heads)
-                for depth, dims, heads in zip(s['depths'], s['embed_dims'], s['num_heads']))
-    with torch.device('meta'):
-        model = Classifier(MLLA('tiny', attn='ppmla', out_indices=(3, )))
-    assert num_params(model) == PARAM_COUNTS['tiny'] + extra
+        counts = [num_params(Classifier(MLLA(arch, mask=m, out_indices=(3, )))) for m in ('none', 'polyline')]
+    assert counts[0] == PARAM_COUNTS[arch] == pytest.approx(RELEASE_PARAMS[arch], rel=0.01)
+    s = MLLA_ARCH_ZOO[arch]
+    assert counts[1] - counts[0] == sum(depth * (2 * dims // heads + 2 * heads)
+                                        for depth, dims, heads in zip(s['depths'], s['embed_dims'], s['num_heads']))
 
 
 def test_tiny_flops_match_release():
@@ -61,10 +36,10 @@ def test_tiny_flops_match_release():
     S and B count 7.28 / 16.16 G the same way (7.3 / 16.2 in the README); not run here to save time."""
     from mmppma.models.utils import count_flops
     total, _ = count_flops(Classifier(MLLA('tiny', out_indices=(3, ))).eval(), torch.randn(1, 3, 224, 224))
-    assert total == pytest.approx(RELEASE_GFLOPS['tiny'], rel=0.05)
+    assert total == pytest.approx(4.2e9, rel=0.05)
 
 
-def test_state_dict_keys_follow_release_names():
+def test_state_dict_keys_follow_release_names_and_arch_errors():
     with torch.device('meta'):
         keys = set(MLLA('tiny', out_indices=(3, )).state_dict())
     block = 'layers.2.blocks.7.'
@@ -74,11 +49,8 @@ def test_state_dict_keys_follow_release_names():
     assert {'patch_embed.conv1.conv.weight', 'patch_embed.conv2.1.norm.running_var', 'patch_embed.conv3.1.conv.weight',
             'layers.0.downsample.conv.0.conv.bias', 'layers.0.downsample.conv.2.norm.weight', 'norm3.weight'} <= keys
     assert not any(k.startswith('layers.3.downsample') or 'rope' in k or 'path_embed' in k for k in keys)
-
-
-def test_arch_errors_name_the_valid_choices():
     with pytest.raises(ValueError, match='embed_dims=18 must be divisible.*by 4'):
-        MLLA(dict(SMALL, embed_dims=[18, 32, 32, 64]))
+        MLLA(dict(MLLA_ARCH, embed_dims=[18, 32, 32, 64]))
 
 
 # ---------------------------------------------------------------- RoPE and PPMLA
@@ -93,52 +65,36 @@ def test_rope_is_computed_for_the_actual_size():
     x = torch.randn(h, w, c, dtype=torch.float64)
     want = torch.view_as_real(torch.view_as_complex(x.view(h, w, c // 2, 2)) * torch.polar(torch.ones_like(angles),
                                                                                            angles)).flatten(-2)
-    from mmppma.models.layers import apply_rope
     torch.testing.assert_close(apply_rope(x, sin.double(), cos.double()), want, rtol=0, atol=1e-6)
 
 
 def test_ppmla_equals_dense_float64():
     """PPMLA attention on a 5 x 7 map equals ((phi(q~) phi(k~)^T) * L2D) v / ((phi(q) phi(k)^T) * L2D) 1 + lepe(v),
-    with L2D = L + L^T from the loop oracle (tests/ops/oracle.py), q~, k~ RoPE'd, phi = elu + 1."""
-    torch.manual_seed(0)
+    with L2D = exp(M) + exp(M^T) from the dense V2H log-mask, q~, k~ RoPE'd, phi = elu + 1."""
     c, heads, h, w = 16, 2, 5, 7
-    d = c // heads
-    attn = MLLAAttention(c, heads, attn='ppmla', impl='torch').double()
+    attn = MLLAAttention(c, heads, mask='polyline', impl='torch').double()
     with torch.no_grad():  # decays of a useful size (the init's are near 0: L2D ~ 2 everywhere)
         attn.path_embed.A_log.fill_(0.3)
         attn.path_embed.dt_bias.fill_(0.5)
     x = torch.randn(2, h, w, c, dtype=torch.float64)
     out = attn(x, mlla_rope_tables(h, w, c))
-
     with torch.no_grad():
-        la, lb = (t.double().numpy() for t in attn.path_embed(x))
-        q, k = (torch.nn.functional.elu(t) + 1 for t in attn.qk(x).chunk(2, -1))
+        m = ref_v2h_mask(*(t.double() for t in attn.path_embed(x)))
+        l2d = m.exp() + m.transpose(-1, -2).exp()  # (B, n, N, N)
+        q, k = (F.elu(t) + 1 for t in attn.qk(x).chunk(2, -1))
         sin, cos = (t.double() for t in mlla_rope_tables(h, w, c))
-
-        def rot(t):  # the release's complex-pair rotation
-            return torch.stack([t[..., 0::2] * cos[..., 0::2] - t[..., 1::2] * sin[..., 0::2],
-                                t[..., 1::2] * cos[..., 0::2] + t[..., 0::2] * sin[..., 0::2]], -1).flatten(-2)
-
-        qr, kr = rot(q), rot(k)
-        want = torch.empty_like(x)
-        for b in range(x.shape[0]):
-            for n in range(heads):
-                l2d = np.exp(mask_v2h(la[b, n], lb[b, n]))
-                l2d = torch.from_numpy(l2d + l2d.T)
-                sl = slice(n * d, (n + 1) * d)
-                flat = [t[b, ..., sl].reshape(h * w, d) for t in (q, k, qr, kr, x)]
-                num = ((flat[2] @ flat[3].T) * l2d) @ flat[4]
-                mass = ((flat[0] @ flat[1].T) * l2d).sum(-1, keepdim=True)
-                want[b, ..., sl] = (num / (mass + attn.eps)).reshape(h, w, d)
+        q, k, qr, kr, v = (t.reshape(2, h * w, heads, c // heads).transpose(1, 2)
+                           for t in (q, k, apply_rope(q, sin, cos), apply_rope(k, sin, cos), x))
+        mass = ((q @ k.transpose(-1, -2)) * l2d).sum(-1, keepdim=True)
+        want = (((qr @ kr.transpose(-1, -2)) * l2d) @ v / (mass + attn.eps)).transpose(1, 2).reshape(2, h, w, c)
         want = want + attn.lepe(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
     torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-10)
 
 
 def test_ppmla_with_zero_decays_is_mlla():
     """L2D = 2 everywhere when every decay is 0: the masked mass normalization gives MLLA's attention back."""
-    torch.manual_seed(0)
-    mlla = MLLAAttention(16, 2, attn='mlla').double()
-    ppmla = MLLAAttention(16, 2, attn='ppmla').double()
+    mlla = MLLAAttention(16, 2, mask='none').double()
+    ppmla = MLLAAttention(16, 2, mask='polyline').double()
     ppmla.load_state_dict(mlla.state_dict(), strict=False)
     with torch.no_grad():
         ppmla.path_embed.A_log.fill_(-float('inf'))  # A = -exp(A_log) = 0
@@ -148,7 +104,7 @@ def test_ppmla_with_zero_decays_is_mlla():
 
 
 def test_ppmla_backward_reaches_the_decays():
-    model = MLLA(SMALL, attn='ppmla', out_indices=(3, ))
+    model = MLLA(MLLA_ARCH, mask='polyline', out_indices=(3, ))
     model(torch.randn(2, 3, 24, 40))[0].sum().backward()
     pe = model.layers[2].blocks[1].attn.path_embed
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in pe.parameters())

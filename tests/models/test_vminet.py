@@ -7,63 +7,43 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmppma.models import VMINet
-from mmppma.models.backbones import VMINET_ARCH_ZOO, resolve_vminet_arch
+from mmppma.models.backbones import resolve_vminet_arch
 from mmppma.models.layers.vminet import TokenWeights, VMISABlock
 from mmppma.models.utils import count_flops
 
-TINY_ARCH = dict(embed_dims=[8, 16, 24, 32], depths=[1, 1, 2, 1], mlp_ratios=[2, 2, 2, 2], stem_channels=8)
+from .conftest import VMINET_ARCH, Classifier, num_params, out_size
+
 SIZES = ('ti', 'xs', 's', 'b')
 #: our parameter counts with the 1000-class classifier (BN norm3 + Linear), proj_norm True / False
-PARAMS = {
-    'ti': (2_036_938, 2_032_426),
-    'xs': (7_440_370, 7_431_346),
-    's': (13_347_442, 13_338_418),
-    'b': (28_387_138, 28_369_090),
-}
+PARAMS = {'ti': (2_036_938, 2_032_426), 'xs': (7_440_370, 7_431_346), 's': (13_347_442, 13_338_418),
+          'b': (28_387_138, 28_369_090)}
 RELEASE_PARAMS_M = {'ti': 2.04, 'xs': 7.44, 's': 13.35, 'b': 28.39}
 #: mmengine's counter (one multiply-add = one FLOP) at 1 x 3 x 224 x 224, classifier included
 FLOPS = {'ti': 350_389_120, 'xs': 1_258_133_248, 's': 2_300_915_968, 'b': 4_780_609_024}
 PAPER_GFLOPS = {'ti': 0.3, 'xs': 1.4, 's': 2.3, 'b': 4.8}
-DIMS = {'ti': [24, 48, 96, 192], 'xs': [48, 96, 192, 384], 's': [48, 96, 192, 384], 'b': [96, 192, 384, 768]}
+#: the release's vminet_{Ti,XS,S,B}: stage dims and MLP ratio r, and the arch's long name
+DIMS_RATIO = {'ti': ([24, 48, 96, 192], 2, 'tiny'), 'xs': ([48, 96, 192, 384], 2, 'xsmall'),
+              's': ([48, 96, 192, 384], 4, 'small'), 'b': ([96, 192, 384, 768], 2, 'base')}
 
 
-def num_params(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
-def conv_out(n: int) -> int:
-    return (n - 1) // 2 + 1  # 3x3, stride 2, padding 1
-
-
-def stage_shapes(h: int, w: int) -> list:
-    h, w = conv_out(h), conv_out(w)
-    shapes = []
-    for _ in range(4):
-        h, w = conv_out(h), conv_out(w)
-        shapes.append((h, w))
-    return shapes
-
-
-class Classifier(nn.Module):
+def classifier(arch: str, **kwargs) -> Classifier:
     """The release's classifier around our backbone: norm3 (BN) -> global average pool -> Linear."""
-
-    def __init__(self, arch: str, **kwargs) -> None:
-        super().__init__()
-        self.backbone = VMINet(arch, out_indices=(3, ), out_norm='BN', **kwargs)
-        self.head = nn.Linear(self.backbone.embed_dims[-1], 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(x)[-1].mean((2, 3)))
+    return Classifier(VMINet(arch, out_indices=(3, ), out_norm='BN', **kwargs))
 
 
 # ---------------------------------------------------------------- sizes: parameters and FLOPs
 @pytest.mark.parametrize('arch', SIZES)
-def test_param_counts_with_classifier(arch):
+def test_arch_table_and_param_counts_with_classifier(arch):
+    dims, ratio, long = DIMS_RATIO[arch]
+    settings = resolve_vminet_arch(arch)
+    assert settings == resolve_vminet_arch(long) == resolve_vminet_arch(long.upper())
+    assert (settings['embed_dims'], settings['mlp_ratios']) == (dims, [ratio] * 4)
+    assert (settings['depths'], settings['stem_channels'], settings['kernel_size']) == ([2, 2, 18, 2], 32, 7)
     with torch.device('meta'):
-        counts = tuple(num_params(Classifier(arch, proj_norm=p)) for p in (True, False))
+        counts = tuple(num_params(classifier(arch, proj_norm=p)) for p in (True, False))
     assert counts == PARAMS[arch]
-    assert counts[0] == pytest.approx(RELEASE_PARAMS_M[arch] * 1e6, rel=0.01)
-    assert counts[1] == pytest.approx(RELEASE_PARAMS_M[arch] * 1e6, rel=0.01)  # the other release revision
+    for count in counts:  # both release revisions
+        assert count == pytest.approx(RELEASE_PARAMS_M[arch] * 1e6, rel=0.01)
 
 
 @pytest.mark.parametrize('arch', SIZES)
@@ -75,28 +55,11 @@ def test_flops_at_224(arch):
     (paper 1.4, which no r or width with XS's 7.44 M parameters gives: XS and S differ only in r, and S
     matches). Those two are checked against the measured values only.
     """
-    model = Classifier(arch).eval()
-    total, by_op = count_flops(model, torch.randn(1, 3, 224, 224))
+    total, by_op = count_flops(classifier(arch).eval(), torch.randn(1, 3, 224, 224))
     assert total == FLOPS[arch]
     assert set(by_op) <= {'conv', 'batch_norm', 'matmul', 'linear'}
     if arch in ('s', 'b'):
         assert total == pytest.approx(PAPER_GFLOPS[arch] * 1e9, rel=0.05)
-
-
-# ---------------------------------------------------------------- arch table and arguments
-def test_arch_table_and_aliases():
-    assert VMINet.arch_zoo is VMINET_ARCH_ZOO
-    for short, long in (('ti', 'tiny'), ('xs', 'xsmall'), ('s', 'small'), ('b', 'base')):
-        assert resolve_vminet_arch(short) == resolve_vminet_arch(long) == resolve_vminet_arch(long.upper())
-        settings = resolve_vminet_arch(short)
-        assert settings['embed_dims'] == DIMS[short] and settings['depths'] == [2, 2, 18, 2]
-        assert settings['stem_channels'] == 32 and settings['kernel_size'] == 7
-    assert resolve_vminet_arch('s')['mlp_ratios'] == [4] * 4 and resolve_vminet_arch('b')['mlp_ratios'] == [2] * 4
-
-
-def test_errors_name_the_fix():
-    with pytest.raises(ValueError, match="out_norm='GN'.*'LN', 'BN'"):
-        VMINet(TINY_ARCH, out_norm='GN')
 
 
 # ---------------------------------------------------------------- the block against the release's formulation
@@ -115,8 +78,7 @@ def release_block(block: VMISABlock, x: torch.Tensor, tril: bool) -> torch.Tenso
 
 @pytest.mark.parametrize('mask', ['tril', 'none'])
 def test_block_matches_release_formulation(mask):
-    torch.manual_seed(0)
-    block = VMISABlock(6, 2, (7, 5), context_mask=mask).double().eval()
+    block = VMISABlock(6, 2, (7, 5), mask=mask).double().eval()
     with torch.no_grad():
         block.stack.copy_(torch.tensor([0.7, 1.3]))
         for bn in (block.dwconv.bn, block.g.bn):
@@ -126,15 +88,14 @@ def test_block_matches_release_formulation(mask):
 
 
 def test_token_weights_resize():
+    """At the trained size the table itself; at any other a column of h * w weights, and a constant table keeps
+    its total (the context is a resolution-independent weighted mean)."""
     weights = TokenWeights((7, 7))
-    assert torch.equal(weights.resized(7, 7), weights.weight.t())  # trained size: the table itself
-    for h, w in ((14, 14), (3, 5), (1, 1), (9, 1)):
-        col = weights.resized(h, w)
-        assert col.shape == (h * w, 1)
-    # constant tables keep their total at any size (the context is a resolution-independent weighted mean)
+    assert torch.equal(weights.resized(7, 7), weights.weight.t())
     with torch.no_grad():
         weights.weight.fill_(0.5)
-    for h, w in ((14, 14), (3, 5), (1, 1), (20, 3)):
+    for h, w in ((14, 14), (3, 5), (1, 1), (9, 1), (20, 3)):
+        assert weights.resized(h, w).shape == (h * w, 1)
         assert weights.resized(h, w).sum().item() == pytest.approx(0.5 * 49, rel=1e-5)
 
 
@@ -142,14 +103,14 @@ def test_token_weights_resize():
 def test_one_pixel_late_stages():
     """16 x 16 -> stage 3 is 1 x 1 and a 1-wide map at 40 x 8; eval works at batch 1, and so does training
     with frozen BatchNorm statistics (training BatchNorm needs more than one value per channel)."""
-    model = VMINet(TINY_ARCH).eval()
+    model = VMINet(VMINET_ARCH).eval()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 16, 16))
     assert [tuple(o.shape[2:]) for o in outs] == [(4, 4), (2, 2), (1, 1), (1, 1)]
-    model = VMINet(TINY_ARCH, norm_eval=True)
-    model.train()
+    model = VMINet(VMINET_ARCH, norm_eval=True).train()
     outs = model(torch.randn(1, 3, 40, 8))
-    assert [tuple(o.shape[2:]) for o in outs] == stage_shapes(40, 8) == [(10, 2), (5, 1), (3, 1), (2, 1)]
+    assert [tuple(o.shape[2:]) for o in outs] == [(out_size(40, i), out_size(8, i)) for i in range(4)] == [
+        (10, 2), (5, 1), (3, 1), (2, 1)]
     sum(o.square().mean() for o in outs).backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
     model.zero_grad()
@@ -157,31 +118,28 @@ def test_one_pixel_late_stages():
     assert model.stages[2].blocks[1].sum.weight.grad.abs().sum() > 0  # the resized table is trained
 
 
-def test_context_mask_and_proj_norm_options():
-    keys = set(VMINet(TINY_ARCH, proj_norm=True).state_dict())
+def test_mask_proj_norm_and_out_norm_options():
+    keys = set(VMINet(VMINET_ARCH, proj_norm=True).state_dict())
     assert 'stages.0.1.g.bn.weight' in keys and 'stages.0.1.sum.weight' in keys
-    assert not any('.g.bn.' in k for k in VMINet(TINY_ARCH, proj_norm=False).state_dict())
-    torch.manual_seed(0)
-    a = VMINet(TINY_ARCH, context_mask='tril').eval()
-    b = VMINet(TINY_ARCH, context_mask='none').eval()
+    assert not any('.g.bn.' in k for k in VMINet(VMINET_ARCH, proj_norm=False).state_dict())
+    a = VMINet(VMINET_ARCH, mask='tril').eval()
+    b = VMINet(VMINET_ARCH, mask='none').eval()
     b.load_state_dict(a.state_dict())
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert not torch.allclose(a(x)[-1], b(x)[-1])
-
-
-def test_out_norm_choices():
-    """'LN' (also True) names LayerNorms outnorm{i}; 'BN' names BatchNorms norm{i} (the release classifier's)."""
-    assert isinstance(VMINet(TINY_ARCH, out_indices=(1, )).outnorm1, nn.LayerNorm)
-    bn = VMINet(TINY_ARCH, out_indices=(3, ), out_norm='BN')
+    # out_norm: 'LN' (also True) names LayerNorms outnorm{i}; 'BN' names BatchNorms norm{i} (the release classifier's)
+    with pytest.raises(ValueError, match="out_norm='GN'.*'LN', 'BN'"):
+        VMINet(VMINET_ARCH, out_norm='GN')
+    assert isinstance(VMINet(VMINET_ARCH, out_indices=(1, )).outnorm1, nn.LayerNorm)
+    bn = VMINet(VMINET_ARCH, out_indices=(3, ), out_norm='BN')
     assert isinstance(bn.norm3, nn.BatchNorm2d) and not hasattr(bn, 'outnorm3')
-    assert VMINet(TINY_ARCH, out_norm=True).out_norm == 'LN'
-    raw = VMINet(TINY_ARCH, out_norm=None)
+    assert VMINet(VMINET_ARCH, out_norm=True).out_norm == 'LN'
+    raw = VMINet(VMINET_ARCH, out_norm=None)
     assert not any('norm' in k.split('.')[0] for k in raw.state_dict())
 
 
 def test_release_init():
-    torch.manual_seed(0)
     model = VMINet('xs')
     table = model.stages[0][1].sum.weight  # 1 x 3136
     assert abs(table.std().item() - 0.02) < 0.002 and table.abs().max() <= 2.0  # timm-style absolute bounds

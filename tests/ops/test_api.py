@@ -8,11 +8,14 @@ import torch
 import mmppma.ops as ops
 import mmppma.ops.whole
 import mmppma.ops.whole.torch_impl as whole_torch
-from mmppma.ops.dispatch import IMPLEMENTATIONS, resolve_impl
+from mmppma.ops.dispatch import IMPLEMENTATIONS, IMPLEMENTATIONS_BY_FORM, resolve_impl
+from mmppma.ops.forms import CRISS_CROSS_FORMS, MASK_FORMS, WHOLE_FORMS
 
 from .oracle import decays, qkv
 
 IMPLS = ('reference', 'torch', 'triton')
+FORMS = {'ppma_attention': WHOLE_FORMS, 'criss_cross_attention': CRISS_CROSS_FORMS, 'polyline_mask_matvec': MASK_FORMS,
+         'ppma_decomposed_attention': MASK_FORMS, 'ppma_linear_attention': MASK_FORMS}
 ORDER = ('scale', 'form', 'feature_map', 'normalize', 'normalizer', 'eps', 'space', 'queries', 'impl', 'chunk')
 
 
@@ -52,6 +55,25 @@ def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
     monkeypatch.setenv('MMPPMA_IMPL', 'fast')
     with pytest.raises(ValueError, match='MMPPMA_IMPL'):
         resolve_impl('auto', 'ppma_attention', [x])
+
+
+
+def test_the_table_is_keyed_by_op_and_form():
+    """Every op's forms (its ``form`` option's choices) are rows; whole attention's paper form alone has no kernel;
+    IMPLEMENTATIONS is what each op has for some form."""
+    forms = {op: inspect.signature(getattr(ops, op)).parameters.get('form') for op in IMPLEMENTATIONS}
+    for op, param in forms.items():
+        rows = {form for name, form in IMPLEMENTATIONS_BY_FORM if name == op}
+        assert rows == ({None} if param is None else set(FORMS[op])), op
+    assert [key for key, impls in IMPLEMENTATIONS_BY_FORM.items() if 'triton' not in impls] == [
+        ('ppma_attention', 'paper')]
+    assert IMPLEMENTATIONS['ppma_attention'] == ('reference', 'torch', 'triton')
+    x = torch.zeros(1)
+    assert resolve_impl('reference', 'ppma_attention', [x], 'paper') == 'reference'
+    with pytest.raises(NotImplementedError, match="form='paper'.*impl='torch'"):
+        resolve_impl('triton', 'ppma_attention', [x], 'paper')
+    with pytest.raises(ValueError, match="form='2d' is not one of its forms 'release', 'paper'"):
+        resolve_impl('torch', 'ppma_attention', [x], '2d')
 
 
 Q, K, V = qkv(1, 2, 3, 4, 5)

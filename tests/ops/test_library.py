@@ -144,5 +144,5 @@ def test_an_impl_that_cannot_run_says_so_under_compile():
     la, lb = (-t.abs() for t in randn((1, 2, 3, 4), (1, 2, 3, 4), seed=1))
     torch._dynamo.reset()
     compiled = torch.compile(lambda *a: ops.ppma_attention(*a, form='paper', impl='triton'))
-    with pytest.raises(NotImplementedError, match="for form='paper' use impl='torch'"):  # not an inductor error
+    with pytest.raises(NotImplementedError, match="form='paper'; use impl='torch'"):  # not an inductor error
         compiled(q, k, v, la, lb)

@@ -1,5 +1,5 @@
 """Every Triton kernel against the dense reference, output and all gradients, float32; fp16 / bf16 vs float32;
-the launches, the preflight fallback and the int64 offsets. Without a GPU the kernels run under
+the launches and the int64 offsets. Without a GPU the kernels run under
 ``TRITON_INTERPRET=1`` (tests/conftest.py). Shapes: N = 49 and 196, a row wider than a tile (5 x 37), 1 x N and
 N x 1, a 21 x 3 map (run transposed), ragged last blocks (``test_shapes_span_several_ragged_blocks``)."""
 import dataclasses
@@ -8,17 +8,13 @@ from functools import partial
 import pytest
 import torch
 
-import mmppma.ops.criss_cross
-import mmppma.ops.whole
 from mmppma import ops
-from mmppma.ops.dispatch import resolve_impl
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
-from mmppma.ops.triton_support import preflight  # noqa: E402
 from mmppma.ops.triton_support.tiles import slice_offset  # noqa: E402
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -165,28 +161,8 @@ def test_whole_kernel_backward_extra_memory_is_linear_in_n():
     assert mode.largest[0] <= 4 * 144 * 2, f'backward allocated {mode.largest[0]} floats ({mode.largest[1]})'
 
 
-@pytest.fixture
-def interpreter_bf16_dot(monkeypatch):
-    """The interpreter's ``tl.dot`` multiplies bfloat16's uint16 bit patterns (triton-lang/triton#11584): widen both
-    operands to float32 exactly, as the tensor cores do; nothing is patched on CUDA."""
-    if DEVICE == 'cuda':
-        return
-    import numpy as np
-    from triton.runtime import interpreter
-    original = interpreter.InterpreterBuilder.create_dot
-
-    def widened(handle):
-        if handle.dtype.scalar != tl.bfloat16:
-            return handle
-        data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None).view(np.float32)
-        return interpreter.TensorHandle(data, tl.float32)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, 'create_dot',
-                        lambda self, a, b, *args, **kwargs: original(self, widened(a), widened(b), *args, **kwargs))
-
-
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
-def test_half_precision_kernels_close_to_float32(dtype, interpreter_bf16_dot):
+def test_half_precision_kernels_close_to_float32(dtype):
     """Each kernel family with half q, k, v (float32 decays and accumulation) against the dense float32 reference on
     the same rounded values: output and gradients within 1e-2 in relative norm, the output in the half dtype."""
     whole = make(1, 2, 5, 7, 16, seed=5)
@@ -229,36 +205,6 @@ def test_triton_errors_name_the_alternatives(monkeypatch):
     monkeypatch.setenv('TRITON_INTERPRET', '0')  # CPU tensors, no interpreter
     with pytest.raises(RuntimeError, match="impl='torch'"):
         ops.ppma_attention(*(t.detach().cpu() for t in make(1, 1, 2, 2, 4)), impl='triton')
-
-
-def test_auto_falls_back_to_torch_when_a_kernel_cannot_run_on_the_gpu(monkeypatch):
-    """Every kernel raises OutOfResources when loaded on a pretended GPU: impl='auto' runs the torch path with one
-    warning naming op, shape, dtype and GPU; impl='triton' raises."""
-    from triton.runtime.errors import OutOfResources
-
-    def out_of_shared_memory(self):
-        raise OutOfResources(300000, 232448, 'shared memory')
-
-    monkeypatch.setattr(lp.Launch, 'prepare', out_of_shared_memory)
-    monkeypatch.setattr(preflight, '_on_gpu', lambda t: True)
-    monkeypatch.setattr(preflight, '_device_name', lambda device: 'Pretend GPU')
-    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
-    for package in (mmppma.ops.whole, mmppma.ops.criss_cross):  # 'auto' picks triton, as on a GPU
-        monkeypatch.setattr(package, 'resolve_impl', lambda impl, *a: 'triton' if impl == 'auto' else resolve_impl(
-            impl, *a))
-    inputs = make(1, 2, 3, 5, 16, seed=7)
-    with pytest.warns(UserWarning, match=r"ppma_attention: .*Pretend GPU.*\(1, 2, 3, 5, 16\) torch.float32.*"
-                                         r"OutOfResources.*impl='torch'") as record:
-        got = outputs_and_grads(partial(ops.ppma_attention, impl='auto'), inputs)
-        outputs_and_grads(partial(ops.ppma_attention, impl='auto'), inputs)
-    assert len([w for w in record if 'ppma_attention' in str(w.message)]) == 1, 'one warning per input signature'
-    for a, b in zip(got, outputs_and_grads(partial(ops.ppma_attention, impl='torch'), inputs)):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    monkeypatch.setattr(lp.Launch, '__call__', out_of_shared_memory)
-    with pytest.raises(OutOfResources):
-        ops.ppma_attention(*inputs, impl='triton')
-    with pytest.warns(UserWarning, match='criss_cross_attention: .*Pretend GPU'):
-        ops.criss_cross_attention(*inputs, impl='auto')
 
 
 @triton.jit

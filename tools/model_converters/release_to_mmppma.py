@@ -14,10 +14,10 @@ The release layouts read:
   buffers (``*.attn.rope.rotations``) are dropped (mmppma computes RoPE per input size); the final ``norm``
   becomes ``backbone.norm3``, ``head`` ``head.fc``.
 * VMINet: yws-wxs/VMINet, ``vminet.py`` at commit 6b11d4a or 7c2632c, told apart by the keys: blocks'
-  ``dwconv`` with ``g.bn`` is 6b11d4a (``context_mask='none', proj_norm=True``), blocks' ``conv`` without
-  ``g.bn`` is 7c2632c (``context_mask='tril', proj_norm=False``; ``conv.`` renamed ``dwconv.``). DST records
+  ``dwconv`` with ``g.bn`` is 6b11d4a (``mask='none', proj_norm=True``), blocks' ``conv`` without
+  ``g.bn`` is 7c2632c (``mask='tril', proj_norm=False``; ``conv.`` renamed ``dwconv.``). DST records
   the revision and its options (``meta['mmppma_vminet_release']`` and the state dict's load metadata);
-  loading it into a VMINet whose ``context_mask`` or ``proj_norm`` differs is an error naming the option.
+  loading it into a VMINet whose ``mask`` or ``proj_norm`` differs is an error naming the option.
 
 Two steps: convert (this script prints the config to load the result with on a line of its own, ``config:
 configs/<family>_<arch>_8xb128_in1k.py``, for VMINet ``configs/vminet_<arch>_release-<revision>_in1k.py``),
@@ -38,8 +38,6 @@ Whole release detectors and segmentors (the PPMA release's Mask R-CNN, mmdet 2.x
 against the whole model that config builds under mmdet 3 / mmseg 1 and writes the class names as
 ``meta['dataset_meta']`` (``mmppma.models.utils.whole_model_convert``); ``tools/test.py CONFIG DST`` then loads
 it strictly.
-``ppma_official_to_mmppma.py``, ``mlla_official_to_mmppma.py`` and ``vminet_official_to_mmppma.py`` are this
-script with ``--family`` set.
 """
 import argparse
 import json
@@ -64,11 +62,10 @@ from mmppma.models.utils.checkpoint_convert import (  # noqa: E402
 )
 
 
-def parse_args(argv: Optional[List[str]] = None, family: Optional[str] = None) -> argparse.Namespace:
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    if family is None:
-        parser.add_argument('--family', required=True, type=check_family, metavar='{PPMA,RMT,MLLA,VMINet}',
-                            help=f'the release: {", ".join(FAMILIES)} (RMT: PPMA)')
+    parser.add_argument('--family', required=True, type=check_family, metavar='{PPMA,RMT,MLLA,VMINet}',
+                        help=f'the release: {", ".join(FAMILIES)} (RMT: PPMA)')
     parser.add_argument('src', help='release checkpoint (.pth / .pth.tar)')
     parser.add_argument('dst', help='output mmppma checkpoint (.pth)')
     parser.add_argument('--arch', type=str.lower, help='arch name (e.g. tiny, t, ti, xs); default: detected from '
@@ -87,8 +84,6 @@ def parse_args(argv: Optional[List[str]] = None, family: Optional[str] = None) -
                         help='load with torch.load(weights_only=False): needed when the file holds non-tensor '
                         'objects (e.g. the training config / args); only for files you trust')
     args = parser.parse_args(argv)
-    if family is not None:
-        args.family = check_family(family)
     if args.arch_json and args.arch:
         parser.error('give --arch or --arch-json, not both')
     if args.arch_json and args.family != 'PPMA':
@@ -134,8 +129,8 @@ def convert_whole_model(args: argparse.Namespace, checkpoint: dict) -> int:
     return 0
 
 
-def main(argv: Optional[List[str]] = None, family: Optional[str] = None) -> int:
-    args = parse_args(argv, family)
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
     family = args.family
     checkpoint = load(args.src, args.allow_pickle)
     if args.model_config:

@@ -79,7 +79,7 @@ def pretrained_init_cfg(backbone: str, pretrained: Optional[str],
                         f'{type(pretrained).__name__}')
     how = (f"give {backbone} weights through the backbone's init_cfg instead, e.g. model.backbone.init_cfg="
            "dict(type='Pretrained', checkpoint='ppma_t_backbone.pth') (release checkpoints: convert them with "
-           'tools/model_converters/*_official_to_mmppma.py --backbone-only)')
+           'tools/model_converters/release_to_mmppma.py --family FAMILY --backbone-only)')
     if pretrained.startswith(FOREIGN_ZOO_SCHEMES):
         raise ValueError(f'{backbone}: pretrained={pretrained!r} names the weights of another architecture from '
                          'an upstream model zoo (the config was written for a different backbone). Set '

@@ -11,7 +11,7 @@ a classification checkpoint's ``norm`` is ``norm3`` here (with ``out_indices=(3,
 mmpretrain's ``LinearClsHead.fc``; its dense-prediction checkpoints (``norm0``-``norm3``) load as they are.
 The release's ``attn.rope.rotations`` buffers are not kept (RoPE is computed per input size).
 
-``attn='ppmla'`` multiplies every block's linear attention by the polyline path mask (PPMA paper, Appendix
+``mask='polyline'`` (PPMLA) multiplies every block's linear attention by the polyline path mask (PPMA paper, Appendix
 A.7), O(N); see :class:`~mmppma.models.layers.mlla.MLLAAttention`.
 """
 from typing import Dict, Tuple, Union
@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from mmppma.registry import register_model
 
-from ..layers.mlla import MLLA_ATTNS, MLLABlock, MLLADownsample, MLLAStage, MLLAStem
+from ..layers.mlla import MLLA_MASKS, MLLABlock, MLLADownsample, MLLAStage, MLLAStem
 from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 _TINY = dict(embed_dims=[64, 128, 256, 512], depths=[2, 4, 8, 4], num_heads=[2, 4, 8, 16], mlp_ratio=4.0)
@@ -62,8 +62,8 @@ class MLLA(StagedBackbone):
         arch: 'tiny' | 'small' | 'base' (or 't' | 's' | 'b'), or a dict with keys embed_dims, depths,
             num_heads (per stage) and optionally mlp_ratio (4).
         in_channels: image channels.
-        attn: 'mlla' (default: the release's normalized linear attention) or 'ppmla' (the same attention
-            times the polyline path mask with learned per-head decays, normalized by the masked mass).
+        mask: 'none' (default, MLLA: the release's normalized linear attention) or 'polyline' (PPMLA: the same
+            attention times the polyline path mask with learned per-head decays, normalized by the masked mass).
         impl: the ops' implementation for PPMLA ('auto' | 'torch' | 'triton' | 'reference').
         out_norm: LayerNorm (eps 1e-5) each returned output (``norm{i}``), as the release's dense backbones;
             for classification use ``out_indices=(3, )``: ``norm3`` is the release's final ``norm``.
@@ -75,23 +75,17 @@ class MLLA(StagedBackbone):
     """
     arch_zoo = MLLA_ARCH_ZOO
 
-    def __init__(self,
-                 arch: Union[str, dict] = 'tiny',
-                 in_channels: int = 3,
-                 attn: str = 'mlla',
-                 impl: str = 'auto',
-                 *,
-                 out_norm: bool = True,
-                 **kwargs) -> None:
-        check_choice('attn', attn, MLLA_ATTNS)
+    def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3, mask: str = 'none',
+                 impl: str = 'auto', *, out_norm: bool = True, **kwargs) -> None:
+        check_choice('mask', mask, MLLA_MASKS)
         super().__init__(resolve_mlla_arch(arch), in_channels, **kwargs)
         s = self.arch_settings
-        self.attn, self.impl, self.out_norm = attn, impl, out_norm
+        self.mask, self.impl, self.out_norm = mask, impl, out_norm
 
         self.patch_embed = MLLAStem(in_channels, self.embed_dims[0])
         self.layers = nn.ModuleList()
         for i, (dims, heads) in enumerate(zip(self.embed_dims, s['num_heads'])):
-            blocks = [MLLABlock(dims, heads, s['mlp_ratio'], attn, impl, p) for p in self.drop_paths[i]]
+            blocks = [MLLABlock(dims, heads, s['mlp_ratio'], mask, impl, p) for p in self.drop_paths[i]]
             downsample = MLLADownsample(dims, self.embed_dims[i + 1]) if i < self.num_stages - 1 else None
             self.layers.append(MLLAStage(blocks, downsample, self.with_cp))
         if out_norm:
@@ -112,4 +106,4 @@ class MLLA(StagedBackbone):
         return self._forward_channels_last(x)
 
     def extra_repr(self) -> str:
-        return f'attn={self.attn!r}, out_indices={self.out_indices}'
+        return f'mask={self.mask!r}, out_indices={self.out_indices}'

@@ -14,7 +14,16 @@ import torch.nn as nn
 
 from mmppma.registry import register_model
 
-from ..layers import ATTN_FORMS, ATTN_TYPES, MASKS, ConvDownsample, ConvStem, PPMABlock, PPMAStage, RasterRoPE2D
+from ..layers import (
+    PPMA_ATTN_TYPES,
+    PPMA_FORMS,
+    PPMA_MASKS,
+    ConvDownsample,
+    ConvStem,
+    PPMABlock,
+    PPMAStage,
+    RasterRoPE2D,
+)
 from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 CC, WHOLE = 'criss_cross', 'whole'
@@ -58,9 +67,8 @@ def resolve_arch(arch: Union[str, dict]) -> dict:
         if dims % heads or (dims // heads) % 2:
             raise ValueError(f'custom PPMA arch dict: stage {i} embed_dims={dims} must be num_heads={heads} times '
                              f'an even head dimension (RoPE rotates channel pairs)')
-    for t in arch['attn_types']:
-        if t not in ATTN_TYPES:
-            raise ValueError(f'custom PPMA arch dict: attn_types entry {t!r}; choose from {", ".join(ATTN_TYPES)}')
+    for i, t in enumerate(arch['attn_types']):
+        check_choice(f'custom PPMA arch dict: attn_types[{i}]', t, PPMA_ATTN_TYPES)
     return arch
 
 
@@ -75,7 +83,7 @@ class PPMA(StagedBackbone):
         in_channels: image channels.
         mask: the structured mask (paper Table 4): 'polyline' (2D, learned, default), 'shared' (one learned
             decay for both directions), 'v2h' (V2H path only), 'rmt' (fixed Manhattan decay), 'none'.
-        attn_form: whole-attention form with a learned mask, 'release' (default) or 'paper'.
+        form: the whole attention's form with a learned mask (the ops' ``form``): 'release' (default) or 'paper'.
         impl: attention implementation passed to :mod:`mmppma.ops` ('auto' | 'torch' | 'triton' | 'reference').
         out_norm: LayerNorm (eps 1e-5) each returned output (``outnorm{i}``; the release's dense backbones).
             Classification checkpoints have none: classification configs set False.
@@ -92,23 +100,23 @@ class PPMA(StagedBackbone):
                  arch: Union[str, dict] = 'tiny',
                  in_channels: int = 3,
                  mask: str = 'polyline',
-                 attn_form: str = 'release',
+                 form: str = 'release',
                  impl: str = 'auto',
                  *,
                  out_norm: bool = True,
                  **kwargs) -> None:
-        check_choice('mask', mask, MASKS)
-        check_choice('attn_form', attn_form, ATTN_FORMS)
+        check_choice('mask', mask, PPMA_MASKS)
+        check_choice('form', form, PPMA_FORMS)
         super().__init__(resolve_arch(arch), in_channels, **kwargs)
         s = self.arch_settings
-        self.mask, self.attn_form, self.impl, self.out_norm = mask, attn_form, impl, out_norm
+        self.mask, self.form, self.impl, self.out_norm = mask, form, impl, out_norm
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0])
         self.layers = nn.ModuleList()
         for i, (dims, heads) in enumerate(zip(self.embed_dims, s['num_heads'])):
             layer_scale = s['layer_scale_init_value'] if s['layer_scales'][i] else None
             blocks = [
-                PPMABlock(dims, heads, s['mlp_ratios'][i], s['attn_types'][i], mask, attn_form, impl, drop_path,
+                PPMABlock(dims, heads, s['mlp_ratios'][i], s['attn_types'][i], mask, form, impl, drop_path,
                           layer_scale) for drop_path in self.drop_paths[i]
             ]
             # Only the fixed-decay (RMT) mask stores decays with the position tables.
@@ -141,13 +149,13 @@ class PPMA(StagedBackbone):
 class RMT(PPMA):
     """RMT baseline (Fan et al., CVPR 2024) in PPMA's macro architecture: fixed per-head decays
     ``log(1 - 2^(-2 - r*h/n))``, Manhattan mask in whole stages, rows-then-columns criss-cross elsewhere.
-    Same as ``PPMA(mask='rmt')``; takes every PPMA argument but ``mask`` and ``attn_form``.
+    Same as ``PPMA(mask='rmt')``; takes every PPMA argument but ``mask`` and ``form``.
     Each stage's ``Relpos`` holds the ``angle`` and ``decay`` buffers.
     """
 
     def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3, impl: str = 'auto', *,
                  out_norm: bool = True, **kwargs) -> None:
-        fixed = sorted({'mask', 'attn_form'} & set(kwargs))
+        fixed = sorted({'mask', 'form'} & set(kwargs))
         if fixed:
             raise TypeError(f'RMT takes no {" or ".join(fixed)}: its mask is the fixed decay (PPMA(mask=\'rmt\')); '
                             f'for a learned mask use PPMA(mask=...)')

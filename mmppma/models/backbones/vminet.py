@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from mmppma.registry import register_model
 
 from ..layers.conv import ConvBN
-from ..layers.vminet import CONTEXT_MASKS, VMISABlock, VMIStage, stage_sizes
+from ..layers.vminet import VMINET_MASKS, VMISABlock, VMIStage, stage_sizes
 from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 _DEPTHS = [2, 2, 18, 2]  # the release: every size has 24 blocks, as Vim's 24 Mamba blocks
@@ -38,8 +38,8 @@ OUT_NORMS = ('LN', 'BN')
 
 #: The public release's revisions of ``vminet.py`` (github.com/yws-wxs/VMINet) -> the options reproducing each.
 RELEASE_REVISIONS: Dict[str, dict] = {
-    '6b11d4a': dict(context_mask='none', proj_norm=True),  # blocks' ``dwconv``, BatchNorm after ``g``, no mask
-    '7c2632c': dict(context_mask='tril', proj_norm=False),  # blocks' ``conv``, no BatchNorm after ``g``, mask
+    '6b11d4a': dict(mask='none', proj_norm=True),  # blocks' ``dwconv``, BatchNorm after ``g``, no mask
+    '7c2632c': dict(mask='tril', proj_norm=False),  # blocks' ``conv``, no BatchNorm after ``g``, mask
 }
 #: Where a converted checkpoint records its release revision and options: ``state_dict._metadata[prefix]``
 #: (torch's per-module load metadata, which mmengine's ``load_checkpoint`` keeps) and the checkpoint's ``meta``.
@@ -74,7 +74,7 @@ class VMINet(StagedBackbone):
         in_channels: image channels.
         img_size: the (pre)training image size; fixes the size of the context weight tables (224 -> 56, 28,
             14, 7 tokens). Other input sizes resize the tables (see the module docstring).
-        context_mask: 'tril' (paper Eq. 10, default) or 'none'.
+        mask: the context vector's mask, 'tril' (paper Eq. 10, default) or 'none'.
         proj_norm: BatchNorm after each block's output projection (release revision 6b11d4a; default True).
         out_norm: per-output norm: 'LN' (``outnorm{i}``, channel LayerNorm, eps 1e-6; also ``True``), 'BN'
             (``norm{i}``, BatchNorm2d: the release classifier's norm), or None / False.
@@ -94,16 +94,16 @@ class VMINet(StagedBackbone):
                  arch: Union[str, dict] = 'xs',
                  in_channels: int = 3,
                  img_size: Union[int, Sequence[int]] = 224,
-                 context_mask: str = 'tril',
+                 mask: str = 'tril',
                  proj_norm: bool = True,
                  *,
                  out_norm: Union[str, bool, None] = 'LN',
                  **kwargs) -> None:
-        check_choice('context_mask', context_mask, CONTEXT_MASKS)
+        check_choice('mask', mask, VMINET_MASKS)
         out_norm = self._check_out_norm(out_norm)
         super().__init__(resolve_arch(arch), in_channels, **kwargs)
         s = self.arch_settings
-        self.context_mask, self.proj_norm, self.out_norm = context_mask, proj_norm, out_norm
+        self.mask, self.proj_norm, self.out_norm = mask, proj_norm, out_norm
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
 
         stem_channels = s['stem_channels']
@@ -113,7 +113,7 @@ class VMINet(StagedBackbone):
             dims = self.embed_dims[i]
             downsample = ConvBN(self.embed_dims[i - 1] if i else stem_channels, dims, 3, stride=2)
             blocks = [
-                VMISABlock(dims, s['mlp_ratios'][i], size, context_mask, proj_norm, s['kernel_size'], p)
+                VMISABlock(dims, s['mlp_ratios'][i], size, mask, proj_norm, s['kernel_size'], p)
                 for p in drop_paths
             ]
             self.stages.append(VMIStage(downsample, blocks, self.with_cp))
@@ -152,9 +152,9 @@ class VMINet(StagedBackbone):
         return tuple(outs)
 
     def check_release_record(self, record: Mapping) -> None:
-        """record: a converted release checkpoint's ``RELEASE_RECORD`` (revision, context_mask, proj_norm).
+        """record: a converted release checkpoint's ``RELEASE_RECORD`` (revision, mask, proj_norm).
         Raises ``ValueError`` naming the options to set when they differ from this backbone's."""
-        wrong = [k for k in ('context_mask', 'proj_norm') if k in record and record[k] != getattr(self, k)]
+        wrong = [k for k in ('mask', 'proj_norm') if k in record and record[k] != getattr(self, k)]
         if wrong:
             revision = record.get('revision')
             need = ', '.join(f'{k}={record[k]!r}' for k in wrong)
@@ -170,7 +170,7 @@ class VMINet(StagedBackbone):
         if 'conv' in found or 'conv.bn' in found:
             raise ValueError(f'{prefix}stages.*.conv.* keys: an unconverted VMINet release state dict (revision '
                              f'7c2632c names the blocks\' 7x7 ConvBN conv); convert it with '
-                             f'tools/model_converters/vminet_official_to_mmppma.py')
+                             f'tools/model_converters/release_to_mmppma.py --family VMINet')
         if 'g' not in found:
             return
         if self.proj_norm and 'g.bn' not in found:

@@ -36,9 +36,9 @@ from .inplace import records_grad
 from .path_embed import PathEmbed
 from .rope import PositionTables, apply_rope
 
-ATTN_TYPES = ('criss_cross', 'whole')
-MASKS = ('polyline', 'shared', 'v2h', 'none', 'rmt')
-ATTN_FORMS = ('release', 'paper')
+PPMA_ATTN_TYPES = ('criss_cross', 'whole')
+PPMA_MASKS = ('polyline', 'shared', 'v2h', 'none', 'rmt')
+PPMA_FORMS = ('release', 'paper')
 
 
 def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -55,7 +55,7 @@ class PolylinePathAttention(nn.Module):
         num_heads: n; head_dims = C / n.
         attn_type: 'whole' (N x N per head, PPMVA) or 'criss_cross' (rows and columns, PPMCCA).
         mask: 'polyline' (default), 'shared', 'v2h', 'none' or 'rmt' (see the module docstring).
-        attn_form: whole stages with a learned mask: 'release' (0.5 softmax(S+M)v + 0.5 softmax(S+M^T)v,
+        form: whole stages with a learned mask: 'release' (0.5 softmax(S+M)v + 0.5 softmax(S+M^T)v,
             what the checkpoints were trained with) or 'paper' ((softmax(S) * L2D) v).
         impl: the ops' implementation ('auto' | 'torch' | 'triton' | 'reference').
     """
@@ -65,18 +65,18 @@ class PolylinePathAttention(nn.Module):
                  num_heads: int,
                  attn_type: str = 'whole',
                  mask: str = 'polyline',
-                 attn_form: str = 'release',
+                 form: str = 'release',
                  impl: str = 'auto') -> None:
         super().__init__()
-        check_choice('attn_type', attn_type, ATTN_TYPES)
-        check_choice('mask', mask, MASKS)
-        check_choice('attn_form', attn_form, ATTN_FORMS)
+        check_choice('attn_type', attn_type, PPMA_ATTN_TYPES)
+        check_choice('mask', mask, PPMA_MASKS)
+        check_choice('form', form, PPMA_FORMS)
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
         self.embed_dims, self.num_heads = embed_dims, num_heads
         self.head_dims = embed_dims // num_heads
         self.scaling = self.head_dims**-0.5
-        self.attn_type, self.mask, self.attn_form, self.impl = attn_type, mask, attn_form, impl
+        self.attn_type, self.mask, self.form, self.impl = attn_type, mask, form, impl
 
         self.q_proj = nn.Linear(embed_dims, embed_dims)
         self.k_proj = nn.Linear(embed_dims, embed_dims)
@@ -137,7 +137,7 @@ class PolylinePathAttention(nn.Module):
             return self.whole_attention(q, k, v, *decays)
         impl = self.impl
         if self.mask == 'rmt':
-            # == criss_cross_attention(q, k, v, g, g, form='h2v') with g the decay broadcast to
+            # == criss_cross_attention(q, k, v, la, la, form='h2v') with la the decay broadcast to
             # (B, n, H, W); this op builds the constant biases once per head instead of per position.
             return rmt_criss_cross_attention(q, k, v, *decays, scale=1.0, impl=impl)
         if not decays:
@@ -150,7 +150,7 @@ class PolylinePathAttention(nn.Module):
         :meth:`_decays` gives them. Every tensor it reads is an argument, so a FLOP counter can trace it as one
         node (:func:`mmppma.models.utils.flops.count_flops`)."""
         if self.path_embed is not None:
-            form = 'v2h' if self.mask == 'v2h' else self.attn_form
+            form = 'v2h' if self.mask == 'v2h' else self.form
             return ppma_attention(q, k, v, *decays, scale=1.0, form=form, impl=self.impl)
         if self.mask == 'rmt':
             return manhattan_attention(q, k, v, *decays, scale=1.0, impl=self.impl)
@@ -163,9 +163,9 @@ class PolylinePathAttention(nn.Module):
         if len(decays) == 2:
             return decays
         b, h, w, _ = x.shape
-        g = decays[0].float() if decays else x.new_zeros(self.num_heads, dtype=torch.float32)
-        g = g.reshape(1, self.num_heads, 1, 1).expand(b, -1, h, w)
-        return g, g
+        log_decay = decays[0].float() if decays else x.new_zeros(self.num_heads, dtype=torch.float32)
+        la = log_decay.reshape(1, self.num_heads, 1, 1).expand(b, -1, h, w)
+        return la, la
 
     @torch.no_grad()
     def query_maps(self, x: torch.Tensor, pos: PositionTables,
@@ -199,4 +199,4 @@ class PolylinePathAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, attn_type={self.attn_type!r}, '
-                f'mask={self.mask!r}, attn_form={self.attn_form!r}, impl={self.impl!r}')
+                f'mask={self.mask!r}, form={self.form!r}, impl={self.impl!r}')

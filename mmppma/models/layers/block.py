@@ -54,14 +54,14 @@ class PPMABlock(nn.Module):
                  mlp_ratio: float,
                  attn_type: str,
                  mask: str = 'polyline',
-                 attn_form: str = 'release',
+                 form: str = 'release',
                  impl: str = 'auto',
                  drop_path: float = 0.0,
                  layer_scale_init_value: Optional[float] = None) -> None:
         super().__init__()
         self.pos = DWConv2d(embed_dims, 3)
         self.retention_layer_norm = nn.LayerNorm(embed_dims, eps=1e-6)
-        self.retention = PolylinePathAttention(embed_dims, num_heads, attn_type, mask, attn_form, impl)
+        self.retention = PolylinePathAttention(embed_dims, num_heads, attn_type, mask, form, impl)
         self.final_layer_norm = nn.LayerNorm(embed_dims, eps=1e-6)
         self.ffn = ConvFFN(embed_dims, int(embed_dims * mlp_ratio))
         self.drop_path = DropPath(drop_path)

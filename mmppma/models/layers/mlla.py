@@ -26,7 +26,8 @@ from .conv import Conv2d, ConvBN, conv_tokens
 from .path_embed import PathEmbed
 from .rope import apply_rope
 
-MLLA_ATTNS = ('mlla', 'ppmla')
+#: MLLA's mask switch: 'none' (MLLA's linear attention) or 'polyline' (PPMLA: times the polyline path mask).
+MLLA_MASKS = ('none', 'polyline')
 
 
 def mlla_rope_tables(height: int, width: int, channels: int, device=None,
@@ -58,9 +59,9 @@ class MLLAAttention(nn.Module):
 
     ``q, k = elu(qk(x)) + 1`` (one Linear(C, 2C)); ``v = x`` (no v projection: the block's ``in_proj`` is it).
 
-    * ``attn='mlla'`` (release): ``out_i = sum_j (q~_i . k~_j) v_j / (N * (q_i . mean_j k_j + 1e-6))`` per head,
-      with ``q~, k~`` the RoPE'd q, k and the normalizer from the un-rotated ones; O(N d^2).
-    * ``attn='ppmla'``: the same attention map multiplied by the polyline path mask L2D = L + L^T (paper
+    * ``mask='none'`` (MLLA, the release): ``out_i = sum_j (q~_i . k~_j) v_j / (N * (q_i . mean_j k_j + 1e-6))``
+      per head, with ``q~, k~`` the RoPE'd q, k and the normalizer from the un-rotated ones; O(N d^2).
+    * ``mask='polyline'`` (PPMLA): the same attention map multiplied by the polyline path mask L2D = L + L^T (paper
       Appendix A.7, Eq. 34), normalized by the masked mass, all in O(N) without an N x N tensor::
 
           out_i = sum_j (q~_i . k~_j) L2D_ij v_j / (sum_j (q_i . k_j) L2D_ij + eps)
@@ -72,17 +73,17 @@ class MLLAAttention(nn.Module):
     ``+ lepe(v)`` (depthwise 3x3) in both. ``impl`` is the ops' implementation for PPMLA.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, attn: str = 'mlla', impl: str = 'auto',
+    def __init__(self, embed_dims: int, num_heads: int, mask: str = 'none', impl: str = 'auto',
                  eps: float = 1e-6) -> None:
         super().__init__()
-        check_choice('attn', attn, MLLA_ATTNS)
+        check_choice('mask', mask, MLLA_MASKS)
         if embed_dims % num_heads:
             raise ValueError(f'embed_dims={embed_dims} is not divisible by num_heads={num_heads}')
         self.embed_dims, self.num_heads, self.head_dims = embed_dims, num_heads, embed_dims // num_heads
-        self.attn, self.impl, self.eps = attn, impl, eps
+        self.mask, self.impl, self.eps = mask, impl, eps
         self.qk = nn.Linear(embed_dims, embed_dims * 2)
         self.lepe = depthwise_conv3x3(embed_dims)
-        self.path_embed = PathEmbed(num_heads, self.head_dims) if attn == 'ppmla' else None
+        self.path_embed = PathEmbed(num_heads, self.head_dims) if mask == 'polyline' else None
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         """(B, H, W, C) -> (B, n, H, W, d)."""
@@ -96,7 +97,7 @@ class MLLAAttention(nn.Module):
         sin, cos = (t.to(q.dtype) for t in rope)
         q_rope, k_rope = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
         q, k, v, q_rope, k_rope = map(self._heads, (q, k, x, q_rope, k_rope))
-        if self.attn == 'mlla':
+        if self.mask == 'none':
             out = self._linear_attention(q, k, v, q_rope, k_rope)
         else:
             la, lb = self.path_embed(x)
@@ -125,7 +126,7 @@ class MLLAAttention(nn.Module):
                                      impl=self.impl, normalizer=(q, k))
 
     def extra_repr(self) -> str:
-        return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, attn={self.attn!r}'
+        return f'embed_dims={self.embed_dims}, num_heads={self.num_heads}, mask={self.mask!r}'
 
 
 class MLLAMlp(nn.Module):
@@ -155,7 +156,7 @@ class MLLABlock(nn.Module):
                  embed_dims: int,
                  num_heads: int,
                  mlp_ratio: float = 4.0,
-                 attn: str = 'mlla',
+                 mask: str = 'none',
                  impl: str = 'auto',
                  drop_path: float = 0.0) -> None:
         super().__init__()
@@ -165,7 +166,7 @@ class MLLABlock(nn.Module):
         self.act_proj = nn.Linear(embed_dims, embed_dims)
         self.dwc = depthwise_conv3x3(embed_dims)
         self.act = nn.SiLU()
-        self.attn = MLLAAttention(embed_dims, num_heads, attn, impl)
+        self.attn = MLLAAttention(embed_dims, num_heads, mask, impl)
         self.out_proj = nn.Linear(embed_dims, embed_dims)
         self.drop_path = DropPath(drop_path)
         self.cpe2 = depthwise_conv3x3(embed_dims)

@@ -17,9 +17,9 @@ from mmppma.utils.checks import check_choice
 from .block import DropPath, run_blocks
 from .conv import ConvBN
 
-#: Context-vector masks: 'none' (plain per-token weighted sum) or 'tril' (the release's lower-triangular
-#: mask on the (tokens x channels) matrix: channel c sums only over raster tokens n >= c).
-CONTEXT_MASKS = ('none', 'tril')
+#: VMINet's mask switch, the context vector's mask: 'none' (plain per-token weighted sum) or 'tril' (the
+#: release's lower-triangular mask on the (tokens x channels) matrix: channel c sums only over raster tokens n >= c).
+VMINET_MASKS = ('none', 'tril')
 
 
 class TokenWeights(nn.Module):
@@ -64,7 +64,7 @@ class VMISABlock(nn.Module):
         dim: channels C.
         mlp_ratio: expansion r of the two branches.
         base_size: the token grid the weight table is trained at (stage size at 224 x 224).
-        context_mask: 'none' or 'tril' (see :data:`CONTEXT_MASKS`).
+        mask: 'none' or 'tril' (see :data:`VMINET_MASKS`).
         proj_norm: BatchNorm after ``g`` (release revision 6b11d4a: yes; 7c2632c: no).
         kernel_size: depthwise kernel (7).
         drop_path: stochastic depth probability of the residual branch.
@@ -74,14 +74,14 @@ class VMISABlock(nn.Module):
                  dim: int,
                  mlp_ratio: int,
                  base_size: Sequence[int],
-                 context_mask: str = 'tril',
+                 mask: str = 'tril',
                  proj_norm: bool = True,
                  kernel_size: int = 7,
                  drop_path: float = 0.0) -> None:
         super().__init__()
-        check_choice('context_mask', context_mask, CONTEXT_MASKS)
+        check_choice('mask', mask, VMINET_MASKS)
         hidden = int(mlp_ratio * dim)
-        self.context_mask = context_mask
+        self.mask = mask
         self.dwconv = ConvBN(dim, dim, kernel_size, groups=dim)
         self.f1 = ConvBN(dim, hidden, norm_name=None)
         self.f2 = ConvBN(dim, hidden, norm_name=None)
@@ -95,7 +95,7 @@ class VMISABlock(nn.Module):
         """y: (B, C, H, W) -> context vector (B, C, 1, 1)."""
         b, c, h, w = y.shape
         tokens = y.reshape(b, c, h * w)
-        if self.context_mask == 'tril':
+        if self.mask == 'tril':
             # release: tril of the (N, C) matrix keeps (n, c) with c <= n, i.e. triu of our (C, N) view
             tokens = tokens.triu()
         weights = self.sum.resized(h, w).to(tokens.dtype)

@@ -6,14 +6,12 @@ from .checkpoint_convert import (
     detect_mask,
     extract_state_dict,
     match_arch,
-    mmppma_to_official,
     mmppma_to_release,
-    official_to_mmppma,
     release_to_mmppma,
 )
 from .flops import attention_flop_jit, count_flops
 
 __all__ = [
     'FAMILIES', 'CheckpointMismatchError', 'detect_mask', 'extract_state_dict', 'match_arch', 'mmppma_to_release',
-    'release_to_mmppma', 'mmppma_to_official', 'official_to_mmppma', 'attention_flop_jit', 'count_flops'
+    'release_to_mmppma', 'attention_flop_jit', 'count_flops'
 ]

@@ -15,7 +15,6 @@ import functools
 import inspect
 import math
 import re
-import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
@@ -362,7 +361,7 @@ def _map_backbone(family: str, backbone: dict, measured: dict, downstream: bool,
             backbone = {VMINET_OLD_CONV.sub(r'\1dwconv.', k): v for k, v in backbone.items()}
             notes.append("blocks' conv.* renamed dwconv.*")
         if revision is None:
-            notes.append('a backbone.-prefixed state in mmppma\'s layout: no release revision, its context_mask is '
+            notes.append('a backbone.-prefixed state in mmppma\'s layout: no release revision, its mask is '
                          'not visible in the weights')
             if not measured['proj_norm']:
                 overrides['proj_norm'] = False
@@ -492,7 +491,7 @@ def release_to_mmppma(state: Mapping[str, torch.Tensor],
     ``configs/mlla_t_8xb128_in1k.py``; None for a custom arch), downstream, out_indices, backbone_overrides
     (settings the checkpoint needs that differ from the backbone's defaults), dropped (release buffers with no
     counterpart), passthrough keys, num_classes, notes, mask (PPMA), and ``revision`` / ``release`` (VMINet:
-    the record revision, context_mask, proj_norm; None for a downstream state in mmppma's layout). A VMINet
+    the record revision, mask, proj_norm; None for a downstream state in mmppma's layout). A VMINet
     release state comes back carrying the record (:func:`with_release_record`).
     """
     family = check_family(family)
@@ -606,27 +605,3 @@ def mmppma_to_release(state: Mapping[str, torch.Tensor],
         out['head.' + k[len('head.fc.'):] if k.startswith('head.fc.') else k] = v
     return out
 
-
-# ---------------------------------------------------------------- deprecated spellings
-def _deprecated(old: str, new: str) -> None:
-    warnings.warn(f'{old} is deprecated and will be removed in the next release; use {new}', DeprecationWarning,
-                  stacklevel=3)
-
-
-def official_to_mmppma(state: Mapping[str, torch.Tensor], backbone_only: bool = False,
-                       arch: Optional[Union[str, dict]] = None, check: bool = True):
-    """Deprecated: :func:`release_to_mmppma` with ``family='PPMA'``."""
-    _deprecated('official_to_mmppma(state)', "release_to_mmppma(state, 'PPMA')")
-    return release_to_mmppma(state, 'PPMA', backbone_only=backbone_only, arch=arch, check=check)
-
-
-def mmppma_to_official(state: Mapping[str, torch.Tensor], downstream: bool = False) -> Dict[str, torch.Tensor]:
-    """Deprecated: :func:`mmppma_to_release` with ``family='PPMA'``."""
-    _deprecated('mmppma_to_official(state)', "mmppma_to_release(state, 'PPMA')")
-    return mmppma_to_release(state, 'PPMA', downstream=downstream)
-
-
-def extract_release_state(checkpoint: Mapping, key: Optional[str] = None) -> Tuple[Dict[str, torch.Tensor], str]:
-    """Deprecated: :func:`extract_state_dict`."""
-    _deprecated('extract_release_state', 'extract_state_dict')
-    return extract_state_dict(checkpoint, key)

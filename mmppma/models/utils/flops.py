@@ -23,9 +23,9 @@ class WholeAttentionForFlops(torch.autograd.Function):
     Every tensor the attention reads is an input (a traced closure over tensors breaks the jit tracer)."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: Optional[torch.Tensor],
-                b: Optional[torch.Tensor], attend: Callable[..., torch.Tensor]) -> torch.Tensor:
-        return attend(q, k, v, *(t for t in (a, b) if t is not None))
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: Optional[torch.Tensor],
+                lb: Optional[torch.Tensor], attend: Callable[..., torch.Tensor]) -> torch.Tensor:
+        return attend(q, k, v, *(t for t in (la, lb) if t is not None))
 
     @staticmethod
     def backward(ctx, grad):
@@ -34,8 +34,8 @@ class WholeAttentionForFlops(torch.autograd.Function):
 
 def _as_one_op(whole_attention: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                *decays: torch.Tensor) -> torch.Tensor:
-    a, b = (tuple(decays) + (None, None))[:2]
-    return WholeAttentionForFlops.apply(q, k, v, a, b, whole_attention)
+    la, lb = (tuple(decays) + (None, None))[:2]
+    return WholeAttentionForFlops.apply(q, k, v, la, lb, whole_attention)
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     """
     check_choice('form', form, CRISS_CROSS_FORMS)
     check_qkv(q, k, v, la, lb)
-    requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v))
+    requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v), form)
     if impl == 'triton':
         from ..triton_support.preflight import run_or_fall_back
         from .triton_impl import criss_cross_attention_triton

@@ -5,7 +5,8 @@ For every line (a row: length W, or a column: length H) of a (BH, H, W, .) tenso
 ``out[t] = sum_s softmax_s(scale * q_t . k_s + seg(C; t, s)) x_s`` with C the line's cumsum table.
 Rows and columns are read in place through strides (no permute copies). Forward and backward are
 flash-style loops over key blocks; the bias gradient is reduced into per-token partial sums owned by one
-program each (no atomics).
+program each (no atomics). The grid is one axis of (line, block) programs, line-major: the lines (batch * heads *
+rows or columns) pass CUDA's 65535 on the other axes at large batches.
 """
 from typing import Tuple
 
@@ -32,8 +33,9 @@ def _line_offsets(line, n_lines, H, W, COLUMNS: tl.constexpr):
 def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale, H, W, L, n_lines, D, DX,
               COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
-    base, step = _line_offsets(tl.program_id(1), n_lines, H, W, COLUMNS)
-    offs_m, mask_m, tok_m = token_block(tl.program_id(0) * BLOCK_M, BLOCK_M, L, base, step)
+    blocks = tl.cdiv(L, BLOCK_M)
+    base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
+    offs_m, mask_m, tok_m = token_block(tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, L, base, step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
     q = load_tile(q_ptr, tok_m, mask_m, offs_d, D)
@@ -59,8 +61,9 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx, gc = gk) or queries (g1 = dq, gc = gq) of
     one line, looping over the line's other tokens; gc is the own tokens' part of the table gradient,
     sum over the other tokens of sgn(query >= key) dS. Tiles are (own x other tokens)."""
-    base, step = _line_offsets(tl.program_id(1), n_lines, H, W, COLUMNS)
-    offs, mask, tok = token_block(tl.program_id(0) * BLOCK_OWN, BLOCK_OWN, L, base, step)
+    blocks = tl.cdiv(L, BLOCK_OWN)
+    base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
+    offs, mask, tok = token_block(tl.program_id(0) % blocks * BLOCK_OWN, BLOCK_OWN, L, base, step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
     c_own = tl.load(c_ptr + tok, mask=mask, other=0.0)
@@ -105,7 +108,7 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int):
     out = torch.empty(bh, hh, ww, dx, device=q.device, dtype=torch.float32)
     lse = torch.empty(bh, hh, ww, device=q.device, dtype=torch.float32)
     cfg = lp.config('line_fwd', length, q.dtype, cap)
-    launch = lp.Launch(_line_fwd, (triton.cdiv(length, cfg.block_m), bh * n_lines),
+    launch = lp.Launch(_line_fwd, (triton.cdiv(length, cfg.block_m) * bh * n_lines, ),
                        (q, k, x, c, out, lse, float(scale), hh, ww, length, n_lines, d, dx),
                        _constexprs(cfg, columns, d, dx, q.dtype), cfg)
     return [launch], out, lse
@@ -133,7 +136,7 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
     launches = []
     for keys, own, other, grads in ((True, cfg.block_n, cfg.block_m, (dk, dx, gk)), (False, cfg.block_m, cfg.block_n,
                                                                                     (dq, dq, gq))):
-        launches.append(lp.Launch(_line_bwd, (triton.cdiv(length, own), bh * n_lines),
+        launches.append(lp.Launch(_line_bwd, (triton.cdiv(length, own) * bh * n_lines, ),
                                   (q, k, x, c, dout, lse, delta, *grads, *args),
                                   dict(KEYS=keys, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
                                        BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype)), cfg))

@@ -22,7 +22,17 @@ def polyline_mask_matvec_3d(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor,
     for name, t in (('la', la), ('lb', lb), ('lc', lc)):
         if not t.is_floating_point() or t.is_complex():
             raise ValueError(f'{name}: log-decays must be real floating point tensors; got {t.dtype}')
-    if resolve_impl(impl, 'polyline_mask_matvec_3d', (x, la, lb, lc)) == 'reference':
+    requested, impl = impl, resolve_impl(impl, 'polyline_mask_matvec_3d', (x, la, lb, lc))
+    if impl == 'triton':
+        from ..triton_support.preflight import run_or_fall_back
+        return run_or_fall_back('polyline_mask_matvec_3d', lambda *t: _matvec_3d(*t, 'triton', chunk),
+                                (x, la, lb, lc), requested, lambda: _matvec_3d(x, la, lb, lc, 'torch', chunk))
+    return _matvec_3d(x, la, lb, lc, impl, chunk)
+
+
+def _matvec_3d(x, la, lb, lc, impl: str, chunk: int) -> torch.Tensor:
+    """:func:`polyline_mask_matvec_3d` with a resolved ``impl``."""
+    if impl == 'reference':
         lmask = polyline_mask_3d(la, lb, lc, space='linear')
         flat = x.to(lmask.dtype).reshape(*x.shape[:2], -1, x.shape[-1])
         return (lmask @ flat).reshape(x.shape).to(x.dtype)

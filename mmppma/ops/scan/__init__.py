@@ -43,10 +43,12 @@ def decay_scan_1d(x: torch.Tensor, log_decay: torch.Tensor, *, impl: str = 'auto
                          f'log_decay {tuple(log_decay.shape)}')
     if not log_decay.is_floating_point() or log_decay.is_complex():
         raise ValueError(f'decay_scan_1d: log_decay must be a real floating point tensor; got {log_decay.dtype}')
-    impl = resolve_impl(impl, 'decay_scan_1d', (x, log_decay))
+    requested, impl = impl, resolve_impl(impl, 'decay_scan_1d', (x, log_decay))
     if impl == 'triton':
+        from ..triton_support.preflight import run_or_fall_back
         from .triton_impl import decay_scan_triton
-        return decay_scan_triton(x, log_decay)
+        return run_or_fall_back('decay_scan_1d', decay_scan_triton, (x, log_decay), requested,
+                                lambda: decay_scan_1d(x, log_decay, impl='torch', chunk=chunk))
     dtype = table_dtype(x, log_decay)
     scan = decay_scan_reference if impl == 'reference' else lambda x, d: decay_scan_torch(x, d, chunk)
     return scan(x.to(dtype), log_decay.to(dtype)).to(x.dtype)
@@ -70,10 +72,19 @@ def polyline_mask_matvec(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, *,
     if x.dim() != 5 or x.shape[:-1] != la.shape:
         raise ValueError(f'x: expected (B, heads, H, W, D) matching la, lb (B, heads, H, W) = '
                          f'{tuple(la.shape)}; got x {tuple(x.shape)}')
+    requested, impl = impl, resolve_impl(impl, 'polyline_mask_matvec', (x, la, lb), form)
+    if impl == 'triton':
+        from ..triton_support.preflight import run_or_fall_back
+        return run_or_fall_back('polyline_mask_matvec', lambda x, la, lb: _matvec(x, la, lb, form, 'triton', chunk),
+                                (x, la, lb), requested, lambda: _matvec(x, la, lb, form, 'torch', chunk))
+    return _matvec(x, la, lb, form, impl, chunk)
+
+
+def _matvec(x, la, lb, form: str, impl: str, chunk: int) -> torch.Tensor:
+    """:func:`polyline_mask_matvec` with a resolved ``impl``."""
     if form == '2d':
-        return (polyline_mask_matvec(x, la, lb, form='v2h', impl=impl, chunk=chunk) +
-                polyline_mask_matvec(x, la, lb, form='h2v', impl=impl, chunk=chunk))
-    if resolve_impl(impl, 'polyline_mask_matvec', (x, la, lb)) == 'reference':
+        return _matvec(x, la, lb, 'v2h', impl, chunk) + _matvec(x, la, lb, 'h2v', impl, chunk)
+    if impl == 'reference':
         return matvec_reference(x, la, lb, form)
     if form == 'v2h':
         return decay_scan_1d(scan_columns(x, lb, impl, chunk), la, impl=impl, chunk=chunk)
@@ -100,7 +111,17 @@ def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tenso
     """
     check_choice('form', form, MASK_FORMS)
     _check(s1, s2, v, la, lb)
-    impl = resolve_impl(impl, 'ppma_decomposed_attention', (s1, s2, v))
+    requested, impl = impl, resolve_impl(impl, 'ppma_decomposed_attention', (s1, s2, v), form)
+    if impl == 'triton':
+        from ..triton_support.preflight import run_or_fall_back
+        return run_or_fall_back('ppma_decomposed_attention',
+                                lambda *t: _decomposed(*t, form=form, impl='triton', chunk=chunk), (s1, s2, v, la, lb),
+                                requested, lambda: _decomposed(s1, s2, v, la, lb, form=form, impl='torch', chunk=chunk))
+    return _decomposed(s1, s2, v, la, lb, form=form, impl=impl, chunk=chunk)
+
+
+def _decomposed(s1, s2, v, la, lb, *, form: str, impl: str, chunk: int) -> torch.Tensor:
+    """:func:`ppma_decomposed_attention` with a resolved ``impl``."""
     dtype = table_dtype(s1, s2, v, la, lb)
     s1f, s2f, vf = s1.to(dtype), s2.to(dtype), v.to(dtype)
     if impl == 'reference':
@@ -139,12 +160,21 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     if isinstance(feature_map, str):
         check_choice('feature_map', feature_map, tuple(FEATURE_MAPS))
         feature_map = FEATURE_MAPS[feature_map]
-    fq, fk = feature_map(q), feature_map(k)
-    out = ppma_decomposed_attention(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk)
-    if not normalize:
-        return out
-    if normalizer is not None:
-        fq, fk = feature_map(normalizer[0]), feature_map(normalizer[1])
-    ones = v.new_ones(*v.shape[:-1], 1)
-    mass = ppma_decomposed_attention(fq, fk, ones, la, lb, form=form, impl=impl, chunk=chunk)
-    return out / (mass + eps)
+
+    def attend(impl, q, k, v, la, lb, *normalizer):
+        fq, fk = feature_map(q), feature_map(k)
+        out = _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk)
+        if not normalize:
+            return out
+        if normalizer:
+            fq, fk = feature_map(normalizer[0]), feature_map(normalizer[1])
+        ones = v.new_ones(*v.shape[:-1], 1)
+        return out / (_decomposed(fq, fk, ones, la, lb, form=form, impl=impl, chunk=chunk) + eps)
+
+    inputs = (q, k, v, la, lb, *(normalizer or ()))
+    requested, impl = impl, resolve_impl(impl, 'ppma_linear_attention', (q, k, v), form)
+    if impl == 'triton':
+        from ..triton_support.preflight import run_or_fall_back
+        return run_or_fall_back('ppma_linear_attention', lambda *t: attend('triton', *t), inputs, requested,
+                                lambda: attend('torch', *inputs))
+    return attend(impl, *inputs)

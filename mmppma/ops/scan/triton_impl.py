@@ -16,9 +16,10 @@ from ..triton_support import launch as lp
 @triton.jit
 def _scan_kernel(x_ptr, c_ptr, y_ptr, L, D, SIGNED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    line = tl.program_id(1)
-    pid_d = tl.program_id(2)
+    blocks = tl.cdiv(L, BLOCK_M)
+    pid_m = tl.program_id(0) % blocks  # axis 0: (line, block) programs, line-major (the lines pass 65535)
+    line = tl.program_id(0) // blocks
+    pid_d = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_m = offs_m < L
@@ -47,7 +48,7 @@ def scan_launches(x: torch.Tensor, c: torch.Tensor, signed: bool, cap: int):
     y = torch.empty(lines, length, d, device=x.device, dtype=torch.float32)
     cfg = lp.config('scan', length, x.dtype, cap)
     block_d = min(lp.pow2(d), 64)
-    return [lp.Launch(_scan_kernel, (triton.cdiv(length, cfg.block_m), lines, triton.cdiv(d, block_d)),
+    return [lp.Launch(_scan_kernel, (triton.cdiv(length, cfg.block_m) * lines, triton.cdiv(d, block_d)),
                       (x, c, y, length, d),
                       dict(SIGNED=signed, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
                            PRECISION=lp.precision(x.dtype)), cfg)], y

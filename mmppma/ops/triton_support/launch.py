@@ -6,10 +6,13 @@ limit, no register spills); docs/benchmarks.md lists what they compile to.
 """
 import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 import torch
 import triton
+
+from ..dispatch import device_capability
+from .interpreter import exact_bf16_dots
 
 #: per-block shared memory limit in bytes, by compute capability (major * 10 + minor)
 SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
@@ -17,6 +20,12 @@ SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 LARGE = 1024
 #: whole attention on images narrower than this many tokens takes the narrow tiles; taller ones run transposed
 NARROW = 16
+#: CUDA's limits on the grid: programs along axis 0, 1 and 2
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+
+
+class LaunchLimitError(RuntimeError):
+    """A launch whose grid exceeds :data:`GRID_LIMITS` (CUDA refuses it)."""
 
 
 def pow2(x: int, least: int = 16) -> int:
@@ -25,14 +34,12 @@ def pow2(x: int, least: int = 16) -> int:
 
 
 def capability(device: torch.device) -> int:
-    """Compute capability as major * 10 + minor of a CUDA device; 0 for the interpreter (CPU tensors); the
-    recorded capability inside :func:`recording`."""
+    """Compute capability as major * 10 + minor of a (simulated) CUDA device
+    (:func:`mmppma.ops.dispatch.device_capability`); 0 for the interpreter (CPU tensors); the recorded capability
+    inside :func:`recording`."""
     if _RECORDING:
         return _RECORDING[-1][0]
-    if device.type != 'cuda':
-        return 0
-    major, minor = torch.cuda.get_device_capability(device)
-    return major * 10 + minor
+    return device_capability(device)
 
 
 def precision(dtype: torch.dtype) -> Optional[str]:
@@ -66,6 +73,8 @@ class Config:
     #: '_corners' families: the corner-gradient sums run as a program of their own, which recomputes the tile's
     #: probabilities and score gradient, instead of in the one that accumulates the token gradients
     corner_pass: bool = False
+    #: the kernel family whose table row this is (set by :func:`config`)
+    family: str = ''
 
 
 # The interpreter runs programs one by one, at a cost per program and per operation nearly independent of the tile
@@ -131,16 +140,31 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
 }
 
 
+#: the families whose images narrower than NARROW take the narrow tiles (whole attention's backward)
+NARROW_FAMILIES = ('whole_bwd_q', 'whole_bwd_q_corners', 'whole_bwd_kv', 'whole_bwd_kv_corners')
+FAMILIES = tuple(dict.fromkeys(family for family, _, _ in _TABLE))
+
+
 def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = LARGE) -> Config:
     """Tiles, warps and stages of kernel ``family`` for sequences (or lines) of ``length`` tokens, of images
-    ``width`` tokens wide (whole attention)."""
+    ``width`` tokens wide (whole attention's backward)."""
     if cap == 0:
-        return _INTERPRETER
-    if width < NARROW:
+        chosen = _INTERPRETER
+    elif width < NARROW and family in NARROW_FAMILIES:
         narrow = _NARROW[dtype != torch.float32]
-        return narrow.get(cap, narrow[0])
-    row = _TABLE[(family, length >= LARGE, dtype != torch.float32)]
-    return row.get(cap, row[0])
+        chosen = narrow.get(cap, narrow[0])
+    else:
+        row = _TABLE[(family, length >= LARGE, dtype != torch.float32)]
+        chosen = row.get(cap, row[0])
+    return dataclasses.replace(chosen, family=family)
+
+
+def table_configs(cap: int) -> FrozenSet[Config]:
+    """Every distinct configuration :func:`config` can return for capability ``cap``: per family, short and long
+    sequences, each dtype, and the narrow images' tiles."""
+    return frozenset(config(family, length, dtype, cap, width) for family in FAMILIES for length in (1, LARGE)
+                     for dtype in (torch.float32, torch.float16, torch.bfloat16)
+                     for width in ((NARROW - 1, LARGE) if family in NARROW_FAMILIES else (LARGE, )))
 
 
 @dataclasses.dataclass
@@ -153,8 +177,19 @@ class Launch:
     constexprs: Dict[str, Any]
     config: Config
 
+    def __post_init__(self) -> None:
+        self.check_grid()
+
+    def check_grid(self) -> None:
+        """Raise :class:`LaunchLimitError` if the grid exceeds CUDA's limits."""
+        if len(self.grid) > len(GRID_LIMITS) or any(n > limit for n, limit in zip(self.grid, GRID_LIMITS)):
+            raise LaunchLimitError(f'{self.name}: grid {self.grid} exceeds CUDA\'s limits ('
+                                   f'{", ".join(map(str, GRID_LIMITS))} programs along axes 0, 1, 2)')
+
     def __call__(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
+        interpreted = any(isinstance(a, torch.Tensor) and a.device.type == 'cpu' for a in self.args)
+        with exact_bf16_dots() if interpreted else contextlib.nullcontext():
+            self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
     def prepare(self) -> None:
         """Compile for the current device and load the binary, without launching: raises what a launch would
@@ -166,6 +201,11 @@ class Launch:
     def options(self) -> Dict[str, int]:
         """Compile options of the launch."""
         return dict(num_warps=self.config.num_warps, num_stages=self.config.num_stages, maxnreg=self.config.maxnreg)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the launch's tensors (its first tensor argument's)."""
+        return next(a.device for a in self.args if isinstance(a, torch.Tensor))
 
     @property
     def name(self) -> str:
@@ -204,15 +244,33 @@ _TRITON_DTYPE = {torch.float32: 'fp32', torch.float16: 'fp16', torch.bfloat16: '
 
 
 _RECORDING: List[Tuple[int, List[Launch]]] = []
+_EXECUTED: List[Set[Tuple[int, Config]]] = []
 
 
 def run(launches) -> None:
-    """Launch each of ``launches``; inside :func:`recording`, append them to its list instead."""
+    """Launch each of ``launches`` on its tensors' device (the current CUDA device is the process's, not the
+    inputs'); inside :func:`recording`, append them to its list instead; inside :func:`executed`, also note their
+    (capability, configuration)."""
     if _RECORDING:
         _RECORDING[-1][1].extend(launches)
         return
     for launch in launches:
-        launch()
+        device = launch.device
+        with torch.cuda.device(device) if device.type == 'cuda' else contextlib.nullcontext():
+            launch()
+        for ran in _EXECUTED:
+            ran.add((device_capability(device), launch.config))
+
+
+@contextlib.contextmanager
+def executed() -> Iterator[Set[Tuple[int, Config]]]:
+    """Within the block, every launch that runs adds its (capability, configuration) to the yielded set."""
+    ran: Set[Tuple[int, Config]] = set()
+    _EXECUTED.append(ran)
+    try:
+        yield ran
+    finally:
+        _EXECUTED.pop()
 
 
 @contextlib.contextmanager

@@ -1,26 +1,31 @@
-"""The preflight of the Triton paths: before an ``impl='auto'`` op first launches its kernels for an input
-signature on a GPU, they are compiled and loaded once (on ``meta`` tensors, recorded by
-:func:`mmppma.ops.triton_support.launch.recording`); where one cannot run there, the op falls back to its torch
-path with one warning. ``impl='triton'`` raises what the launch raises instead.
+"""The preflight of the Triton paths and their torch fallback: before an ``impl='auto'`` op first launches its
+kernels for an input signature on a (simulated) GPU, its launches are recorded on ``meta`` tensors
+(:func:`mmppma.ops.triton_support.launch.recording`), checked against the grid limits, and compiled and loaded
+once. Where one cannot run - a ``TritonError`` (out of resources, a compile error), a driver ``RuntimeError``, a
+grid over the limits - or the first launch fails, the op falls back to its torch path with one warning naming the
+op, the shape, the dtype and the GPU. ``impl='triton'`` (or ``MMPPMA_IMPL=triton``) raises instead.
 """
-import contextlib
 import os
 import warnings
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
+from triton.runtime.errors import TritonError
 
-from ..dispatch import ENV_VAR
+from ..dispatch import ENV_VAR, device_capability, device_name, on_gpu
+from . import launch
 
+#: what a kernel that cannot compile, load or launch on the user's GPU raises (a grid over the limits included:
+#: :class:`mmppma.ops.triton_support.launch.LaunchLimitError` is a RuntimeError)
+CANNOT_RUN = (TritonError, RuntimeError)
+
+
+class KernelLaunchError(RuntimeError):
+    """A Triton path that failed on the inputs' GPU under ``impl='triton'``, naming the op, shape, dtype and GPU."""
+
+
+#: (op, device, capability, shapes and dtypes) -> None (the kernels run) or what kept them from running
 _PREFLIGHT: Dict[tuple, Optional[Exception]] = {}
-
-
-def _on_gpu(t: torch.Tensor) -> bool:
-    return t.is_cuda
-
-
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == 'cuda' else str(device)
 
 
 def fallback_for(impl: str, torch_path: Callable[[], torch.Tensor]) -> Optional[Callable[[], torch.Tensor]]:
@@ -29,45 +34,77 @@ def fallback_for(impl: str, torch_path: Callable[[], torch.Tensor]) -> Optional[
     return torch_path if impl == 'auto' and not os.environ.get(ENV_VAR, '').strip() else None
 
 
-def kernels_fit(op: str, run: Callable[[], torch.Tensor], inputs, fallback) -> bool:
-    """Whether every kernel launch of ``run`` (forward and backward) compiles and loads on the inputs' GPU, found
-    once per (op, shapes, dtypes, device) by running the op on ``meta`` tensors and compiling what it records.
-    With no ``fallback`` (or no GPU) this is not asked: the launches raise themselves."""
+def _key(op: str, inputs: Sequence[torch.Tensor]) -> tuple:
     q = inputs[0]
-    if fallback is None or not _on_gpu(q) or torch.compiler.is_compiling():
+    return (op, q.device, device_capability(q.device), *((tuple(t.shape), t.dtype) for t in inputs))
+
+
+def _describe(op: str, q: torch.Tensor) -> str:
+    return f'{op}: the Triton kernels cannot run on {device_name(q.device)} for inputs {tuple(q.shape)} {q.dtype}'
+
+
+def _failed(key: tuple, op: str, q: torch.Tensor, error: Exception) -> None:
+    """Remember that the kernels cannot run for ``key``, with the one warning."""
+    _PREFLIGHT[key] = error
+    first = str(error).splitlines()[0] if str(error) else ''
+    warnings.warn(f"{_describe(op, q)} ({type(error).__name__}: {first}); impl='auto' falls back to impl='torch' "
+                  f"for these inputs")
+
+
+def check_launches(run: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor], device: torch.device) -> None:
+    """Record every launch of ``run`` (forward and backward) on ``meta`` tensors shaped as ``inputs``, check the
+    grids and, on a GPU, compile and load each launch on ``device``; raise what a launch would. Any grad mode:
+    the meta tensors are made outside the caller's inference mode, with autograd on."""
+    with torch.inference_mode(False), torch.enable_grad():
+        meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='meta',
+                                    requires_grad=t.is_floating_point()) for t in inputs]
+        with launch.recording(launch.capability(device)) as launches:
+            out = run(*meta)
+            torch.autograd.grad(out, [t for t in meta if t.requires_grad], torch.empty_like(out), allow_unused=True)
+    for item in launches:
+        item.check_grid()
+    if device.type == 'cuda':  # the simulated device (CPU tensors) has no GPU to compile for and load on
+        with torch.cuda.device(device):
+            for item in launches:
+                item.prepare()
+
+
+def kernels_fit(op: str, run: Callable[..., torch.Tensor], inputs, fallback) -> bool:
+    """Whether every kernel launch of ``run`` fits the inputs' GPU (:func:`check_launches`), found once per
+    (op, shapes, dtypes, device). With no ``fallback`` (or no GPU) this is not asked: the launches raise
+    themselves."""
+    q = inputs[0]
+    if fallback is None or not on_gpu(q) or torch.compiler.is_compiling():
         # while compiling, the shapes may be symbolic: the kernels run unchecked and raise what a launch raises
         return True
-    key = (op, q.device, *((tuple(t.shape), t.dtype) for t in inputs))
+    key = _key(op, inputs)
     if key not in _PREFLIGHT:
-        from triton.runtime.errors import TritonError
-
-        from . import launch
-        meta = [t.detach().to('meta').requires_grad_(t.is_floating_point()) for t in inputs]
-        error = None
         try:
-            with launch.recording(launch.capability(q.device)) as launches:
-                out = run(*meta)
-                torch.autograd.grad(out, [t for t in meta if t.requires_grad], torch.empty_like(out),
-                                    allow_unused=True)
-            with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
-                for item in launches:
-                    item.prepare()
-        except TritonError as e:  # OutOfResources, CompilationError, PTXASError
-            error = e
-        _PREFLIGHT[key] = error
-        if error is not None:
-            warnings.warn(f"{op}: the Triton kernels cannot run on {_device_name(q.device)} for "
-                          f"inputs {tuple(q.shape)} {q.dtype} ({type(error).__name__}: "
-                          f"{str(error).splitlines()[0] if str(error) else ''}); impl='auto' falls back to "
-                          f"impl='torch' for these inputs")
+            check_launches(run, inputs, q.device)
+            _PREFLIGHT[key] = None
+        except CANNOT_RUN as e:
+            _failed(key, op, q, e)
     return _PREFLIGHT[key] is None
 
 
 def run_or_fall_back(op: str, run: Callable[..., torch.Tensor], inputs, impl: str,
                      torch_path: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``run(*inputs)`` (the op's Triton path) if its kernels fit the inputs' GPU (:func:`kernels_fit`), else the
-    fallback of the requested ``impl`` (:func:`fallback_for`)."""
+    """``run(*inputs)`` (the op's Triton path) if its kernels fit the inputs' GPU (:func:`kernels_fit`) and the
+    forward's launches succeed, else the fallback of the requested ``impl`` (:func:`fallback_for`); without a
+    fallback, a failing launch raises naming the op, shape, dtype and GPU."""
     fallback = fallback_for(impl, torch_path)
     if not kernels_fit(op, run, inputs, fallback):
         return fallback()
-    return run(*inputs)
+    q = inputs[0]
+    if not on_gpu(q) or torch.compiler.is_compiling():
+        return run(*inputs)
+    try:
+        return run(*inputs)
+    except CANNOT_RUN as e:
+        if fallback is None:
+            if isinstance(e, KernelLaunchError):  # in an op this one is made of
+                raise KernelLaunchError(f'{_describe(op, q)}: in {e}') from e
+            raise KernelLaunchError(f"{_describe(op, q)}: {type(e).__name__}: {e}; impl='auto' falls back to the "
+                                    f"torch path, impl='torch' runs it") from e
+        _failed(_key(op, inputs), op, q, e)
+        return fallback()

@@ -25,7 +25,8 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     With S = scale * q k^T and M the V2H log-mask, ``form``:
 
     * ``'release'``: 0.5 softmax(S + M) v + 0.5 softmax(S + M^T) v (the released checkpoints);
-    * ``'paper'``: (softmax(S) * (exp(M) + exp(M^T))) v (paper Eq. 33; no Triton kernel);
+    * ``'paper'``: (softmax(S) * (exp(M) + exp(M^T))) v (paper Eq. 33; no Triton kernel: ``impl='auto'`` takes
+      the torch path on GPUs too);
     * ``'v2h'`` / ``'h2v'``: softmax(S + M) v / softmax(S + M^T) v (one path, Table 4 ablation).
 
     ``impl='torch'`` takes the branch :func:`whole_attention_branch` names: ``'dense'`` for the paper form,
@@ -34,11 +35,8 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     """
     check_choice('form', form, WHOLE_FORMS)
     check_qkv(q, k, v, la, lb)
-    requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v))
+    requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v), form)
     if impl == 'triton':
-        if form == 'paper':
-            raise NotImplementedError("impl='triton' implements the softmax-biased forms ('release', 'v2h', "
-                                      "'h2v'); for form='paper' use impl='torch'")
         from ..triton_support.preflight import run_or_fall_back
         from .triton_impl import whole_attention_triton
         return run_or_fall_back(

@@ -110,10 +110,12 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
     all key blocks. ROWS bounds the image rows of the block that holds the path's corners (a key block for
     'h2v', a query block for 'v2h'). UNROLLED_ROWS: ROWS as a constexpr, the corner rows unrolled, so that the key
     loop is software-pipelined (with num_stages > 1 the next key block's loads overlap the current block's math);
-    0: a loop over ROWS rows (a loop of a run-time count, which the compiler keeps rolled)."""
-    bh = tl.program_id(1)
+    0: a loop over ROWS rows (a loop of a run-time count, which the compiler keeps rolled). Grid: one axis of
+    (slice, block) programs, slice-major."""
+    blocks = tl.cdiv(N, BLOCK_M)
+    bh = tl.program_id(0) // blocks
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
-    qb = _block(ca_ptr, cb_ptr, tl.program_id(0) * BLOCK_M, BLOCK_M, N, W)
+    qb = _block(ca_ptr, cb_ptr, tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, N, W)
     offs_m, mask_m = qb[6], qb[5]
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -221,8 +223,9 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     chunk. CORNER_ROWS: the image rows a block can touch (ROWS_OWN), at least 16 (a matrix product's smallest
     side)."""
     CORNERS: tl.constexpr = (FORM == 'h2v') == KEYS
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
+    blocks = tl.cdiv(N, BLOCK_OWN)
+    pid = tl.program_id(0) % blocks  # the own block; grid: one axis of (slice, block) programs, slice-major
+    bh = tl.program_id(0) // blocks
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
     do_ptr += slice_offset(bh, N, DV)
     lse_ptr += slice_offset(bh, N, 1)
@@ -304,7 +307,7 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     launches = []
     for i, path in enumerate(names):
         rows = _rows_touched(cfg.block_n if path == 'h2v' else cfg.block_m, hh, ww)
-        launches.append(lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m), bh),
+        launches.append(lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m) * bh, ),
                                   (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv, rows),
                                   dict(FORM=path, UNROLLED_ROWS=rows if rows <= MAX_UNROLLED_ROWS else 0,
                                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
@@ -345,7 +348,7 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
             # (GRADS, CORNER_SUMS) of each launch: the corner sums in the same program or in one of their own
             parts = [(True, False), (False, True)] if corners and cfg.corner_pass else [(True, corners)]
             launches.extend(lp.Launch(
-                _whole_bwd, (triton.cdiv(n, own), bh),
+                _whole_bwd, (triton.cdiv(n, own) * bh, ),
                 (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0 if corners else 1], corner[keys][0],
                  corner[keys][1], float(scale), weight, n, hh, ww, d, dv, slots[keys]),
                 dict(KEYS=keys, FORM=path, GRADS=with_grads, CORNER_SUMS=sums, BLOCK_OWN=own,

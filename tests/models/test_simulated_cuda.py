@@ -1,0 +1,167 @@
+"""Whole backbones on the simulated GPU (``MMPPMA_SIMULATE_CUDA``: CPU tensors take the CUDA code path of that
+capability, the kernels run on Triton's interpreter): with ``impl='auto'`` every mmppma op launches its kernels,
+and each model equals its ``impl='torch'`` twin in a training step, in evaluation under ``no_grad`` and
+``inference_mode``, under autocast and with TF32 on, for every mask and form. CPU tensors allow only CPU autocast,
+so ``torch.autocast('cpu', dtype=...)`` stands for CUDA's. The interpreter computes TF32 dots exactly: the TF32
+runs check that the kernels are asked for TF32, at TF32's tolerance. VMINet uses no mmppma op and runs unchanged;
+the tiny classification config evaluates through mmengine."""
+import contextlib
+
+import pytest
+import torch
+
+from mmppma.models.backbones import MLLA, PPMA, RMT, VMINet
+
+from ..conftest import REPO_ROOT
+from .conftest import require
+
+pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
+if torch.cuda.is_available():
+    pytest.skip('the simulated GPU runs CPU tensors on the interpreter (a GPU is here)', allow_module_level=True)
+
+from mmppma.ops.triton_support import launch, preflight  # noqa: E402
+
+# a kernel that cannot run falls back to the torch path with a warning: here an error that names the cause
+pytestmark = pytest.mark.filterwarnings("error:.*impl='auto' falls back:UserWarning")
+CC, WHOLE = 'criss_cross', 'whole'
+ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4], mlp_ratios=[2, 2], attn_types=[CC, WHOLE])
+MLLA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4])
+LINE, WHOLE_KERNELS, SCAN = {'_line_fwd', '_line_bwd'}, {'_whole_fwd', '_whole_bwd'}, {'_scan_kernel'}
+#: variant -> (the backbone for an impl, the kernels a training step launches): PPMA's masks and forms (a
+#: criss-cross then a whole-attention stage; mask 'none' attends in its whole stage with SDPA, form 'paper' with
+#: the torch path), RMT, PPMLA (MLLA with the polyline mask) and VMINet
+MODELS = {
+    'PPMA': (lambda impl: PPMA(ARCH, impl=impl, out_indices=(0, 1)), LINE | WHOLE_KERNELS),
+    'PPMA-paper': (lambda impl: PPMA(ARCH, form='paper', impl=impl, out_indices=(0, 1)), LINE),
+    **{f'PPMA-{mask}': (lambda impl, mask=mask: PPMA(ARCH, mask=mask, impl=impl, out_indices=(0, 1)), kernels)
+       for mask, kernels in (('shared', LINE | WHOLE_KERNELS), ('v2h', LINE | WHOLE_KERNELS), ('none', LINE))},
+    'RMT': (lambda impl: RMT(ARCH, impl=impl, out_indices=(0, 1)), LINE | WHOLE_KERNELS),
+    'PPMLA': (lambda impl: MLLA(MLLA_ARCH, mask='polyline', impl=impl, out_indices=(0, 1)), SCAN),
+    'VMINet': (lambda impl: VMINet(dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2]), img_size=32,
+                                   out_indices=(0, 1)), set()),
+}
+
+
+@contextlib.contextmanager
+def tf32(api: str):
+    """TF32 on through the old flag or the ``fp32_precision`` API; both restored (the old flag first: reading it
+    after a mix of the two raises)."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    if api == 'allow_tf32':
+        matmul.allow_tf32 = True
+    else:
+        matmul.fp32_precision = 'tf32'
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = False
+        matmul.fp32_precision = before
+
+
+#: mode -> (a training step, else an evaluation; the context of the step; autocast dtype of the forward; the
+#: tolerance in relative norm per tensor beyond twice the torch path's own error in that mode)
+MODES = {
+    'train': (True, contextlib.nullcontext, None, 1e-4),
+    'no_grad': (False, torch.no_grad, None, 1e-4),
+    'inference_mode': (False, torch.inference_mode, None, 1e-4),
+    'fp16': (True, contextlib.nullcontext, torch.float16, 1e-2),
+    'bf16': (True, contextlib.nullcontext, torch.bfloat16, 1e-2),
+    'allow_tf32': (True, lambda: tf32('allow_tf32'), None, 1e-2),
+    'fp32_precision': (True, lambda: tf32('fp32_precision'), None, 1e-2),
+}
+# the default tier: every variant, mode and capability at least once; --all: every variant in every mode on sm_90
+# at a larger image
+CASES = [('PPMA', 'train', 90), ('PPMA', 'no_grad', 89), ('PPMA-paper', 'fp16', 80), ('PPMA-shared', 'bf16', 86),
+         ('PPMA-v2h', 'allow_tf32', 89), ('PPMA-none', 'fp32_precision', 90), ('RMT', 'train', 86),
+         ('RMT', 'inference_mode', 80), ('PPMLA', 'train', 80), ('VMINet', 'train', 90)]
+HEAVY = [pytest.param(name, mode, 90, marks=pytest.mark.heavy, id=f'{name}-{mode}-90-large')
+         for name in MODELS for mode in MODES]
+
+
+def run_model(model, mode: str, x):
+    """Outputs, and in a training step the parameters' gradients of a fixed linear functional of them."""
+    train, context, dtype, _ = MODES[mode]
+    model.train(train)
+    with context():
+        with torch.autocast('cpu', dtype=dtype) if dtype else contextlib.nullcontext():
+            outs = model(x)
+        if not train:
+            return [o.clone() for o in outs]
+        loss = sum((o.float() * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs)
+        params = [p for p in model.parameters() if p.requires_grad]
+        return [o.detach() for o in outs] + list(torch.autograd.grad(loss, params))
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The (kernel name, dot precision) of every kernel launch the test runs; the preflight's verdicts of earlier
+    tests forgotten."""
+    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    seen = set()
+    call = launch.Launch.__call__
+
+    def record(self):
+        seen.add((self.name, self.constexprs.get('PRECISION')))
+        call(self)
+
+    monkeypatch.setattr(launch.Launch, '__call__', record)
+    return seen
+
+
+@pytest.mark.parametrize('name, mode, cap', CASES + HEAVY)
+def test_model_on_simulated_gpu_equals_torch(name, mode, cap, request, launched, monkeypatch):
+    build, kernels = MODELS[name]
+    train, _, dtype, tol = MODES[mode]
+    size = (32, 48) if request.node.get_closest_marker('heavy') else (16, 24)
+    x = torch.randn(1, 3, *size)
+    want_model = build('torch')
+    want = run_model(want_model, mode, x)
+    got_model = build('auto')
+    got_model.load_state_dict(want_model.state_dict())
+    monkeypatch.setenv('MMPPMA_SIMULATE_CUDA', str(cap))
+    with launch.executed() as ran:
+        got = run_model(got_model, mode, x)
+
+    assert {k for k, _ in launched} == (kernels if train else {k for k in kernels if 'bwd' not in k})
+    assert {c for c, _ in ran} == ({cap} if kernels else set())  # the launch table of the simulated capability
+    tf32_on = mode in ('allow_tf32', 'fp32_precision')
+    # dot precisions: half inputs take triton's default (None); PPMLA scans float32 under autocast too
+    assert {p for _, p in launched} <= ({'tf32'} if tf32_on else {None, 'ieee'} if dtype else {'ieee'}), launched
+    assert len(got) == len(want), (len(got), len(want))
+    # the torch path in float32 (on the CPU it takes no TF32): autocast's rounding is measured against it
+    exact = run_model(want_model, 'train' if train else 'no_grad', x)
+    norms = [e.double().norm().item() for e in exact]
+    floor = 1e-2 * max(norms)  # the gradients of biases before a BatchNorm are rounding noise
+    for i, (g, w, e, n) in enumerate(zip(got, want, exact, norms)):
+        err, own = ((t.double() - e.double()).norm().item() for t in (g, w))
+        assert err <= 2 * own + tol * max(n, floor), \
+            f'{name} {mode} tensor {i} {tuple(e.shape)}: error {err:.3g}, the torch path\'s {own:.3g}, norm {n:.3g}'
+
+
+def test_tiny_classification_config_evaluates_on_the_simulated_gpu(tmp_path, run_python, launched, monkeypatch):
+    """mmengine's validation loop (under no_grad) of configs/tiny/ppma_t_tiny_in.py, a PPMA of the arch above on
+    32 px crops: the kernels run, and the metrics equal the torch path's."""
+    require('mmpretrain.datasets')
+    require('mmpretrain.evaluation')
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    from mmppma.utils import register_scope_modules
+    run_python([REPO_ROOT / 'tools' / 'make_tiny_datasets.py', '--out', tmp_path, '--tasks', 'imagenet',
+                '--imagenet-train', '1', '--imagenet-val', '1'])
+    monkeypatch.setenv('MMPPMA_TINY_DATA', str(tmp_path))
+    cfg = Config.fromfile(REPO_ROOT / 'configs' / 'tiny' / 'ppma_t_tiny_in.py')
+    cfg.model.backbone.update(arch=ARCH, out_indices=(1, ))
+    cfg.model.head.in_channels = ARCH['embed_dims'][-1]
+    _, resize, crop, _ = cfg.val_dataloader.dataset.pipeline
+    resize.scale, crop.crop_size = 32, 32
+    cfg.work_dir = str(tmp_path / 'work')
+    register_scope_modules(cfg.default_scope)
+    runner = Runner.from_cfg(cfg)
+    want = runner.val()
+    assert not launched
+    monkeypatch.setenv('MMPPMA_SIMULATE_CUDA', '86')
+    got = runner.val()
+    assert {name for name, _ in launched} == {'_line_fwd', '_whole_fwd'}
+    assert 0 <= got['accuracy/top1'] <= 100 and got == want

@@ -1,8 +1,0 @@
-#!/usr/bin/env python
-"""Convert a VMINet release checkpoint to mmppma's layout: ``release_to_mmppma.py --family VMINet`` (see its help)."""
-import sys
-
-from release_to_mmppma import main
-
-if __name__ == '__main__':
-    sys.exit(main(family='VMINet'))
