@@ -99,7 +99,7 @@ DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 RUNS = [
     *[(80, case, dtype) for case in CASES for dtype in DTYPES],
     (86, 'whole 32x32', 'fp16'), (86, 'whole 32x32', 'bf16'),
-    (90, 'whole 32x32', 'fp16'), (90, 'whole 32x32', 'bf16'),
+    (90, 'whole 32x32', 'fp32'), (90, 'whole 32x32', 'fp16'), (90, 'whole 32x32', 'bf16'),
 ]
 
 

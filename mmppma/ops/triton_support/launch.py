@@ -100,12 +100,12 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The forward
 # families take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current
 # block's math), which holds the prefetched block in registers too; the float32 whole-attention forward takes 8
-# warps on short sequences for it (4 spill on sm_90) and 32 x 32 tiles on sm_90 (64 x 32 spill). The remaining
+# warps on short sequences for it (4 spill on sm_90) and 32 x 16 tiles on sm_90 (64 x 32 spill). The remaining
 # choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py).
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
-    ('whole_fwd', True, False): {0: Config(64, 32, 8, 2), 90: Config(32, 32, 8, 2)},
+    ('whole_fwd', True, False): {0: Config(64, 32, 8, 2), 90: Config(32, 16, 8, 2)},
     ('whole_fwd', True, True): {0: Config(64, 64, 4, 2)},
     # backward: dq's own (query) block is BLOCK_M, dk / dv's (key) block BLOCK_N, on the tiles' row axis. The
     # '_corners' programs (the path whose corners the own tokens hold) also compute the corner table gradients.
