@@ -82,9 +82,9 @@ class Config:
 _INTERPRETER = Config(32, 32, 1, 1)
 # Whole attention on images narrower than NARROW tokens (and no taller, so N < 256): a block spans many image
 # rows, and the work per row grows with them, so blocks stay short. Half precision -> {capability (0: any other):
-# config}; over 4 warps where 2 spill (half precision on sm_86 / sm_89, float32 on sm_86 / sm_89 / sm_90).
+# config}; over 4 warps where 2 spill (half precision on sm_86 / sm_89, float32 everywhere).
 _NARROW: Dict[bool, Dict[int, Config]] = {
-    False: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89, 90)}},
+    False: {0: Config(16, 16, 4, 1)},
     True: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89)}},
 }
 
@@ -120,7 +120,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv', True, False): {0: Config(16, 32, 4, 1), 90: Config(16, 32, 8, 1)},
-    ('whole_bwd_kv', True, True): {0: Config(64, 128, 8, 1), **{cap: Config(64, 64, 4, 1) for cap in (86, 89)}},
+    ('whole_bwd_kv', True, True): {0: Config(64, 128, 8, 1), **{cap: Config(32, 64, 4, 1) for cap in (86, 89)}},
     ('whole_bwd_kv_corners', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv_corners', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv_corners', True, False): {0: Config(16, 64, 8, 1)},
