@@ -5,7 +5,9 @@ One launch per path, its ``FORM`` constexpr the one-path form (``'v2h'``: bias M
 constexprs): scores ``S = scale * q k^T`` per tile plus the path's bias, built in registers from the O(N) cumsum tables
 Ca (rows) and Cb (columns), under an online softmax. A bias reads each table at a token's own entry and at a "corner"
 (the query's row and the key's column for V2H, the reverse for H2V). A block of consecutive tokens covers at most ROWS
-image rows, so a tile's corners are a (ROWS x key columns) slab: one gathered vector per image row, selected by row.
+image rows, so a tile's corners are a (ROWS x key columns) slab: one gathered vector per image row, selected by row
+(the backward, and the forward on blocks of few rows), or the slab loaded as one tile and gathered per pair by its
+row (the forward on the other blocks).
 
 The backward recomputes the tiles and reduces the bias gradient onto the tables: own entries as row sums of the
 score gradient; corners per own image row, each tile's share summed over the block's tokens of that row by a
@@ -86,6 +88,36 @@ def _corner_row(s, ca_ptr, cb_ptr, qb, kb, ge, r, W, N, FORM: tl.constexpr):
 
 
 @triton.jit
+def _slab_logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM: tl.constexpr, CORNER_ROWS: tl.constexpr):
+    """:func:`_logits` with the corner entries of all the image rows at once: a slab of CORNER_ROWS image rows from
+    the first row of the block that holds the corners, across the other block's columns (V2H: the query block's
+    rows x the key columns; H2V: the query columns x the key block's rows), loaded as one tile and gathered per
+    (query, key) pair by the corner's row. No loop of its own: the key loop this runs in is software-pipelined
+    whatever the rows."""
+    ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
+    ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
+    slab_rows = tl.arange(0, CORNER_ROWS)
+    # the rows past a block's last token (masked out) read the slab's last row
+    if FORM == 'h2v':
+        at = j_q[:, None] + (first_k + slab_rows)[None, :] * W
+        keep = mask_m[:, None] & (at < N)
+        row = tl.broadcast_to(tl.minimum(k_r - first_k, CORNER_ROWS - 1)[None, :], s.shape)
+        va = tl.gather(tl.load(ca_ptr + at, mask=keep, other=0.0), row, 1)
+        vb = tl.gather(tl.load(cb_ptr + at, mask=keep, other=0.0), row, 1)
+        x = s + seg(ca_k[None, :], va, l_c[None, :] >= j_q[:, None]) + seg(vb, cb_q[:, None],
+                                                                         k_r[None, :] >= i_q[:, None])
+    else:
+        at = (first_q + slab_rows)[:, None] * W + l_c[None, :]
+        keep = mask_n[None, :] & (at < N)
+        row = tl.broadcast_to(tl.minimum(i_q - first_q, CORNER_ROWS - 1)[:, None], s.shape)
+        va = tl.gather(tl.load(ca_ptr + at, mask=keep, other=0.0), row, 0)
+        vb = tl.gather(tl.load(cb_ptr + at, mask=keep, other=0.0), row, 0)
+        x = s + seg(ca_q[:, None], va, j_q[:, None] >= l_c[None, :]) + seg(vb, cb_k[None, :],
+                                                                         i_q[:, None] >= k_r[None, :])
+    return x
+
+
+@triton.jit
 def _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV):
     """Pointers to slice ``bh`` (batch * head) of q, k (N, D), v (N, DV) and the tables (N)."""
     return (q_ptr + slice_offset(bh, N, D), k_ptr + slice_offset(bh, N, D), v_ptr + slice_offset(bh, N, DV),
@@ -103,15 +135,16 @@ def _block(ca_ptr, cb_ptr, start, BLOCK: tl.constexpr, N, W):
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, ROWS, FORM: tl.constexpr,
-               UNROLLED_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, FORM: tl.constexpr,
+               UNROLLED_ROWS: tl.constexpr, CORNER_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """One program per query block, one path (``FORM``, 'v2h' or 'h2v') per launch: the path's online softmax over
-    all key blocks. ROWS bounds the image rows of the block that holds the path's corners (a key block for
-    'h2v', a query block for 'v2h'). UNROLLED_ROWS: ROWS as a constexpr, the corner rows unrolled, so that the key
-    loop is software-pipelined (with num_stages > 1 the next key block's loads overlap the current block's math);
-    0: a loop over ROWS rows (a loop of a run-time count, which the compiler keeps rolled). Grid: one axis of
-    (slice, block) programs, slice-major."""
+    all key blocks. CORNER_ROWS: the image rows the block that holds the path's corners (a key block for 'h2v', a
+    query block for 'v2h') can touch, padded to a power of two >= 16. The corner entries come per image row,
+    unrolled (UNROLLED_ROWS: the rows, at most MAX_UNROLLED_ROWS), or as one slab of CORNER_ROWS rows gathered per
+    pair (UNROLLED_ROWS = 0): either way the key loop holds no loop of its own and is software-pipelined (with
+    num_stages > 1 the next key block's loads overlap the current block's math). Grid: one axis of (slice, block)
+    programs, slice-major."""
     blocks = tl.cdiv(N, BLOCK_M)
     bh = tl.program_id(0) // blocks
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
@@ -129,7 +162,7 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W,
         if UNROLLED_ROWS:
             x = _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM, UNROLLED_ROWS, True)
         else:
-            x = _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM, ROWS, False)
+            x = _slab_logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM, CORNER_ROWS)
         x = tl.where(kb[5][None, :], x, float('-inf'))
         m, l, acc = online_softmax_step(x, load_tile(v_ptr, kb[6], kb[5], offs_dv, DV), m, l, acc, PRECISION)
     store_tile(o_ptr + slice_offset(bh, N, DV), offs_m, mask_m, offs_dv, DV, acc / l[:, None])
@@ -279,8 +312,9 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
         tl.store(self_ptr + slice_offset(bh, N, 1) + offs, self_own, mask=mask)
 
 
-# the forward unrolls the corner rows of a block (and pipelines its key loop) up to this many: more rows, each
-# prefetched, spill registers on sm_90 (images narrower than a block or two)
+# the forward takes the corner entries of a block spanning up to this many image rows one row at a time,
+# unrolled (fewer loads than the slab); more rows, each prefetched, spill registers on sm_90 (images narrower than
+# a block or two), so those blocks gather theirs from one slab (see _slab_logits)
 MAX_UNROLLED_ROWS = 3
 
 
@@ -308,8 +342,9 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     for i, path in enumerate(names):
         rows = _rows_touched(cfg.block_n if path == 'h2v' else cfg.block_m, hh, ww)
         launches.append(lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m) * bh, ),
-                                  (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv, rows),
+                                  (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv),
                                   dict(FORM=path, UNROLLED_ROWS=rows if rows <= MAX_UNROLLED_ROWS else 0,
+                                       CORNER_ROWS=lp.pow2(rows),
                                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
                                        BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg))
     return launches, o, lse
