@@ -105,6 +105,19 @@ def test_whole_kernel_with_corner_sums_in_programs_of_their_own(shape, monkeypat
     assert parts == {(keys, grads, not grads) for keys in (True, False) for grads in (True, False)}, parts
 
 
+def test_whole_shapes_reach_both_forward_corner_forms():
+    """At this device's tiles the whole-attention shapes above reach both forms of the forward's corner entries, in
+    each path: blocks of at most MAX_UNROLLED_ROWS image rows take them row by row, unrolled (UNROLLED_ROWS > 0),
+    taller ones gather them from one slab (UNROLLED_ROWS = 0)."""
+    cap, forms = lp.capability(torch.device(DEVICE)), set()
+    for shape in WHOLE_SHAPES:
+        q, k, v, la, lb = (t.detach().to('meta') for t in make(*shape))
+        with lp.recording(cap) as ran:
+            ops.ppma_attention(q, k, v, la, lb, impl='triton')
+        forms |= {(x.constexprs['FORM'], x.constexprs['UNROLLED_ROWS'] > 0) for x in ran if x.name == '_whole_fwd'}
+    assert forms == {(form, unrolled) for form in ('v2h', 'h2v') for unrolled in (False, True)}, forms
+
+
 def test_narrow_tall_image_runs_transposed(monkeypatch):
     """An image narrower than ``lp.NARROW`` and at least that tall: every whole-attention launch sees the
     transpose's tables, 3 rows of 21 tokens (Manhattan's 'v2h' runs as 'h2v' there)."""
