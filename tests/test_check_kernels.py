@@ -1,7 +1,5 @@
-"""tools/check_kernels.py: every Triton kernel specialization of the reduced shape set (TF32 included) compiles
-for sm_80 and sm_90 within shared memory and without register spills (ptxas's own report), within CUDA's grid
-limits at batch 1024, the forward loops pipelined; --write puts the same rows in a markdown page whose header names
-the command. The grid check, the TF32 rows and the asynchronous-copy count on their own."""
+"""tools/check_kernels.py: the reduced shape set's kernels (TF32 included) compile for sm_80 / sm_90 within shared
+memory, without spills, the forward loops pipelined; --write's page; the grid check, TF32 rows, async-copy count."""
 import os
 import subprocess
 import sys

@@ -56,6 +56,7 @@ CARRIED['RMT'] = dict(CARRIED['PPMA'], **{'layers.1.Relpos.decay': 'backbone.lay
 # it: 6b11d4a has a BatchNorm after g (proj_norm) and no mask; 7c2632c no BatchNorm and the lower-triangular mask
 REVISIONS = {'6b11d4a': ('dwconv', dict(mask='none', proj_norm=True)),
              '7c2632c': ('conv', dict(mask='tril', proj_norm=False))}
+VMINET_CASES = [(size, rev) for rev in REVISIONS for size in ('Ti', 'XS', 'S', 'B')]
 
 
 def shapes_of(state: dict) -> dict:
@@ -101,8 +102,7 @@ def backbone_keys(config: str) -> set:
     return {k for k in config_shapes(config) if k.startswith('backbone.')}
 
 
-KEY_CASES = [(f, s, None) for f, s in SIZES if f != 'VMINet'] + [
-    ('VMINet', s, rev) for rev in REVISIONS for s in ('Ti', 'XS', 'S', 'B')]
+KEY_CASES = [(f, s, None) for f, s in SIZES if f != 'VMINet'] + [('VMINet', s, rev) for s, rev in VMINET_CASES]
 
 
 @pytest.mark.parametrize('family,size,revision', KEY_CASES, ids=['-'.join(filter(None, c)) for c in KEY_CASES])
@@ -246,8 +246,7 @@ DENSE = {'PPMA': ('outnorm', (64, 128, 256, 512), dict(out_norm=True)),
 
 @pytest.mark.parametrize('family', DENSE)
 def test_downstream_checkpoints(family):
-    """A detector / segmentor state: the dense backbone (MLLA: the release's ``norm0-3`` and RoPE buffers; PPMA,
-    VMINet: ``outnorm0-3``) under ``backbone.`` beside the model's own keys, passed through."""
+    """A dense backbone (MLLA: ``norm0-3``, RoPE buffers) under ``backbone.`` beside passed-through model keys."""
     norm, widths, out_norm = DENSE[family]
     size, arch = SMALLEST[family]
     backbone = {k: v for k, v in family_state(family, size).items() if not k.startswith(HEAD)}
@@ -318,8 +317,7 @@ def test_state_containers():
 
 
 def test_mlla_rope_tables_are_the_release_buffers_and_our_rope():
-    """The regenerated release buffer follows the release formula and is the RoPE our MLLA computes, so dropping
-    it loses nothing."""
+    """The release buffer follows the release formula and is the RoPE our MLLA computes: dropping it loses nothing."""
     h, w, dim = 7, 5, 16
     rot = cc.mlla_rope_rotations(h, w, dim).double()
     assert rot.shape == (h, w, dim // 2, 2)
@@ -399,9 +397,6 @@ def rel_max_error(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref).abs().max() / ref.abs().max()).item()
 
 
-VMINET_CASES = [(size, rev) for rev in REVISIONS for size in ('Ti', 'XS', 'S', 'B')]
-
-
 # revision -> (a config with other options, the error)
 WRONG_CONFIGS = {
     '6b11d4a': [('vminet_ti_8xb128_in1k.py', r"need mask='none'; this backbone has mask='tril'"),
@@ -414,8 +409,7 @@ WRONG_CONFIGS = {
 @pytest.mark.parametrize('size,revision', [
     pytest.param(size, rev, marks=() if size == 'Ti' else pytest.mark.heavy) for size, rev in VMINET_CASES])
 def test_converted_vminet_release_gives_release_logits(size, revision, tmp_path, converter_main, capsys):
-    """The documented steps, convert then mmpretrain's init_model with the printed config, give the release's
-    logits; a config with other options refuses the file, naming the option."""
+    """Convert, then init_model with the printed config: the release's logits; other options' configs refuse it."""
     from mmpretrain.apis import init_model
     state, dst = vminet_state(size, revision, seed=1), tmp_path / 'converted.pth'
     torch.save({'state_dict': state, 'epoch': 300}, tmp_path / 'release.pth.tar')
@@ -465,9 +459,8 @@ def test_vminet_options_the_weights_contradict_are_errors():
 
 
 def test_readme_finetune_walkthrough(tmp_path, run_python):
-    """README "Fine-tune from release weights" as written, on a release-layout file: its converter command (the
-    one converter run in a process of its own), then its mmdet config and the repository's mmseg UPerNet config
-    (with the README's --cfg-options) initialize the backbone with the release tensors."""
+    """README "Fine-tune from release weights": its converter command (in a process of its own), then its mmdet
+    config and the repository's UPerNet config initialize the backbone with the release tensors."""
     text = (REPO_ROOT / 'README.md').read_text()
     section = text[text.index('### Fine-tune from release weights'):]
     argv = shlex.split(re.search(r'```bash\n(.*?)```', section, re.S).group(1).replace('\\\n', ' '))

@@ -1,7 +1,5 @@
-"""Release checkpoints loaded where a user points at them (a backbone's ``init_cfg``, a whole model's
-``load_state_dict``, ``init_model``) and mmppma's model index in mmpretrain (``list_models``, ``get_model``, the
-Inferencer; weights served by a local HTTP server). The release checkpoints are random tensors with the releases'
-keys and shapes (tests/fixtures); the reference is the explicit route, ``release_to_mmppma`` then mmppma's layout."""
+"""Release checkpoints (random tensors, the releases' keys and shapes) loaded where a user points at them, and
+mmppma's model index in mmpretrain (weights served locally), against the explicit route: release_to_mmppma."""
 import functools
 import http.server
 import math
@@ -93,7 +91,8 @@ def test_init_cfg_names_missing_and_unexpected_keys(tmp_path):
 
 # ---------------------------------------------------------------- a whole model's load_state_dict
 def test_whole_model_load_converts_and_checks():
-    """The release classifier's module tree as mmpretrain's ImageClassifier holds it (backbone, head)."""
+    """The release classifier's module tree as mmpretrain's ImageClassifier holds it (backbone, head); a release
+    into a model with more modules names them and init_cfg."""
     state, model = release_state('PPMA'), nn.ModuleDict(dict(backbone=PPMA('tiny', out_indices=(3, ), out_norm=False),
                                                               head=PPMAClsHead(1000, 512, 1024, loss=nn.Identity())))
     model.load_state_dict(state)  # strict: every key consumed, none missing
@@ -103,12 +102,9 @@ def test_whole_model_load_converts_and_checks():
     state['head.extra'] = torch.zeros(1)
     with pytest.raises(CheckpointMismatchError, match=r"unexpected keys \['head\.fc\.extra'\]"):
         model.load_state_dict(state)
-
-
-def test_classification_release_into_a_larger_model_says_where_it_goes():
-    model = nn.ModuleDict(dict(backbone=PPMA(SMALL_ARCH, out_indices=(3, ), out_norm=False), neck=nn.Linear(2, 2)))
+    larger = nn.ModuleDict(dict(backbone=PPMA(SMALL_ARCH, out_indices=(3, ), out_norm=False), neck=nn.Linear(2, 2)))
     with pytest.raises(CheckpointMismatchError, match=r"\['neck'\].*init_cfg"):
-        model.load_state_dict(release_state('PPMA'))
+        larger.load_state_dict(release_state('PPMA'))
 
 
 # ---------------------------------------------------------------- mmpretrain: init_model, get_model, Inferencer
@@ -140,9 +136,8 @@ def logits(model, images: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize('family', ['PPMA', 'VMINet', pytest.param('MLLA', marks=pytest.mark.heavy)])
 def test_init_model_and_get_model_convert_release_checkpoints(family, served, tmp_path, monkeypatch):
-    """init_model on a release file (MLLA: RoPE buffers dropped; VMINet: the revision record) and, for PPMA,
-    get_model(name, pretrained=URL) (downloaded into torch hub's cache; its Inferencer names ImageNet classes) give
-    the explicit route's logits (release_to_mmppma, then init_model); VMINet into the other revision's config: an
+    """init_model on a release file and, for PPMA, get_model(name, pretrained=URL) (into torch hub's cache; its
+    Inferencer names ImageNet classes): the explicit route's logits; VMINet into the other revision's config: an
     error naming the options."""
     from mmpretrain import ImageClassificationInferencer, get_model
     from mmpretrain.apis import init_model

@@ -1,7 +1,5 @@
-"""mmppma's classes reach mmdet, mmseg and mmpretrain configs through the registry tree: ``type='mmppma.X'`` from
-configs inheriting each library's base configs, with no ``import mmppma`` (a fresh process auto-imports it); bare
-``type='X'`` once mmppma is imported; importing mmppma pulls in no downstream library; a name upstream already owns
-is refused."""
+"""mmppma's classes in the registry tree: ``type='mmppma.X'`` from configs on upstream bases, auto-imported in a fresh
+process; bare names once imported; no downstream library imported by mmppma; names upstream owns refused."""
 import re
 import textwrap
 from pathlib import Path

@@ -1,7 +1,5 @@
-"""ONNX export (mmppma.deploy, tools/deployment/pytorch2onnx.py): a tiny model of every backbone family and
-variant, exported under export_mode() and run in onnxruntime, gives the outputs of torch eager, whose
-inference paths (in-place shortcuts, blockwise loops, custom ops) are separate code from the exported one.
-The remaining PPMA mask forms and the shipped ImageNet and UPerNet configs run in the full tier (heavy)."""
+"""ONNX export (mmppma.deploy, tools/deployment/pytorch2onnx.py): every backbone family and variant, exported and
+run in onnxruntime, gives torch eager's outputs (separate inference code); shipped configs in the full tier."""
 import importlib.util
 
 import pytest
