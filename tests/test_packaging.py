@@ -1,6 +1,5 @@
-"""setup.py's torch and triton floors: each is at least the newest version that introduced a feature the code
-needs (the table: registered when mmppma is imported, or called by every op), and the installed versions have
-them all."""
+"""setup.py's torch and triton floors are at least the newest version introducing a feature the code needs (the
+table), and the installed versions have them all."""
 import ast
 import dataclasses
 import importlib

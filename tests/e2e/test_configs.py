@@ -130,9 +130,8 @@ SEG_DROP_PATH = dict(DENSE_DROP_PATH, mlla=(0.2, 0.3, 0.5), ppmla=(0.2, ))
 
 @pytest.mark.parametrize('path', DENSE, ids=lambda p: p.name)
 def test_dense_recipe_and_per_arch_settings(path):
-    """The family's recipe; type / arch / drop path from the file name; neck or head input channels = the arch's
-    stage channels; ImageNet weights from the top-level ``pretrained`` through the backbone's init_cfg, which
-    the documented ``--cfg-options model.backbone.init_cfg=None`` removes (training from scratch)."""
+    """The recipe; type / arch / drop path from the file name; neck / head channels the arch's; ImageNet weights
+    through the backbone's init_cfg, which ``--cfg-options model.backbone.init_cfg=None`` removes."""
     (family, size), det, cfg = family_size(path), path.name.startswith('mask_rcnn'), Config.fromfile(str(path))
     schedule = ('3x' if '_3x_' in path.name else '1x') if det else 'seg'
     assert dense_facts(cfg, det) == DENSE_RECIPES[RECIPE_OF[family], schedule]
