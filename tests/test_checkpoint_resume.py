@@ -70,7 +70,7 @@ def toy_config(work_dir: Path, name: str, epochs: int = EPOCHS) -> Config:
         train_dataloader=dict(loader, sampler=dict(type='DefaultSampler', shuffle=True, seed=0)),
         train_cfg=dict(by_epoch=True, max_epochs=epochs),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.05, momentum=0.9)),
-        param_scheduler=dict(type='MultiStepLR', milestones=[1], by_epoch=True),
+        param_scheduler=dict(type='MultiStepLR', milestones=[1], by_epoch=True, end=EPOCHS),  # whatever max_epochs
         test_dataloader=dict(loader, sampler=dict(type='DefaultSampler', shuffle=False)), test_cfg=dict(),
         test_evaluator=dict(type=f'{here}.ToyMSE'), default_hooks=dict(
             checkpoint=dict(type='CheckpointHook', interval=1), logger=dict(type='LoggerHook', interval=1)),
