@@ -1,8 +1,5 @@
-"""tools/check_kernels.py: every Triton kernel specialization of the reduced shape set (TF32 included) compiles
-for sm_80 and sm_90 within shared memory and without register spills (ptxas's own report), within CUDA's grid
-limits at batch 1024, every forward loop pipelined; --write puts the same rows in a markdown page whose header names
-the command. The grid check, the TF32 rows and the asynchronous-copy count on their own."""
-import importlib.util
+"""tools/check_kernels.py: the reduced shape set's kernels (TF32 included) compile for sm_80 / sm_90 within shared
+memory, without spills, every forward loop pipelined; --write's page; the grid check, TF32 rows, async-copy count."""
 import os
 import subprocess
 import sys
@@ -10,20 +7,25 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .conftest import REPO_ROOT, load_tool
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
+tool = load_tool('check_kernels.py')
+
+
+@pytest.fixture
+def compile_env(tmp_path) -> dict:
+    """Compiling for the GPU target (not the interpreter), with no results cached by earlier runs."""
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    return dict(env, XDG_CACHE_HOME=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path / 'triton'))
 
 
 @pytest.mark.slow
-def test_quick_check_compiles_for_a100_and_h100(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}  # compile for the GPU target
-    env['XDG_CACHE_HOME'] = str(tmp_path)  # no results cached by earlier runs
-    env['TRITON_CACHE_DIR'] = str(tmp_path / 'triton')
+def test_quick_check_compiles_for_a100_and_h100(tmp_path, compile_env):
     table = tmp_path / 'table.md'
     command = [sys.executable, 'tools/check_kernels.py', '--quick', '--arch', '80', '90', '--jobs', '2',
                '--max-seconds', '60', '--write', str(table)]
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(command, cwd=REPO_ROOT, env=compile_env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith('_')]
     kernels = {line.split()[0] for line in rows}
@@ -39,15 +41,7 @@ def test_quick_check_compiles_for_a100_and_h100(tmp_path):
     assert sum(line.startswith('| `_') for line in page.splitlines()) == len(rows)
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location('check_kernels', os.path.join(ROOT, 'tools', 'check_kernels.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_grid_check_names_the_axes_over_cuda_limits():
-    tool = _tool()
     assert tool.grid_problems((2**31 - 1, 65535, 65535)) == []
     assert tool.grid_problems((2**31, 65536, 1)) == ['grid axis 0 = 2147483648 > 2147483647',
                                                      'grid axis 1 = 65536 > 65535']
@@ -60,7 +54,6 @@ def test_grid_check_names_the_axes_over_cuda_limits():
 def test_tf32_rows_record_tf32_launches_and_restore_the_setting():
     """The 'tf32' rows compile float32 launches with TF32 products; the setting is restored after recording."""
     from mmppma.ops.triton_support import launch as lp
-    tool = _tool()
     before = lp.precision(torch.float32)
     for name, want in (('tf32', 'tf32'), ('fp32', 'ieee')):
         with tool.tf32(name == 'tf32'):
@@ -101,15 +94,13 @@ for arch in (80, 90):
 
 
 @pytest.mark.slow
-def test_async_copy_pattern_matches_a_pipelined_loop(tmp_path):
+def test_async_copy_pattern_matches_a_pipelined_loop(tmp_path, compile_env):
     """The pattern counts the asynchronous copies (per load, one per stage) of a pipelined matmul loop, as
     triton prints them for sm_80 and sm_90, and none in the same loop not pipelined."""
-    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}  # compile for the GPU target
-    env['TRITON_CACHE_DIR'] = str(tmp_path / 'triton')
     script = tmp_path / 'pipelined.py'  # triton reads a kernel's source from its file
     script.write_text(_PIPELINED)
-    run = subprocess.run([sys.executable, str(script), _tool().ASYNC_COPY], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run([sys.executable, str(script), tool.ASYNC_COPY], env=compile_env, capture_output=True,
+                         text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     counts = {tuple(map(int, line.split()[:2])): int(line.split()[2]) for line in run.stdout.splitlines()}
     assert counts == {(80, 3): 6, (80, 1): 0, (90, 3): 6, (90, 1): 0}

@@ -1,8 +1,6 @@
-"""The release checkpoint converter (``release_to_mmppma``, tools/model_converters/release_to_mmppma.py) for PPMA,
-RMT, MLLA and VMINet, against the releases' key+shape lists (tests/fixtures), their public parameter counts and,
-for VMINet, a forward of the release written here from its ``vminet.py``; the PPMA release's whole Mask R-CNN
-(mmdet 2.x) and UPerNet (mmseg 0.x) checkpoints, written here from the release configs and mmdet 2 / mmseg 0.x's
-module names, into mmdet 3 / mmseg 1 models (``--model-config``)."""
+"""The release checkpoint converter (tools/model_converters/release_to_mmppma.py) against the releases' key and shape
+lists (tests/fixtures), their parameter counts, a VMINet release forward written here, and whole mmdet 2.x / mmseg
+0.x PPMA models written from those libraries' module names, converted into mmdet 3 / mmseg 1 models."""
 import argparse
 import functools
 import importlib
@@ -50,13 +48,15 @@ CARRIED = {
              'layers.2.downsample.conv.2.norm.running_mean': 'backbone.layers.2.downsample.conv.2.norm.running_mean'},
     'VMINet': {'head.weight': 'head.fc.weight', 'head.bias': 'head.fc.bias', 'norm.weight': 'backbone.norm3.weight',
                'norm.running_var': 'backbone.norm3.running_var',
-               'stages.2.7.g.bn.running_mean': 'backbone.stages.2.7.g.bn.running_mean'},
+               'stages.2.7.g.bn.running_mean': 'backbone.stages.2.7.g.bn.running_mean',  # 6b11d4a only
+               'stages.2.0.conv.weight': 'backbone.stages.2.0.conv.weight'},  # a downsample
 }
 CARRIED['RMT'] = dict(CARRIED['PPMA'], **{'layers.1.Relpos.decay': 'backbone.layers.1.Relpos.decay'})
 # yws-wxs/VMINet vminet.py revisions -> the name of the blocks' depthwise ConvBN, the VMINet options reproducing
 # it: 6b11d4a has a BatchNorm after g (proj_norm) and no mask; 7c2632c no BatchNorm and the lower-triangular mask
 REVISIONS = {'6b11d4a': ('dwconv', dict(mask='none', proj_norm=True)),
              '7c2632c': ('conv', dict(mask='tril', proj_norm=False))}
+VMINET_CASES = [(size, rev) for rev in REVISIONS for size in ('Ti', 'XS', 'S', 'B')]
 
 
 def shapes_of(state: dict) -> dict:
@@ -73,10 +73,10 @@ def family_state(family: str, size: str, random: bool = False) -> dict:
     return {**{k: torch.zeros(v.shape) for k, v in rmt.items()}, **head}
 
 
-def named_config(family: str, arch: str, revision: str = '6b11d4a') -> str:
-    """The repository config for a converted classifier (VMINet: the release revision's)."""
+def named_config(family: str, arch: str, revision: str = None) -> str:
+    """The repository config for a converted classifier (VMINet: the release revision's, by default 6b11d4a)."""
     if family == 'VMINet':
-        return f'configs/vminet_{arch}_release-{revision}_in1k.py'
+        return f'configs/vminet_{arch}_release-{revision or "6b11d4a"}_in1k.py'
     return f'configs/{family.lower()}_{arch[0]}_8xb128_in1k.py'
 
 
@@ -102,13 +102,19 @@ def backbone_keys(config: str) -> set:
     return {k for k in config_shapes(config) if k.startswith('backbone.')}
 
 
-@pytest.mark.parametrize('family,size', SIZES, ids=[f'{f}-{s}' for f, s in SIZES])
-def test_every_release_key_maps_with_matching_shape_and_back(family, size):
+KEY_CASES = [(f, s, None) for f, s in SIZES if f != 'VMINet'] + [('VMINet', s, rev) for s, rev in VMINET_CASES]
+
+
+@pytest.mark.parametrize('family,size,revision', KEY_CASES, ids=['-'.join(filter(None, c)) for c in KEY_CASES])
+def test_every_release_key_maps_with_matching_shape_and_back(family, size, revision):
+    """VMINet: both release revisions, recognized, renamed, recorded and written back in the revision's layout."""
     arch, params = SIZES[family, size]
-    state, config = family_state(family, size), named_config(family, arch)
-    if params:  # the key list and our config have the release's parameter count
+    state = vminet_state(size, revision) if revision else family_state(family, size)
+    config = named_config(family, arch, revision)
+    if params:  # the key list and our config have the release's parameter count (6b11d4a's for VMINet)
         release = sum(v.numel() for k, v in state.items() if not k.endswith(BUFFERS))
-        assert release == sum(p.numel() for p in config_model(config).parameters()) == params
+        assert release == sum(p.numel() for p in config_model(config).parameters())
+        assert release == params or revision == '7c2632c'
     converted, info = release_to_mmppma(state, family)
     assert (info['family'], info['arch'], info['config'], info['downstream'], info['backbone_overrides']) == \
         (family, arch, config, False, {})
@@ -118,8 +124,17 @@ def test_every_release_key_maps_with_matching_shape_and_back(family, size):
     rope = [k for k in state if k.endswith(ROPE)]  # nothing dropped but MLLA's RoPE tables, nothing invented
     assert sorted(info['dropped']) == sorted(rope) and len(converted) == len(state) - len(rope)
     assert bool(rope) == (family == 'MLLA')
-    assert all(converted[new] is state[old] for old, new in CARRIED[family].items())
-    back = mmppma_to_release(converted, family)
+    assert all(converted[new] is state[old] for old, new in CARRIED[family].items() if old in state)
+    if revision:
+        depthwise, options = REVISIONS[revision]
+        assert info['revision'] == revision
+        assert info['release'] == converted._metadata['backbone']['mmppma_vminet_release'] == \
+            dict(revision=revision, **options)
+        backbone = Config.fromfile(str(REPO_ROOT / config)).model.backbone
+        assert dict(arch=backbone.arch, mask=backbone.mask, proj_norm=backbone.proj_norm) == dict(arch=arch, **options)
+        assert converted['backbone.stages.2.3.dwconv.bn.running_mean'] is \
+            state[f'stages.2.3.{depthwise}.bn.running_mean']
+    back = mmppma_to_release(converted, family)  # VMINet: in the revision the converted state records
     assert shapes_of(back) == shapes_of(state)
     assert all(back[k] is state[k] for k in state if k not in rope)
 
@@ -135,16 +150,19 @@ CLI = {
 
 
 @pytest.mark.parametrize('family', CLI)
-def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main, capsys):
-    """Convert a random release file (the source key of its container, ``--backbone-out``, ``--backbone-only``),
-    then load it as documented: the backbone-only file through init_cfg Pretrained with the prefix, the full
-    file strictly into the model of the config the converter prints."""
+def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main, capsys, monkeypatch):
+    """Convert a random release file (``--backbone-out``, ``--backbone-only``; no config file read, the default one
+    only named), then load it as documented: the backbone-only file through init_cfg Pretrained with the prefix,
+    the full file strictly into the model of the printed config; a 10-class head gets a note."""
     (container, flags, name, needed), (size, arch) = CLI[family], SMALLEST[family]
     state, config = family_state(family, size, random=True), named_config(family, arch)
     torch.save(container(state), tmp_path / 'release.pth')
 
     def convert(dst, *extra, flags=flags):
-        return converter_main(['--family', family, str(tmp_path / 'release.pth'), str(tmp_path / dst), *flags, *extra])
+        with monkeypatch.context() as patch:
+            patch.setattr(Config, 'fromfile', lambda *args, **kwargs: pytest.fail('a config file was read'))
+            return converter_main(['--family', family.lower(), str(tmp_path / 'release.pth'), str(tmp_path / dst),
+                                   *flags, *extra])
 
     if '--allow-pickle' in flags:
         with pytest.raises(SystemExit, match='--allow-pickle'):
@@ -155,7 +173,10 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
     assert name in out and ('RoPE buffers' in out) == (family == 'MLLA')
     assert Path(re.search(r'^config: (\S+)$', out, flags=re.M).group(1)).resolve() == REPO_ROOT / config
     full = torch.load(tmp_path / 'full.pth')
-    assert (full['meta']['source_key'], full['meta']['arch']) == (list(container(state))[0], arch)
+    meta = full['meta']
+    assert (meta['source_key'], meta['family'], meta['arch']) == (list(container(state))[0], family, arch)
+    assert Path(meta['config']).resolve() == REPO_ROOT / config
+    assert len(full['state_dict']) == len(state) - meta['dropped']
     assert shapes_of(full['state_dict']) == config_shapes(config)
     assert set(torch.load(tmp_path / 'bb.pth')['state_dict']) == backbone_keys(config)
     assert convert('only.pth', '--backbone-only') == 0
@@ -175,27 +196,15 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
         default = VMINet('ti', out_indices=(3, ), out_norm='BN', init_cfg=pretrained)
         with pytest.raises(ValueError, match=r"release revision 6b11d4a, whose blocks need mask='none'"):
             default.init_weights()
+    ten = dict(state, **{'head.weight': torch.zeros(10, state['head.weight'].shape[1]), 'head.bias': torch.zeros(10)})
+    torch.save(container(ten), tmp_path / 'release.pth')
+    assert convert('ten.pth') == 0 and 'note: 10 classes: set model.head.num_classes=10' in capsys.readouterr().out
 
     del state[needed]
     torch.save(container(state), tmp_path / 'release.pth')
     with pytest.raises(SystemExit, match=rf"missing keys \['(backbone\.)?{needed}'\]"):
         convert('y.pth')
     assert not (tmp_path / 'y.pth').exists()
-
-
-@pytest.mark.parametrize('family', ['PPMA', 'MLLA', 'VMINet'])
-def test_cli_reads_no_config_and_notes_other_class_counts(family, tmp_path, converter_main, monkeypatch, capsys):
-    """No config file is read unless one is given (works from an installed package; the default is only named)."""
-    monkeypatch.setattr(Config, 'fromfile', lambda *args, **kwargs: pytest.fail('a config file was read'))
-    (size, arch), dst = SMALLEST[family], tmp_path / 'new.pth'
-    state = family_state(family, size)
-    state.update({'head.weight': torch.zeros(10, state['head.weight'].shape[1]), 'head.bias': torch.zeros(10)})
-    torch.save({'model': state}, tmp_path / 'release.pth')
-    assert converter_main(['--family', family.lower(), str(tmp_path / 'release.pth'), str(dst)]) == 0
-    assert 'note: 10 classes: set model.head.num_classes=10' in capsys.readouterr().out
-    meta = torch.load(dst)['meta']
-    assert meta['family'] == family and Path(meta['config']).resolve() == REPO_ROOT / named_config(family, arch)
-    assert len(torch.load(dst)['state_dict']) == len(state) - meta['dropped']
 
 
 # family -> (an unexpected key, a missing key, (a key, a wrong shape, the message))
@@ -237,8 +246,7 @@ DENSE = {'PPMA': ('outnorm', (64, 128, 256, 512), dict(out_norm=True)),
 
 @pytest.mark.parametrize('family', DENSE)
 def test_downstream_checkpoints(family):
-    """A detector / segmentor state: the dense backbone (MLLA: the release's ``norm0-3`` and RoPE buffers; PPMA,
-    VMINet: ``outnorm0-3``) under ``backbone.`` beside the model's own keys, passed through."""
+    """A dense backbone (MLLA: ``norm0-3``, RoPE buffers) under ``backbone.`` beside passed-through model keys."""
     norm, widths, out_norm = DENSE[family]
     size, arch = SMALLEST[family]
     backbone = {k: v for k, v in family_state(family, size).items() if not k.startswith(HEAD)}
@@ -309,8 +317,7 @@ def test_state_containers():
 
 
 def test_mlla_rope_tables_are_the_release_buffers_and_our_rope():
-    """The regenerated release buffer follows the release formula and is the RoPE our MLLA computes, so dropping
-    it loses nothing."""
+    """The release buffer follows the release formula and is the RoPE our MLLA computes: dropping it loses nothing."""
     h, w, dim = 7, 5, 16
     rot = cc.mlla_rope_rotations(h, w, dim).double()
     assert rot.shape == (h, w, dim // 2, 2)
@@ -325,9 +332,7 @@ def test_mlla_rope_tables_are_the_release_buffers_and_our_rope():
 
 # ---------------------------------------------------------------- VMINet's two release revisions
 def release_value(key: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:
-    """Random weights and BatchNorm statistics far from the identity: convs and the head ~ N(0, 1 / fan_in) (``g``
-    0.3 of that, so that 24 residual blocks stay in range), biases N(0, 0.1^2), token weights N(0, 0.02^2),
-    ``stack`` and BatchNorm scales U(0.5, 1.5), shifts N(0, 0.2^2), running means N(0, 0.3^2), variances U(0.5, 2)."""
+    """Random weights and BatchNorm statistics far from the identity, scaled so 24 residual blocks stay in range."""
     name = key.rsplit('.', 1)[-1]
     if name == 'num_batches_tracked':
         return torch.tensor(1000)
@@ -345,8 +350,8 @@ def release_value(key: str, shape: tuple, gen: torch.Generator) -> torch.Tensor:
 
 
 def vminet_state(size: str, revision: str, seed=None) -> dict:
-    """A VMINet release classifier in ``revision``'s layout (the fixture lists 6b11d4a's; 7c2632c names the
-    blocks' depthwise ConvBN ``conv`` and has no ``g.bn``): empty, or :func:`release_value` from ``seed``."""
+    """A VMINet release classifier in ``revision``'s layout (7c2632c: depthwise ConvBN ``conv``, no ``g.bn``): empty,
+    or :func:`release_value` from ``seed``."""
     (depthwise, opts), gen, state = REVISIONS[revision], torch.Generator().manual_seed(seed or 0), {}
     for key, shape in fixture_shapes(f'vminet_{size}').items():
         if opts['proj_norm'] or '.g.bn.' not in key:
@@ -356,11 +361,9 @@ def vminet_state(size: str, revision: str, seed=None) -> dict:
 
 
 def release_logits(state: dict, revision: str, x: torch.Tensor, tril: bool = None) -> torch.Tensor:
-    """The release classifier's eval forward over ``state`` in x's dtype (x: (B, 3, 224, 224)); ``tril``
-    overrides the revision's mask. A 3x3 stride-2 ConvBN stem (ReLU6); per stage a 3x3 stride-2 ConvBN, then
-    2 / 2 / 18 / 2 blocks: u = BN(depthwise 7x7 conv(x)); y = relu6(f1(u)) * f2(u); a context vector
-    s_c = sum over tokens n of w_n y[c, n] (``sum``; the mask keeps tokens n >= c); z = relu6(stack_0 s +
-    stack_1 y); out = x + g(z) (with a BatchNorm in 6b11d4a); BatchNorm, global average pool, Linear."""
+    """The release classifier's eval forward (x: (B, 3, 224, 224)); ``tril`` overrides the revision's mask. Per
+    block: u = BN(dwconv(x)); y = relu6(f1(u)) f2(u); s_c = sum_n w_n y[c, n] (the mask keeps n >= c);
+    out = x + g(relu6(stack_0 s + stack_1 y))."""
     depthwise, g_bn = REVISIONS[revision][0], REVISIONS[revision][1]['proj_norm']
     tril = REVISIONS[revision][1]['mask'] == 'tril' if tril is None else tril
     st = {k: v.to(x.dtype) if v.is_floating_point() else v for k, v in state.items()}
@@ -394,29 +397,6 @@ def rel_max_error(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref).abs().max() / ref.abs().max()).item()
 
 
-VMINET_CASES = [(size, rev) for rev in REVISIONS for size in ('Ti', 'XS', 'S', 'B')]
-
-
-@pytest.mark.parametrize('size,revision', VMINET_CASES)
-def test_vminet_revision_is_recognized_renamed_and_recorded(size, revision):
-    arch = SIZES['VMINet', size][0]
-    state, config = vminet_state(size, revision), named_config('VMINet', arch, revision)
-    converted, info = release_to_mmppma(state, 'VMINet')
-    assert (info['arch'], info['config'], info['revision'], info['backbone_overrides']) == \
-        (arch, config, revision, {})
-    assert info['release'] == converted._metadata['backbone']['mmppma_vminet_release'] == \
-        dict(revision=revision, **REVISIONS[revision][1])
-    backbone = Config.fromfile(str(REPO_ROOT / config)).model.backbone
-    assert dict(arch=backbone.arch, mask=backbone.mask, proj_norm=backbone.proj_norm) == \
-        dict(arch=arch, **REVISIONS[revision][1])
-    assert shapes_of(converted) == config_shapes(config)
-    depthwise = REVISIONS[revision][0]
-    assert converted['backbone.stages.2.3.dwconv.bn.running_mean'] is state[f'stages.2.3.{depthwise}.bn.running_mean']
-    assert converted['backbone.stages.2.0.conv.weight'] is state['stages.2.0.conv.weight']  # downsample unchanged
-    back = mmppma_to_release(converted, 'VMINet')  # in the revision the converted state records
-    assert set(back) == set(state) and all(back[k] is state[k] for k in state)
-
-
 # revision -> (a config with other options, the error)
 WRONG_CONFIGS = {
     '6b11d4a': [('vminet_ti_8xb128_in1k.py', r"need mask='none'; this backbone has mask='tril'"),
@@ -429,8 +409,7 @@ WRONG_CONFIGS = {
 @pytest.mark.parametrize('size,revision', [
     pytest.param(size, rev, marks=() if size == 'Ti' else pytest.mark.heavy) for size, rev in VMINET_CASES])
 def test_converted_vminet_release_gives_release_logits(size, revision, tmp_path, converter_main, capsys):
-    """The documented steps, convert then mmpretrain's init_model with the printed config, give the release's
-    logits; a config with other options refuses the file, naming the option."""
+    """Convert, then init_model with the printed config: the release's logits; other options' configs refuse it."""
     from mmpretrain.apis import init_model
     state, dst = vminet_state(size, revision, seed=1), tmp_path / 'converted.pth'
     torch.save({'state_dict': state, 'epoch': 300}, tmp_path / 'release.pth.tar')
@@ -480,9 +459,8 @@ def test_vminet_options_the_weights_contradict_are_errors():
 
 
 def test_readme_finetune_walkthrough(tmp_path, run_python):
-    """README "Fine-tune from release weights" as written, on a release-layout file: its converter command (the
-    one converter run in a process of its own), then its mmdet config and the repository's mmseg UPerNet config
-    (with the README's --cfg-options) initialize the backbone with the release tensors."""
+    """README "Fine-tune from release weights": its converter command (in a process of its own), then its mmdet
+    config and the repository's UPerNet config initialize the backbone with the release tensors."""
     text = (REPO_ROOT / 'README.md').read_text()
     section = text[text.index('### Fine-tune from release weights'):]
     argv = shlex.split(re.search(r'```bash\n(.*?)```', section, re.S).group(1).replace('\\\n', ' '))
@@ -511,82 +489,61 @@ def test_readme_finetune_walkthrough(tmp_path, run_python):
 
 # ---------------------------------------------------------------- whole release detectors and segmentors
 DIMS = (64, 128, 256, 512)  # PPMA-T
-COCO_CLASSES = 80
-ADE_CLASSES = 150
+COCO_CLASSES, ADE_CLASSES = 80, 150
 
 
 def backbone_shapes() -> dict:
     """The release's dense PPMA-T backbone: its classification keys without the head, and LayerNorm outnorm{i}."""
-    shapes = {f'backbone.{k}': v for k, v in fixture_shapes('ppma_T').items()
-              if not k.startswith(('proj.', 'norm.', 'head.'))}
-    for i, dim in enumerate(DIMS):
-        shapes.update({f'backbone.outnorm{i}.weight': (dim, ), f'backbone.outnorm{i}.bias': (dim, )})
-    return shapes
+    shapes = {f'backbone.{k}': v for k, v in fixture_shapes('ppma_T').items() if not k.startswith(HEAD)}
+    return {**shapes, **{f'backbone.outnorm{i}.{p}': (d, ) for i, d in enumerate(DIMS) for p in ('weight', 'bias')}}
 
 
-def conv(name: str, out: int, inp: int, k: int, bias: bool = True) -> dict:
-    return {f'{name}.weight': (out, inp, k, k), **({f'{name}.bias': (out, )} if bias else {})}
-
-
-def conv_module(name: str, out: int, inp: int, k: int, bn: bool) -> dict:
-    """mmcv's ConvModule: ``conv`` (no bias under a norm) and ``bn`` with its statistics."""
-    shapes = conv(f'{name}.conv', out, inp, k, bias=not bn)
-    if bn:
-        shapes.update({f'{name}.bn.{p}': (out, ) for p in ('weight', 'bias', 'running_mean', 'running_var')})
-        shapes[f'{name}.bn.num_batches_tracked'] = ()
-    return shapes
-
-
-def mask_rcnn_head_shapes() -> dict:
-    """mmdet 2.x mask_rcnn_r50_fpn: FPN(256, 5 outs), RPNHead (3 anchors), Shared2FCBBoxHead, FCNMaskHead."""
+def layer_shapes(layers) -> dict:
+    """(name, out, in, kernel (0: Linear)[, True]) rows -> keys and shapes: a layer with its bias, or with True mmcv's
+    ConvModule (``conv`` without bias, ``bn`` with its statistics)."""
     shapes = {}
-    for i, dim in enumerate(DIMS):
-        shapes.update(conv_module(f'neck.lateral_convs.{i}', 256, dim, 1, bn=False))
-        shapes.update(conv_module(f'neck.fpn_convs.{i}', 256, 256, 3, bn=False))
-    shapes.update(conv('rpn_head.rpn_conv', 256, 256, 3))
-    shapes.update(conv('rpn_head.rpn_cls', 3, 256, 1))
-    shapes.update(conv('rpn_head.rpn_reg', 12, 256, 1))
-    bbox = 'roi_head.bbox_head'
-    shapes.update({f'{bbox}.fc_cls.weight': (COCO_CLASSES + 1, 1024), f'{bbox}.fc_cls.bias': (COCO_CLASSES + 1, ),
-                   f'{bbox}.fc_reg.weight': (4 * COCO_CLASSES, 1024), f'{bbox}.fc_reg.bias': (4 * COCO_CLASSES, ),
-                   f'{bbox}.shared_fcs.0.weight': (1024, 256 * 7 * 7), f'{bbox}.shared_fcs.0.bias': (1024, ),
-                   f'{bbox}.shared_fcs.1.weight': (1024, 1024), f'{bbox}.shared_fcs.1.bias': (1024, )})
-    for i in range(4):
-        shapes.update(conv_module(f'roi_head.mask_head.convs.{i}', 256, 256, 3, bn=False))
-    shapes.update({'roi_head.mask_head.upsample.weight': (256, 256, 2, 2), 'roi_head.mask_head.upsample.bias': (256, )})
-    shapes.update(conv('roi_head.mask_head.conv_logits', COCO_CLASSES, 256, 1))
+    for name, out, inp, k, *bn in layers:
+        weight = (out, inp, k, k) if k else (out, inp)
+        if bn:
+            shapes.update({f'{name}.conv.weight': weight, f'{name}.bn.num_batches_tracked': ()})
+            shapes.update({f'{name}.bn.{p}': (out, ) for p in ('weight', 'bias', 'running_mean', 'running_var')})
+        else:
+            shapes.update({f'{name}.weight': weight, f'{name}.bias': (out, )})
     return shapes
 
 
-def upernet_head_shapes() -> dict:
-    """mmseg 0.x upernet_r50: UPerHead (channels 512, pool scales 1, 2, 3, 6; SyncBN) and FCNHead on stage 2
-    (channels 256, one conv), 150 classes."""
-    head, channels = 'decode_head', 512
-    shapes = conv(f'{head}.conv_seg', ADE_CLASSES, channels, 1)
-    for j in range(4):
-        shapes.update(conv_module(f'{head}.psp_modules.{j}.1', channels, DIMS[-1], 1, bn=True))
-    shapes.update(conv_module(f'{head}.bottleneck', channels, DIMS[-1] + 4 * channels, 3, bn=True))
-    for i, dim in enumerate(DIMS[:-1]):
-        shapes.update(conv_module(f'{head}.lateral_convs.{i}', channels, dim, 1, bn=True))
-        shapes.update(conv_module(f'{head}.fpn_convs.{i}', channels, channels, 3, bn=True))
-    shapes.update(conv_module(f'{head}.fpn_bottleneck', channels, 4 * channels, 3, bn=True))
-    shapes.update(conv_module('auxiliary_head.convs.0', 256, DIMS[2], 3, bn=True))
-    shapes.update(conv('auxiliary_head.conv_seg', ADE_CLASSES, 256, 1))
-    return shapes
-
+# mmdet 2.x mask_rcnn_r50_fpn: FPN (256, 5 outs), RPNHead (3 anchors), Shared2FCBBoxHead, FCNMaskHead (4 convs)
+MASK_RCNN_HEADS = [
+    *((f'neck.lateral_convs.{i}.conv', 256, d, 1) for i, d in enumerate(DIMS)),
+    *((f'neck.fpn_convs.{i}.conv', 256, 256, 3) for i in range(4)),
+    ('rpn_head.rpn_conv', 256, 256, 3), ('rpn_head.rpn_cls', 3, 256, 1),
+    ('rpn_head.rpn_reg', 12, 256, 1), ('roi_head.bbox_head.fc_cls', COCO_CLASSES + 1, 1024, 0),
+    ('roi_head.bbox_head.fc_reg', 4 * COCO_CLASSES, 1024, 0),
+    ('roi_head.bbox_head.shared_fcs.0', 1024, 256 * 7 * 7, 0),
+    ('roi_head.bbox_head.shared_fcs.1', 1024, 1024, 0),
+    *((f'roi_head.mask_head.convs.{i}.conv', 256, 256, 3) for i in range(4)),
+    ('roi_head.mask_head.upsample', 256, 256, 2), ('roi_head.mask_head.conv_logits', COCO_CLASSES, 256, 1)]
+# mmseg 0.x upernet_r50: UPerHead (512 channels, pool scales 1, 2, 3, 6; SyncBN), FCNHead on stage 2 (256, one conv)
+UPERNET_HEADS = [
+    ('decode_head.conv_seg', ADE_CLASSES, 512, 1),
+    *((f'decode_head.psp_modules.{j}.1', 512, DIMS[-1], 1, True) for j in range(4)),
+    ('decode_head.bottleneck', 512, DIMS[-1] + 4 * 512, 3, True),
+    *((f'decode_head.lateral_convs.{i}', 512, d, 1, True) for i, d in enumerate(DIMS[:-1])),
+    *((f'decode_head.fpn_convs.{i}', 512, 512, 3, True) for i in range(3)),
+    ('decode_head.fpn_bottleneck', 512, 4 * 512, 3, True), ('auxiliary_head.convs.0', 256, DIMS[2], 3, True),
+    ('auxiliary_head.conv_seg', ADE_CLASSES, 256, 1)]
 
 TASKS = {
-    'det': dict(library='mmdet.models', config='configs/mask_rcnn_ppma_t_1x_coco.py', heads=mask_rcnn_head_shapes,
+    'det': dict(library='mmdet.models', config='configs/mask_rcnn_ppma_t_1x_coco.py', heads=MASK_RCNN_HEADS,
                 meta=dict(CLASSES=tuple(f'class{i}' for i in range(COCO_CLASSES)), mmdet_version='2.28.2')),
-    'seg': dict(library='mmseg.models', config='configs/upernet_ppma_t_512x512_160k_ade20k.py',
-                heads=upernet_head_shapes,
+    'seg': dict(library='mmseg.models', config='configs/upernet_ppma_t_512x512_160k_ade20k.py', heads=UPERNET_HEADS,
                 meta=dict(CLASSES=tuple(f'class{i}' for i in range(ADE_CLASSES)),
                           PALETTE=[[i, i, i] for i in range(ADE_CLASSES)], mmseg_version='0.30.0')),
 }
 
 
 def release_checkpoint(task: str) -> dict:
-    state = random_tensors({**backbone_shapes(), **TASKS[task]['heads']()}, scale=0.05)
+    state = random_tensors({**backbone_shapes(), **layer_shapes(TASKS[task]['heads'])}, scale=0.05)
     return dict(meta=dict(TASKS[task]['meta']), state_dict=state, optimizer={})
 
 
@@ -596,35 +553,26 @@ def task(request) -> str:
     return request.param
 
 
-def test_whole_release_model_converts_and_loads_strictly(task, tmp_path, converter_main):
-    """The command line: every key of the release file in the config's model, loaded with strict checking into
-    the model built by mmdet 3 / mmseg 1, each tensor the release's."""
-    from mmppma.models.utils.whole_model_convert import build_config_model
-    release = release_checkpoint(task)
+def test_whole_release_model_converts_loads_strictly_and_names_wrong_keys(task, tmp_path, converter_main):
+    """The command line: every key of the release file in the config's model, loaded strictly into the model mmdet 3
+    / mmseg 1 build, each tensor the release's; a missing (det) or unexpected (seg) head key is named."""
+    from mmppma.models.utils.whole_model_convert import build_config_model, convert_whole_release
+    release, config = release_checkpoint(task), str(REPO_ROOT / TASKS[task]['config'])
     src, dst = tmp_path / 'release.pth', tmp_path / 'converted.pth'
     torch.save(release, src)
-    config = str(REPO_ROOT / TASKS[task]['config'])
     assert converter_main(['--family', 'PPMA', str(src), str(dst), '--model-config', config]) == 0
     converted = torch.load(dst, map_location='cpu', weights_only=True)
     model = build_config_model(config, device='cpu')
     model.load_state_dict(converted['state_dict'], strict=True)
-    got = model.state_dict()
-    assert set(got) == set(release['state_dict'])
-    for key, value in release['state_dict'].items():
-        assert torch.equal(got[key], value), key
+    got, state = model.state_dict(), release['state_dict']
+    assert set(got) == set(state) and [k for k, v in state.items() if not torch.equal(got[k], v)] == []
     assert converted['meta']['dataset_meta']['classes'] == list(TASKS[task]['meta']['CLASSES'])
-
-
-def test_whole_release_model_names_wrong_keys(task):
-    from mmppma.models.utils.whole_model_convert import convert_whole_release
-    edit, release = {'det': 'missing', 'seg': 'unexpected'}[task], release_checkpoint(task)
-    state = release['state_dict']
     key = sorted(k for k in state if not k.startswith('backbone.'))[0]
-    if edit == 'missing':
+    if task == 'det':
         del state[key]
     else:
         key = key.rsplit('.', 1)[0] + '.extra'
         state[key] = torch.zeros(1)
-    config = REPO_ROOT / TASKS[task]['config']
+    edit = {'det': 'missing', 'seg': 'unexpected'}[task]
     with pytest.raises(CheckpointMismatchError, match=f'1 {edit} keys .*{key.replace(".", "[.]")}'):
         convert_whole_release(release, 'PPMA', config)

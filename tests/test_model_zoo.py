@@ -1,7 +1,5 @@
-"""Release checkpoints loaded where a user points at them (a backbone's ``init_cfg``, a whole model's
-``load_state_dict``, ``init_model``) and mmppma's model index in mmpretrain (``list_models``, ``get_model``, the
-Inferencer; weights served by a local HTTP server). The release checkpoints are random tensors with the releases'
-keys and shapes (tests/fixtures); the reference is the explicit route, ``release_to_mmppma`` then mmppma's layout."""
+"""Release checkpoints (random tensors, the releases' keys and shapes) loaded where a user points at them, and
+mmppma's model index in mmpretrain (weights served locally), against the explicit route: release_to_mmppma."""
 import functools
 import http.server
 import math
@@ -30,7 +28,8 @@ BACKBONES = {
     'VMINet': lambda **kw: VMINet('ti', **{k: v for k, v in RELEASE_REVISIONS['6b11d4a'].items()}, **kw),
 }
 PPMA_T = 'mmppma_ppma-t_3rdparty_in1k'
-PPMA_T_CONFIG = REPO / 'configs' / 'ppma_t_8xb128_in1k.py'
+CONFIGS = {'PPMA': 'ppma_t_8xb128_in1k.py', 'VMINet': 'vminet_ti_release-6b11d4a_in1k.py',
+           'MLLA': 'mlla_t_8xb128_in1k.py'}
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,21 +89,10 @@ def test_init_cfg_names_missing_and_unexpected_keys(tmp_path):
             backbone.init_weights()
 
 
-@pytest.mark.heavy
-def test_init_cfg_loads_an_mmppma_checkpoint_as_before(tmp_path):
-    converted, _ = release_to_mmppma(release_state('PPMA'), 'PPMA')
-    path = tmp_path / 'ppma_t_in1k.pth'
-    torch.save({'state_dict': converted}, path)
-    backbone = PPMA('tiny', out_indices=(3, ), out_norm=False,
-                    init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix='backbone.'))
-    backbone.init_weights()
-    for key, value in backbone.state_dict().items():
-        assert torch.equal(value, converted[f'backbone.{key}']), key
-
-
 # ---------------------------------------------------------------- a whole model's load_state_dict
 def test_whole_model_load_converts_and_checks():
-    """The release classifier's module tree as mmpretrain's ImageClassifier holds it (backbone, head)."""
+    """The release classifier's module tree as mmpretrain's ImageClassifier holds it (backbone, head); a release
+    into a model with more modules names them and init_cfg."""
     state, model = release_state('PPMA'), nn.ModuleDict(dict(backbone=PPMA('tiny', out_indices=(3, ), out_norm=False),
                                                               head=PPMAClsHead(1000, 512, 1024, loss=nn.Identity())))
     model.load_state_dict(state)  # strict: every key consumed, none missing
@@ -114,12 +102,9 @@ def test_whole_model_load_converts_and_checks():
     state['head.extra'] = torch.zeros(1)
     with pytest.raises(CheckpointMismatchError, match=r"unexpected keys \['head\.fc\.extra'\]"):
         model.load_state_dict(state)
-
-
-def test_classification_release_into_a_larger_model_says_where_it_goes():
-    model = nn.ModuleDict(dict(backbone=PPMA(SMALL_ARCH, out_indices=(3, ), out_norm=False), neck=nn.Linear(2, 2)))
+    larger = nn.ModuleDict(dict(backbone=PPMA(SMALL_ARCH, out_indices=(3, ), out_norm=False), neck=nn.Linear(2, 2)))
     with pytest.raises(CheckpointMismatchError, match=r"\['neck'\].*init_cfg"):
-        model.load_state_dict(release_state('PPMA'))
+        larger.load_state_dict(release_state('PPMA'))
 
 
 # ---------------------------------------------------------------- mmpretrain: init_model, get_model, Inferencer
@@ -144,60 +129,35 @@ def served(tmp_path_factory):
     thread.join()
 
 
-@pytest.fixture(scope='module')
-def reference_logits(tmp_path_factory):
-    """Logits of the explicit route: release_to_mmppma, then init_model on the converted file."""
-    pytest.importorskip('mmpretrain.apis')
-    from mmpretrain.apis import init_model
-    converted, _ = release_to_mmppma(release_state('PPMA'), 'PPMA')
-    path = tmp_path_factory.mktemp('explicit') / 'ppma_t_converted.pth'
-    torch.save({'state_dict': converted}, path)
-    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    return images, logits(init_model(str(PPMA_T_CONFIG), str(path)), images)
-
-
 @torch.no_grad()
 def logits(model, images: torch.Tensor) -> torch.Tensor:
     return model(images, mode='tensor')
 
 
-def test_init_model_converts_a_release_checkpoint(served, reference_logits):
+@pytest.mark.parametrize('family', ['PPMA', 'VMINet', pytest.param('MLLA', marks=pytest.mark.heavy)])
+def test_init_model_and_get_model_convert_release_checkpoints(family, served, tmp_path, monkeypatch):
+    """init_model on a release file and, for PPMA, get_model(name, pretrained=URL) (into torch hub's cache; its
+    Inferencer names ImageNet classes): the explicit route's logits; VMINet into the other revision's config: an
+    error naming the options."""
+    from mmpretrain import ImageClassificationInferencer, get_model
     from mmpretrain.apis import init_model
-    images, want = reference_logits
-    model = init_model(str(PPMA_T_CONFIG), str(served['file']))
-    torch.testing.assert_close(logits(model, images), want, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize('family, config', [
-    ('VMINet', 'configs/vminet_ti_release-6b11d4a_in1k.py'),
-    pytest.param('MLLA', 'configs/mlla_t_8xb128_in1k.py', marks=pytest.mark.heavy)])
-def test_init_model_converts_baseline_release_checkpoints(family, config, tmp_path):
-    """MLLA (RoPE buffers dropped, final norm into the backbone) and VMINet (revision record) through
-    init_model: the explicit route's logits; VMINet into the other revision's config: an error naming the options."""
-    from mmpretrain.apis import init_model
-    state = release_state(family)
+    config, state = str(REPO / 'configs' / CONFIGS[family]), release_state(family)
     converted, _ = release_to_mmppma(state, family)
     torch.save({'state_dict': converted}, tmp_path / 'converted.pth')
     images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
-    want = logits(init_model(str(REPO / config), str(tmp_path / 'converted.pth')), images)
+    want = logits(init_model(config, str(tmp_path / 'converted.pth')), images)
     release = save_release(tmp_path / 'release.pth', state)
-    torch.testing.assert_close(logits(init_model(str(REPO / config), release), images), want, rtol=0, atol=0)
+    torch.testing.assert_close(logits(init_model(config, release), images), want, rtol=0, atol=0)
     if family == 'VMINet':
         with pytest.raises(ValueError, match="mask='none'.*proj_norm=True|proj_norm=True.*mask"):
             init_model(str(REPO / 'configs/vminet_ti_release-7c2632c_in1k.py'), release)
-
-
-def test_get_model_downloads_caches_and_converts(served, reference_logits, tmp_path, monkeypatch):
-    """get_model(name, pretrained=URL): downloaded into torch hub's cache, converted, the explicit route's logits;
-    the Inferencer on that model gives ImageNet class names."""
-    from mmpretrain import ImageClassificationInferencer, get_model
-    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
-    images, want = reference_logits
-    model = get_model(PPMA_T, pretrained=served['url'])
-    torch.testing.assert_close(logits(model, images), want, rtol=0, atol=0)
-    cached = tmp_path / 'torch_home' / 'hub' / 'checkpoints' / 'best.pth'
-    assert cached.read_bytes() == served['file'].read_bytes()
-    check_top5(lambda: ImageClassificationInferencer(model))
+    if family == 'PPMA':
+        monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+        model = get_model(PPMA_T, pretrained=served['url'])
+        torch.testing.assert_close(logits(model, images), want, rtol=0, atol=0)
+        cached = tmp_path / 'torch_home' / 'hub' / 'checkpoints' / 'best.pth'
+        assert cached.read_bytes() == served['file'].read_bytes()
+        check_top5(lambda: ImageClassificationInferencer(model))
 
 
 def check_top5(make_inferencer) -> None:
@@ -277,20 +237,17 @@ def test_index_is_registered_whichever_is_imported_first(first, run_python):
     assert out == [str(first == 'mmpretrain'), str(len(INDEX_NAMES))]
 
 
-def test_ppma_weights_are_the_release_files_in_direct_download_form():
-    models = metafile('ppma')['Models']
+def test_ppma_index_weights_and_parameter_counts():
+    """The weights are the release files in direct-download form; the parameter counts (tools/get_flops.py) are the
+    release state dicts' non-buffer totals."""
+    models = {m['Name']: m for m in metafile('ppma')['Models']}
     assert len(models) == 9
-    for model in models:
+    for model in models.values():
         page = model['Converted From']['Weights']
         assert page.startswith('https://huggingface.co/ZhongchenZhao/PPMA/blob/main/checkpoints/')
         assert model['Weights'] == page.replace('/blob/main/', '/resolve/main/', 1)
-
-
-def test_ppma_parameter_counts_match_the_release_key_lists():
-    """The index's parameter counts (tools/get_flops.py) against the release state dicts' non-buffer totals."""
     buffers = ('running_mean', 'running_var', 'num_batches_tracked', 'Relpos.angle')
-    entries = {m['Name']: m['Metadata']['Parameters'] for m in metafile('ppma')['Models']}
     for size in 'TSB':
         total = sum(math.prod(shape) for key, shape in fixture_shapes(f'ppma_{size}').items()
                     if not key.endswith(buffers))
-        assert entries[f'mmppma_ppma-{size.lower()}_3rdparty_in1k'] == total, size
+        assert models[f'mmppma_ppma-{size.lower()}_3rdparty_in1k']['Metadata']['Parameters'] == total, size

@@ -1,8 +1,8 @@
-"""setup.py's torch and triton floors: each is at least the newest version that introduced a feature the code
-needs (the table: registered when mmppma is imported, or called by every op), and the installed versions have
-them all."""
+"""setup.py's torch and triton floors are at least the newest version introducing a feature the code needs (the
+table), and the installed versions have them all."""
 import ast
 import dataclasses
+import importlib
 import inspect
 import re
 from pathlib import Path
@@ -11,21 +11,6 @@ import pytest
 import torch
 
 SETUP = Path(__file__).resolve().parent.parent / 'setup.py'
-
-
-def _dot_takes_input_precision():
-    import triton.language as tl
-    return 'input_precision' in inspect.signature(tl.dot).parameters
-
-
-def _launch_takes_maxnreg():
-    from triton.backends.nvidia.compiler import CUDAOptions
-    return 'maxnreg' in {field.name for field in dataclasses.fields(CUDAOptions)}
-
-
-def _runtime_errors_share_a_base():
-    from triton.runtime.errors import OutOfResources, TritonError
-    return issubclass(OutOfResources, TritonError)
 
 
 # (package, version that introduced it, feature and where the code uses it, check on the installed version);
@@ -41,10 +26,13 @@ FEATURES = [
     ('torch', (2, 7), 'torch.compiler.is_exporting: every op asks it (mmppma.ops.dispatch.exporting)',
      lambda: torch.compiler.is_exporting() is False),
     ('triton', (3, 0), "tl.dot(..., input_precision=): every kernel's products",
-     _dot_takes_input_precision),
-    ('triton', (3, 0), 'the maxnreg launch option (mmppma.ops.triton_support.launch.Config)', _launch_takes_maxnreg),
+     lambda: 'input_precision' in inspect.signature(importlib.import_module('triton.language').dot).parameters),
+    ('triton', (3, 0), 'the maxnreg launch option (mmppma.ops.triton_support.launch.Config)',
+     lambda: 'maxnreg' in {f.name for f in dataclasses.fields(
+         importlib.import_module('triton.backends.nvidia.compiler').CUDAOptions)}),
     ('triton', (3, 0), "triton.runtime.errors.TritonError: impl='auto' falls back on it",
-     _runtime_errors_share_a_base),
+     lambda: issubclass(*(getattr(importlib.import_module('triton.runtime.errors'), name)
+                          for name in ('OutOfResources', 'TritonError')))),
 ]
 
 

@@ -1,7 +1,5 @@
-"""mmppma's classes reach mmdet, mmseg and mmpretrain configs through the registry tree: ``type='mmppma.X'`` from
-configs inheriting each library's base configs, with no ``import mmppma`` (a fresh process auto-imports it); bare
-``type='X'`` once mmppma is imported; importing mmppma pulls in no downstream library; a name upstream already owns
-is refused."""
+"""mmppma's classes in the registry tree: ``type='mmppma.X'`` from configs on upstream bases, auto-imported in a fresh
+process; bare names once imported; no downstream library imported by mmppma; names upstream owns refused."""
 import re
 import textwrap
 from pathlib import Path
@@ -65,50 +63,32 @@ def test_prefixed_name_auto_imports_mmppma_in_fresh_process(run_python):
     assert out == ['mmppma.models.backbones.ppma', 'PPMA', 'mmppma.engine.layer_decay_optim_wrapper_constructor']
 
 
-# scope -> (a config inheriting the library's own base, the checks on the built parts)
-INHERITING = {
-    'mmdet': f"""_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
-model = dict(backbone=dict(_delete_=True, type='mmppma.PPMA', arch={ARCH!r}, out_indices=(0, 1)),
-             neck=dict(in_channels={ARCH['embed_dims']!r}, num_outs=3))""",
-    'mmseg': f"""_base_ = 'mmseg::_base_/models/upernet_r50.py'
-model = dict(backbone=dict(_delete_=True, type='mmppma.PPMA', arch={ARCH!r}, out_indices=(0, 1)))""",
-    'mmpretrain': f"""_base_ = 'mmpretrain::_base_/models/resnet18.py'
-model = dict(backbone=dict(_delete_=True, type='mmppma.PPMA', arch={ARCH!r}, out_indices=(1, )),
-             head=dict(in_channels={ARCH['embed_dims'][-1]}, num_classes=7))""",
-}
-
-
-@pytest.mark.parametrize('scope', INHERITING)
-def test_config_inheriting_the_librarys_base(scope, tmp_path):
-    """mmdet's Mask R-CNN (FPN on the backbone), mmseg's UPerNet, mmpretrain's whole ResNet-18 classifier (its
-    neck and head around mmppma's backbone)."""
-    (tmp_path / 'config.py').write_text(INHERITING[scope])
-    cfg = Config.fromfile(str(tmp_path / 'config.py'))
-    assert scope != 'mmdet' or cfg.default_scope == 'mmdet'  # inherited from mmdet's runtime base
-    if scope == 'mmpretrain':
-        classifier = build_in_scope(scope, cfg.model).eval()
-        assert isinstance(classifier.backbone, PPMA)
-        with torch.no_grad():
-            assert classifier(torch.randn(2, 3, 32, 32), mode='tensor').shape == (2, 7)
-        return
-    backbone = build_in_scope(scope, cfg.model.backbone)
-    assert isinstance(backbone, PPMA)
-    feats = backbone(torch.randn(1, 3, 32, 48))
-    assert [tuple(f.shape) for f in feats] == [(1, 16, 8, 12), (1, 32, 4, 6)]
-    if scope == 'mmdet':
-        assert [tuple(f.shape) for f in build_in_scope(scope, cfg.model.neck)(feats)] == \
-            [(1, 256, 8, 12), (1, 256, 4, 6), (1, 256, 2, 3)]
-    else:
-        assert cfg.model.type == 'EncoderDecoder'
-
-
-def test_readme_example_config():
-    """The README's 30-second Mask R-CNN config: its backbone builds and the neck channels match it."""
+def test_readme_mask_rcnn_config_on_mmdets_base():
+    """The README's 30-second config: mmdet's Mask R-CNN base (default scope mmdet) with PPMA-T's neck channels;
+    with a small arch, FPN runs on the backbone's outputs (mmseg's bases: tests/models/test_downstream.py)."""
     text = (REPO_ROOT / 'README.md').read_text()
     block = next(b for b in re.findall(r'```python\n(.*?)```', text, re.S) if 'mmdet::mask_rcnn' in b)
     cfg = Config.fromstring(block, file_format='.py')
+    assert cfg.default_scope == 'mmdet' and cfg.model.backbone.arch == 'tiny'
+    assert list(cfg.model.neck.in_channels) == PPMA.arch_zoo['tiny']['embed_dims']
+    cfg.model.backbone.update(arch=ARCH, out_indices=(0, 1))
+    cfg.model.neck.update(in_channels=ARCH['embed_dims'], num_outs=3)
     backbone = build_in_scope('mmdet', cfg.model.backbone)
-    assert isinstance(backbone, PPMA) and list(cfg.model.neck.in_channels) == backbone.embed_dims
+    feats = backbone(torch.randn(1, 3, 32, 48))
+    assert isinstance(backbone, PPMA) and [tuple(f.shape) for f in feats] == [(1, 16, 8, 12), (1, 32, 4, 6)]
+    assert [tuple(f.shape) for f in build_in_scope('mmdet', cfg.model.neck)(feats)] == \
+        [(1, 256, 8, 12), (1, 256, 4, 6), (1, 256, 2, 3)]
+
+
+def test_mmpretrain_classifier_base_around_the_backbone():
+    """mmpretrain's whole ResNet-18 classifier config, its neck and head around mmppma's backbone."""
+    cfg = Config.fromstring(f"""_base_ = 'mmpretrain::_base_/models/resnet18.py'
+model = dict(backbone=dict(_delete_=True, type='mmppma.PPMA', arch={ARCH!r}, out_indices=(1, )),
+             head=dict(in_channels={ARCH['embed_dims'][-1]}, num_classes=7))""", file_format='.py')
+    classifier = build_in_scope('mmpretrain', cfg.model).eval()
+    assert isinstance(classifier.backbone, PPMA)
+    with torch.no_grad():
+        assert classifier(torch.randn(2, 3, 32, 32), mode='tensor').shape == (2, 7)
 
 
 def test_readme_versions_match_requirements():

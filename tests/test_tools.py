@@ -1,6 +1,5 @@
-"""The tools no other test runs, each started as a user starts it, at tiny sizes: the smoke demo, the FLOP
-counter, the op and compile benchmarks, the Slurm launcher (with a stand-in srun) and the tiny COCO demo's
-arguments. Training, testing, conversion, kernels and the model benchmark have tests of their own."""
+"""The tools no other test runs, started as a user starts them at tiny sizes: the smoke demo, the FLOP counter, the
+op and compile benchmarks, the Slurm launcher (a stand-in srun) and the tiny COCO demo's arguments."""
 import os
 import re
 import subprocess

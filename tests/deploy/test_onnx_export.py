@@ -1,7 +1,5 @@
-"""ONNX export (mmppma.deploy, tools/deployment/pytorch2onnx.py): a tiny model of every backbone family and
-variant, exported under export_mode() and run in onnxruntime, gives the outputs of torch eager, whose
-inference paths (in-place shortcuts, blockwise loops, custom ops) are separate code from the exported one.
-The remaining PPMA mask forms and the shipped ImageNet and UPerNet configs run in the full tier (heavy)."""
+"""ONNX export (mmppma.deploy, tools/deployment/pytorch2onnx.py): every backbone family and variant, exported and
+run in onnxruntime, gives torch eager's outputs (separate inference code); shipped configs in the full tier."""
 import importlib.util
 
 import pytest
@@ -84,9 +82,14 @@ def test_export_failure_names_the_op(tmp_path):
 
 @pytest.mark.slow  # tracing with symbolic shapes: about 15 s of CPU
 @pytest.mark.skipif(importlib.util.find_spec('mmseg') is None, reason='needs mmsegmentation')
-def test_segmentor_dynamic_two_sizes(tmp_path, capsys):
-    """The tool on an mmseg encoder-decoder config (one criss-cross block, a 1x1 conv head): --dynamic, checked
-    at the traced size and a larger one; logits at the input size."""
+def test_tool_help_and_segmentor_dynamic_two_sizes(tmp_path, capsys):
+    """The tool's --help; the tool on an mmseg encoder-decoder config (one criss-cross block, a 1x1 conv head):
+    --dynamic, checked at the traced size and a larger one; logits at the input size."""
+    with pytest.raises(SystemExit) as info:
+        tool.main(['--help'])
+    assert info.value.code == 0
+    printed = capsys.readouterr().out
+    assert '--shape H W' in printed and '--dynamic' in printed and 'checkpoint' in printed
     config = tmp_path / 'seg.py'
     arch = dict(embed_dims=[16], depths=[1], num_heads=[1], mlp_ratios=[2], attn_types=['criss_cross'])
     config.write_text(f"""
@@ -110,14 +113,6 @@ model = dict(
     session = onnxruntime.InferenceSession(str(out), providers=['CPUExecutionProvider'])
     [logits] = session.run(None, {'input': torch.randn(1, 3, 48, 80).numpy()})
     assert logits.shape == (1, 3, 48, 80)
-
-
-def test_tool_help(capsys):
-    with pytest.raises(SystemExit) as info:
-        tool.main(['--help'])
-    assert info.value.code == 0
-    printed = capsys.readouterr().out
-    assert '--shape H W' in printed and '--dynamic' in printed and 'checkpoint' in printed
 
 
 SHIPPED = ([(f'{name}_8xb128_in1k.py', 224) for name in ('ppma_t', 'rmt_t', 'mlla_t', 'ppmla_t', 'vminet_ti')] +

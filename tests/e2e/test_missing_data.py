@@ -1,6 +1,5 @@
-"""A config whose data is not on this machine: tools/train.py and tools/test.py stop before building anything,
-with one message (no traceback) that names the missing path, the expected layout, docs/datasets.md and the
---cfg-options override. Also the path collection itself, through dataset wrappers."""
+"""Data not on this machine: tools/train.py and test.py stop at once with one message naming the missing path, the
+layout, docs/datasets.md and the --cfg-options override; the path collection through dataset wrappers."""
 import os
 
 import pytest

@@ -1,7 +1,5 @@
-"""The README's pip route in a fresh venv (full tier): `pip install mmcv-lite==2.1.0 -e .[cls]` on top of torch and
-setuptools >= 81 (what `pip install torch` leaves), then every classification config loads (mmengine's
-`mmpretrain::` lookup imports pkg_resources) and PPMA-T's classifier runs. torch, torchvision and their
-dependencies are this interpreter's, through a .pth file of symlinks; the rest comes from the package index."""
+"""The README's pip route in a fresh venv (full tier): `pip install mmcv-lite==2.1.0 -e .[cls]` over torch (linked
+from this interpreter) and setuptools >= 81; every classification config loads and PPMA-T's classifier runs."""
 import os
 import re
 import shutil

@@ -1,6 +1,5 @@
-"""Training end to end on the tiny sets: Mask R-CNN through the real launchers (train, resume, test); UPerNet and
-classification in process through mmengine's Runner (train, checkpoint, resume, evaluate); upstream's own Mask
-R-CNN and UPerNet configs with only the backbone swapped (full tier)."""
+"""Training on the tiny sets: Mask R-CNN through the launchers, UPerNet and classification in process (train, resume,
+evaluate); upstream's Mask R-CNN and UPerNet configs with only the backbone swapped (full tier)."""
 import copy
 import pickle
 

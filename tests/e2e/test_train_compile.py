@@ -1,6 +1,5 @@
-"""Full tier: mmengine's ``compile=True`` through tools/train.py on inductor: the tiny Mask R-CNN and UPerNet train
-with a compiled ``train_step`` (forward, backward, optimizer step), one block per stage (compile time grows with
-the blocks). The default tier traces a classifier's train step on aot_eager (tests/models/test_compile.py)."""
+"""Full tier: ``compile=True`` through tools/train.py on inductor: the tiny Mask R-CNN and UPerNet, one block per
+stage, train with a compiled ``train_step`` (the default tier's aot_eager trace: tests/models/test_compile.py)."""
 import math
 
 import pytest

@@ -36,10 +36,7 @@ def test_weight_decay_exclusions_and_layer_wise_lr_decay():
         wd = groups[id(p)]['weight_decay']
         excluded = p.ndim <= 1 or name.endswith('.bias') or 'A_log' in name or 'dt_bias' in name
         assert wd == (0.0 if excluded else 0.05), name
-    pe = model.backbone.layers[0].blocks[0].retention.path_embed
-    assert groups[id(pe.A_log)]['weight_decay'] == 0 and groups[id(pe.dt_bias)]['weight_decay'] == 0
-    assert groups[id(pe.dt_linear.weight)]['weight_decay'] == 0.05
-    assert groups[id(model.backbone.layers[0].blocks[0].retention_layer_norm.weight)]['weight_decay'] == 0
+    assert {'A_log', 'dt_bias'} <= {name.rsplit('.', 1)[-1] for name, _ in model.named_parameters()}
     assert sum(len(g['params']) for g in build(model).param_groups) == len(list(model.parameters()))
     n = sum(SMALL_ARCH['depths']) + 2
     lr = {name: groups[id(p)]['lr'] for name, p in model.named_parameters()}

@@ -153,6 +153,33 @@ def test_auto_falls_back_to_torch_with_one_warning_when_kernels_cannot_run(op, k
         call(*args, impl='triton')
 
 
+@pytest.mark.parametrize('op', list(dispatch.IMPLEMENTATIONS))
+def test_a_failing_backward_launch_gives_the_torch_gradients(op, monkeypatch):
+    """The preflight and the forward pass, then every backward launch fails: impl='auto' returns the torch path's
+    gradients with one warning naming the op, shape, dtype and GPU, and its next calls take the torch path;
+    impl='triton' raises naming them."""
+    from mmppma.ops.triton_support import preflight
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    call, args = _case(op)
+    args = [t.requires_grad_() for t in args]
+    want = call(*args, impl='torch')
+    grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(5))
+    outs = {impl: call(*args, impl=impl) for impl in ('auto', 'triton')}
+    with monkeypatch.context() as m:
+        _inject('driver', m)
+        with pytest.warns(UserWarning) as record:
+            got = torch.autograd.grad(outs['auto'], args, grad)
+        messages = [str(w.message) for w in record if 'Triton kernels cannot run' in str(w.message)]
+        assert len(messages) == 1 and messages[0].startswith(f'{op}: ') and 'simulated sm_90' in messages[0]
+        assert str(tuple(args[0].shape)) in messages[0] and FAILURES['driver'] in messages[0], messages[0]
+        for g, w in zip(got, torch.autograd.grad(want, args, grad)):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+        torch.testing.assert_close(call(*args, impl='auto'), want, rtol=0, atol=0)  # no launch: it would fail
+        with pytest.raises(RuntimeError, match=rf"{op}: .*simulated sm_90.*{FAILURES['driver']}.*impl='torch'"):
+            torch.autograd.grad(outs['triton'], args, grad)
+
+
 @pytest.mark.parametrize('mode', GRAD_MODES)
 def test_the_preflight_runs_in_any_grad_mode_and_outside_inference_mode(mode, monkeypatch):
     """Under no_grad and inference_mode the kernels run (no fallback, no warning) and equal the reference; the

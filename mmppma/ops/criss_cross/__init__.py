@@ -36,7 +36,7 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
             'criss_cross_attention',
             lambda q, k, v, la, lb: criss_cross_attention_triton(q, k, v, *decay_tables(la, lb), scale, form),
             (q, k, v, la, lb), requested,
-            lambda: criss_cross_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch'))
+            lambda *t: criss_cross_attention(*t, scale=scale, form=form, impl='torch'))
     if impl == 'reference':
         return criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype)
     dtype = table_dtype(q, k, v, la, lb)
@@ -77,7 +77,7 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             lambda q, k, v, log_decay: criss_cross_attention_triton(
                 q, k, v, *head_decay_tables(log_decay, q.shape[:-1]), scale, 'h2v'),
             (q, k, v, log_decay), requested,
-            lambda: rmt_criss_cross_attention(q, k, v, log_decay, scale=scale, impl='torch'))
+            lambda *t: rmt_criss_cross_attention(*t, scale=scale, impl='torch'))
     if impl == 'reference':
         decay = head_decay_map(log_decay.to(dtype), q.shape[:-1])
         return criss_cross_attention(q, k, v, decay, decay, scale=scale, form='h2v', impl='reference')

@@ -31,7 +31,7 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
             'manhattan_attention',
             lambda q, k, v, log_decay: whole_attention_triton(q, k, v, *head_decay_tables(log_decay, q.shape[:-1]),
                                                               scale, 'v2h'),
-            (q, k, v, log_decay), requested, lambda: manhattan_attention(q, k, v, log_decay, scale=scale, impl='torch'))
+            (q, k, v, log_decay), requested, lambda *t: manhattan_attention(*t, scale=scale, impl='torch'))
     if impl == 'reference':
         m = manhattan_decay_mask(log_decay.to(dtype), h, w)
         m = m if m.dim() == 4 else m.unsqueeze(0)

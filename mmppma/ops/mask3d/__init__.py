@@ -26,7 +26,7 @@ def polyline_mask_matvec_3d(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor,
     if impl == 'triton':
         from ..triton_support.preflight import run_or_fall_back
         return run_or_fall_back('polyline_mask_matvec_3d', lambda *t: _matvec_3d(*t, 'triton', chunk),
-                                (x, la, lb, lc), requested, lambda: _matvec_3d(x, la, lb, lc, 'torch', chunk))
+                                (x, la, lb, lc), requested, lambda *t: _matvec_3d(*t, 'torch', chunk))
     return _matvec_3d(x, la, lb, lc, impl, chunk)
 
 

@@ -48,7 +48,7 @@ def decay_scan_1d(x: torch.Tensor, log_decay: torch.Tensor, *, impl: str = 'auto
         from ..triton_support.preflight import run_or_fall_back
         from .triton_impl import decay_scan_triton
         return run_or_fall_back('decay_scan_1d', decay_scan_triton, (x, log_decay), requested,
-                                lambda: decay_scan_1d(x, log_decay, impl='torch', chunk=chunk))
+                                lambda *t: decay_scan_1d(*t, impl='torch', chunk=chunk))
     dtype = table_dtype(x, log_decay)
     scan = decay_scan_reference if impl == 'reference' else lambda x, d: decay_scan_torch(x, d, chunk)
     return scan(x.to(dtype), log_decay.to(dtype)).to(x.dtype)
@@ -76,7 +76,7 @@ def polyline_mask_matvec(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, *,
     if impl == 'triton':
         from ..triton_support.preflight import run_or_fall_back
         return run_or_fall_back('polyline_mask_matvec', lambda x, la, lb: _matvec(x, la, lb, form, 'triton', chunk),
-                                (x, la, lb), requested, lambda: _matvec(x, la, lb, form, 'torch', chunk))
+                                (x, la, lb), requested, lambda *t: _matvec(*t, form, 'torch', chunk))
     return _matvec(x, la, lb, form, impl, chunk)
 
 
@@ -116,7 +116,7 @@ def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tenso
         from ..triton_support.preflight import run_or_fall_back
         return run_or_fall_back('ppma_decomposed_attention',
                                 lambda *t: _decomposed(*t, form=form, impl='triton', chunk=chunk), (s1, s2, v, la, lb),
-                                requested, lambda: _decomposed(s1, s2, v, la, lb, form=form, impl='torch', chunk=chunk))
+                                requested, lambda *t: _decomposed(*t, form=form, impl='torch', chunk=chunk))
     return _decomposed(s1, s2, v, la, lb, form=form, impl=impl, chunk=chunk)
 
 
@@ -176,5 +176,5 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     if impl == 'triton':
         from ..triton_support.preflight import run_or_fall_back
         return run_or_fall_back('ppma_linear_attention', lambda *t: attend('triton', *t), inputs, requested,
-                                lambda: attend('torch', *inputs))
+                                lambda *t: attend('torch', *t))
     return attend(impl, *inputs)

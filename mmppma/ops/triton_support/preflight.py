@@ -2,8 +2,8 @@
 kernels for an input signature on a (simulated) GPU, its launches are recorded on ``meta`` tensors
 (:func:`mmppma.ops.triton_support.launch.recording`), checked against the grid limits, and compiled and loaded
 once. Where one cannot run - a ``TritonError`` (out of resources, a compile error), a driver ``RuntimeError``, a
-grid over the limits - or the first launch fails, the op falls back to its torch path with one warning naming the
-op, the shape, the dtype and the GPU. ``impl='triton'`` (or ``MMPPMA_IMPL=triton``) raises instead.
+grid over the limits - or a launch fails, forward or backward, the op falls back to its torch path with one warning
+naming the op, the shape, the dtype and the GPU. ``impl='triton'`` (or ``MMPPMA_IMPL=triton``) raises instead.
 """
 import os
 import warnings
@@ -28,7 +28,7 @@ class KernelLaunchError(RuntimeError):
 _PREFLIGHT: Dict[tuple, Optional[Exception]] = {}
 
 
-def fallback_for(impl: str, torch_path: Callable[[], torch.Tensor]) -> Optional[Callable[[], torch.Tensor]]:
+def fallback_for(impl: str, torch_path: Callable[..., torch.Tensor]) -> Optional[Callable[..., torch.Tensor]]:
     """The torch path to fall back on when a kernel cannot compile or launch on the user's GPU: only for
     ``impl='auto'`` (not forced to triton through the environment); ``impl='triton'`` raises instead."""
     return torch_path if impl == 'auto' and not os.environ.get(ENV_VAR, '').strip() else None
@@ -87,24 +87,67 @@ def kernels_fit(op: str, run: Callable[..., torch.Tensor], inputs, fallback) -> 
     return _PREFLIGHT[key] is None
 
 
+def _launch_error(op: str, q: torch.Tensor, error: Exception) -> KernelLaunchError:
+    """What a failing launch raises without a fallback, naming the op, shape, dtype and GPU."""
+    if isinstance(error, KernelLaunchError):  # in an op this one is made of
+        return KernelLaunchError(f'{_describe(op, q)}: in {error}')
+    return KernelLaunchError(f"{_describe(op, q)}: {type(error).__name__}: {error}; impl='auto' falls back to the "
+                             f"torch path, impl='torch' runs it")
+
+
+class _GuardedBackward(torch.autograd.Function):
+    """The Triton path's output whose backward, when one of its launches fails, takes the gradients of the torch
+    path instead (recomputed from the saved inputs, under the forward's autocast state), or raises
+    :class:`KernelLaunchError` without a fallback."""
+
+    @staticmethod
+    def forward(ctx, op, run, fallback, *inputs):
+        device = inputs[0].device.type
+        ctx.op, ctx.fallback = op, fallback
+        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
+        with torch.enable_grad():
+            ctx.inputs = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+            ctx.out = run(*ctx.inputs)
+        return ctx.out.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs, out = ctx.inputs, ctx.out
+        ctx.out = None  # the kernels' graph is freed with their backward
+        try:
+            grads = torch.autograd.grad(out, [t for t in inputs if t.requires_grad], grad, allow_unused=True)
+        except CANNOT_RUN as e:
+            q = inputs[0]
+            if ctx.fallback is None:
+                raise _launch_error(ctx.op, q, e) from e
+            _failed(_key(ctx.op, inputs), ctx.op, q, e)
+            device, dtype, enabled = ctx.autocast
+            with torch.enable_grad(), torch.autocast(device, dtype, enabled=enabled):
+                inputs = [t.detach().requires_grad_(t.requires_grad) for t in inputs]
+                out = ctx.fallback(*inputs)
+            grads = torch.autograd.grad(out, [t for t in inputs if t.requires_grad], grad, allow_unused=True)
+        grads = iter(grads)
+        return (None, None, None, *(next(grads) if t.requires_grad else None for t in inputs))
+
+
 def run_or_fall_back(op: str, run: Callable[..., torch.Tensor], inputs, impl: str,
-                     torch_path: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``run(*inputs)`` (the op's Triton path) if its kernels fit the inputs' GPU (:func:`kernels_fit`) and the
-    forward's launches succeed, else the fallback of the requested ``impl`` (:func:`fallback_for`); without a
-    fallback, a failing launch raises naming the op, shape, dtype and GPU."""
+                     torch_path: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """``run(*inputs)`` (the op's Triton path) if its kernels fit the inputs' GPU (:func:`kernels_fit`) and its
+    launches succeed, else ``torch_path(*inputs)`` for the requested ``impl`` (:func:`fallback_for`): for a failing
+    backward launch, the torch path's gradients. Without a fallback, a failing launch raises naming the op, shape,
+    dtype and GPU."""
     fallback = fallback_for(impl, torch_path)
     if not kernels_fit(op, run, inputs, fallback):
-        return fallback()
+        return fallback(*inputs)
     q = inputs[0]
     if not on_gpu(q) or torch.compiler.is_compiling():
         return run(*inputs)
     try:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            return _GuardedBackward.apply(op, run, fallback, *inputs)
         return run(*inputs)
     except CANNOT_RUN as e:
         if fallback is None:
-            if isinstance(e, KernelLaunchError):  # in an op this one is made of
-                raise KernelLaunchError(f'{_describe(op, q)}: in {e}') from e
-            raise KernelLaunchError(f"{_describe(op, q)}: {type(e).__name__}: {e}; impl='auto' falls back to the "
-                                    f"torch path, impl='torch' runs it") from e
+            raise _launch_error(op, q, e) from e
         _failed(_key(op, inputs), op, q, e)
-        return fallback()
+        return fallback(*inputs)

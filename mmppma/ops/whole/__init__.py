@@ -43,7 +43,7 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
             'ppma_attention',
             lambda q, k, v, la, lb: whole_attention_triton(q, k, v, *decay_tables(la, lb), scale, form),
             (q, k, v, la, lb), requested,
-            lambda: ppma_attention(q, k, v, la, lb, scale=scale, form=form, impl='torch'))
+            lambda *t: ppma_attention(*t, scale=scale, form=form, impl='torch'))
     if impl == 'reference' or form == 'paper':
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise
         # log-sum-exp trick applies, so its torch path is the dense one
