@@ -57,10 +57,8 @@ def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
         resolve_impl('auto', 'ppma_attention', [x])
 
 
-
 def test_the_table_is_keyed_by_op_and_form():
-    """Every op's forms (its ``form`` option's choices) are rows; whole attention's paper form alone has no kernel;
-    IMPLEMENTATIONS is what each op has for some form."""
+    """Every op's forms are rows; whole attention's paper form alone has no kernel; IMPLEMENTATIONS: any form's."""
     forms = {op: inspect.signature(getattr(ops, op)).parameters.get('form') for op in IMPLEMENTATIONS}
     for op, param in forms.items():
         rows = {form for name, form in IMPLEMENTATIONS_BY_FORM if name == op}
