@@ -94,8 +94,7 @@ def test_arch_names_any_case_and_short(name):
 
 @pytest.mark.parametrize('name', NAMES)
 def test_frozen_stages_and_norm_eval(name):
-    """frozen_stages=2: the stem, stages 0, 1 and their out norms stay in eval mode without gradients and their BN
-    statistics fixed, the rest trains; 0 freezes the stem only. norm_eval: only every BatchNorm stays in eval."""
+    """frozen_stages 2 / 0: stem, stages 0, 1 / the stem frozen (eval, no grad, fixed BN); norm_eval: BNs in eval."""
     family = FAMILIES[name]
     model = family.build(frozen_stages=2).train()
     stem, stages = parts(model)

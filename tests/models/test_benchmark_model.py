@@ -70,9 +70,8 @@ def {factory}T(args):
 @pytest.mark.heavy
 @pytest.mark.slow
 def test_benchmark_model_inference_rounds_against_release_models(run_python, tmp_path):
-    """--release-dir loads DIR/PPMA.py and DIR/RMT.py (here stand-ins) and times their forward_features in the
-    same run; the ratios are the quotients of the printed rows, over the best of --rounds; --amp bf16 prints
-    each run's error against float32."""
+    """--release-dir times DIR/PPMA.py's and RMT.py's forward_features in the same run, best of --rounds; --amp bf16
+    prints each run's error against float32."""
     (tmp_path / 'PPMA.py').write_text(STAND_IN.format(channels=8, factory='PPMAViT_'))
     (tmp_path / 'RMT.py').write_text(STAND_IN.format(channels=4, factory='RMT_'))
     out = run_python(['tools/benchmark_model.py', '--mode', 'infer', '--task', 'classifier', '--shape', '20', '36',

@@ -27,8 +27,8 @@ def _step(model, module, x):
 
 
 def _assert_close(got, want, what):
-    """max |got - want| <= 1e-4 * max |want| per tensor, the scale at least 1e-1 of the largest: a bias before a
-    BatchNorm has a gradient that is zero up to float32 rounding of sums as large as the largest gradients."""
+    """max |got - want| <= 1e-4 * max |want| per tensor, at least 1e-1 of the largest (a bias before a BatchNorm has
+    a gradient that is zero up to the rounding of sums as large as the largest gradients)."""
     floor = 1e-1 * max(w.abs().max().item() for w in want)
     for i, (g, w) in enumerate(zip(got, want)):
         scale = max(w.abs().max().item(), floor)
@@ -49,8 +49,7 @@ DYNAMIC = list(BACKBONES) if os.environ.get('MMPPMA_COMPILE_ALL') else ['PPMA']
 
 
 def _reuses_dynamic_graph(run, sizes, reused_from: int = 2) -> None:
-    """``run(i, h, w)`` at each size; from size ``reused_from`` on a recompile is an error (2: the first size
-    compiles static shapes, the second dynamic ones; 1: compiled with ``dynamic=True``)."""
+    """``run(i, h, w)`` at each size; a recompile from size ``reused_from`` on is an error (1: ``dynamic=True``)."""
     for i, (h, w) in enumerate(sizes):
         with torch._dynamo.config.patch(error_on_recompile=i >= reused_from):
             run(i, h, w)
@@ -132,8 +131,7 @@ def test_classifier_train_step_traces_on_aot_eager_and_reuses_its_dynamic_graph(
 
 @pytest.mark.parametrize('backend', COMPILE_BACKENDS)
 def test_backbone_inference_compiles_and_equals_eager(backend):
-    """eval() under inference_mode (the inference-only paths of the layers, e.g. RoPE in the projections'
-    storage in eager mode) compiles and equals eager; RMT: its criss-cross and whole attention."""
+    """RMT's eval() under inference_mode (the layers' inference-only paths) compiles and equals eager."""
     model = BACKBONES['RMT']().eval()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)

@@ -70,8 +70,7 @@ def ref_attention_module(mod: PolylinePathAttention, x: torch.Tensor, decay=None
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('inplace', [False, True])
 def test_rope_matches_reference(dtype, inplace):
-    """The module's tables at odd sizes, with autograd and without; in inference in place or not, contiguous or
-    strided, on tokens with the heads interleaved (tables broadcast over the head axis)."""
+    """Tables at odd sizes, with autograd and without; in inference in place or not, strided, heads interleaved."""
     heads, d = 2, 8
     rope = RasterRoPE2D(d, num_heads=heads).double()
     assert rope.angle.shape == (d, )
@@ -94,8 +93,7 @@ def test_rope_matches_reference(dtype, inplace):
 
 
 def test_path_embed_formula_shapes_and_float32():
-    """The decays of docs/method.md §1, (B, heads, H, W), <= 0, float32 also under bf16 autocast; one direction
-    shared: la is lb."""
+    """The decays of docs/method.md §1, (B, heads, H, W), <= 0, float32 under bf16 autocast; one direction: la is lb."""
     pe = PathEmbed(num_heads=3, head_dims=4).double()
     x = torch.randn(2, 3, 5, 12, dtype=torch.float64)
     la, lb = pe(x)

@@ -132,8 +132,8 @@ def test_release_init():
 
 
 def test_layer_scale_and_layer_ids_of_downsample_relpos_and_layer_scale():
-    """Layer scales (1, 1, 1, C) at their init value where asked, with their block's layer id; a stage's downsample
-    goes with its last block, its Relpos with its first."""
+    """Layer scales where asked, with their block's layer id; a downsample's is its stage's last block's, Relpos's
+    the first's."""
     model = PPMA(dict(SMALL_ARCH, layer_scales=[False, False, True, True], layer_scale_init_value=1e-6))
     assert not hasattr(model.layers[1].blocks[0], 'gamma_1')
     assert model.layers[2].blocks[0].gamma_1.shape == (1, 1, 1, 32)
@@ -147,8 +147,7 @@ def test_layer_scale_and_layer_ids_of_downsample_relpos_and_layer_scale():
 
 @pytest.mark.parametrize('cls', [PPMA, RMT])
 def test_inference_equals_the_recorded_forward(cls):
-    """The in-place layers and inference paths of the ops under inference_mode equal the recorded forward in float64
-    to rounding, and leave the input unchanged."""
+    """Under inference_mode the in-place layers and inference paths equal the recorded forward, input unchanged."""
     model = cls(SMALL_ARCH, impl='torch').double().eval()
     x = torch.randn(2, 3, 72, 40, dtype=torch.float64)
     want = model(x.clone().requires_grad_())

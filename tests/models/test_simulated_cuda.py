@@ -69,8 +69,7 @@ def run_model(model, mode: str, x):
 
 @pytest.fixture
 def launched(monkeypatch):
-    """The (kernel name, dot precision) of every kernel launch the test runs; the preflight's verdicts of earlier
-    tests forgotten."""
+    """The (kernel name, dot precision) of every launch the test runs; earlier preflight verdicts forgotten."""
     monkeypatch.setattr(preflight, '_PREFLIGHT', {})
     seen = set()
     call = launch.Launch.__call__
@@ -114,8 +113,7 @@ def test_model_on_simulated_gpu_equals_torch(name, mode, cap, request, launched,
 
 
 def test_tiny_classification_config_evaluates_on_the_simulated_gpu(tmp_path, run_python, launched, monkeypatch):
-    """mmengine's validation loop (under no_grad) of configs/tiny/ppma_t_tiny_in.py, a PPMA of the arch above on
-    32 px crops: the kernels run, and the metrics equal the torch path's."""
+    """mmengine's validation loop of configs/tiny/ppma_t_tiny_in.py: the kernels run, metrics equal the torch path's."""
     require('mmpretrain.datasets')
     require('mmpretrain.evaluation')
     from mmengine.config import Config

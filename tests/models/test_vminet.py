@@ -77,8 +77,7 @@ def test_block_matches_release_formulation(mask):
 
 
 def test_token_weights_resize():
-    """At the trained size the table itself; at any other a column of h * w weights, and a constant table keeps
-    its total (the context is a resolution-independent weighted mean)."""
+    """At the trained size the table itself; at others h * w weights keeping a constant table's total."""
     weights = TokenWeights((7, 7))
     assert torch.equal(weights.resized(7, 7), weights.weight.t())
     with torch.no_grad():

@@ -19,8 +19,7 @@ from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 @pytest.mark.parametrize('cap', dispatch.CAPABILITIES)
 def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
-    """Every backbone's attention stages at 800 x 1344 with 1024 images: each grid within CUDA's limits, although
-    the lines of the line and scan kernels and the slices of whole attention number far more than 65535."""
+    """Every backbone's attention at 800 x 1344, 1024 images: every grid within CUDA's limits, programs > 65535."""
     largest, check_kernels = {}, load_tool('check_kernels.py')
     for _, kind, shape in check_kernels.model_shapes(['det_800x1344'], list(check_kernels.MODELS)):
         for dtype in (torch.float32, torch.float16):

@@ -46,8 +46,7 @@ def test_blockwise_op(form, dtype):
 
 @pytest.mark.parametrize('table_grads', [True, False])
 def test_blockwise_backward_op(table_grads):
-    """Also with q, k, v permuted views of (B, N, heads, d) tensors, as the layers hand them over: the outputs are
-    contiguous, as the fake impls say (compiled code asserts the strides)."""
+    """Also on q, k, v viewed from (B, N, heads, d) as the layers pass them: outputs contiguous, as the fake impls."""
     *qkv_, sa, sb = blockwise_inputs(2, 2, 4, 3, 4, 2, table_batch=1)
     tables = [sa.shape, sb.shape] if table_grads else [(0, ), (0, )]
     for x in (qkv_, [t.transpose(1, 2).contiguous().transpose(1, 2) for t in qkv_]):

@@ -51,12 +51,11 @@ SCAN_LENGTHS = [1, 5, 32, 33, 70]
 LOG_DECAY = torch.tensor([-0.1, -0.4, -1.2], device=DEVICE)
 # name: (op taking impl=, a function making its inputs)
 KERNEL_CASES = {
-    **{f'whole {form} {"x".join(map(str, s))}': (partial(ops.ppma_attention, scale=s[4]**-0.5, form=form),
+    **{f'{name} {form} {"x".join(map(str, s))}': (partial(op, scale=s[4]**-0.5, form=form),
                                                  partial(make, *s, seed=s[2] * s[3]))
-       for s in WHOLE_SHAPES for form in ('release', 'v2h', 'h2v')},
-    **{f'criss_cross {form} {"x".join(map(str, s))}': (partial(ops.criss_cross_attention, scale=s[4]**-0.5, form=form),
-                                                       partial(make, *s, seed=s[2] * s[3]))
-       for s in LINE_SHAPES for form in ('release', 'v2h', 'h2v')},
+       for name, op, shapes in (('whole', ops.ppma_attention, WHOLE_SHAPES),
+                                ('criss_cross', ops.criss_cross_attention, LINE_SHAPES))
+       for s in shapes for form in ('release', 'v2h', 'h2v')},
     'manhattan': (lambda *a, impl: ops.manhattan_attention(*a, LOG_DECAY, scale=0.25, impl=impl),
                   lambda: make(2, 3, 5, 6, 16)[:3]),
     'rmt_criss_cross': (lambda *a, impl: ops.rmt_criss_cross_attention(*a, LOG_DECAY, scale=0.25, impl=impl),
@@ -83,8 +82,7 @@ def test_kernel_equals_reference(name):
 
 @pytest.mark.parametrize('shape', [WHOLE_SHAPES[0], WHOLE_SHAPES[2]], ids=lambda s: 'x'.join(map(str, s)))
 def test_whole_kernel_with_corner_sums_in_programs_of_their_own(shape, monkeypatch):
-    """``corner_pass`` (half-precision tiles on sm_80 / 86 / 89) forced on: corner-gradient sums in programs of
-    their own, gradients equal to the reference's."""
+    """``corner_pass`` forced on: corner-gradient sums in programs of their own, gradients equal the reference's."""
     config = lp.config
     monkeypatch.setattr(lp, 'config', lambda *a, **kw: dataclasses.replace(config(*a, **kw), corner_pass=True))
     ran = launched(monkeypatch)
@@ -150,8 +148,7 @@ def test_whole_kernel_backward_extra_memory_is_linear_in_n():
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
 def test_half_precision_kernels_close_to_float32(dtype):
-    """Half q, k, v against the float32 reference on the same rounded values: output (half) and gradients within
-    1e-2 in relative norm."""
+    """Half q, k, v against float32 on the same rounded values: output (half) and gradients within 1e-2."""
     whole = make(1, 2, 5, 7, 16, seed=5)
     for op, xs, half in ((partial(ops.ppma_attention, scale=0.25), whole, {0, 1, 2}),
                              (partial(ops.criss_cross_attention, scale=0.25), whole, {0, 1, 2}),
