@@ -11,11 +11,26 @@ import torch.nn as nn
 
 from mmppma.models import MLLA, PPMA, RMT, VMINet
 
+from ..ops.oracle import apply_per_head, mask_v2h
+
 #: Small enough for fast CPU forward/backward, with both attention types and four stages.
 SMALL_ARCH = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 4], mlp_ratios=[2, 2, 2, 2],
                   attn_types=['criss_cross', 'criss_cross', 'whole', 'whole'])
 MLLA_ARCH = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 4], mlp_ratio=2.0)
 VMINET_ARCH = dict(embed_dims=[8, 16, 24, 32], depths=[1, 1, 2, 1], mlp_ratios=[2, 2, 2, 2], stem_channels=8)
+#: Two stages of one block each (PPMA, RMT: a criss-cross, then a whole-attention stage), quick to compile; the
+#: variants by name as builders taking impl.
+TWO_STAGE_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4], mlp_ratios=[2, 2],
+                      attn_types=['criss_cross', 'whole'])
+TWO_STAGES = {
+    'PPMA': lambda impl='torch', **kwargs: PPMA(TWO_STAGE_ARCH, impl=impl, out_indices=(0, 1), **kwargs),
+    'RMT': lambda impl='torch': RMT(TWO_STAGE_ARCH, impl=impl, out_indices=(0, 1)),
+    **{name: lambda impl='torch', mask=mask: MLLA(dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4]),
+                                                 mask=mask, impl=impl, out_indices=(0, 1))
+       for name, mask in (('MLLA', 'none'), ('PPMLA', 'polyline'))},
+    'VMINet': lambda impl='torch': VMINet(dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2]), img_size=32,
+                                          out_indices=(0, 1)),
+}
 
 
 @dataclass
@@ -56,8 +71,7 @@ def out_size(n: int, stage: int) -> int:
 
 
 class Classifier(nn.Module):
-    """A release classifier: the backbone, then ``head`` on its outputs, by default a global average pool of the
-    last one and Linear(C, 1000)."""
+    """The backbone, then ``head`` on its outputs, by default the last one's global average pool and Linear(C, 1000)."""
 
     def __init__(self, backbone: nn.Module, head: Optional[nn.Module] = None) -> None:
         super().__init__()
@@ -70,17 +84,12 @@ class Classifier(nn.Module):
 
 
 def ref_v2h_mask(la, lb):
-    """M[(i,j),(k,l)] = -|Ca[i,j]-Ca[i,l]| - |Cb[i,l]-Cb[k,l]|, (B, heads, N, N)."""
-    b, n, h, w = la.shape
-    ca, cb = la.cumsum(-1), lb.cumsum(-2)
-    along_row = (ca[..., :, :, None] - ca[..., :, None, :]).abs()  # [i, j, l]
-    down_col = (cb[..., :, None, :] - cb[..., None, :, :]).abs()  # [i, k, l]
-    return -(along_row[..., :, :, None, :] + down_col[..., :, None, :, :]).reshape(b, n, h * w, h * w)
+    """The V2H log-mask (B, heads, N, N) of tests/ops/oracle.py's loops."""
+    return torch.from_numpy(apply_per_head(mask_v2h, la.detach().double().numpy(), lb.detach().double().numpy()))
 
 
 def require(module: str) -> None:
-    """Skip the test when ``module`` cannot be imported, with the import error as the reason (e.g. mmpretrain
-    installed without torchvision)."""
+    """Skip the test when ``module`` cannot be imported (e.g. mmpretrain without torchvision), naming the error."""
     try:
         importlib.import_module(module)
     except ImportError as e:

@@ -1,6 +1,5 @@
-"""The contract every backbone keeps (PPMA, RMT, MLLA with both masks, VMINet), tested once over all of them:
-outputs at odd sizes, out_indices / out norms, argument errors, frozen_stages, norm_eval, with_cp, drop_path,
-init_cfg / mmseg's ``pretrained``, bf16 autocast, layer ids for lr decay, registry names in every library."""
+"""The contract every backbone keeps (PPMA, RMT, MLLA with both masks, VMINet), tested once over all of them: outputs,
+arguments, training options, layer ids, init_cfg / mmseg's ``pretrained``, registry names in every library."""
 import re
 import warnings
 
@@ -20,11 +19,9 @@ def parts(model):
     return getattr(model, model.stem_name), getattr(model, model.stages_name)
 
 
-# ---------------------------------------------------------------- outputs
 @pytest.mark.parametrize('name', NAMES)
 def test_outputs_at_odd_sizes(name):
-    """Batch one at odd sizes down to 1 x 1 (eval), and a training step at another odd size: four NCHW outputs
-    of ceil(H / 2^(i+2)) x ceil(W / 2^(i+2)), finite values and gradients."""
+    """Eval at batch 1 and odd sizes down to 1 x 1, a training step: NCHW outputs of ceil(H / 2^(i+2)), finite."""
     family = FAMILIES[name]
     model = family.build(drop_path_rate=0.1).eval()
     for h, w in ((33, 47), (17, 5), (1, 1)):
@@ -53,7 +50,6 @@ def test_out_indices_and_out_norms(name):
     assert not any(k.split('.')[0] in ('norm0', 'norm3', 'outnorm0', 'outnorm3') for k in raw.state_dict())
 
 
-# ---------------------------------------------------------------- arguments and errors
 @pytest.mark.parametrize('name', NAMES)
 def test_argument_errors_name_the_fix(name):
     family = FAMILIES[name]
@@ -96,12 +92,9 @@ def test_arch_names_any_case_and_short(name):
     assert {k: settings[0][k] for k in cls.arch_zoo[long]} == dict(cls.arch_zoo[long])
 
 
-# ---------------------------------------------------------------- training-time options
 @pytest.mark.parametrize('name', NAMES)
 def test_frozen_stages_and_norm_eval(name):
-    """frozen_stages=2: the stem and stages 0, 1 (with their output norms) stay in eval mode without gradients
-    after train(), their BatchNorm statistics do not move, later stages train; 0 freezes the stem only.
-    norm_eval: every BatchNorm stays in eval mode (statistics unchanged), everything else trains."""
+    """frozen_stages 2 / 0: stem, stages 0, 1 / the stem frozen (eval, no grad, fixed BN); norm_eval: BNs in eval."""
     family = FAMILIES[name]
     model = family.build(frozen_stages=2).train()
     stem, stages = parts(model)
@@ -149,8 +142,7 @@ def test_with_cp_same_gradients_non_reentrant(name, monkeypatch):
 
 @pytest.mark.parametrize('name', NAMES)
 def test_drop_path_linear_over_blocks_and_bfloat16_autocast(name):
-    """Drop path rates linear from 0 over all blocks; under bf16 autocast (the recipes train with AMP) finite
-    outputs and gradients."""
+    """Drop path rates linear from 0 over all blocks; under bf16 autocast finite outputs and gradients."""
     model = FAMILIES[name].build(drop_path_rate=0.3)
     rates = [b.drop_path.drop_prob for stage in parts(model)[1] for b in stage.blocks]
     assert rates == pytest.approx(torch.linspace(0, 0.3, sum(FAMILIES[name].arch['depths'])).tolist())
@@ -180,12 +172,10 @@ def test_layer_ids_for_lr_decay(name):
     assert model.get_layer_depth('head.fc.weight', 'backbone.') == (n - 1, n)
 
 
-# ---------------------------------------------------------------- weights: init_cfg and mmseg's pretrained
 @pytest.mark.parametrize('name', NAMES)
 def test_init_cfg_and_pretrained(name, tmp_path):
-    """``init_cfg=Pretrained`` with a prefix and mmseg's ``pretrained=PATH`` (with its deprecation warning) load
-    every tensor exactly; without either, a freshly built model differs. ``pretrained=None`` warns nothing; a
-    model-zoo URI, both set or a non-str are errors that say what to do."""
+    """``init_cfg=Pretrained`` with a prefix and mmseg's deprecated ``pretrained=PATH`` load every tensor exactly;
+    ``pretrained=None`` warns nothing; a model-zoo URI, both set or a non-str are errors that say what to do."""
     family = FAMILIES[name]
     want = family.build().state_dict()
     torch.save({'state_dict': {f'backbone.{k}': v for k, v in want.items()}}, tmp_path / 'prefixed.pth')
@@ -218,7 +208,6 @@ def test_init_cfg_and_pretrained(name, tmp_path):
         family.build(pretrained=3)
 
 
-# ---------------------------------------------------------------- registry names in every library
 @pytest.mark.parametrize('scope', ['mmengine', 'mmpretrain', 'mmdet', 'mmseg'])
 def test_bare_and_prefixed_names_build_in_every_scope(scope):
     import mmppma  # noqa: F401  (registers the bare names)

@@ -1,6 +1,5 @@
-"""Each backbone family inside the upstream models its shipped configs build (mmpretrain ImageClassifier, mmdet
-Mask R-CNN, mmseg UPerNet), with a small arch swapped in, on CPU with tiny inputs; and PPMA in upstream mmseg
-configs written for other backbones (DeepLabV3+, SegFormer) with only the channel lists changed."""
+"""Each backbone family, small, in the upstream models its shipped configs build (ImageClassifier, Mask R-CNN,
+UPerNet) on tiny inputs; PPMA in upstream mmseg configs for other backbones with only the channels changed."""
 from pathlib import Path
 
 import numpy as np
@@ -94,7 +93,6 @@ def test_upernet_from_config_forward(name, mmseg_ready):
     assert logits.shape == (1, 5, 13, 18)  # UPerHead predicts at the stride-4 map
 
 
-# ------------------------------------------------------------------ upstream mmseg configs, backbone swapped
 def swapped(base: str, heads: str) -> Config:
     """``base`` (an mmseg:: config) with the backbone replaced by a small PPMA; ``heads`` sets channel lists."""
     return Config.fromstring(f"""

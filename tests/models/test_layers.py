@@ -12,7 +12,6 @@ from mmppma.models.layers import PPMA_MASKS, PathEmbed, PolylinePathAttention, R
 from .conftest import ref_v2h_mask
 
 
-# ---------------------------------------------------------------- independent references
 def ref_rope(x: torch.Tensor) -> torch.Tensor:
     """x: (..., H, W, d). theta_m = 10000^(-m/(d/2-1)); p = i*W + j; pairs (2m, 2m+1) rotated by p*theta_m."""
     *_, h, w, d = x.shape
@@ -68,13 +67,10 @@ def ref_attention_module(mod: PolylinePathAttention, x: torch.Tensor, decay=None
     return F.linear(out + lepe.permute(0, 2, 3, 1), mod.out_proj.weight, mod.out_proj.bias)
 
 
-# ---------------------------------------------------------------- RoPE and decays
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('inplace', [False, True])
 def test_rope_matches_reference(dtype, inplace):
-    """The module's tables at odd sizes, with autograd recording and without (float64); in inference also the
-    complex product (contiguous float), the pair swap (other dtypes, strided x), in place or not, on tokens with
-    the heads interleaved (tables broadcast over the head axis)."""
+    """Tables at odd sizes, with autograd and without; in inference in place or not, strided, heads interleaved."""
     heads, d = 2, 8
     rope = RasterRoPE2D(d, num_heads=heads).double()
     assert rope.angle.shape == (d, )
@@ -97,8 +93,7 @@ def test_rope_matches_reference(dtype, inplace):
 
 
 def test_path_embed_formula_shapes_and_float32():
-    """The decays of docs/method.md §1, (B, heads, H, W), <= 0, float32 also under bf16 autocast; one direction
-    shared: la is lb."""
+    """The decays of docs/method.md §1, (B, heads, H, W), <= 0, float32 under bf16 autocast; one direction: la is lb."""
     pe = PathEmbed(num_heads=3, head_dims=4).double()
     x = torch.randn(2, 3, 5, 12, dtype=torch.float64)
     la, lb = pe(x)
@@ -127,7 +122,6 @@ def test_path_embed_init_distributions():
     assert abs(dt.log().std().item() - (hi - lo) / math.sqrt(12)) < 0.05
 
 
-# ---------------------------------------------------------------- the attention layer
 CASES = [(t, m, 'release') for t in ('whole', 'criss_cross') for m in PPMA_MASKS] + [('whole', 'polyline', 'paper')]
 
 

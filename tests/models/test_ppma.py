@@ -1,6 +1,5 @@
 """What is PPMA's and RMT's own (the contract every backbone keeps: test_backbone_contract.py): parameter counts,
-FLOPs and key layouts of the named archs against docs/method.md §7, the paper and the release's key lists; the mask
-variants and forms; init, layer scale and inference. Forwards use a small custom arch."""
+FLOPs and key layouts of the named archs; the mask variants and forms; init, layer scale and inference."""
 import math
 
 import pytest
@@ -25,11 +24,9 @@ def with_head(backbone: PPMA) -> Classifier:
     return Classifier(backbone, PPMAClsHead(1000, in_channels=backbone.embed_dims[-1], loss=nn.Identity()))
 
 
-# ---------------------------------------------------------------- named archs
 @pytest.mark.parametrize('letter,arch', [('T', 'tiny'), ('S', 'small'), ('B', 'base')])
 def test_param_counts_and_release_keys(letter, arch):
-    """Counts with the head (PPMA, RMT); every release backbone key with its shape (the head keys are the
-    converter's job). On the meta device: no need to allocate and initialize 54M parameters."""
+    """Counts with the head (PPMA, RMT, docs/method.md §7); every release backbone key with its shape (meta device)."""
     want = {k: v for k, v in fixture_shapes(f'ppma_{letter}').items() if not k.startswith(('proj.', 'norm.', 'head.'))}
     with torch.device('meta'):
         for cls in (PPMA, RMT):
@@ -39,8 +36,7 @@ def test_param_counts_and_release_keys(letter, arch):
 
 
 def test_tiny_flops_match_paper():
-    """Paper Table 1/4: PPMA-T 2.7 GFLOPs at 224x224 (2.71 in Table 4), mmengine's counter with our attention
-    handles. Within 5%."""
+    """Paper Table 1/4: PPMA-T 2.7 GFLOPs at 224x224, mmengine's counter with our attention handles, within 5%."""
     total, by_op = count_flops(with_head(PPMA('tiny', out_indices=(3, ), out_norm=False)).eval(),
                                torch.randn(1, 3, 224, 224))
     assert total == pytest.approx(2.7e9, rel=0.05)
@@ -58,8 +54,7 @@ def test_attention_flops_are_counted_with_every_mask():
 
 
 def test_rmt_fixed_decays_follow_reference():
-    """RMT decay per stage s, head h: log(1 - 2^(-2 - r_s*h/n_s)) (docs/method.md §6), r = 4,4,6,6 (tiny),
-    5,5,6,6 (base), all < 0."""
+    """RMT decays log(1 - 2^(-2 - r_s*h/n_s)) < 0 (docs/method.md §6), r_s = 4,4,6,6 (tiny), 5,5,6,6 (base)."""
     for arch, ranges in (('tiny', (4, 4, 6, 6)), ('base', (5, 5, 6, 6))):
         # the named arch's settings with one block per stage: same Relpos buffers, quick to build
         model = RMT(dict(PPMA.arch_zoo[arch], depths=[1, 1, 1, 1]))
@@ -70,7 +65,6 @@ def test_rmt_fixed_decays_follow_reference():
             assert (model.layers[s].Relpos.decay < 0).all()
 
 
-# ---------------------------------------------------------------- arguments, mask variants, forms
 def test_argument_errors():
     for kwargs, error, message in (
             (dict(arch=dict(SMALL_ARCH, attn_types=['local'] * 4)), ValueError,
@@ -123,7 +117,6 @@ def test_paper_form_and_reference_impl():
         assert all(torch.isfinite(o).all() for o in paper(x))
 
 
-# ---------------------------------------------------------------- init, layer scale, layer ids, precision
 def test_release_init():
     model = PPMA('tiny')
     fc1 = model.layers[3].blocks[0].ffn.fc1  # 1536 x 512: enough samples for the statistics
@@ -139,8 +132,8 @@ def test_release_init():
 
 
 def test_layer_scale_and_layer_ids_of_downsample_relpos_and_layer_scale():
-    """Layer scales (1, 1, 1, C) at their init value only where asked, with their block's layer id; a stage's
-    downsample goes with its last block, its Relpos with its first."""
+    """Layer scales where asked, with their block's layer id; a downsample's is its stage's last block's, Relpos's
+    the first's."""
     model = PPMA(dict(SMALL_ARCH, layer_scales=[False, False, True, True], layer_scale_init_value=1e-6))
     assert not hasattr(model.layers[1].blocks[0], 'gamma_1')
     assert model.layers[2].blocks[0].gamma_1.shape == (1, 1, 1, 32)
@@ -154,9 +147,7 @@ def test_layer_scale_and_layer_ids_of_downsample_relpos_and_layer_scale():
 
 @pytest.mark.parametrize('cls', [PPMA, RMT])
 def test_inference_equals_the_recorded_forward(cls):
-    """Without autograd the layers work in place and the ops take their inference paths (sliced criss-cross,
-    summed-probability whole attention, padded softmax rows); with autograd recording they do not. Both give
-    the same outputs, in float64 to rounding, and inference leaves its input unchanged."""
+    """Under inference_mode the in-place layers and inference paths equal the recorded forward, input unchanged."""
     model = cls(SMALL_ARCH, impl='torch').double().eval()
     x = torch.randn(2, 3, 72, 40, dtype=torch.float64)
     want = model(x.clone().requires_grad_())

@@ -1,19 +1,16 @@
-"""Whole backbones on the simulated GPU (``MMPPMA_SIMULATE_CUDA``: CPU tensors take the CUDA code path of that
-capability, the kernels run on Triton's interpreter): with ``impl='auto'`` every mmppma op launches its kernels,
-and each model equals its ``impl='torch'`` twin in a training step, in evaluation under ``no_grad`` and
-``inference_mode``, under autocast and with TF32 on, for every mask and form. CPU tensors allow only CPU autocast,
-so ``torch.autocast('cpu', dtype=...)`` stands for CUDA's. The interpreter computes TF32 dots exactly: the TF32
-runs check that the kernels are asked for TF32, at TF32's tolerance. VMINet uses no mmppma op and runs unchanged;
+"""Whole backbones on the simulated GPU (``MMPPMA_SIMULATE_CUDA``): with ``impl='auto'`` every mmppma op launches its
+kernels, and each model equals its ``impl='torch'`` twin in training, no_grad, inference_mode, CPU autocast (standing
+for CUDA's) and TF32 (the interpreter's dots are exact: the kernels must be asked for TF32), for every mask and form;
 the tiny classification config evaluates through mmengine."""
 import contextlib
 
 import pytest
 import torch
 
-from mmppma.models.backbones import MLLA, PPMA, RMT, VMINet
-
 from ..conftest import REPO_ROOT
-from .conftest import require
+from ..ops.oracle import tf32
+from .conftest import TWO_STAGE_ARCH as ARCH
+from .conftest import TWO_STAGES, require
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 if torch.cuda.is_available():
@@ -23,40 +20,18 @@ from mmppma.ops.triton_support import launch, preflight  # noqa: E402
 
 # a kernel that cannot run falls back to the torch path with a warning: here an error that names the cause
 pytestmark = pytest.mark.filterwarnings("error:.*impl='auto' falls back:UserWarning")
-CC, WHOLE = 'criss_cross', 'whole'
-ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4], mlp_ratios=[2, 2], attn_types=[CC, WHOLE])
-MLLA_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4])
 LINE, WHOLE_KERNELS, SCAN = {'_line_fwd', '_line_bwd'}, {'_whole_fwd', '_whole_bwd'}, {'_scan_kernel'}
-#: variant -> (the backbone for an impl, the kernels a training step launches): PPMA's masks and forms (a
-#: criss-cross then a whole-attention stage; mask 'none' attends in its whole stage with SDPA, form 'paper' with
-#: the torch path), RMT, PPMLA (MLLA with the polyline mask) and VMINet
+#: variant -> (the backbone for an impl, the kernels a training step launches); PPMA's mask 'none' attends in its
+#: whole stage with SDPA, form 'paper' with the torch path
 MODELS = {
-    'PPMA': (lambda impl: PPMA(ARCH, impl=impl, out_indices=(0, 1)), LINE | WHOLE_KERNELS),
-    'PPMA-paper': (lambda impl: PPMA(ARCH, form='paper', impl=impl, out_indices=(0, 1)), LINE),
-    **{f'PPMA-{mask}': (lambda impl, mask=mask: PPMA(ARCH, mask=mask, impl=impl, out_indices=(0, 1)), kernels)
+    'PPMA': (TWO_STAGES['PPMA'], LINE | WHOLE_KERNELS),
+    'PPMA-paper': (lambda impl: TWO_STAGES['PPMA'](impl, form='paper'), LINE),
+    **{f'PPMA-{mask}': (lambda impl, mask=mask: TWO_STAGES['PPMA'](impl, mask=mask), kernels)
        for mask, kernels in (('shared', LINE | WHOLE_KERNELS), ('v2h', LINE | WHOLE_KERNELS), ('none', LINE))},
-    'RMT': (lambda impl: RMT(ARCH, impl=impl, out_indices=(0, 1)), LINE | WHOLE_KERNELS),
-    'PPMLA': (lambda impl: MLLA(MLLA_ARCH, mask='polyline', impl=impl, out_indices=(0, 1)), SCAN),
-    'VMINet': (lambda impl: VMINet(dict(embed_dims=[8, 16], depths=[1, 1], mlp_ratios=[2, 2]), img_size=32,
-                                   out_indices=(0, 1)), set()),
+    'RMT': (TWO_STAGES['RMT'], LINE | WHOLE_KERNELS),
+    'PPMLA': (TWO_STAGES['PPMLA'], SCAN),
+    'VMINet': (TWO_STAGES['VMINet'], set()),
 }
-
-
-@contextlib.contextmanager
-def tf32(api: str):
-    """TF32 on through the old flag or the ``fp32_precision`` API; both restored (the old flag first: reading it
-    after a mix of the two raises)."""
-    matmul = torch.backends.cuda.matmul
-    before = matmul.fp32_precision
-    if api == 'allow_tf32':
-        matmul.allow_tf32 = True
-    else:
-        matmul.fp32_precision = 'tf32'
-    try:
-        yield
-    finally:
-        matmul.allow_tf32 = False
-        matmul.fp32_precision = before
 
 
 #: mode -> (a training step, else an evaluation; the context of the step; autocast dtype of the forward; the
@@ -67,11 +42,10 @@ MODES = {
     'inference_mode': (False, torch.inference_mode, None, 1e-4),
     'fp16': (True, contextlib.nullcontext, torch.float16, 1e-2),
     'bf16': (True, contextlib.nullcontext, torch.bfloat16, 1e-2),
-    'allow_tf32': (True, lambda: tf32('allow_tf32'), None, 1e-2),
-    'fp32_precision': (True, lambda: tf32('fp32_precision'), None, 1e-2),
+    'allow_tf32': (True, lambda: tf32(True, 'allow_tf32'), None, 1e-2),
+    'fp32_precision': (True, lambda: tf32(True, 'matmul'), None, 1e-2),
 }
-# the default tier: every variant, mode and capability at least once; --all: every variant in every mode on sm_90
-# at a larger image
+# the default tier: every variant, mode and capability once; --all: every variant in every mode, sm_90, larger
 CASES = [('PPMA', 'train', 90), ('PPMA', 'no_grad', 89), ('PPMA-paper', 'fp16', 80), ('PPMA-shared', 'bf16', 86),
          ('PPMA-v2h', 'allow_tf32', 89), ('PPMA-none', 'fp32_precision', 90), ('RMT', 'train', 86),
          ('RMT', 'inference_mode', 80), ('PPMLA', 'train', 80), ('VMINet', 'train', 90)]
@@ -95,8 +69,7 @@ def run_model(model, mode: str, x):
 
 @pytest.fixture
 def launched(monkeypatch):
-    """The (kernel name, dot precision) of every kernel launch the test runs; the preflight's verdicts of earlier
-    tests forgotten."""
+    """The (kernel name, dot precision) of every launch the test runs; earlier preflight verdicts forgotten."""
     monkeypatch.setattr(preflight, '_PREFLIGHT', {})
     seen = set()
     call = launch.Launch.__call__
@@ -140,8 +113,7 @@ def test_model_on_simulated_gpu_equals_torch(name, mode, cap, request, launched,
 
 
 def test_tiny_classification_config_evaluates_on_the_simulated_gpu(tmp_path, run_python, launched, monkeypatch):
-    """mmengine's validation loop (under no_grad) of configs/tiny/ppma_t_tiny_in.py, a PPMA of the arch above on
-    32 px crops: the kernels run, and the metrics equal the torch path's."""
+    """mmengine's validation loop of configs/tiny/ppma_t_tiny_in.py: the kernels run, metrics equal the torch path's."""
     require('mmpretrain.datasets')
     require('mmpretrain.evaluation')
     from mmengine.config import Config

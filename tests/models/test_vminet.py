@@ -1,6 +1,5 @@
-"""What is VMINet's own (the contract every backbone keeps: test_backbone_contract.py): parameter counts (release
-figures) and FLOPs at 224 x 224 of the named archs, the block against the release's formulation, resized context
-weights, its options and its init. Behaviour tests use a small custom arch."""
+"""What is VMINet's own (the contract every backbone keeps: test_backbone_contract.py): parameter counts and FLOPs
+of the named archs, the block against the release's formulation, resized context weights, options and init."""
 import pytest
 import torch
 import torch.nn as nn
@@ -13,17 +12,13 @@ from mmppma.models.utils import count_flops
 
 from .conftest import VMINET_ARCH, Classifier, num_params, out_size
 
-SIZES = ('ti', 'xs', 's', 'b')
-#: our parameter counts with the 1000-class classifier (BN norm3 + Linear), proj_norm True / False
-PARAMS = {'ti': (2_036_938, 2_032_426), 'xs': (7_440_370, 7_431_346), 's': (13_347_442, 13_338_418),
-          'b': (28_387_138, 28_369_090)}
-RELEASE_PARAMS_M = {'ti': 2.04, 'xs': 7.44, 's': 13.35, 'b': 28.39}
-#: mmengine's counter (one multiply-add = one FLOP) at 1 x 3 x 224 x 224, classifier included
-FLOPS = {'ti': 350_389_120, 'xs': 1_258_133_248, 's': 2_300_915_968, 'b': 4_780_609_024}
-PAPER_GFLOPS = {'ti': 0.3, 'xs': 1.4, 's': 2.3, 'b': 4.8}
-#: the release's vminet_{Ti,XS,S,B}: stage dims and MLP ratio r, and the arch's long name
-DIMS_RATIO = {'ti': ([24, 48, 96, 192], 2, 'tiny'), 'xs': ([48, 96, 192, 384], 2, 'xsmall'),
-              's': ([48, 96, 192, 384], 4, 'small'), 'b': ([96, 192, 384, 768], 2, 'base')}
+#: the release's vminet_{Ti,XS,S,B}: long name, stage dims, MLP ratio; our parameter counts with the 1000-class
+#: classifier (BN norm3 + Linear) with proj_norm True / False, the release's (M); mmengine's FLOPs (one multiply-add
+#: = one FLOP) at 1 x 3 x 224 x 224, classifier included, the paper's (G)
+SIZES = {'ti': ('tiny', [24, 48, 96, 192], 2, (2_036_938, 2_032_426), 2.04, 350_389_120, 0.3),
+         'xs': ('xsmall', [48, 96, 192, 384], 2, (7_440_370, 7_431_346), 7.44, 1_258_133_248, 1.4),
+         's': ('small', [48, 96, 192, 384], 4, (13_347_442, 13_338_418), 13.35, 2_300_915_968, 2.3),
+         'b': ('base', [96, 192, 384, 768], 2, (28_387_138, 28_369_090), 28.39, 4_780_609_024, 4.8)}
 
 
 def classifier(arch: str, **kwargs) -> Classifier:
@@ -31,38 +26,32 @@ def classifier(arch: str, **kwargs) -> Classifier:
     return Classifier(VMINet(arch, out_indices=(3, ), out_norm='BN', **kwargs))
 
 
-# ---------------------------------------------------------------- sizes: parameters and FLOPs
 @pytest.mark.parametrize('arch', SIZES)
 def test_arch_table_and_param_counts_with_classifier(arch):
-    dims, ratio, long = DIMS_RATIO[arch]
+    long, dims, ratio, params, release_m, _, _ = SIZES[arch]
     settings = resolve_vminet_arch(arch)
     assert settings == resolve_vminet_arch(long) == resolve_vminet_arch(long.upper())
     assert (settings['embed_dims'], settings['mlp_ratios']) == (dims, [ratio] * 4)
     assert (settings['depths'], settings['stem_channels'], settings['kernel_size']) == ([2, 2, 18, 2], 32, 7)
     with torch.device('meta'):
         counts = tuple(num_params(classifier(arch, proj_norm=p)) for p in (True, False))
-    assert counts == PARAMS[arch]
+    assert counts == params
     for count in counts:  # both release revisions
-        assert count == pytest.approx(RELEASE_PARAMS_M[arch] * 1e6, rel=0.01)
+        assert count == pytest.approx(release_m * 1e6, rel=0.01)
 
 
 @pytest.mark.parametrize('arch', SIZES)
 def test_flops_at_224(arch):
-    """mmengine's counter through mmppma's count_flops. S and B are within 5% of the paper (2.3 / 4.8 G).
-
-    Ti and XS are not, with the release's own architecture (whose parameter counts match to the parameter):
-    Ti measures 0.350 G (paper 0.3; 0.347 G without BatchNorm and head, which rounds to 0.3) and XS 1.258 G
-    (paper 1.4, which no r or width with XS's 7.44 M parameters gives: XS and S differ only in r, and S
-    matches). Those two are checked against the measured values only.
-    """
+    """Measured counts; S and B within 5% of the paper (2.3 / 4.8 G). Ti and XS (paper 0.3 / 1.4 G), with the
+    release's own architecture and parameter counts, measure 0.350 / 1.258 G: checked against those only."""
     total, by_op = count_flops(classifier(arch).eval(), torch.randn(1, 3, 224, 224))
-    assert total == FLOPS[arch]
+    *_, flops, paper_gflops = SIZES[arch]
+    assert total == flops
     assert set(by_op) <= {'conv', 'batch_norm', 'matmul', 'linear'}
     if arch in ('s', 'b'):
-        assert total == pytest.approx(PAPER_GFLOPS[arch] * 1e9, rel=0.05)
+        assert total == pytest.approx(paper_gflops * 1e9, rel=0.05)
 
 
-# ---------------------------------------------------------------- the block against the release's formulation
 def release_block(block: VMISABlock, x: torch.Tensor, tril: bool) -> torch.Tensor:
     """The release's Block.forward, written out with functional ops on our block's weights (224 input)."""
     u = block.dwconv(x)
@@ -88,8 +77,7 @@ def test_block_matches_release_formulation(mask):
 
 
 def test_token_weights_resize():
-    """At the trained size the table itself; at any other a column of h * w weights, and a constant table keeps
-    its total (the context is a resolution-independent weighted mean)."""
+    """At the trained size the table itself; at others h * w weights keeping a constant table's total."""
     weights = TokenWeights((7, 7))
     assert torch.equal(weights.resized(7, 7), weights.weight.t())
     with torch.no_grad():
@@ -99,14 +87,9 @@ def test_token_weights_resize():
         assert weights.resized(h, w).sum().item() == pytest.approx(0.5 * 49, rel=1e-5)
 
 
-# ---------------------------------------------------------------- options
 def test_one_pixel_late_stages():
-    """16 x 16 -> stage 3 is 1 x 1 and a 1-wide map at 40 x 8; eval works at batch 1, and so does training
-    with frozen BatchNorm statistics (training BatchNorm needs more than one value per channel)."""
-    model = VMINet(VMINET_ARCH).eval()
-    with torch.no_grad():
-        outs = model(torch.randn(1, 3, 16, 16))
-    assert [tuple(o.shape[2:]) for o in outs] == [(4, 4), (2, 2), (1, 1), (1, 1)]
+    """Training at batch 1 with 1-wide late stages, BatchNorm statistics frozen (training BatchNorm needs more than
+    one value per channel); the resized context table is trained (eval at odd sizes: the contract's)."""
     model = VMINet(VMINET_ARCH, norm_eval=True).train()
     outs = model(torch.randn(1, 3, 40, 8))
     assert [tuple(o.shape[2:]) for o in outs] == [(out_size(40, i), out_size(8, i)) for i in range(4)] == [
@@ -128,7 +111,7 @@ def test_mask_proj_norm_and_out_norm_options():
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert not torch.allclose(a(x)[-1], b(x)[-1])
-    # out_norm: 'LN' (also True) names LayerNorms outnorm{i}; 'BN' names BatchNorms norm{i} (the release classifier's)
+    # out_norm 'LN' (also True): LayerNorms outnorm{i}; 'BN': BatchNorms norm{i} (the release classifier's)
     with pytest.raises(ValueError, match="out_norm='GN'.*'LN', 'BN'"):
         VMINet(VMINET_ARCH, out_norm='GN')
     assert isinstance(VMINet(VMINET_ARCH, out_indices=(1, )).outnorm1, nn.LayerNorm)

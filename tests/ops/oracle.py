@@ -1,6 +1,8 @@
 """Independent float64 oracles written from the definitions with explicit loops (numpy), sharing no code with
 mmppma.ops (a segment from s to t sums the log-decays strictly after min(s, t) up to max(s, t), docs/method.md
-§2), and the tests' input makers."""
+§2); the tests' input makers, gradient and graph checks and TF32 switch."""
+import contextlib
+
 import numpy as np
 import torch
 
@@ -82,5 +84,55 @@ def decays(b, heads, h, w, seed=0, scale=1.0, offset=0.0, dtype=torch.float64):
     return [-(torch.rand(b, heads, h, w, generator=g, dtype=dtype) * scale + offset) for _ in 'ab']
 
 
+def inputs(b, heads, h, w, d, seed=0, dtype=torch.float64, dv=None):
+    """q, k, v (``seed``) and la, lb (``seed + 1``)."""
+    return qkv(b, heads, h, w, d, seed, dtype, dv) + decays(b, heads, h, w, seed + 1, dtype=dtype)
+
+
 def leaf(*ts):
     return [t.clone().requires_grad_() for t in ts]
+
+
+def out_and_grads(fn, leaves):
+    """fn(*leaves) and its leaves' gradients (zeros where unused) of the sum of linspace(-1, 1) times it."""
+    out = fn(*leaves)
+    cotangent = torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=out.device).view_as(out)
+    grads = torch.autograd.grad(out, leaves, cotangent, allow_unused=True)
+    return [out.detach()] + [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, grads)]
+
+
+def graph_code(fn, *args):
+    """The code of the graphs dynamo traces from ``fn(*args)``, asserting that there is no graph break."""
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(fn)(*args)
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+    return '\n'.join(graph.code for graph in explained.graphs)
+
+
+def set_tf32(api, on):
+    """TF32 for CUDA float32 matmuls on / off through the legacy flag ('allow_tf32'), the matmul's fp32_precision
+    ('matmul') or every backend's default, which matmul inherits while its own is 'none' ('generic')."""
+    matmul = torch.backends.cuda.matmul
+    if api == 'allow_tf32':
+        matmul.allow_tf32 = on
+    elif api == 'matmul':
+        matmul.fp32_precision = 'tf32' if on else 'ieee'
+    else:
+        matmul.fp32_precision, torch.backends.fp32_precision = 'none', 'tf32' if on else 'ieee'
+
+
+@contextlib.contextmanager
+def tf32(on=None, api='allow_tf32'):
+    """``set_tf32(api, on)`` unless ``on`` is None, torch's settings restored on exit (through fp32_precision where
+    torch has it: once that was set, reading the legacy flag raises)."""
+    matmul, new_api = torch.backends.cuda.matmul, hasattr(torch.backends, 'fp32_precision')
+    saved = (torch.backends.fp32_precision, matmul.fp32_precision) if new_api else matmul.allow_tf32
+    if on is not None:
+        set_tf32(api, on)
+    try:
+        yield
+    finally:
+        if new_api:
+            torch.backends.fp32_precision, matmul.fp32_precision = saved
+        else:
+            matmul.allow_tf32 = saved

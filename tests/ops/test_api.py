@@ -11,7 +11,7 @@ import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma.ops.dispatch import IMPLEMENTATIONS, IMPLEMENTATIONS_BY_FORM, resolve_impl
 from mmppma.ops.forms import CRISS_CROSS_FORMS, MASK_FORMS, WHOLE_FORMS
 
-from .oracle import decays, qkv
+from .oracle import inputs, qkv
 
 IMPLS = ('reference', 'torch', 'triton')
 FORMS = {'ppma_attention': WHOLE_FORMS, 'criss_cross_attention': CRISS_CROSS_FORMS, 'polyline_mask_matvec': MASK_FORMS,
@@ -50,17 +50,15 @@ def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
     assert resolve_impl('auto', 'ppma_attention', [x]) == 'reference'
     calls, original = [], mmppma.ops.whole.whole_reference
     monkeypatch.setattr(mmppma.ops.whole, 'whole_reference', lambda *a: calls.append(1) or original(*a))
-    ops.ppma_attention(*qkv(1, 1, 2, 3, 4), *decays(1, 1, 2, 3))
+    ops.ppma_attention(*inputs(1, 1, 2, 3, 4))
     assert calls, 'MMPPMA_IMPL=reference did not route auto to the reference implementation'
     monkeypatch.setenv('MMPPMA_IMPL', 'fast')
     with pytest.raises(ValueError, match='MMPPMA_IMPL'):
         resolve_impl('auto', 'ppma_attention', [x])
 
 
-
 def test_the_table_is_keyed_by_op_and_form():
-    """Every op's forms (its ``form`` option's choices) are rows; whole attention's paper form alone has no kernel;
-    IMPLEMENTATIONS is what each op has for some form."""
+    """Every op's forms are rows; whole attention's paper form alone has no kernel; IMPLEMENTATIONS: any form's."""
     forms = {op: inspect.signature(getattr(ops, op)).parameters.get('form') for op in IMPLEMENTATIONS}
     for op, param in forms.items():
         rows = {form for name, form in IMPLEMENTATIONS_BY_FORM if name == op}
@@ -76,8 +74,7 @@ def test_the_table_is_keyed_by_op_and_form():
         resolve_impl('torch', 'ppma_attention', [x], '2d')
 
 
-Q, K, V = qkv(1, 2, 3, 4, 5)
-LA, LB = decays(1, 2, 3, 4)
+Q, K, V, LA, LB = inputs(1, 2, 3, 4, 5)
 WHOLE_AND_CRISS_CROSS = (ops.ppma_attention, ops.criss_cross_attention)
 QKV_2X3 = qkv(2, 3, 2, 3, 4)  # batch 2, heads 3: a log-decay is (3,) or (2, 3)
 BAD_LOG_DECAYS = (torch.zeros(2), torch.zeros(3, 3), torch.zeros(1, 1, 3), torch.zeros(3, dtype=torch.long))
@@ -120,8 +117,8 @@ def test_whole_attention_branch_is_the_one_taken(monkeypatch):
     calls, library_op = [], whole_torch.whole_attention_blockwise
     monkeypatch.setattr(whole_torch, 'whole_attention_blockwise',
                         lambda *a: calls.append(torch.is_grad_enabled()) or library_op(*a))
-    q, k, v = (t.requires_grad_() for t in qkv(1, 1, 3, 4, 2))
-    la, lb = decays(1, 1, 3, 4)
+    q, k, v, la, lb = inputs(1, 1, 3, 4, 2)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
     ops.ppma_attention(q, k, v, la, lb, impl='torch')
     assert calls == []  # the autograd branch
     with torch.no_grad():

@@ -11,7 +11,7 @@ import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma import ops
 
 from . import oracle
-from .oracle import decays, leaf, qkv
+from .oracle import decays, inputs, leaf, out_and_grads, qkv
 from .test_masks_and_scans import SHAPES
 
 IMPLS = ['torch', 'reference']
@@ -19,10 +19,10 @@ FORMS = ['release', 'paper', 'v2h', 'h2v']
 CLOSE = dict(rtol=1e-10, atol=1e-12)
 
 
-def force_blockwise(monkeypatch):
-    """Whole attention's torch path on its blockwise (recomputing) branch, one image row of queries per block."""
+def force_blockwise(monkeypatch, block_elements=1):
+    """Whole attention's torch path on its blockwise (recomputing) branch, by default one image row per block."""
     monkeypatch.setattr(whole_torch, 'SMALL_ELEMENTS', 0)
-    monkeypatch.setattr(whole_torch, 'BLOCK_ELEMENTS', 1)
+    monkeypatch.setattr(whole_torch, 'BLOCK_ELEMENTS', block_elements)
 
 
 @pytest.fixture(params=['plain', 'blockwise'])
@@ -32,8 +32,7 @@ def whole_path(request, monkeypatch):
 
 
 def oracle_cases(q, k, v, la, lb, log_decay):
-    """(name, op(q, k, v, **options), the oracle's output) for every softmax attention and form; log_decay
-    per head or per image and head."""
+    """(name, op(q, k, v, **options), the oracle's output) for every softmax attention and form."""
     b, heads, h, w = la.shape
     arrays = [t.numpy() for t in (q, k, v)]
     per_head = torch.broadcast_to(log_decay, (b, heads))
@@ -83,8 +82,7 @@ def test_attention_matches_oracle(hw):
 @pytest.mark.parametrize('slice_elements', [1, 400, 600, 1 << 18])
 @pytest.mark.parametrize('hw', [(1, 6), (5, 1), (4, 7)])
 def test_inference_and_autograd_paths_match_oracle(hw, slice_elements, monkeypatch):
-    """No autograd: the inference branches; autograd: the autograd ones, then whole attention's blockwise one;
-    a log-decay per image and head."""
+    """Without autograd the inference branches, with it the autograd ones and whole attention's blockwise one."""
     monkeypatch.setattr(criss_cross_torch, 'SLICE_ELEMENTS', slice_elements)
     q, k, v = qkv(2, 3, *hw, 4, seed=sum(hw), dv=5)
     la, lb = decays(2, 3, *hw, seed=hw[0] * hw[1])
@@ -148,21 +146,16 @@ def test_gradcheck(name, blockwise, monkeypatch):
     op, (h, w, d, seed), takes, fast, _ = GRADCHECKS[name]
     if blockwise:
         force_blockwise(monkeypatch)
-    inputs = dict(zip('qkvab', [*qkv(1, 2, h, w, d, seed=seed), *decays(1, 2, h, w, seed=seed + 1)]))
-    assert torch.autograd.gradcheck(op, leaf(*(inputs[c] for c in takes)), fast_mode=fast)
+    named = dict(zip('qkvab', inputs(1, 2, h, w, d, seed)))
+    assert torch.autograd.gradcheck(op, leaf(*(named[c] for c in takes)), fast_mode=fast)
 
 
 @pytest.mark.parametrize('op', [ops.ppma_attention, ops.manhattan_attention], ids=['ppma', 'manhattan'])
 def test_torch_and_reference_agree_on_a_larger_map(op, whole_path):
     q, k, v = qkv(2, 2, 6, 9, 4, seed=8)
     leaves = [q, k, v, *decays(2, 2, 6, 9, seed=9)] if op is ops.ppma_attention else [q, k, v, LOG_DECAY.clone()]
-    results = []
-    for impl in IMPLS:  # outputs and every input gradient, decay tables included
-        xs = leaf(*leaves)
-        out = op(*xs, scale=0.5, impl=impl)
-        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape))
-        results.append([out.detach()] + [t.grad for t in xs])
-    for a, b in zip(*results):
+    results = [out_and_grads(partial(op, scale=0.5, impl=impl), leaf(*leaves)) for impl in IMPLS]
+    for a, b in zip(*results):  # outputs and every input gradient, decay tables included
         torch.testing.assert_close(a, b, **CLOSE)
 
 
@@ -176,9 +169,9 @@ OPS = {
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize('op', sorted(OPS))
 def test_half_inputs_are_finite_and_close_to_float32(op, dtype, whole_path):
-    inputs = qkv(2, 2, 7, 9, 16, seed=1, dtype=torch.float32) + decays(2, 2, 7, 9, seed=2, dtype=torch.float32)
-    want = OPS[op](*inputs)
-    got = OPS[op](*(t.to(dtype) for t in inputs))
+    xs = inputs(2, 2, 7, 9, 16, seed=1, dtype=torch.float32)
+    want = OPS[op](*xs)
+    got = OPS[op](*(t.to(dtype) for t in xs))
     assert got.dtype == dtype and torch.isfinite(got).all()
     rel = (got.float() - want).norm() / want.norm()
     assert rel < 2e-2, f'{op} {dtype}: relative error {rel:.3g}'
@@ -187,12 +180,10 @@ def test_half_inputs_are_finite_and_close_to_float32(op, dtype, whole_path):
 @pytest.mark.parametrize('op', sorted(OPS))
 @pytest.mark.parametrize('hw', [(1, 1), (1, 9), (9, 1), (13, 17)])
 def test_extreme_decays_give_finite_values_and_gradients(op, hw, whole_path):
-    inputs = qkv(1, 2, *hw, 4, dtype=torch.float32) + decays(1, 2, *hw, offset=1e4, dtype=torch.float32)
-    leaves = leaf(*inputs)
-    out = OPS[op](*leaves)
-    out.sum().backward()
-    assert torch.isfinite(out).all() and all(torch.isfinite(t.grad).all() for t in leaves)
+    xs = qkv(1, 2, *hw, 4, dtype=torch.float32) + decays(1, 2, *hw, offset=1e4, dtype=torch.float32)
+    out, *grads = out_and_grads(OPS[op], leaf(*xs))
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
     with torch.no_grad():  # the inference paths
-        torch.testing.assert_close(OPS[op](*inputs), out.detach())
+        torch.testing.assert_close(OPS[op](*xs), out)
     if op == 'whole':  # nothing but the token itself survives such a mask
-        torch.testing.assert_close(out, inputs[2])
+        torch.testing.assert_close(out, xs[2])

@@ -1,8 +1,7 @@
 """The launches themselves: CUDA's grid limits at any batch size, the inputs' device, and every configuration of the
 launch tables executed against the float64 reference on the simulated device of each capability."""
 import contextlib
-import os
-import sys
+import math
 
 import pytest
 import torch
@@ -10,37 +9,23 @@ import torch
 from mmppma import ops
 from mmppma.ops import dispatch
 
+from ..conftest import load_tool
+from .oracle import tf32
+
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
-TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'tools')
-
-
-@pytest.fixture(scope='module')
-def check_kernels():
-    sys.path.insert(0, TOOLS)
-    try:
-        import check_kernels
-        yield check_kernels
-    finally:
-        sys.path.remove(TOOLS)
-
 
 @pytest.mark.parametrize('cap', dispatch.CAPABILITIES)
-def test_grids_stay_within_cuda_limits_at_batch_1024(cap, check_kernels):
-    """Every backbone's attention stages at the detection input (800 x 1344; PPMA-T's first stage is criss-cross
-    attention on 200 x 336) with 1024 images: each launch's grid within CUDA's limits, although the lines of the
-    line and scan kernels and the slices of whole attention number far more than 65535."""
-    largest = {}
+def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
+    """Every backbone's attention at 800 x 1344, 1024 images: every grid within CUDA's limits, programs > 65535."""
+    largest, check_kernels = {}, load_tool('check_kernels.py')
     for _, kind, shape in check_kernels.model_shapes(['det_800x1344'], list(check_kernels.MODELS)):
         for dtype in (torch.float32, torch.float16):
             for _, launch in check_kernels.record(kind, (1024, *shape[1:]), dtype, cap):
                 assert all(n <= limit for n, limit in zip(launch.grid, lp.GRID_LIMITS)), (launch.name, launch.grid)
-                programs = 1
-                for n in launch.grid:
-                    programs *= n
-                largest[launch.name] = max(largest.get(launch.name, 0), programs)
+                largest[launch.name] = max(largest.get(launch.name, 0), math.prod(launch.grid))
     assert set(largest) == {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_scan_kernel'}
     assert all(n > 65535 for n in largest.values()), largest
 
@@ -51,8 +36,7 @@ def test_a_grid_over_the_limits_is_refused():
 
 
 def test_launches_run_on_the_inputs_device(monkeypatch):
-    """Tensors on cuda:1 (fake tensors: no GPU needed) launch inside ``torch.cuda.device(cuda:1)``, whatever the
-    current device is."""
+    """Tensors on cuda:1 (fake tensors: no GPU needed) launch inside ``torch.cuda.device(cuda:1)``."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from mmppma.ops.scan.triton_impl import scan_launches
@@ -76,11 +60,9 @@ def test_launches_run_on_the_inputs_device(monkeypatch):
     assert during == [(x.name, torch.device('cuda:1')) for x in launches] and len(during) == 3
 
 
-# Every configuration of the launch tables, run: cases at shapes that reach each one (N >= lp.LARGE = 1024 tokens or
-# line length for the large tiles; narrow images < 16 wide and tall; a tall narrow one, run transposed; ragged
-# blocks; d = 64; corner rows of 8 (the blocks of 16 on 15 x 3, of 128 on 32 x 32); corner_pass on sm_80 / 86 / 89
-# in half precision), each checked against the float64 reference, output and every input's gradient.
-# name: (op taking impl=, (B, heads, H, W, d) or a scan's (lines, L, d))
+# name: (op, (B, heads, H, W, d) or a scan's (lines, L, d)), at shapes that reach every configuration of the launch
+# tables: N or a line >= lp.LARGE for the large tiles, narrow images (a tall one transposed), ragged blocks, d = 64,
+# corner rows of 8 (blocks of 16 on 15 x 3, of 128 on 32 x 32), corner_pass on sm_80 / 86 / 89 in half precision
 CASES = {
     'whole 32x32': ('ppma_attention', (1, 1, 32, 32, 16)),
     'whole 3x17 d64': ('ppma_attention', (1, 1, 3, 17, 64)),
@@ -103,17 +85,9 @@ RUNS = [(cap, case, dtype) for cap in dispatch.CAPABILITIES for case in CASES fo
 def make_inputs(case, dtype):
     """The case's inputs: q, k, v (or a scan's x) in ``dtype``, log-decays float32."""
     op, shape = CASES[case]
-    g = torch.Generator().manual_seed(sum(shape))
-
-    def randn(*s):
-        return (torch.randn(*s, generator=g) * 0.5).to(dtype)
-
-    def decay(*s):
-        return -torch.rand(*s, generator=g) * 0.5
-
-    if op == 'decay_scan_1d':
-        return [randn(*shape), decay(*shape[:-1])]
-    return [randn(*shape) for _ in range(3)] + [decay(*shape[:-1]), decay(*shape[:-1])]
+    g, n = torch.Generator().manual_seed(sum(shape)), 1 if op == 'decay_scan_1d' else 2
+    xs = [(torch.randn(*shape, generator=g) * 0.5).to(dtype) for _ in range(2 * n - 1)]
+    return xs + [-torch.rand(*shape[:-1], generator=g) * 0.5 for _ in range(n)]
 
 
 def call(case, inputs, impl):
@@ -146,27 +120,18 @@ def test_the_numeric_runs_execute_every_table_configuration():
     assert any(c.corner_pass for cap in (80, 86, 89) for c in reached(cap, 'whole 32x32', 'fp16'))
 
 
-@pytest.fixture
-def tf32_off():
-    """Exact float32 products (the kernels' 'ieee' dot precision)."""
-    matmul = torch.backends.cuda.matmul
-    before, matmul.allow_tf32 = matmul.allow_tf32, False
-    yield
-    matmul.allow_tf32 = before
-
-
 @pytest.mark.heavy
 @pytest.mark.slow(minutes=3)
 @pytest.mark.parametrize('cap, case, dtype', RUNS, ids=lambda x: str(x))
-def test_every_configuration_against_the_float64_reference(cap, case, dtype, monkeypatch, tf32_off):
-    """The case on the simulated device of ``cap`` executes the configurations recorded for it; output and the
-    gradients of q, k, v, la, lb (or x and the log-decay) against the float64 reference of the same inputs: float32
-    (TF32 off) within 1e-4 of the reference's largest entry, float16 / bfloat16 within 1e-2 in relative norm."""
+def test_every_configuration_against_the_float64_reference(cap, case, dtype, monkeypatch):
+    """The case on the simulated device of ``cap`` executes the configurations recorded for it; output and input
+    gradients against the float64 reference of the same inputs: float32 (TF32 off) within 1e-4 of the reference's
+    largest entry, float16 / bfloat16 within 1e-2 in relative norm."""
     if torch.cuda.is_available():
         pytest.skip('the simulated device runs CPU tensors on the interpreter')
     monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
     inputs = [t.requires_grad_() for t in make_inputs(case, DTYPES[dtype])]
-    with lp.executed() as ran:
+    with lp.executed() as ran, tf32(False):
         out = call(case, inputs, 'auto')
         cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
         got = [out] + list(torch.autograd.grad(out, inputs, cotangent))
@@ -176,9 +141,7 @@ def test_every_configuration_against_the_float64_reference(cap, case, dtype, mon
     want = [want] + list(torch.autograd.grad(want, wide, cotangent.double()))
     for i, (a, b) in enumerate(zip(got, want)):
         a = a.detach().double()
-        if dtype == 'fp32':
-            err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-        else:
-            err = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+        norm = (lambda t: t.abs().max()) if dtype == 'fp32' else torch.linalg.vector_norm
+        err = (norm(a - b) / norm(b).clamp_min(1e-30)).item()
         assert err <= (1e-4 if dtype == 'fp32' else 1e-2) or b.abs().max() == a.abs().max() == 0, \
             f'tensor {i} (0: out): error {err:.2e}'

@@ -1,6 +1,5 @@
-"""No import circles in mmppma.ops: each module imports first in a fresh interpreter (mmppma's and mmppma.ops's
-__init__ left out, so that nothing else is imported before it), and the graph of the modules' imports, those
-inside functions (the lazy Triton imports) and the packages they initialize included, is acyclic."""
+"""No import circles in mmppma.ops: each module imports first in a fresh interpreter (the packages' __init__ left
+out), and the graph of the modules' imports, lazy ones and the packages they initialize included, is acyclic."""
 import ast
 from pathlib import Path
 

@@ -7,6 +7,8 @@ from mmppma import ops
 from mmppma.ops import dispatch
 from mmppma.ops.dispatch import resolve_impl
 
+from . import oracle
+
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 if torch.cuda.is_available():
     pytest.skip('the simulated device runs CPU tensors on the interpreter (no GPU here)', allow_module_level=True)
@@ -14,10 +16,8 @@ if torch.cuda.is_available():
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 
-def inputs(b=1, heads=1, h=5, w=7, d=16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return ([torch.randn(b, heads, h, w, d, generator=g).requires_grad_() for _ in range(3)] +
-            [(-torch.rand(b, heads, h, w, generator=g)).requires_grad_() for _ in range(2)])
+def inputs(h=5, w=7):
+    return oracle.leaf(*oracle.inputs(1, 1, h, w, 16, dtype=torch.float32))
 
 
 def launched(monkeypatch):
@@ -30,7 +30,7 @@ def launched(monkeypatch):
 
 
 def describe(launch):
-    return launch.name, launch.grid, launch.constexprs, launch.config
+    return launch.name, launch.grid, launch.signature(), launch.constexprs, launch.config
 
 
 def test_without_the_switch_nothing_changes(monkeypatch):
@@ -79,26 +79,17 @@ def test_the_switch_needs_the_interpreter(monkeypatch):
 
 def _case(op):
     """(call(*inputs, impl), inputs) of ``op`` at a tiny shape."""
-    g = torch.Generator().manual_seed(3)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g)
-
-    def decay(*shape):
-        return -torch.rand(*shape, generator=g) * 0.5
-
-    q, k, v = (randn(1, 2, 3, 4, 4) for _ in range(3))
-    la, lb = decay(1, 2, 3, 4), decay(1, 2, 3, 4)
+    q, k, v, la, lb = oracle.inputs(1, 2, 3, 4, 4, seed=3, dtype=torch.float32)
     log_decay = torch.tensor([-0.2, -0.6])
     return {
         'ppma_attention': (ops.ppma_attention, [q, k, v, la, lb]),
         'criss_cross_attention': (ops.criss_cross_attention, [q, k, v, la, lb]),
         'manhattan_attention': (ops.manhattan_attention, [q, k, v, log_decay]),
         'rmt_criss_cross_attention': (ops.rmt_criss_cross_attention, [q, k, v, log_decay]),
-        'decay_scan_1d': (ops.decay_scan_1d, [randn(2, 5, 3), decay(2, 5)]),
+        'decay_scan_1d': (ops.decay_scan_1d, [torch.randn(2, 5, 3), -torch.rand(2, 5)]),
         'polyline_mask_matvec': (lambda *t, impl: ops.polyline_mask_matvec(*t, form='2d', impl=impl), [v, la, lb]),
-        'polyline_mask_matvec_3d': (ops.polyline_mask_matvec_3d, [randn(1, 1, 2, 3, 4, 3)] +
-                                    [decay(1, 1, 2, 3, 4) for _ in range(3)]),
+        'polyline_mask_matvec_3d': (ops.polyline_mask_matvec_3d, [torch.randn(1, 1, 2, 3, 4, 3)] +
+                                    [-torch.rand(1, 1, 2, 3, 4) for _ in range(3)]),
         'ppma_linear_attention': (lambda *t, impl: ops.ppma_linear_attention(*t, feature_map='elu', normalize=True,
                                                                              impl=impl), [q, k, v, la, lb]),
         'ppma_decomposed_attention': (ops.ppma_decomposed_attention, [q, k, v, la, lb]),

@@ -1,7 +1,5 @@
 """Every Triton kernel against the dense reference, output and all gradients, float32; fp16 / bf16 vs float32;
-the launches and the int64 offsets. Without a GPU the kernels run under
-``TRITON_INTERPRET=1`` (tests/conftest.py). Shapes: N = 49 and 196, a row wider than a tile (5 x 37), 1 x N and
-N x 1, a 21 x 3 map (run transposed), ragged last blocks (``test_shapes_span_several_ragged_blocks``)."""
+the launches and the int64 offsets (without a GPU on ``TRITON_INTERPRET=1``, tests/conftest.py)."""
 import dataclasses
 from functools import partial
 
@@ -9,6 +7,8 @@ import pytest
 import torch
 
 from mmppma import ops
+
+from .oracle import inputs, out_and_grads
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 import triton  # noqa: E402
@@ -20,28 +20,18 @@ from mmppma.ops.triton_support.tiles import slice_offset  # noqa: E402
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 
 
-def tensors(*shapes, seed=0, negative=False):
-    g = torch.Generator().manual_seed(seed)
-    return [(-torch.rand(*s, generator=g) if negative else torch.randn(*s, generator=g)).to(DEVICE).requires_grad_()
-            for s in shapes]
+def on_device(*ts):
+    return [t.to(DEVICE).requires_grad_() for t in ts]
 
 
 def make(b, heads, h, w, d, dv=None, seed=0):
-    """q, k, v and la, lb on DEVICE, requiring grad."""
-    return tensors(*[(b, heads, h, w, n) for n in (d, d, dv or d)], seed=seed) + tensors(
-        (b, heads, h, w), (b, heads, h, w), seed=seed + 1, negative=True)
+    """q, k, v and la, lb (float32) on DEVICE, requiring grad."""
+    return on_device(*inputs(b, heads, h, w, d, seed, torch.float32, dv))
 
 
-def outputs_and_grads(fn, inputs, seed=1):
-    out = fn(*inputs)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.device)
-    grads = torch.autograd.grad(out, [t for t in inputs if t.requires_grad], g, allow_unused=True)
-    return [out] + [torch.zeros_like(t) if gr is None else gr for t, gr in zip(inputs, grads)]
-
-
-def assert_same(op, inputs, rtol=2e-4, atol=2e-5):
-    """``op(*inputs, impl='triton')`` against ``impl='reference'``: the output and every input's gradient."""
-    got, want = (outputs_and_grads(partial(op, impl=impl), inputs) for impl in ('triton', 'reference'))
+def assert_same(op, leaves, rtol=2e-4, atol=2e-5):
+    """``op(*leaves, impl='triton')`` against ``impl='reference'``: the output and every leaf's gradient."""
+    got, want = (out_and_grads(partial(op, impl=impl), leaves) for impl in ('triton', 'reference'))
     for i, (a, b) in enumerate(zip(got, want)):
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f'tensor {i} (0: out): {m}')
 
@@ -61,25 +51,23 @@ SCAN_LENGTHS = [1, 5, 32, 33, 70]
 LOG_DECAY = torch.tensor([-0.1, -0.4, -1.2], device=DEVICE)
 # name: (op taking impl=, a function making its inputs)
 KERNEL_CASES = {
-    **{f'whole {form} {"x".join(map(str, s))}': (partial(ops.ppma_attention, scale=s[4]**-0.5, form=form),
+    **{f'{name} {form} {"x".join(map(str, s))}': (partial(op, scale=s[4]**-0.5, form=form),
                                                  partial(make, *s, seed=s[2] * s[3]))
-       for s in WHOLE_SHAPES for form in ('release', 'v2h', 'h2v')},
-    **{f'criss_cross {form} {"x".join(map(str, s))}': (partial(ops.criss_cross_attention, scale=s[4]**-0.5, form=form),
-                                                       partial(make, *s, seed=s[2] * s[3]))
-       for s in LINE_SHAPES for form in ('release', 'v2h', 'h2v')},
+       for name, op, shapes in (('whole', ops.ppma_attention, WHOLE_SHAPES),
+                                ('criss_cross', ops.criss_cross_attention, LINE_SHAPES))
+       for s in shapes for form in ('release', 'v2h', 'h2v')},
     'manhattan': (lambda *a, impl: ops.manhattan_attention(*a, LOG_DECAY, scale=0.25, impl=impl),
                   lambda: make(2, 3, 5, 6, 16)[:3]),
     'rmt_criss_cross': (lambda *a, impl: ops.rmt_criss_cross_attention(*a, LOG_DECAY, scale=0.25, impl=impl),
                         lambda: make(2, 3, 5, 6, 16)[:3]),
-    **{f'decay_scan {n}': (ops.decay_scan_1d, lambda n=n: tensors((3, n, 5), seed=n) + tensors((3, n), seed=n,
-                                                                                           negative=True))
+    **{f'decay_scan {n}': (ops.decay_scan_1d, lambda n=n: on_device(torch.randn(3, n, 5), -torch.rand(3, n)))
        for n in SCAN_LENGTHS},
     **{f'matvec {form}': (partial(ops.polyline_mask_matvec, form=form), lambda: make(1, 2, 7, 7, 4, seed=3)[2:])
        for form in ('v2h', 'h2v', '2d')},
     'linear': (partial(ops.ppma_linear_attention, feature_map='elu', normalize=True),
                lambda: make(1, 2, 7, 7, 4, seed=3)),
-    'matvec_3d': (ops.polyline_mask_matvec_3d, lambda: tensors((1, 2, 2, 3, 4, 3)) + tensors(
-        *[(1, 2, 2, 3, 4)] * 3, seed=1, negative=True)),
+    'matvec_3d': (ops.polyline_mask_matvec_3d, lambda: on_device(torch.randn(1, 2, 2, 3, 4, 3),
+                                                                 *(-torch.rand(1, 2, 2, 3, 4) for _ in range(3)))),
     # the backward folds the log-normaliser divided by the scale into a product: zero and negative scales
     **{f'whole scale {scale}': (partial(ops.ppma_attention, scale=scale), lambda: make(1, 1, 5, 7, 16, seed=3))
        for scale in (0.0, -0.5)},
@@ -94,8 +82,7 @@ def test_kernel_equals_reference(name):
 
 @pytest.mark.parametrize('shape', [WHOLE_SHAPES[0], WHOLE_SHAPES[2]], ids=lambda s: 'x'.join(map(str, s)))
 def test_whole_kernel_with_corner_sums_in_programs_of_their_own(shape, monkeypatch):
-    """``corner_pass`` (half-precision tiles on sm_80 / 86 / 89), forced on: each path's corner-gradient sums run
-    in programs of their own, and the gradients still equal the reference's."""
+    """``corner_pass`` forced on: corner-gradient sums in programs of their own, gradients equal the reference's."""
     config = lp.config
     monkeypatch.setattr(lp, 'config', lambda *a, **kw: dataclasses.replace(config(*a, **kw), corner_pass=True))
     ran = launched(monkeypatch)
@@ -132,13 +119,12 @@ def test_narrow_tall_image_runs_transposed(monkeypatch):
 def test_extreme_decays_in_kernels_stay_finite():
     q, k, v, la, lb = make(1, 2, 5, 9, 16)
     for op in (ops.ppma_attention, ops.criss_cross_attention):
-        out, *grads = outputs_and_grads(partial(op, impl='triton'), [q, k, v, la - 1e4, lb - 1e4])
+        out, *grads = out_and_grads(partial(op, impl='triton'), [q, k, v, la - 1e4, lb - 1e4])
         assert torch.isfinite(out).all() and all(torch.isfinite(g_).all() for g_ in grads)
 
 
 def test_shapes_span_several_ragged_blocks():
-    """At this device's tiles: a map of several blocks, a multiple of neither tile, wider than both; lines of both
-    axes longer than a block and not a multiple of it; scans of exactly one block and of several ragged ones."""
+    """At this device's tiles the shapes above span several blocks of every kernel, the last one ragged."""
     cap = lp.capability(torch.device(DEVICE))
     for family in ('whole_fwd', 'whole_bwd_q', 'whole_bwd_kv'):
         assert any(h * w > 2 * c.block_m and h * w % c.block_m and h * w % c.block_n and w > max(c.block_m, c.block_n)
@@ -153,8 +139,7 @@ def test_shapes_span_several_ragged_blocks():
 
 
 def test_whole_kernel_backward_extra_memory_is_linear_in_n():
-    """The table gradient is reduced onto the H x W tables in-kernel: an N x W or N x H segment table (12 N floats
-    here, over the bound) would fail."""
+    """The table gradient is reduced onto the H x W tables in-kernel, not through an N x W or N x H segment table."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class LargestFloatTensor(TorchDispatchMode):
@@ -167,55 +152,33 @@ def test_whole_kernel_backward_extra_memory_is_linear_in_n():
                     self.largest = (t.numel(), str(func))
             return out
 
-    inputs = make(1, 1, 12, 12, 2, seed=4)
-    out = ops.ppma_attention(*inputs, impl='triton')
+    leaves = make(1, 1, 12, 12, 2, seed=4)
+    out = ops.ppma_attention(*leaves, impl='triton')
     with LargestFloatTensor() as mode:
-        torch.autograd.grad(out, inputs, torch.ones_like(out))
+        torch.autograd.grad(out, leaves, torch.ones_like(out))
     assert mode.largest[0] <= 4 * 144 * 2, f'backward allocated {mode.largest[0]} floats ({mode.largest[1]})'
 
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
 def test_half_precision_kernels_close_to_float32(dtype):
-    """Each kernel family with half q, k, v (float32 decays and accumulation) against the dense float32 reference on
-    the same rounded values: output and gradients within 1e-2 in relative norm, the output in the half dtype."""
+    """Half q, k, v against float32 on the same rounded values: output (half) and gradients within 1e-2."""
     whole = make(1, 2, 5, 7, 16, seed=5)
-    for op, inputs, half in ((partial(ops.ppma_attention, scale=0.25), whole, {0, 1, 2}),
+    for op, xs, half in ((partial(ops.ppma_attention, scale=0.25), whole, {0, 1, 2}),
                              (partial(ops.criss_cross_attention, scale=0.25), whole, {0, 1, 2}),
                              (lambda *a, impl: ops.manhattan_attention(*a, LOG_DECAY[:2], scale=0.25, impl=impl),
                               whole[:3], {0, 1, 2}), (partial(ops.polyline_mask_matvec, form='2d'), whole[2:], {0})):
-        rounded = [t.detach().to(dtype).float() if i in half else t.detach() for i, t in enumerate(inputs)]
-        want = outputs_and_grads(partial(op, impl='reference'), [t.requires_grad_() for t in rounded])
-        got = outputs_and_grads(partial(op, impl='triton'), [(t.detach().to(dtype) if i in half else t.detach())
-                                                             .requires_grad_() for i, t in enumerate(rounded)])
+        rounded = [t.detach().to(dtype).float() if i in half else t.detach() for i, t in enumerate(xs)]
+        want = out_and_grads(partial(op, impl='reference'), [t.requires_grad_() for t in rounded])
+        got = out_and_grads(partial(op, impl='triton'), [(t.detach().to(dtype) if i in half else t.detach())
+                                                         .requires_grad_() for i, t in enumerate(rounded)])
         assert got[0].dtype == dtype
         for i, (a, b) in enumerate(zip(got, want)):
             err = ((a.float() - b).norm() / b.norm().clamp_min(1e-30)).item()
             assert torch.isfinite(a).all() and err < 1e-2, f'tensor {i}: relative error {err:.2e} in {dtype}'
 
 
-def test_recorded_launches_are_the_ones_the_ops_run(monkeypatch):
-    """Recording on meta tensors (what tools/check_kernels.py compiles) yields the launches a real call makes."""
-    ran = []
-    monkeypatch.setattr(lp.Launch, '__call__', lambda self: ran.append(self))
-    monkeypatch.setattr(lp, 'capability', lambda device: 80)
-    q, k, v, la, lb = make(1, 2, 5, 40, 16)
-    ops.ppma_attention(q, k, v, la, lb, impl='triton').sum().backward()
-    meta = [t.detach().to('meta').requires_grad_() for t in (q, k, v, la, lb)]
-    with lp.recording(80) as forward:
-        out = ops.ppma_attention(*meta, impl='triton')
-    with lp.recording(80) as backward:
-        torch.autograd.grad(out, meta, torch.empty_like(out))
-
-    def describe(launch):
-        return launch.name, launch.grid, launch.signature(), launch.constexprs, launch.config
-
-    assert [describe(x) for x in forward + backward] == [describe(x) for x in ran]
-
-
-def test_triton_errors_name_the_alternatives(monkeypatch):
-    with pytest.raises(NotImplementedError, match="impl='torch'"):  # form='paper' has no kernel
-        ops.ppma_attention(*make(1, 1, 2, 2, 4), form='paper', impl='triton')
-    monkeypatch.setenv('TRITON_INTERPRET', '0')  # CPU tensors, no interpreter
+def test_cpu_tensors_without_the_interpreter_name_the_alternatives(monkeypatch):
+    monkeypatch.setenv('TRITON_INTERPRET', '0')
     with pytest.raises(RuntimeError, match="impl='torch'"):
         ops.ppma_attention(*(t.detach().cpu() for t in make(1, 1, 2, 2, 4)), impl='triton')
 
