@@ -102,27 +102,6 @@ def _meta(*shape, dtype=torch.float32):
     return torch.empty(*shape, device='meta', dtype=dtype, requires_grad=True)
 
 
-@contextlib.contextmanager
-def tf32(on: bool):
-    """torch's TF32 setting for CUDA matmuls (which the kernels' float32 products follow) on or off within the
-    block, through the fp32_precision API where torch has it."""
-    matmul = torch.backends.cuda.matmul
-    if hasattr(torch.backends, 'fp32_precision'):
-        saved = matmul.fp32_precision
-        matmul.fp32_precision = 'tf32' if on else 'ieee'
-        try:
-            yield
-        finally:
-            matmul.fp32_precision = saved
-    else:
-        saved = matmul.allow_tf32
-        matmul.allow_tf32 = on
-        try:
-            yield
-        finally:
-            matmul.allow_tf32 = saved
-
-
 def grid_problems(grid: Tuple[int, ...]) -> List[str]:
     """The axes of a launch grid over CUDA's limits."""
     return [f'grid axis {axis} = {size} > {limit}' for axis, (size, limit) in enumerate(zip(grid, lp.GRID_LIMITS))
@@ -220,7 +199,7 @@ def main(argv=None) -> int:
     for arch in args.arch:
         for dtype_name in args.dtype:
             for label, kind, shape in shapes:
-                with tf32(dtype_name == 'tf32'):
+                with lp.tf32_matmuls(dtype_name == 'tf32'):
                     launches = record(kind, shape, DTYPES[dtype_name], arch)
                 for phase, launch in launches:
                     if args.kernels and not any(part in launch.name for part in args.kernels):

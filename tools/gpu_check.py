@@ -223,15 +223,11 @@ def environment(simulate: Optional[int]) -> Iterator[None]:
             raise SystemExit('gpu_check: --simulate needs the kernels interpreted, but they were imported compiled; '
                              'run it in a fresh process')
         os.environ.update(MMPPMA_SIMULATE_CUDA=str(simulate), TRITON_INTERPRET='1')
-    import torch
-    matmul = torch.backends.cuda.matmul
-    precision = matmul.fp32_precision
-    matmul.allow_tf32 = False  # float32 rows are checked against exact products
+    from mmppma.ops.triton_support.launch import tf32_matmuls
     try:
-        yield
+        with tf32_matmuls(False):  # float32 rows are checked against exact products
+            yield
     finally:
-        matmul.allow_tf32 = False  # the old flag first: after a mix of the two APIs, reading it raises
-        matmul.fp32_precision = precision
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

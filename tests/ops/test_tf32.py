@@ -44,3 +44,15 @@ def test_legacy_flag_then_new_api_then_legacy_flag():
     for api, on in (('allow_tf32', True), ('matmul', False), ('matmul', True), ('allow_tf32', False)):
         set_tf32(api, on)
         assert lp.precision(torch.float32) == ('tf32' if on else 'ieee')
+
+
+@pytest.mark.parametrize('api', APIS)
+def test_tf32_matmuls_sets_then_restores_the_setting(api):
+    """lp.tf32_matmuls (the tools' switch) turns TF32 on / off within its block whatever API set it before, and
+    restores that setting after it."""
+    for before in (True, False):
+        set_tf32(api, before)
+        for on in (True, False):
+            with lp.tf32_matmuls(on):
+                assert lp.precision(torch.float32) == ('tf32' if on else 'ieee')
+            assert lp.precision(torch.float32) == ('tf32' if before else 'ieee')

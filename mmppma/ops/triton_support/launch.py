@@ -61,6 +61,21 @@ def tf32_matmul() -> bool:
     return setting == 'tf32'
 
 
+@contextlib.contextmanager
+def tf32_matmuls(on: bool) -> Iterator[None]:
+    """Within the block, float32 CUDA matmuls (and the kernels' float32 products, :func:`precision`) use TF32 or
+    not; torch's setting is restored after it. Set through ``fp32_precision`` where torch has it (after a mix of
+    the two APIs, reading the legacy flag raises), else through ``allow_tf32``."""
+    matmul = torch.backends.cuda.matmul
+    name = 'fp32_precision' if hasattr(matmul, 'fp32_precision') else 'allow_tf32'
+    saved = getattr(matmul, name)
+    setattr(matmul, name, ('tf32' if on else 'ieee') if name == 'fp32_precision' else on)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, saved)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     block_m: int
