@@ -118,6 +118,15 @@ def _inject(kind, monkeypatch):
 FAILURES = {'triton': 'OutOfResources', 'driver': 'RuntimeError: CUDA driver error', 'grid': 'LaunchLimitError'}
 
 
+def assert_one_fallback_warning(record, op, args, kind):
+    """Exactly one of the recorded warnings is the fallback's, naming the op, shape, dtype, GPU and failure."""
+    messages = [str(w.message) for w in record if 'Triton kernels cannot run' in str(w.message)]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(f'{op}: ') and 'simulated sm_90' in messages[0], messages[0]
+    assert str(tuple(args[0].shape)) in messages[0] and 'torch.float32' in messages[0], messages[0]
+    assert FAILURES[kind] in messages[0], messages[0]
+
+
 @pytest.mark.parametrize('kind', FAILURES)
 @pytest.mark.parametrize('op', list(dispatch.IMPLEMENTATIONS))
 def test_auto_falls_back_to_torch_with_one_warning_when_kernels_cannot_run(op, kind, monkeypatch):
@@ -129,15 +138,11 @@ def test_auto_falls_back_to_torch_with_one_warning_when_kernels_cannot_run(op, k
     _inject(kind, monkeypatch)
     call, args = _case(op)
     want = call(*args, impl='torch')
-    shape = str(tuple(args[0].shape))
     for mode in GRAD_MODES.values():
         monkeypatch.setattr(preflight, '_PREFLIGHT', {})
         with mode(), pytest.warns(UserWarning) as record:
             got = [call(*args, impl='auto') for _ in range(2)]
-        messages = [str(w.message) for w in record if 'Triton kernels cannot run' in str(w.message)]
-        assert len(messages) == 1, messages
-        assert messages[0].startswith(f'{op}: ') and 'simulated sm_90' in messages[0], messages[0]
-        assert shape in messages[0] and 'torch.float32' in messages[0] and FAILURES[kind] in messages[0]
+        assert_one_fallback_warning(record, op, args, kind)
         for out in got:
             torch.testing.assert_close(out, want, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match=rf"{op}: .*simulated sm_90.*{FAILURES[kind]}.*impl='torch'"):
@@ -161,9 +166,7 @@ def test_a_failing_backward_launch_gives_the_torch_gradients(op, monkeypatch):
         _inject('driver', m)
         with pytest.warns(UserWarning) as record:
             got = torch.autograd.grad(outs['auto'], args, grad)
-        messages = [str(w.message) for w in record if 'Triton kernels cannot run' in str(w.message)]
-        assert len(messages) == 1 and messages[0].startswith(f'{op}: ') and 'simulated sm_90' in messages[0]
-        assert str(tuple(args[0].shape)) in messages[0] and FAILURES['driver'] in messages[0], messages[0]
+        assert_one_fallback_warning(record, op, args, 'driver')
         for g, w in zip(got, torch.autograd.grad(want, args, grad)):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
         torch.testing.assert_close(call(*args, impl='auto'), want, rtol=0, atol=0)  # no launch: it would fail
