@@ -8,12 +8,13 @@
   :func:`mmppma.ops.whole_attention_branch`;
 * ``'triton'`` - fused GPU kernels (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``; ``meta`` tensors
   describe the launches without running them);
-* ``'auto'`` - triton for CUDA tensors when a kernel exists and triton imports, torch otherwise.
+* ``'auto'`` - triton for CUDA tensors when a kernel exists, triton imports and the GPU's capability has a launch
+  table (:data:`CAPABILITIES`; one warning per other capability), torch otherwise.
 
 The environment variable ``MMPPMA_IMPL`` (one of the above) overrides ``'auto'`` everywhere, for A/B
 runs without touching configs.
 
-The environment variable ``MMPPMA_SIMULATE_CUDA`` (a compute capability: 80, 86, 89 or 90) simulates a GPU: CPU
+The environment variable ``MMPPMA_SIMULATE_CUDA`` (a compute capability of :data:`TARGET_CAPABILITIES`) simulates a GPU: CPU
 tensors take the CUDA code path of that capability (``resolve_impl``, the preflight and its fallback, the launch
 table) and the kernels run on Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported). It is
 read whenever an op decides; :func:`on_gpu` and :func:`device_capability` are the one place that asks.
@@ -26,6 +27,7 @@ in-place inference shortcut or Python loop over blocks of the input).
 """
 import contextlib
 import os
+import warnings
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
@@ -35,8 +37,12 @@ from .forms import CRISS_CROSS_FORMS, MASK_FORMS, WHOLE_FORMS
 IMPLS = ('auto', 'torch', 'triton', 'reference')
 ENV_VAR = 'MMPPMA_IMPL'
 SIMULATE_VAR = 'MMPPMA_SIMULATE_CUDA'
-#: the compute capabilities (major * 10 + minor) the launch tables are sized for, and that can be simulated
+#: the compute capabilities (major * 10 + minor) whose launch tables ``tools/check_kernels.py`` proves (every row
+#: compiles within the target's limits, on tensor cores in half precision): ``impl='auto'`` runs the kernels there
 CAPABILITIES = (80, 86, 89, 90)
+#: the capabilities that can be simulated and compiled for: the table's and GPUs outside it (Turing, Blackwell),
+#: where ``impl='auto'`` takes the torch path
+TARGET_CAPABILITIES = (75, 80, 86, 89, 90, 100, 120)
 
 _ALL = ('reference', 'torch', 'triton')
 _NO_KERNEL = ('reference', 'torch')
@@ -97,9 +103,9 @@ def simulated_capability() -> int:
     value = os.environ.get(SIMULATE_VAR, '').strip()
     if not value:
         return 0
-    if value not in map(str, CAPABILITIES):
+    if value not in map(str, TARGET_CAPABILITIES):
         raise ValueError(f'{SIMULATE_VAR}={value!r} is not a simulated capability; set it to one of '
-                         f'{", ".join(map(str, CAPABILITIES))} or unset it')
+                         f'{", ".join(map(str, TARGET_CAPABILITIES))} or unset it')
     if not triton_interpreted():
         raise RuntimeError(f'{SIMULATE_VAR}={value} runs the kernels on Triton\'s interpreter: set TRITON_INTERPRET=1 '
                            f'before triton is imported, or unset {SIMULATE_VAR}')
@@ -153,11 +159,14 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], form: Opti
     if exporting() and impl in ('auto', 'triton'):
         return 'torch'
     tensors = list(tensors)
-    on_cuda = any(on_gpu(t) for t in tensors)
+    gpu = next((t.device for t in tensors if on_gpu(t)), None)
+    on_cuda = gpu is not None
     has_kernel = 'triton' in impls
     if impl == 'auto':
-        return 'triton' if (on_cuda and has_kernel and triton_available()) else 'torch'
+        return 'triton' if (on_cuda and has_kernel and triton_available() and _tabled(gpu)) else 'torch'
     if impl == 'triton':
+        if on_cuda and device_capability(gpu) not in CAPABILITIES:
+            raise RuntimeError(f"{op}: {_untabled(gpu)}; use impl='auto' or impl='torch' on this GPU")
         if not has_kernel:
             raise NotImplementedError(
                 f"{op}: no Triton kernel exists for {f'form={form!r}' if form else 'this op'}; use impl='torch' "
@@ -170,3 +179,22 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], form: Opti
                                f"triton is imported, for CPU debugging); use impl='torch' or impl='auto' "
                                f"on this device")
     return impl
+
+
+_WARNED_UNTABLED = set()
+
+
+def _untabled(device: torch.device) -> str:
+    return (f'the Triton kernels have no launch table for sm_{device_capability(device)} ({device_name(device)}): '
+            f'tools/check_kernels.py proves tables for {", ".join(f"sm_{c}" for c in CAPABILITIES)} only')
+
+
+def _tabled(device: torch.device) -> bool:
+    """Whether the GPU's capability has a launch table; for one without, the one warning per capability."""
+    cap = device_capability(device)
+    if cap in CAPABILITIES:
+        return True
+    if cap not in _WARNED_UNTABLED:
+        _WARNED_UNTABLED.add(cap)
+        warnings.warn(f"{_untabled(device)}; impl='auto' takes the torch path on this GPU")
+    return False

@@ -63,10 +63,10 @@ def test_cpu_tensors_take_the_cuda_path_of_the_capability(cap, monkeypatch):
     torch.testing.assert_close(out.detach().double(), want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize('value', ['75', 'sm_90', '9.0'])
+@pytest.mark.parametrize('value', ['70', 'sm_90', '9.0'])
 def test_other_capabilities_are_refused_by_name(value, monkeypatch):
     monkeypatch.setenv(dispatch.SIMULATE_VAR, value)
-    with pytest.raises(ValueError, match='MMPPMA_SIMULATE_CUDA.*80, 86, 89, 90'):
+    with pytest.raises(ValueError, match='MMPPMA_SIMULATE_CUDA.*75, 80, 86, 89, 90, 100, 120'):
         ops.ppma_attention(*inputs(), impl='auto')
 
 
@@ -100,39 +100,63 @@ GRAD_MODES = {'grad': torch.enable_grad, 'no_grad': torch.no_grad, 'inference_mo
 
 
 def _inject(kind, monkeypatch):
-    """Make every launch fail as ``kind`` does on a GPU: a Triton error (out of shared memory, or a compile error: a
-    launch compiles and loads first), a driver error, or grids over CUDA's limits."""
-    from triton.runtime.errors import OutOfResources
+    """Make the launches fail as ``kind`` does on a GPU. Found by the preflight: a compile or resource error (raised
+    when a launch compiles, which the preflight does first), a binary the driver cannot load, grids over CUDA's
+    limits. Raised while a kernel runs: out of memory, a CUDA error, an exception in the host code."""
+    from triton.runtime.errors import PTXASError
+    errors = {'compile': lambda: PTXASError('ptxas fatal: unresolved extern function'),
+              'load': lambda: lp.KernelLoadError('the provided PTX was compiled with an unsupported toolchain'),
+              'oom': lambda: torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB'),
+              'cuda': lambda: torch.AcceleratorError('CUDA error: an illegal memory access was encountered'),
+              'host': lambda: IndexError('tuple index out of range')}
 
-    def fail(self):
-        if kind == 'triton':
-            raise OutOfResources(300000, 232448, 'shared memory')
-        raise RuntimeError('CUDA driver error: invalid argument')
+    def fail(*args):
+        raise errors[kind]()
 
     if kind == 'grid':
         monkeypatch.setattr(lp, 'GRID_LIMITS', (0, 0, 0))
-    else:
-        monkeypatch.setattr(lp.Launch, '__call__', fail)
+        return
+    if kind in PREFLIGHT_FAILURES:
+        monkeypatch.setattr(lp.Launch, 'prepare', fail)
+    monkeypatch.setattr(lp.Launch, '__call__', fail)
 
 
-FAILURES = {'triton': 'OutOfResources', 'driver': 'RuntimeError: CUDA driver error', 'grid': 'LaunchLimitError'}
+#: what the preflight finds, and what its warning names
+PREFLIGHT_FAILURES = {'compile': 'PTXASError', 'load': 'KernelLoadError', 'grid': 'LaunchLimitError'}
+#: what a running kernel raises, and the type the op raises it as
+RUN_FAILURES = {'oom': torch.OutOfMemoryError, 'cuda': torch.AcceleratorError, 'host': None}
 
 
 def assert_one_fallback_warning(record, op, args, kind):
     """Exactly one of the recorded warnings is the fallback's, naming the op, shape, dtype, GPU and failure."""
-    messages = [str(w.message) for w in record if 'Triton kernels cannot run' in str(w.message)]
+    messages = [str(w.message) for w in record if 'falls back' in str(w.message)]
     assert len(messages) == 1, messages
     assert messages[0].startswith(f'{op}: ') and 'simulated sm_90' in messages[0], messages[0]
     assert str(tuple(args[0].shape)) in messages[0] and 'torch.float32' in messages[0], messages[0]
-    assert FAILURES[kind] in messages[0], messages[0]
+    assert PREFLIGHT_FAILURES[kind] in messages[0], messages[0]
 
 
-@pytest.mark.parametrize('kind', FAILURES)
+def assert_raises_as(kind, op, args, call):
+    """``call()`` raises what ``kind`` raises on a GPU: out of memory and CUDA errors as they are, anything else as
+    KernelLaunchError naming the op, the shape, the dtype, the GPU and the cause."""
+    from mmppma.ops.triton_support.preflight import KernelLaunchError
+    want = RUN_FAILURES[kind] or KernelLaunchError
+    with pytest.raises(want) as raised:
+        call()
+    if RUN_FAILURES[kind] is None:
+        message = str(raised.value)
+        assert message.startswith(f'{op}: ') and 'simulated sm_90' in message, message
+        assert str(tuple(args[0].shape)) in message and 'IndexError' in message and "impl='torch'" in message
+    else:
+        assert type(raised.value) is want, type(raised.value)
+
+
+@pytest.mark.parametrize('kind', PREFLIGHT_FAILURES)
 @pytest.mark.parametrize('op', list(dispatch.IMPLEMENTATIONS))
-def test_auto_falls_back_to_torch_with_one_warning_when_kernels_cannot_run(op, kind, monkeypatch):
-    """On the simulated sm_90 every launch fails; in each grad mode impl='auto' returns the torch path's result with
-    one warning naming the op, shape, dtype and GPU (once per input signature); impl='triton' raises naming them
-    and impl='torch'."""
+def test_auto_falls_back_to_torch_only_for_what_the_preflight_finds(op, kind, monkeypatch):
+    """On the simulated sm_90 every launch is found unable to run before any kernel runs; in each grad mode
+    impl='auto' returns the torch path's result with one warning naming the op, shape, dtype, GPU and cause (once
+    per input signature); impl='triton' raises naming them and impl='torch'."""
     from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
     _inject(kind, monkeypatch)
@@ -145,33 +169,88 @@ def test_auto_falls_back_to_torch_with_one_warning_when_kernels_cannot_run(op, k
         assert_one_fallback_warning(record, op, args, kind)
         for out in got:
             torch.testing.assert_close(out, want, rtol=0, atol=0)
-    with pytest.raises(RuntimeError, match=rf"{op}: .*simulated sm_90.*{FAILURES[kind]}.*impl='torch'"):
+    with pytest.raises(preflight.KernelLaunchError,
+                       match=rf"{op}: .*simulated sm_90.*{PREFLIGHT_FAILURES[kind]}.*impl='torch'"):
         call(*args, impl='triton')
 
 
+@pytest.mark.parametrize('kind', RUN_FAILURES)
 @pytest.mark.parametrize('op', list(dispatch.IMPLEMENTATIONS))
-def test_a_failing_backward_launch_gives_the_torch_gradients(op, monkeypatch):
-    """The preflight and the forward pass, then every backward launch fails: impl='auto' returns the torch path's
-    gradients with one warning naming the op, shape, dtype and GPU, and its next calls take the torch path;
-    impl='triton' raises naming them."""
+def test_a_failure_while_the_kernels_run_raises_and_is_not_remembered(op, kind, monkeypatch):
+    """The preflight passes, then the first launch fails: under impl='auto' and impl='triton', in each grad mode,
+    the call raises (out of memory and CUDA errors keep their type), no warning and no torch result; the next call
+    launches the kernels again."""
+    import warnings
+    from mmppma.ops.triton_support import preflight
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    call, args = _case(op)
+    _inject(kind, monkeypatch)
+    tries = []
+    fail = lp.Launch.__call__
+    monkeypatch.setattr(lp.Launch, '__call__', lambda self: tries.append(self.name) or fail(self))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        for impl in ('auto', 'triton'):
+            for mode in GRAD_MODES.values():
+                with mode():
+                    for _ in range(2):
+                        before = len(tries)
+                        assert_raises_as(kind, op, args, lambda: call(*args, impl=impl))
+                        assert len(tries) == before + 1
+    assert set(preflight._PREFLIGHT.values()) == {None}
+
+
+@pytest.mark.parametrize('kind', RUN_FAILURES)
+@pytest.mark.parametrize('op', list(dispatch.IMPLEMENTATIONS))
+def test_a_failing_backward_launch_raises_and_is_not_remembered(op, kind, monkeypatch):
+    """The preflight and the forward pass run the kernels; then every backward launch fails: the backward raises
+    (out of memory and CUDA errors keep their type) under impl='auto' and impl='triton', with no warning; the next
+    call launches the kernels again."""
+    import warnings
     from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
     monkeypatch.setattr(preflight, '_PREFLIGHT', {})
     call, args = _case(op)
     args = [t.requires_grad_() for t in args]
-    want = call(*args, impl='torch')
-    grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(5))
+    tries = []
+    monkeypatch.setattr(lp.Launch, '__call__', lambda self: tries.append(self.name))  # no interpreter run
     outs = {impl: call(*args, impl=impl) for impl in ('auto', 'triton')}
-    with monkeypatch.context() as m:
-        _inject('driver', m)
+    assert tries
+    grad = torch.ones_like(outs['auto'])
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        with monkeypatch.context() as m:
+            _inject(kind, m)
+            for out in outs.values():
+                assert_raises_as(kind, op, args, lambda: torch.autograd.grad(out, args, grad))
+        tries.clear()
+        torch.autograd.grad(call(*args, impl='auto'), args, grad)
+        assert tries
+    assert set(preflight._PREFLIGHT.values()) == {None}
+
+
+def test_a_gpu_outside_the_tables_takes_the_torch_path_with_one_message(monkeypatch):
+    """A simulated sm_75 (and sm_120): impl='auto' takes the torch path with one warning per capability naming it
+    and the tabled ones, no kernel launched; impl='triton' raises naming impl='auto'."""
+    import warnings
+    monkeypatch.setattr(dispatch, '_WARNED_UNTABLED', set())
+    ran = launched(monkeypatch)
+    for cap in (75, 120):
+        monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
         with pytest.warns(UserWarning) as record:
-            got = torch.autograd.grad(outs['auto'], args, grad)
-        assert_one_fallback_warning(record, op, args, 'driver')
-        for g, w in zip(got, torch.autograd.grad(want, args, grad)):
-            torch.testing.assert_close(g, w, rtol=0, atol=0)
-        torch.testing.assert_close(call(*args, impl='auto'), want, rtol=0, atol=0)  # no launch: it would fail
-        with pytest.raises(RuntimeError, match=rf"{op}: .*simulated sm_90.*{FAILURES['driver']}.*impl='torch'"):
-            torch.autograd.grad(outs['triton'], args, grad)
+            for op in ('ppma_attention', 'criss_cross_attention'):
+                call, args = _case(op)
+                torch.testing.assert_close(call(*args, impl='auto'), call(*args, impl='torch'), rtol=0, atol=0)
+        messages = [str(w.message) for w in record if 'launch table' in str(w.message)]
+        assert len(messages) == 1 and f'sm_{cap}' in messages[0] and 'sm_80, sm_86, sm_89, sm_90' in messages[0]
+        assert "impl='auto' takes the torch path" in messages[0], messages
+        with warnings.catch_warnings():
+            warnings.simplefilter('error', UserWarning)
+            call(*args, impl='auto')  # the one message per capability
+        with pytest.raises(RuntimeError, match=rf"sm_{cap}.*impl='auto' or impl='torch'"):
+            call(*args, impl='triton')
+    assert not ran
 
 
 @pytest.mark.parametrize('mode', GRAD_MODES)

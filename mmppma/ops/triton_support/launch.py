@@ -15,7 +15,7 @@ from ..dispatch import device_capability
 from .interpreter import exact_bf16_dots
 
 #: per-block shared memory limit in bytes, by compute capability (major * 10 + minor)
-SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+SHARED_MEMORY_LIMIT = {75: 65536, 80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
 #: above this many tokens (whole attention) or this line length (row/column attention) the large tiles apply
 LARGE = 1024
 #: whole attention on images narrower than this many tokens takes the narrow tiles; taller ones run transposed
@@ -26,6 +26,10 @@ GRID_LIMITS = (2**31 - 1, 65535, 65535)
 
 class LaunchLimitError(RuntimeError):
     """A launch whose grid exceeds :data:`GRID_LIMITS` (CUDA refuses it)."""
+
+
+class KernelLoadError(RuntimeError):
+    """A compiled kernel that the driver cannot load on the device (for example a driver too old for the PTX)."""
 
 
 def pow2(x: int, least: int = 16) -> int:
@@ -206,11 +210,24 @@ class Launch:
         with exact_bf16_dots() if interpreted else contextlib.nullcontext():
             self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
 
-    def prepare(self) -> None:
-        """Compile for the current device and load the binary, without launching: raises what a launch would
-        (``OutOfResources`` when the shared memory exceeds the device's, a ``CompilationError``...)."""
-        compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.constexprs, **self.options)
-        compiled._init_handles()
+    def prepare(self, device: torch.device) -> None:
+        """Compile for ``device`` and load the binary, without launching: raises what a launch would
+        (``OutOfResources`` when the shared memory exceeds the device's, a ``CompilationError``...), and
+        :class:`KernelLoadError` when the driver cannot load it. Nothing to do on the simulated device (CPU
+        tensors): ``tools/check_kernels.py`` compiles its launches ahead of time."""
+        if device.type != 'cuda':
+            return
+        with torch.cuda.device(device):
+            compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.constexprs, **self.options)
+            try:
+                compiled._init_handles()
+            except RuntimeError as e:
+                if isinstance(e, (torch.OutOfMemoryError, torch.AcceleratorError)):
+                    raise
+                # an error left by an earlier kernel also surfaces here: synchronizing raises it as the CUDA error
+                # it is, instead of blaming this kernel
+                torch.cuda.synchronize(device)
+                raise KernelLoadError(f'{self.name}: the driver cannot load the compiled kernel: {e}') from e
 
     @property
     def options(self) -> Dict[str, int]:
