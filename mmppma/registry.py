@@ -10,9 +10,11 @@ A class registered with :func:`register_model` is buildable
 """
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS
+from mmengine.registry import OPTIM_WRAPPERS as MMENGINE_OPTIM_WRAPPERS
 from mmengine.registry import Registry
 
-__all__ = ['MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS', 'register_model', 'register_optim_wrapper_constructor']
+__all__ = ['MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS', 'OPTIM_WRAPPERS', 'register_model',
+           'register_optim_wrapper_constructor', 'register_optim_wrapper']
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmppma', locations=['mmppma.models'])
 OPTIM_WRAPPER_CONSTRUCTORS = Registry(
@@ -20,6 +22,7 @@ OPTIM_WRAPPER_CONSTRUCTORS = Registry(
     parent=MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS,
     scope='mmppma',
     locations=['mmppma.engine'])
+OPTIM_WRAPPERS = Registry('optim wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope='mmppma', locations=['mmppma.engine'])
 
 
 def _register_twice(child: Registry, root: Registry):
@@ -41,3 +44,8 @@ def register_model(cls):
 def register_optim_wrapper_constructor(cls):
     """Like :func:`register_model`, for optimizer wrapper constructors."""
     return _register_twice(OPTIM_WRAPPER_CONSTRUCTORS, MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS)(cls)
+
+
+def register_optim_wrapper(cls):
+    """Like :func:`register_model`, for optimizer wrappers."""
+    return _register_twice(OPTIM_WRAPPERS, MMENGINE_OPTIM_WRAPPERS)(cls)

@@ -181,11 +181,20 @@ def test_train_py_options(tmp_path):
     with pytest.raises(SystemExit, match='no such checkpoint'):
         train.apply_resume(cfg, str(tmp_path / 'missing.pth'))
     if torch.cuda.is_available():
-        train.apply_amp(cfg)
+        train.apply_amp(cfg, True)
         assert cfg.optim_wrapper.type == 'AmpOptimWrapper' and cfg.optim_wrapper.loss_scale == 'dynamic'
     else:
-        with pytest.raises(SystemExit, match='--amp needs a CUDA device'):
-            train.apply_amp(cfg)
+        shipped = dict(type='AmpOptimWrapper', loss_scale='dynamic', optimizer=dict(type='SGD', lr=0.1))
+        with pytest.raises(SystemExit, match='needs CUDA: on CPU add --amp .* optim_wrapper.type=OptimWrapper'):
+            train.apply_amp(Config(dict(optim_wrapper=shipped)), False)
+        for wrapper in (cfg.optim_wrapper, shipped):
+            amp = Config(dict(optim_wrapper=wrapper))
+            train.apply_amp(amp, True)
+            assert amp.optim_wrapper.type == 'mmppma.CPUAmpOptimWrapper' and 'loss_scale' not in amp.optim_wrapper
+        with pytest.raises(SystemExit, match="dtype='float16'.*bfloat16"):
+            train.apply_amp(Config(dict(optim_wrapper=dict(shipped, dtype='float16'))), True)
+    with pytest.raises(SystemExit, match="this config uses 'ApexOptimWrapper'"):
+        train.apply_amp(Config(dict(optim_wrapper=dict(type='ApexOptimWrapper'))), True)
 
 
 def test_test_py_options():

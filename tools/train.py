@@ -35,24 +35,43 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=str,
         const='auto',
         help='resume from CKPT; without a path, from the latest checkpoint in the work dir')
-    parser.add_argument('--amp', action='store_true', help='automatic mixed precision (needs CUDA)')
+    parser.add_argument('--amp', action='store_true',
+                        help="mixed precision: on CUDA mmengine's AmpOptimWrapper (float16, dynamic loss scale; "
+                        "optim_wrapper.dtype=bfloat16 for bfloat16), on CPU bfloat16 autocast (mmppma.CPUAmpOptimWrapper)")
     return parse_launcher_args(parser, argv)
 
 
-def apply_amp(cfg: Config) -> None:
-    """Switch the optimizer wrapper to mmengine's AmpOptimWrapper (dynamic loss scale)."""
+AMP_WRAPPERS = ('AmpOptimWrapper', 'mmppma.CPUAmpOptimWrapper', 'CPUAmpOptimWrapper')
+
+
+def apply_amp(cfg: Config, amp: bool) -> None:
+    """Choose the optimizer wrapper's precision for this machine. With ``amp``: on CUDA mmengine's AmpOptimWrapper
+    (the config's if it has one), on CPU mmppma's CPUAmpOptimWrapper (bfloat16 autocast). Without: a config that
+    asks for AmpOptimWrapper on a machine without CUDA is refused naming both ways out."""
     import torch
-    if not torch.cuda.is_available():
-        raise SystemExit('--amp needs a CUDA device (mmengine AmpOptimWrapper); drop --amp on CPU.')
     wrapper_type = cfg.optim_wrapper.get('type', 'OptimWrapper')
-    if wrapper_type == 'AmpOptimWrapper':
-        print_log('AMP is already enabled in the config', logger='current')
+    if not amp:
+        if wrapper_type == 'AmpOptimWrapper' and not torch.cuda.is_available():
+            raise SystemExit("this config trains with mmengine's AmpOptimWrapper, which needs CUDA: on CPU add --amp "
+                             '(bfloat16 autocast) or --cfg-options optim_wrapper.type=OptimWrapper (float32)')
         return
-    if wrapper_type != 'OptimWrapper':
+    if wrapper_type not in ('OptimWrapper', *AMP_WRAPPERS):
         raise SystemExit(f'--amp replaces optim_wrapper.type OptimWrapper, but this config uses '
-                         f"'{wrapper_type}'; enable AMP in the config instead.")
-    cfg.optim_wrapper.type = 'AmpOptimWrapper'
-    cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+                         f"'{wrapper_type}'; enable mixed precision in the config instead.")
+    if torch.cuda.is_available():
+        if wrapper_type == 'AmpOptimWrapper':
+            print_log('--amp: the config already trains with AmpOptimWrapper', logger='current')
+            return
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+        return
+    dtype = cfg.optim_wrapper.pop('dtype', None)
+    if dtype not in (None, 'bfloat16'):
+        raise SystemExit(f'--amp on CPU trains in bfloat16, but the config sets optim_wrapper.dtype={dtype!r}; '
+                         'drop it or set it to bfloat16')
+    cfg.optim_wrapper.pop('loss_scale', None)  # bfloat16 needs none
+    cfg.optim_wrapper.type = 'mmppma.CPUAmpOptimWrapper'
+    print_log('--amp on CPU: bfloat16 autocast (mmppma.CPUAmpOptimWrapper)', logger='current')
 
 
 def apply_resume(cfg: Config, resume: str) -> None:
@@ -70,8 +89,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     cfg = load_launch_config(args)
     check_data(cfg, ['train_dataloader'] + (['val_dataloader'] if cfg.get('val_cfg') else []))
-    if args.amp:
-        apply_amp(cfg)
+    apply_amp(cfg, args.amp)
     if args.resume is not None:
         apply_resume(cfg, args.resume)
     setup_cpu_distributed(cfg)

@@ -120,17 +120,19 @@ def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tenso
     return _decomposed(s1, s2, v, la, lb, form=form, impl=impl, chunk=chunk)
 
 
-def _decomposed(s1, s2, v, la, lb, *, form: str, impl: str, chunk: int) -> torch.Tensor:
-    """:func:`ppma_decomposed_attention` with a resolved ``impl``."""
+def _decomposed(s1, s2, v, la, lb, *, form: str, impl: str, chunk: int, out_dtype=None) -> torch.Tensor:
+    """:func:`ppma_decomposed_attention` with a resolved ``impl``, computed in float32 (float64 for float64 inputs)
+    and returned in ``out_dtype`` (default: v's)."""
     dtype = table_dtype(s1, s2, v, la, lb)
+    out_dtype = out_dtype or v.dtype
     s1f, s2f, vf = s1.to(dtype), s2.to(dtype), v.to(dtype)
     if impl == 'reference':
-        return decomposed_reference(s1f, s2f, vf, la.to(dtype), lb.to(dtype), form).to(v.dtype)
+        return decomposed_reference(s1f, s2f, vf, la.to(dtype), lb.to(dtype), form).to(out_dtype)
     b, heads, h, w, r = s1.shape
     dv = v.shape[-1]
     kv = (s2f.unsqueeze(-1) * vf.unsqueeze(-2)).reshape(b, heads, h, w, r * dv)  # per-token s2 (x) v
     z = polyline_mask_matvec(kv, la, lb, form=form, impl=impl, chunk=chunk).reshape(b, heads, h, w, r, dv)
-    return (s1f.unsqueeze(-2) @ z).squeeze(-2).to(v.dtype)
+    return (s1f.unsqueeze(-2) @ z).squeeze(-2).to(out_dtype)
 
 
 def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
@@ -162,14 +164,19 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         feature_map = FEATURE_MAPS[feature_map]
 
     def attend(impl, q, k, v, la, lb, *normalizer):
-        fq, fk = feature_map(q), feature_map(k)
-        out = _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk)
+        # float32 from the feature maps on (float64 for float64 inputs): in half precision the numerator and the
+        # mass can each pass float16's range, and the gradient of a token whose mass is ~0 (features ~0, the
+        # output held by eps) is large before the feature map's derivative scales it back down
+        dtype = table_dtype(q, k, v, la, lb)
+        fq, fk = feature_map(q.to(dtype)), feature_map(k.to(dtype))
         if not normalize:
-            return out
+            return _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk, out_dtype=v.dtype)
+        out = _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk, out_dtype=dtype)
         if normalizer:
-            fq, fk = feature_map(normalizer[0]), feature_map(normalizer[1])
+            fq, fk = feature_map(normalizer[0].to(dtype)), feature_map(normalizer[1].to(dtype))
         ones = v.new_ones(*v.shape[:-1], 1)
-        return out / (_decomposed(fq, fk, ones, la, lb, form=form, impl=impl, chunk=chunk) + eps)
+        mass = _decomposed(fq, fk, ones, la, lb, form=form, impl=impl, chunk=chunk, out_dtype=dtype)
+        return (out / (mass + eps)).to(v.dtype)
 
     inputs = (q, k, v, la, lb, *(normalizer or ()))
     requested, impl = impl, resolve_impl(impl, 'ppma_linear_attention', (q, k, v), form)
