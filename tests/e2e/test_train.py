@@ -1,6 +1,7 @@
-"""Training on the tiny sets: Mask R-CNN through the launchers, UPerNet and classification in process (train, resume,
-evaluate); upstream's Mask R-CNN and UPerNet configs with only the backbone swapped (full tier)."""
+"""Training on the tiny sets: Mask R-CNN through the launchers, UPerNet and classification in process (train, resume
+in mixed precision, evaluate); upstream's Mask R-CNN and UPerNet configs with only the backbone swapped (full tier)."""
 import copy
+import math
 import pickle
 
 import pytest
@@ -9,6 +10,7 @@ from mmengine.config import Config
 
 import mmppma  # noqa: F401  (allowlists mmengine checkpoint globals for torch.load(weights_only=True))
 
+from ..conftest import load_tool
 from .conftest import TINY_CLS, TINY_DET, TINY_SEG, TOOLS, run_tool, scalar_records, train_iters
 
 pytestmark = pytest.mark.slow
@@ -26,11 +28,15 @@ def test_det_train_resume_test_through_the_launchers(tiny_env, tmp_path):
     [metrics] = [r for r in scalar_records(work) if 'coco/bbox_mAP' in r]
     for key in ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50'):
         assert isinstance(metrics[key], float) and 0.0 <= metrics[key] <= 1.0, key
-    # --resume without a path: the latest checkpoint of the work dir; the iteration counter goes on at 3
-    second = run_tool([TOOLS / 'train.py', TINY_DET, '--work-dir', work, '--resume', '--cfg-options',
+    # --resume without a path: the latest checkpoint of the work dir; the iteration counter goes on at 3; --amp on
+    # CPU: bfloat16 autocast (mmcv's NMS and RoIAlign in float32), finite losses
+    second = run_tool([TOOLS / 'train.py', TINY_DET, '--work-dir', work, '--resume', '--amp', '--cfg-options',
                        'train_cfg.max_iters=4', 'train_cfg.val_interval=100', *common], tiny_env)
     log = second.stdout + second.stderr
     assert 'resumed' in log.lower() and train_iters(log) == [3, 4]
+    assert torch.cuda.is_available() or 'bfloat16 autocast (mmppma.CPUAmpOptimWrapper)' in log
+    losses = [r['loss'] for r in scalar_records(work) if 'loss' in r]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses), losses
     state = torch.load(work / 'iter_4.pth', map_location='cpu', weights_only=True)
     before = torch.load(work / 'iter_2.pth', map_location='cpu', weights_only=True)['state_dict']
     key = 'backbone.layers.2.blocks.0.retention.path_embed.A_log'
@@ -80,9 +86,12 @@ def test_train_resume_evaluate_in_process(task, tiny_env, tmp_path):
         assert isinstance(metrics.get(key), float) and 0.0 <= metrics[key] <= 100.0, (key, metrics)
     cfg.train_cfg.update(max_iters=4, val_interval=100)
     cfg.resume, cfg.load_from = True, None  # latest checkpoint of the work dir
+    load_tool('train.py').apply_amp(cfg, True)  # the resumed steps in mixed precision (CPU: bfloat16 autocast)
     resumed = build_runner(cfg, tmp_path, scope)
     resumed.train()
     assert resumed.iter == 4 and torch.load(tmp_path / 'iter_4.pth', weights_only=True)['meta']['iter'] == 4
+    losses = resumed.message_hub.get_scalar('train/loss').data[0]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses), losses  # the history goes on from 2
     if task == 'seg':  # 4 warmup steps taken (LinearLR spans end - begin - 1 = 19 steps); a restart would show 2
         assert resumed.optim_wrapper.get_lr()['lr'][0] == pytest.approx(2e-4 * (1e-3 + (1 - 1e-3) * 4 / 19), rel=1e-3)
     final = resumed.val_loop.run()
