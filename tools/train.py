@@ -37,7 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help='resume from CKPT; without a path, from the latest checkpoint in the work dir')
     parser.add_argument('--amp', action='store_true',
                         help="mixed precision: on CUDA mmengine's AmpOptimWrapper (float16, dynamic loss scale; "
-                        "optim_wrapper.dtype=bfloat16 for bfloat16), on CPU bfloat16 autocast (mmppma.CPUAmpOptimWrapper)")
+                        "optim_wrapper.dtype=bfloat16 for bfloat16), on CPU bfloat16 autocast "
+                        "(mmppma.CPUAmpOptimWrapper)")
     return parse_launcher_args(parser, argv)
 
 

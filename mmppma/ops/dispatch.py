@@ -14,7 +14,7 @@
 The environment variable ``MMPPMA_IMPL`` (one of the above) overrides ``'auto'`` everywhere, for A/B
 runs without touching configs.
 
-The environment variable ``MMPPMA_SIMULATE_CUDA`` (a compute capability of :data:`TARGET_CAPABILITIES`) simulates a GPU: CPU
+The environment variable ``MMPPMA_SIMULATE_CUDA`` (one of :data:`TARGET_CAPABILITIES`) simulates a GPU: CPU
 tensors take the CUDA code path of that capability (``resolve_impl``, the preflight and its fallback, the launch
 table) and the kernels run on Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported). It is
 read whenever an op decides; :func:`on_gpu` and :func:`device_capability` are the one place that asks.

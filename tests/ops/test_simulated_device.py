@@ -181,6 +181,7 @@ def test_a_failure_while_the_kernels_run_raises_and_is_not_remembered(op, kind, 
     the call raises (out of memory and CUDA errors keep their type), no warning and no torch result; the next call
     launches the kernels again."""
     import warnings
+
     from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
     monkeypatch.setattr(preflight, '_PREFLIGHT', {})
@@ -208,6 +209,7 @@ def test_a_failing_backward_launch_raises_and_is_not_remembered(op, kind, monkey
     (out of memory and CUDA errors keep their type) under impl='auto' and impl='triton', with no warning; the next
     call launches the kernels again."""
     import warnings
+
     from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
     monkeypatch.setattr(preflight, '_PREFLIGHT', {})
