@@ -23,13 +23,15 @@ _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a
 
 @triton.jit
 def _line_offsets(line, n_lines, H, W, COLUMNS: tl.constexpr):
-    """(token base, token stride) of a line, in tokens of a (BH, H, W) grid; the base in int64 (BH * H * W * D
-    can pass 2**31)."""
-    bh = (line // n_lines).to(tl.int64)
+    """(first token of the line's slice, token base, token stride) of a line, in tokens of a (BH, H, W) grid:
+    the slice's first token in int64 (BH * H * W * D can pass 2**31), added to the pointers once; the base and
+    the per-token offsets within the slice in int32 (cheaper per element)."""
+    bh = line // n_lines
     a = line % n_lines
+    first = bh.to(tl.int64) * H * W
     if COLUMNS:
-        return bh * H * W + a, W
-    return (bh * H + a) * W, 1
+        return first, a, W
+    return first, a * W, 1
 
 
 @triton.jit
@@ -41,7 +43,13 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c2_ptr, o_ptr, lse_ptr, scale2, H, W, L, n_li
     table is monotone along the line and a segment's sum is minus the absolute difference of its ends: no
     per-score compare. Keys past the line read the table as +inf: a bias of -inf, no per-score mask."""
     blocks = tl.cdiv(L, BLOCK_M)
-    base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
+    first, base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
+    q_ptr += first * D
+    k_ptr += first * D
+    x_ptr += first * DX
+    o_ptr += first * DX
+    c2_ptr += first
+    lse_ptr += first
     offs_m, mask_m, tok_m = token_block(tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, L, base, step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
@@ -71,7 +79,17 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c2_ptr, do_ptr, lse2_ptr, delta_ptr, g1_ptr, 
     ``scale2`` times log2(e); the bias minus an absolute difference; other tokens past the line at -inf through
     the table). Own tokens past the line compute rows that are never stored."""
     blocks = tl.cdiv(L, BLOCK_OWN)
-    base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
+    first, base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
+    q_ptr += first * D
+    k_ptr += first * D
+    g1_ptr += first * D
+    x_ptr += first * DX
+    do_ptr += first * DX
+    g2_ptr += first * DX
+    c2_ptr += first
+    lse2_ptr += first
+    delta_ptr += first
+    gc_ptr += first
     offs, mask, tok = token_block(tl.program_id(0) % blocks * BLOCK_OWN, BLOCK_OWN, L, base, step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
