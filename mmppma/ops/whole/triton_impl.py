@@ -224,8 +224,8 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     CORNERS) with GRADS.
 
     The other tokens come in tiles of (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column
-    chunk. CORNER_ROWS: the image rows a block can touch (ROWS_OWN), at least 16 (a matrix product's smallest
-    side)."""
+    chunk. ROWS_OWN: the image rows a block can touch; CORNER_ROWS: those padded to a power of two, at least 16
+    (a matrix product's smallest side)."""
     CORNERS: tl.constexpr = (FORM == 'h2v') == KEYS
     blocks = tl.cdiv(N, BLOCK_OWN)
     pid = tl.program_id(0) % blocks  # the own block; grid: one axis of (slice, block) programs, slice-major
@@ -286,11 +286,6 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
 def _rows_touched(block: int, h: int, w: int) -> int:
     """Image rows a block of ``block`` consecutive tokens can touch."""
     return min(h, (block - 1) // w + 2)
-
-
-def _rows(block: int, h: int, w: int) -> int:
-    """:func:`_rows_touched`, rounded up to a power of two."""
-    return lp.pow2(_rows_touched(block, h, w), 1)
 
 
 def query_block(width: int, block_m: int) -> int:
@@ -372,7 +367,7 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
         for keys, grads, selfs in ((True, (dk[i], dvv[i]), self_k), (False, (dq[i], dq[i]), self_q)):
             corners = (path == 'h2v') == keys
             cfg, (own, other) = blocks[keys, corners]
-            rows = _rows(own, hh, ww)
+            rows = _rows_touched(own, hh, ww)
             # (GRADS, CORNER_SUMS) of each launch: the corner sums in the same program or in one of their own
             parts = [(True, False), (False, True)] if corners and cfg.corner_pass else [(True, corners)]
             launches.extend(lp.Launch(
@@ -381,7 +376,7 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
                  corner[keys][1], float(scale), float(scale) * LOG2E, weight, n, hh, ww, d, dv, slots[keys]),
                 dict(KEYS=keys, FORM=path, GRADS=with_grads, CORNER_SUMS=sums, BLOCK_OWN=own,
                      BLOCK_OTHER=other, BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)),
-                     ROWS_OWN=rows, CORNER_ROWS=max(16, rows), PRECISION=lp.precision(q.dtype)), cfg)
+                     ROWS_OWN=rows, CORNER_ROWS=lp.pow2(rows), PRECISION=lp.precision(q.dtype)), cfg)
                 for with_grads, sums in parts)
     return launches, (dq, dk, dvv, self_q, self_k, corner[True], corner[False])
 
