@@ -108,7 +108,7 @@ def test_async_copy_pattern_matches_a_pipelined_loop(tmp_path, compile_env):
 
 # the kernels whose key loops --sass-limit holds to check_kernels.SASS_LIMITS in the quick set (the others are
 # reported only)
-SASS_ENFORCED = ()
+SASS_ENFORCED = ('_whole_fwd', '_line_fwd', '_line_bwd')
 
 
 @pytest.mark.slow
@@ -127,7 +127,7 @@ def test_quick_sass_cost_one_shape_per_kernel(tmp_path, compile_env):
     assert len(rows) <= 2 * 20, len(rows)
     for row in rows:
         per_score, ratio = float(row[-3]), float(row[-2])
-        assert per_score > 0 and 0.5 < ratio < 20, row
+        assert per_score > 0 and 0.2 < ratio < 20, row
     page = table.read_text()
     assert '## Key-loop SASS per score' in page
     assert sum(line.startswith('| `_') for line in page.splitlines()) == 2 * len(rows)
@@ -156,6 +156,7 @@ def test_key_loop_is_the_innermost_loop_holding_an_mma():
             (0x90, 'FADD', 'R1, R1, R2'), (0xa0, 'BRA', '0x20'),
             (0xb0, 'FADD', 'R1, R1, R2'), (0xc0, 'BRA', '0xb0'),  # a shorter loop without an MMA
             (0xd0, 'EXIT', '')]
-    assert sass_cost.key_loop(code) == ['HMMA', 'FFMA', 'MUFU', 'F2FP', 'BRA']
-    assert [sass_cost.classify(op) for op in sass_cost.key_loop(code)] == ['mma', 'fp32', 'mufu', 'conv', 'other']
-    assert sass_cost.key_loop(code[5:]) == ['FADD', 'BRA']  # no MMA: the longest loop
+    assert sass_cost.key_loop(code) == (4, 8)
+    assert [sass_cost.classify(op) for _, op, _ in code[4:9]] == ['mma', 'fp32', 'mufu', 'conv', 'other']
+    assert sass_cost.key_loop(code[5:]) == (6, 7)  # no MMA: the longest loop (FADD, BRA)
+    assert sass_cost.loops(code) == [(4, 8), (2, 10), (11, 12)]

@@ -5,7 +5,9 @@ loop's instructions by class. Used by ``tools/check_kernels.py --sass``.
 A loop is the span from a backward branch's target to the branch. The key loop is the shortest such span holding
 an MMA (HMMA on sm_80 and sm_90's warp-level products, HGMMA for sm_90's warp-group products): the loop over the
 other tokens' blocks in every attention kernel here. Exact float32 products run on the FMA units, unrolled: a
-kernel without MMAs takes its longest loop. Its instructions are counted as laid out (each once: a
+kernel without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its
+corner rows in one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues,
+and ``inner`` says how many there are. Its instructions are counted as laid out (each once: a
 predicated-off or branched-over instruction counts too), per warp.
 """
 import os
@@ -13,7 +15,7 @@ import re
 import subprocess
 import tempfile
 from collections import Counter
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import triton
 
@@ -52,27 +54,37 @@ def classify(opcode: str) -> str:
     return _CLASS.get(opcode, 'other')
 
 
-def key_loop(instructions: List[Tuple[int, str, str]]) -> List[str]:
-    """The opcodes of the innermost loop holding an MMA, else of the longest loop (see the module docstring); []
-    if there is no loop."""
+def loops(instructions: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
+    """(first, last) instruction index of every loop: a backward branch and its target."""
     address = [a for a, _, _ in instructions]
-    loops = []
+    spans = []
     for index, (at, opcode, operands) in enumerate(instructions):
         target = re.match(r'(?:`\(\.L_x_\d+\)\s*)?(0x[0-9a-f]+)', operands) if opcode == 'BRA' else None
         if target and int(target.group(1), 16) <= at:
             first = address.index(int(target.group(1), 16)) if int(target.group(1), 16) in address else None
             if first is not None:
-                loops.append((first, index))
-    bodies = [[op for _, op, _ in instructions[a:b + 1]] for a, b in loops]
-    products = [body for body in bodies if any(classify(op) == 'mma' for op in body)]
+                spans.append((first, index))
+    return spans
+
+
+def key_loop(instructions: List[Tuple[int, str, str]]) -> Optional[Tuple[int, int]]:
+    """(first, last) instruction index of the innermost loop holding an MMA, else of the longest loop (see the
+    module docstring); None if there is no loop."""
+    spans = loops(instructions)
+    products = [(a, b) for a, b in spans if any(classify(op) == 'mma' for _, op, _ in instructions[a:b + 1])]
     if products:
-        return min(products, key=len)
-    return max(bodies, key=len) if bodies else []
+        return min(products, key=lambda span: span[1] - span[0])
+    return max(spans, key=lambda span: span[1] - span[0]) if spans else None
 
 
 def loop_cost(cubin: bytes) -> Dict[str, int]:
-    """Instructions of one key-loop iteration per class (per warp), and their total as 'all'."""
-    counts = Counter(classify(op) for op in key_loop(disassemble(cubin)))
+    """Instructions of one key-loop iteration per class (per warp), their total as 'all', and the loops inside
+    it as 'inner'."""
+    instructions = disassemble(cubin)
+    span = key_loop(instructions)
+    first, last = span if span else (0, -1)
+    counts = Counter(classify(op) for _, op, _ in instructions[first:last + 1])
     cost = {cls: counts.get(cls, 0) for cls in CLASSES}
     cost['all'] = sum(counts.values())
+    cost['inner'] = sum(first <= a and b <= last and (a, b) != (first, last) for a, b in loops(instructions))
     return cost

@@ -130,6 +130,18 @@ def test_extreme_decays_in_kernels_stay_finite():
         assert torch.isfinite(out).all() and all(torch.isfinite(g_).all() for g_ in grads)
 
 
+@pytest.mark.parametrize('op', [ops.ppma_attention, ops.criss_cross_attention], ids=['whole', 'criss_cross'])
+def test_log_decays_at_the_contract_boundary_equal_the_reference(op):
+    """The kernels take a segment's log-decay as minus an absolute difference (exact for log-decays <= 0): at 0
+    (ties in every cumulative sum) and mixed with large ones, output and gradients equal the reference's (whose
+    gradients follow the segment-sum convention by index order, as the kernels' do)."""
+    q, k, v, la, lb = make(1, 2, 5, 9, 16, seed=7)
+    zero = torch.zeros_like(la)
+    mixed = torch.where(torch.rand(la.shape, generator=torch.Generator().manual_seed(2)) < 0.5, 0.0, -3.0)
+    for a, b in ((zero, zero), (mixed.to(DEVICE), zero)):
+        assert_same(partial(op, scale=0.25), [q, k, v, a.clone().requires_grad_(), b.clone().requires_grad_()])
+
+
 def test_shapes_span_several_ragged_blocks():
     """At this device's tiles the shapes above span several blocks of every kernel, the last one ragged."""
     cap = lp.capability(torch.device(DEVICE))
