@@ -123,8 +123,9 @@ def test_quick_sass_cost_one_shape_per_kernel(tmp_path, compile_env):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith('_')]
     assert {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_scan_kernel'} <= {row[0] for row in rows}
-    # one shape per kernel: the two line passes of criss-cross attention, whole attention's paths and roles
-    assert len(rows) <= 2 * 20, len(rows)
+    # one shape per kernel and arch: a handful of specializations each (criss-cross attention's row and column
+    # passes, whole attention's paths and roles, the scan's signed and plain forms), not every quick-set shape's
+    assert len(rows) <= 2 * 24, len(rows)
     for row in rows:
         per_score, ratio = float(row[-3]), float(row[-2])
         assert per_score > 0 and 0.2 < ratio < 20, row

@@ -393,7 +393,7 @@ def sass_summary(specs: Dict[str, dict], results: Dict[str, dict]) -> List[str]:
     lines = []
     for (kernel, arch), ratios in sorted(groups.items()):
         limit = SASS_LIMITS.get(kernel)
-        lines.append(f'{kernel} sm_{arch} key loop, SASS per score against plain flash (fp16, bf16): '
+        lines.append(f'key-loop SASS per score against plain flash, {kernel} sm_{arch} (fp16, bf16): '
                      f'{min(ratios):.2f}x to {max(ratios):.2f}x'
                      + (f' (limit {limit:g}x)' if limit else ' (no limit)'))
     return lines
