@@ -104,3 +104,60 @@ def test_async_copy_pattern_matches_a_pipelined_loop(tmp_path, compile_env):
     assert run.returncode == 0, run.stderr[-4000:]
     counts = {tuple(map(int, line.split()[:2])): int(line.split()[2]) for line in run.stdout.splitlines()}
     assert counts == {(80, 3): 6, (80, 1): 0, (90, 3): 6, (90, 1): 0}
+
+
+# the kernels whose key loops --sass-limit holds to check_kernels.SASS_LIMITS in the quick set (the others are
+# reported only)
+SASS_ENFORCED = ('_whole_fwd', '_line_fwd', '_line_bwd')
+
+
+@pytest.mark.slow
+def test_quick_sass_cost_one_shape_per_kernel(tmp_path, compile_env):
+    """--sass: every kernel's key loop is priced against the plain flash kernel, for one shape per kernel, fp16,
+    sm_80 and sm_90; the kernels of SASS_ENFORCED within their limits."""
+    table = tmp_path / 'table.md'
+    limit = ['--sass-limit', *SASS_ENFORCED] if SASS_ENFORCED else ['--sass']
+    command = [sys.executable, 'tools/check_kernels.py', '--quick', '--one-shape', *limit, '--arch', '80', '90',
+               '--dtype', 'fp16', '--jobs', '2', '--max-seconds', '60', '--write', str(table)]
+    run = subprocess.run(command, cwd=REPO_ROOT, env=compile_env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    rows = [line.split() for line in run.stdout.splitlines() if line.startswith('_')]
+    assert {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_scan_kernel'} <= {row[0] for row in rows}
+    # one shape per kernel and arch: a handful of specializations each (criss-cross attention's row and column
+    # passes, whole attention's paths and roles, the scan's signed and plain forms), not every quick-set shape's
+    assert len(rows) <= 2 * 24, len(rows)
+    for row in rows:
+        per_score, ratio = float(row[-3]), float(row[-2])
+        assert per_score > 0 and 0.2 < ratio < 20, row
+    page = table.read_text()
+    assert '## Key-loop SASS per score' in page
+    assert sum(line.startswith('| `_') for line in page.splitlines()) == 2 * len(rows)
+
+
+def test_sass_limits_fail_half_precision_rows_above_them():
+    ok = dict(shared=0, registers=32, spill=0, seconds=0.0, async_copies=0)
+    desc = dict(kernel='_whole_fwd', arch=90, constexprs=dict(BLOCK_M=64, BLOCK_N=64), options=dict(num_warps=4))
+    spec = dict(desc=desc, grid=(1, 1, 1), dtype='bf16')
+    cost = dict(ok, sass=dict(all=300), flash=dict(all=100))
+    assert tool.sass_ratio(spec, cost) == 3.0
+    assert tool.per_score(spec, 128) == 0.125
+    assert tool.status(spec, cost, 0) == 'ok'  # reported only
+    limited = dict(spec, sass_limit=tool.sass_limit(spec))
+    assert tool.status(limited, cost, 0) == "key loop 3.00x the plain flash kernel's SASS > 2x"
+    assert tool.status(limited, dict(cost, sass=dict(all=200)), 0) == 'ok'
+    assert tool.sass_limit(dict(spec, dtype='fp32')) == float('inf')
+
+
+def test_key_loop_is_the_innermost_loop_holding_an_mma():
+    sass_cost = load_tool('sass_cost.py')
+    code = [(0x00, 'S2R', 'R0, SR_TID.X'), (0x10, 'HMMA', 'R4, R8, R12, RZ'),  # outside any loop
+            (0x20, 'IMAD', 'R1, R1, 0x2, RZ'), (0x30, 'LDG', 'R2, [R4.64]'),  # outer loop: 0x20..0xa0
+            (0x40, 'HMMA', 'R4, R8, R12, RZ'), (0x50, 'FFMA', 'R4, R4, R5, R6'),  # key loop: 0x40..0x80
+            (0x60, 'MUFU', 'R4, R4'), (0x70, 'F2FP', 'R4, R4, R5'), (0x80, 'BRA', '0x40'),
+            (0x90, 'FADD', 'R1, R1, R2'), (0xa0, 'BRA', '0x20'),
+            (0xb0, 'FADD', 'R1, R1, R2'), (0xc0, 'BRA', '0xb0'),  # a shorter loop without an MMA
+            (0xd0, 'EXIT', '')]
+    assert sass_cost.key_loop(code) == (4, 8)
+    assert [sass_cost.classify(op) for _, op, _ in code[4:9]] == ['mma', 'fp32', 'mufu', 'conv', 'other']
+    assert sass_cost.key_loop(code[5:]) == (6, 7)  # no MMA: the longest loop (FADD, BRA)
+    assert sass_cost.loops(code) == [(4, 8), (2, 10), (11, 12)]

@@ -5,6 +5,7 @@
     python tools/check_kernels.py --quick --arch 80 90     # reduced shape set (the CI check)
     python tools/check_kernels.py --arch 86 --dtype fp16 --shapes upernet_512 --jobs 2
     python tools/check_kernels.py --jobs 2 --write         # rewrite docs/generated/check_kernels.md
+    python tools/check_kernels.py --sass --dtype bf16 fp16 # with each key loop's SASS cost against plain flash
 
 The launches are found by running the ops themselves (forward and backward, through ``impl='triton'``) on
 ``meta`` tensors while :func:`mmppma.ops.triton_support.launch.recording` collects them instead of launching: the same
@@ -16,6 +17,13 @@ each row's largest grid is checked against CUDA's limits. A row fails (exit stat
 shared memory exceeds the target's per-block limit, anything spills, compiling takes longer than
 ``--max-seconds``, or a launch's grid passes CUDA's limits. Results are cached per specialization
 (kernel source, arguments, target, triton version) in ``~/.cache/mmppma/check_kernels.json``.
+
+``--sass``: each row also gets the cost of one iteration of its key loop (the innermost loop holding the matrix
+products, :mod:`sass_cost`): SASS instructions per score by class, and the ratio to a plain flash-attention kernel
+(:mod:`flash_reference`: the forward for forward kernels and the scan, the backward in the same role for backward
+kernels) compiled in the same run with the same tiles, warps, stages, dtype and target. ``--sass-limit``: the half
+precision rows of the attention kernels also fail above :data:`SASS_LIMITS` (the scan and float32 rows are
+reported without a limit).
 """
 import argparse
 import concurrent.futures
@@ -33,7 +41,10 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, 'tools'))  # flash_reference, sass_cost (the workers import them by name)
 
+import flash_reference  # noqa: E402
+import sass_cost  # noqa: E402
 import triton  # noqa: E402
 
 import mmppma.ops as ops  # noqa: E402
@@ -78,6 +89,10 @@ GRID_BATCH = 1024
 # TTGIR ops of asynchronous global -> shared copies, what the software pipeliner makes of the loads of a loop it
 # pipelines: cp.async (sm_80 and later) and TMA (sm_90)
 ASYNC_COPY = r'\b(?:ttg\.async_copy_global_to_local|ttng\.async_tma_copy_global_to_local)\b'
+# --sass-limit: the most SASS per score a half-precision attention kernel's key loop may issue, relative to the
+# plain flash kernel's at the same tiles, warps and stages
+SASS_LIMITS = {'_whole_fwd': 2.0, '_line_fwd': 2.0, '_whole_bwd': 2.5, '_line_bwd': 2.5}
+SASS_LIMITED_DTYPES = ('fp16', 'bf16')
 
 
 def model_shapes(images, models, batch=None) -> List[Tuple[str, str, tuple]]:
@@ -135,12 +150,45 @@ def spec_key(launch: lp.Launch, arch: int) -> Tuple[str, dict]:
     desc = dict(kernel=launch.name, module=launch.kernel.__module__, signature=signature,
                 attrs={str(k[0]): v for k, v in attrs.items()}, constexprs=launch.constexprs,
                 options=launch.options, arch=arch)
-    blob = json.dumps([triton.__version__, launch.kernel.cache_key, desc], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24], desc
+    return desc_key(launch.kernel, desc), desc
 
 
-def compile_one(desc: dict) -> dict:
-    """Compile one specialization for its target; shared bytes, registers, spill bytes and seconds."""
+def desc_key(kernel, desc: dict) -> str:
+    """The cache key of a specialization: kernel source, description, triton version."""
+    blob = json.dumps([triton.__version__, kernel.cache_key, desc], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def reference(desc: dict) -> Tuple[str, dict]:
+    """(cache key, description) of the plain flash kernel that ``desc``'s SASS cost is compared with."""
+    ref = flash_reference.reference_desc(desc)
+    return desc_key(getattr(flash_reference, ref['kernel']), ref), ref
+
+
+def sass_ratio(spec: dict, result: dict) -> float:
+    """The row's key-loop instructions relative to its plain flash kernel's (same tiles: the same scores per
+    iteration); NaN where either has no key loop."""
+    ours, flash = result.get('sass', {}).get('all', 0), result.get('flash', {}).get('all', 0)
+    return ours / flash if ours and flash else float('nan')
+
+
+def per_score(spec: dict, count: int) -> float:
+    """Warp instructions per score of ``count`` instructions per warp per key-loop iteration."""
+    c, options = spec['desc']['constexprs'], spec['desc']['options']
+    scores = c.get('BLOCK_M', c.get('BLOCK_OWN')) * c.get('BLOCK_N', c.get('BLOCK_OTHER'))
+    return count * options['num_warps'] / scores
+
+
+def sass_limit(spec: dict) -> float:
+    """The row's limit on :func:`sass_ratio` (inf: reported without one)."""
+    if spec['dtype'] not in SASS_LIMITED_DTYPES:
+        return float('inf')
+    return SASS_LIMITS.get(spec['desc']['kernel'], float('inf'))
+
+
+def compile_one(desc: dict, sass: bool = False) -> dict:
+    """Compile one specialization for its target; shared bytes, registers, spill bytes and seconds; with
+    ``sass``, its key loop's instructions by class (:func:`sass_cost.loop_cost`)."""
     import importlib
 
     from triton.backends.compiler import GPUTarget
@@ -163,9 +211,12 @@ def compile_one(desc: dict) -> dict:
     text = log.getvalue()
     regs = re.findall(r'Used (\d+) registers', text)
     spills = re.findall(r'(\d+) bytes spill stores, (\d+) bytes spill loads', text)
-    return dict(shared=int(compiled.metadata.shared), registers=max(map(int, regs)) if regs else -1,
-                spill=sum(int(a) + int(b) for a, b in spills), seconds=seconds,
-                async_copies=len(re.findall(ASYNC_COPY, compiled.asm['ttgir'])))
+    result = dict(shared=int(compiled.metadata.shared), registers=max(map(int, regs)) if regs else -1,
+                  spill=sum(int(a) + int(b) for a, b in spills), seconds=seconds,
+                  async_copies=len(re.findall(ASYNC_COPY, compiled.asm['ttgir'])))
+    if sass:
+        result['sass'] = sass_cost.loop_cost(compiled.asm['cubin'])
+    return result
 
 
 def main(argv=None) -> int:
@@ -185,7 +236,18 @@ def main(argv=None) -> int:
                         help=f'also write the table as markdown to PATH (default: {GENERATED})')
     parser.add_argument('--cached-only', action='store_true',
                         help='compile nothing: report the cached specializations and count the others as failed')
+    parser.add_argument('--sass', action='store_true',
+                        help='also price each key loop in SASS against a plain flash kernel (see the docstring)')
+    parser.add_argument('--sass-limit', nargs='*', metavar='KERNEL',
+                        help='with --sass: fail half-precision rows above SASS_LIMITS (of these kernels; '
+                             'default: every limited kernel)')
+    parser.add_argument('--one-shape', action='store_true',
+                        help='per kernel, arch and dtype only the specializations of the first shape that '
+                             'launches it')
     args = parser.parse_args(argv)
+    if args.sass_limit is not None:
+        args.sass = True
+        limited = set(args.sass_limit or SASS_LIMITS)
     command = ' '.join(['python tools/check_kernels.py'] + list(sys.argv[1:] if argv is None else argv))
 
     args.dtype = args.dtype or list(QUICK_DTYPES if args.quick else DTYPES)
@@ -209,44 +271,72 @@ def main(argv=None) -> int:
                                                      grid=(1, 1, 1)))
                     row['shapes'].append(label)
                     row['grid'] = tuple(map(max, zip(launch.grid + (1, ) * (3 - len(launch.grid)), row['grid'])))
+    if args.one_shape:
+        first = {}
+        for spec in specs.values():
+            first.setdefault((spec['desc']['kernel'], spec['desc']['arch'], spec['dtype']), spec['shapes'][0])
+        specs = {key: spec for key, spec in specs.items()
+                 if first[spec['desc']['kernel'], spec['desc']['arch'], spec['dtype']] in spec['shapes']}
+    for spec in specs.values():
+        spec['sass_limit'] = (sass_limit(spec) if args.sass_limit is not None
+                              and spec['desc']['kernel'] in limited else float('inf'))
+    # --sass: the plain flash kernels to compare with, compiled (and cached) as specializations of their own
+    references = {}
+    if args.sass:
+        for spec in specs.values():
+            spec['reference'], desc = reference(spec['desc'])
+            references[spec['reference']] = desc
+    # the plain kernels first: each row prints once its own is compiled
+    descs = dict(references, **{key: spec['desc'] for key, spec in specs.items()})
     cache = {}
     if not args.no_cache and os.path.exists(CACHE):
         with open(CACHE) as f:
             cache = json.load(f)
     cache = {key: result for key, result in cache.items() if 'async_copies' in result}  # older entries lack it
-    todo = [key for key in specs if key not in cache]
+    todo = [key for key in descs if key not in cache or args.sass and 'inner' not in cache[key].get('sass', {})]
     if args.cached_only:
-        specs = {key: spec for key, spec in specs.items() if key in cache}
+        specs = {key: spec for key, spec in specs.items() if key not in todo and spec.get('reference') not in todo}
         print(f'--cached-only: {len(todo)} specializations not compiled yet are left out (counted as failed)')
         missing, todo = len(todo), []
     else:
         missing = 0
     print(f'{len(specs)} specializations from {len(shapes)} attention shapes x {len(args.dtype)} dtypes x '
-          f'{len(args.arch)} archs; {len(specs) - len(todo)} cached, compiling {len(todo)} with {args.jobs} job(s)',
-          flush=True)
+          f'{len(args.arch)} archs{f" and {len(references)} plain flash kernels" if args.sass else ""}; '
+          f'{len(descs) - len(todo)} cached, compiling {len(todo)} with {args.jobs} job(s)', flush=True)
     header = (f'{"kernel":<14} {"arch":>4} {"dtype":<5} {"phase":<5} {"tiles":<44} {"warps":>5} {"stages":>6} '
-              f'{"shared KB":>9} {"regs":>4} {"spill B":>7} {"async":>5} {"sec":>5}  status')
+              f'{"shared KB":>9} {"regs":>4} {"spill B":>7} {"async":>5} {"sec":>5} '
+              f'{" sass/score  x flash " if args.sass else ""} status')
     print(header, flush=True)
-    results = {}
+    results, waiting = {}, {}  # waiting: rows whose plain flash kernel is not compiled yet
 
     def report(key, result):
         results[key] = result
-        print(format_row(specs[key], result, args.max_seconds), flush=True)
+        if key in references:  # a plain flash kernel: its rows can print now
+            for row in [row for row, ref in waiting.items() if ref == key]:
+                del waiting[row]
+                report(row, results[row])
+            return
+        if args.sass and specs[key]['reference'] not in results:
+            waiting[key] = specs[key]['reference']
+            return
+        if args.sass:
+            result['flash'] = results[specs[key]['reference']].get('sass', {})
+        print(format_row(specs[key], result, args.max_seconds, args.sass), flush=True)
 
-    for key in specs:
-        if key in cache:
+    for key in descs:
+        if key in cache and key not in todo:
             report(key, dict(cache[key], cached=True))
     pool = concurrent.futures.ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
     try:
         if pool is None:
-            done = ((key, compile_one(specs[key]['desc'])) for key in todo)
+            done = ((key, compile_one(descs[key], args.sass)) for key in todo)
         else:
-            futures = {pool.submit(compile_one, specs[key]['desc']): key for key in todo}
+            futures = {pool.submit(compile_one, descs[key], args.sass): key for key in todo}
             done = ((futures[f], f.result()) for f in concurrent.futures.as_completed(futures))
         for count, (key, result) in enumerate(done, 1):
             if 'error' not in result:
                 cache[key] = result
-            report(key, result)
+            report(key, dict(result))
             if count % 20 == 0 and not args.no_cache:
                 save_cache(cache)
     finally:
@@ -259,8 +349,10 @@ def main(argv=None) -> int:
     summary = [f'{len(specs) - len(failed)} passed, {len(failed) + missing} failed (of {len(specs) + missing} '
                f'specializations{f", {missing} not compiled" if missing else ""})']
     summary += arch_summary(specs, results, args.arch)
+    if args.sass:
+        summary += sass_summary(specs, results)
     if args.write:
-        write_markdown(args.write, specs, results, args.max_seconds, command, summary)
+        write_markdown(args.write, specs, results, args.max_seconds, command, summary, args.sass)
     print('\n' + '\n'.join(summary))
     for key in failed:
         print(f'FAILED {specs[key]["desc"]["kernel"]} sm_{specs[key]["desc"]["arch"]} {specs[key]["dtype"]}: '
@@ -290,8 +382,53 @@ def arch_summary(specs: Dict[str, dict], results: Dict[str, dict], archs) -> Lis
     return lines
 
 
+def sass_summary(specs: Dict[str, dict], results: Dict[str, dict]) -> List[str]:
+    """Per kernel and target: the largest and smallest key-loop ratio to the plain flash kernel, half-precision
+    rows (float32 rows where a kernel has none)."""
+    groups: Dict[Tuple[str, int], List[float]] = {}
+    for key, spec in specs.items():
+        if spec['dtype'] in SASS_LIMITED_DTYPES:
+            ratio = sass_ratio(spec, results[key])
+            groups.setdefault((spec['desc']['kernel'], spec['desc']['arch']), []).append(ratio)
+    lines = []
+    for (kernel, arch), ratios in sorted(groups.items()):
+        limit = SASS_LIMITS.get(kernel)
+        lines.append(f'key-loop SASS per score against plain flash, {kernel} sm_{arch} (fp16, bf16): '
+                     f'{min(ratios):.2f}x to {max(ratios):.2f}x'
+                     + (f' (limit {limit:g}x)' if limit else ' (no limit)'))
+    return lines
+
+
+def sass_table(specs: Dict[str, dict], results: Dict[str, dict], order) -> List[str]:
+    """The --sass section of the page: each row's key-loop instructions per score by class."""
+    classes = sass_cost.CLASSES
+    lines = ['## Key-loop SASS per score', '',
+             'One iteration of each kernel\'s key loop (the innermost loop holding the matrix products), as '
+             '`cuobjdump -sass` lays it out: warp instructions per score by class, their total, the plain flash '
+             'kernel\'s total at the same tiles, warps, stages, dtype and target (`tools/flash_reference.py`), the '
+             'ratio, and the loops inside the key loop (each counted once: where there are any, the row is a lower '
+             'bound). Limits (`--sass-limit`) apply to half precision.', '',
+             '| kernel | arch | dtype | tiles and constexprs | warps | stages | ' + ' | '.join(classes)
+             + ' | all | flash | x flash | limit | inner loops | launched by |',
+             '|---|---:|---|---|---:|---:|' + '---:|' * (len(classes) + 5) + '---|']
+    for key in sorted(specs, key=order):
+        spec, result, d = specs[key], results[key], specs[key]['desc']
+        if 'sass' not in result:
+            continue
+        cells = [f'{per_score(spec, result["sass"][cls]):.2f}' for cls in classes + ('all', )]
+        flash = result.get('flash', {}).get('all')
+        cells += [f'{per_score(spec, flash):.2f}' if flash else '-', f'{sass_ratio(spec, result):.2f}']
+        limit = sass_limit(spec)
+        cells.append(f'{limit:g}' if limit < float('inf') else '-')
+        cells.append(str(result['sass']['inner']))
+        lines.append(f'| `{d["kernel"]}` | {d["arch"]} | {spec["dtype"]} | {tile_text(d["constexprs"])} | '
+                     f'{d["options"]["num_warps"]} | {d["options"]["num_stages"]} | {" | ".join(cells)} | '
+                     f'{spec["shapes"][0]} |')
+    return lines + ['']
+
+
 def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], max_seconds: float, command: str,
-                   summary: List[str]) -> None:
+                   summary: List[str], sass: bool = False) -> None:
     """The table as a markdown page whose header names the command that wrote it."""
     def order(key):
         d = specs[key]['desc']
@@ -304,6 +441,8 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
              'compile seconds (of the run that first compiled the row; later runs read it from the cache), the '
              'largest grid of the row\'s launches per axis.', '']
     lines += [f'- {line}' for line in summary] + ['']
+    if sass:
+        lines += sass_table(specs, results, order) + ['## Specializations', '']
     lines += ['| kernel | arch | dtype | tiles and constexprs | warps | stages | shared KB | regs | spill B | '
               'async | compile s | grid | launched by | status |',
               '|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|']
@@ -325,13 +464,12 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
 
 def tile_text(c: dict) -> str:
     text = [f'{c.get("BLOCK_M", c.get("BLOCK_OWN"))}x{c.get("BLOCK_N", c.get("BLOCK_OTHER"))}']
-    text += [f'{name}={c[name]}' for name in ('COLS', 'ROWS_OWN', 'UNROLLED_ROWS') if name in c]
+    text += [f'{name}={c[name]}' for name in ('W', 'COLS', 'ROWS_OWN') if name in c]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     # whole attention's backward: the program's own tokens hold the corners of its path ('v2h' for queries, 'h2v'
-    # for keys); its forward: 'h2v' named, 'v2h' the default
+    # for keys); its forward runs V2H on a map W wide (the image's or, for H2V, its transpose's)
     corners = 'FORM' in c and 'KEYS' in c and (c['FORM'] == 'h2v') == c['KEYS']
     text += ['keys'] * bool(c.get('KEYS')) + ['corners'] * corners
-    text += ['h2v'] * (c.get('FORM') == 'h2v' and 'KEYS' not in c)
     text += [name.lower() for name in ('COLUMNS', 'SIGNED') if c.get(name)]
     if corners:  # what the program computes: token gradients, corner sums or both
         text += ['+'.join(part for part, on in (('grads', c['GRADS']), ('sums', c['CORNER_SUMS'])) if on)]
@@ -352,21 +490,34 @@ def status(spec: dict, result: dict, max_seconds: float) -> str:
         problems.append('no register count in the ptxas log')
     if max_seconds and result['seconds'] > max_seconds:
         problems.append(f'compile {result["seconds"]:.1f} s > {max_seconds:g} s')
+    limit = spec.get('sass_limit', float('inf'))
+    ratio = sass_ratio(spec, result)
+    if limit < float('inf') and not ratio <= limit:  # NaN (no key loop found) fails too
+        problems.append(f'key loop {ratio:.2f}x the plain flash kernel\'s SASS > {limit:g}x')
     return '; '.join(problems) or 'ok'
 
 
-def format_row(spec: dict, result: dict, max_seconds: float) -> str:
+def sass_cells(spec: dict, result: dict) -> Tuple[str, str]:
+    """(instructions per score, ratio to the plain flash kernel) as printed."""
+    if 'sass' not in result:
+        return '-', '-'
+    return f'{per_score(spec, result["sass"]["all"]):.2f}', f'{sass_ratio(spec, result):.2f}'
+
+
+def format_row(spec: dict, result: dict, max_seconds: float, sass: bool = False) -> str:
     desc = spec['desc']
+    extra = ' {:>10} {:>8} '.format(*sass_cells(spec, result)) if sass else ''
     c = desc['constexprs']
     tiles = tile_text(c)
     if 'error' in result:
         return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<44} '
                 f'{desc["options"]["num_warps"]:>5} {desc["options"]["num_stages"]:>6} {"-":>9} {"-":>4} {"-":>7} '
                 f'{"-":>5} '
-                f'{result["seconds"]:>5.1f}  {status(spec, result, max_seconds)}')
+                f'{result["seconds"]:>5.1f}{extra}  {status(spec, result, max_seconds)}')
     return (f'{desc["kernel"]:<14} {desc["arch"]:>4} {spec["dtype"]:<5} {spec["phase"]:<5} {tiles:<44} '
             f'{desc["options"]["num_warps"]:>5} {desc["options"]["num_stages"]:>6} {result["shared"] / 1024:>9.1f} '
-            f'{result["registers"]:>4} {result["spill"]:>7} {result["async_copies"]:>5} {result["seconds"]:>5.1f}  '
+            f'{result["registers"]:>4} {result["spill"]:>7} {result["async_copies"]:>5} {result["seconds"]:>5.1f}'
+            f'{extra}  '
             f'{status(spec, result, max_seconds)}{" (cached)" if result.get("cached") else ""}')
 
 

@@ -5,7 +5,9 @@ One vocabulary for every op (docs/method.md §2-5 for the math):
 
 * Tensors come first, positionally, channels-last per head: q, k (B, heads, H, W, d); v (B, heads, H, W, d_v);
   ``la`` (horizontal, along W) and ``lb`` (vertical, along H) learned log-decays (B, heads, H, W), <= 0, and
-  ``lc`` (along D) for 3D; ``log_decay`` for a decay that is not per 2D axis: RMT's fixed one per head,
+  ``lc`` (along D) for 3D (<= 0 is a contract, not checked: a check would sync with the host; the Triton
+  kernels take a segment's log-decay as minus the absolute difference of two cumulative sums, which equals
+  the segment sum only under it); ``log_decay`` for a decay that is not per 2D axis: RMT's fixed one per head,
   (heads,) or (B, heads), and the per-token one of a 1D scan, (..., L).
 * Then keyword-only, in this order: ``scale`` (of q k^T); ``form``, the path(s) the mask takes
   (:mod:`mmppma.ops.forms`: ``'v2h'``, ``'h2v'``; ``'2d'`` for the summed mask L2D = L + L^T; the softmax

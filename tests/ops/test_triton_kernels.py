@@ -92,17 +92,24 @@ def test_whole_kernel_with_corner_sums_in_programs_of_their_own(shape, monkeypat
     assert parts == {(keys, grads, not grads) for keys in (True, False) for grads in (True, False)}, parts
 
 
-def test_whole_shapes_reach_both_forward_corner_forms():
-    """At this device's tiles the whole-attention shapes above reach both forms of the forward's corner entries, in
-    each path: blocks of at most MAX_UNROLLED_ROWS image rows take them row by row, unrolled (UNROLLED_ROWS > 0),
-    taller ones gather them from one slab (UNROLLED_ROWS = 0)."""
-    cap, forms = lp.capability(torch.device(DEVICE)), set()
+def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():
+    """The forward runs each path as V2H with one image row per query tile: the image's for 'v2h', its transpose's
+    for 'h2v' (map width H); the tile's columns pad the row least."""
+    from mmppma.ops.whole.triton_impl import query_block
+    cap = lp.capability(torch.device(DEVICE))
     for shape in WHOLE_SHAPES:
         q, k, v, la, lb = (t.detach().to('meta') for t in make(*shape))
         with lp.recording(cap) as ran:
             ops.ppma_attention(q, k, v, la, lb, impl='triton')
-        forms |= {(x.constexprs['FORM'], x.constexprs['UNROLLED_ROWS'] > 0) for x in ran if x.name == '_whole_fwd'}
-    assert forms == {(form, unrolled) for form in ('v2h', 'h2v') for unrolled in (False, True)}, forms
+        h, w = shape[2:4]
+        if w < lp.NARROW <= h:  # the whole op runs on the transpose
+            h, w = w, h
+        widths = [x.constexprs['W'] for x in ran if x.name == '_whole_fwd']
+        assert widths == [w, h], (shape, widths)
+        assert all(x.constexprs['BLOCK_M'] == query_block(x.constexprs['W'], lp.config('whole_fwd', h * w,
+                                                                                      torch.float32, cap).block_m)
+                   for x in ran if x.name == '_whole_fwd')
+    assert [query_block(width, 64) for width in (7, 14, 25, 42, 50, 84, 128)] == [16, 16, 32, 16, 64, 32, 64]
 
 
 def test_narrow_tall_image_runs_transposed(monkeypatch):
@@ -112,8 +119,8 @@ def test_narrow_tall_image_runs_transposed(monkeypatch):
     q, k, v, la, lb = make(1, 2, 21, 3, 16)
     assert_same(lambda *a, impl: ops.manhattan_attention(*a, LOG_DECAY[:2], scale=0.25, impl=impl), [q, k, v])
     ops.ppma_attention(q, k, v, la, lb, impl='triton').sum().backward()
-    assert {tuple(x.args[3].shape[-2:]) for x in ran if x.name.startswith('_whole')} == {(3, 21)}
-    assert {x.constexprs['FORM'] for x in ran if x.name == '_whole_fwd'} == {'v2h', 'h2v'}
+    assert {tuple(x.args[3].shape[-2:]) for x in ran if x.name == '_whole_bwd'} == {(3, 21)}
+    assert {x.constexprs['W'] for x in ran if x.name == '_whole_fwd'} == {21, 3}  # the transpose's, its own
 
 
 def test_extreme_decays_in_kernels_stay_finite():
@@ -121,6 +128,18 @@ def test_extreme_decays_in_kernels_stay_finite():
     for op in (ops.ppma_attention, ops.criss_cross_attention):
         out, *grads = out_and_grads(partial(op, impl='triton'), [q, k, v, la - 1e4, lb - 1e4])
         assert torch.isfinite(out).all() and all(torch.isfinite(g_).all() for g_ in grads)
+
+
+@pytest.mark.parametrize('op', [ops.ppma_attention, ops.criss_cross_attention], ids=['whole', 'criss_cross'])
+def test_log_decays_at_the_contract_boundary_equal_the_reference(op):
+    """The kernels take a segment's log-decay as minus an absolute difference (exact for log-decays <= 0): at 0
+    (ties in every cumulative sum) and mixed with large ones, output and gradients equal the reference's (whose
+    gradients follow the segment-sum convention by index order, as the kernels' do)."""
+    q, k, v, la, lb = make(1, 2, 5, 9, 16, seed=7)
+    zero = torch.zeros_like(la)
+    mixed = torch.where(torch.rand(la.shape, generator=torch.Generator().manual_seed(2)) < 0.5, 0.0, -3.0)
+    for a, b in ((zero, zero), (mixed.to(DEVICE), zero)):
+        assert_same(partial(op, scale=0.25), [q, k, v, a.clone().requires_grad_(), b.clone().requires_grad_()])
 
 
 def test_shapes_span_several_ragged_blocks():

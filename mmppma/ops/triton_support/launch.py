@@ -134,7 +134,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_q', True, True): {0: Config(128, 64, 8, 1)},
     ('whole_bwd_q_corners', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_q_corners', False, True): {0: Config(32, 16, 2, 1)},
-    ('whole_bwd_q_corners', True, False): {0: Config(64, 16, 8, 1)},
+    ('whole_bwd_q_corners', True, False): {0: Config(64, 16, 8, 1), 90: Config(32, 16, 8, 1)},
     ('whole_bwd_q_corners', True, True): {0: Config(64, 64, 4, 1), 90: Config(128, 64, 8, 1)},
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},

@@ -1,5 +1,5 @@
 """Jitted helpers shared by the Triton kernels: token blocks, tile loads and stores, 64-bit slice offsets, the
-online-softmax step, the segment sum and the backward programs' operands.
+online-softmax step (log2 units) and the backward programs' operands.
 
 Tiles: a (rows, cols) tile of a row-major (.., ncols) tensor, rows masked by ``row_mask``, columns beyond
 ``ncols`` (the padding up to the power-of-two block) by index."""
@@ -35,25 +35,13 @@ def slice_offset(index, n, d):
 
 @triton.jit
 def online_softmax_step(x, v, m, l, acc, PRECISION: tl.constexpr):
-    """Fold one (BLOCK_M, BLOCK_N) block of logits ``x`` (masked keys at -inf) and its values ``v`` into the
-    running row maximum ``m``, normaliser ``l`` and unnormalised output ``acc``."""
+    """Fold one (BLOCK_M, BLOCK_N) block of logits ``x`` in log2 units (scores and bias times log2(e); masked keys
+    at -inf) and its values ``v`` into the running row maximum ``m``, normaliser ``l`` and unnormalised output
+    ``acc``: ``exp2``, and the rescaled accumulator as the product's initial value."""
     m_new = tl.maximum(m, tl.max(x, 1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(x - m_new[:, None])
-    return m_new, l * alpha + tl.sum(p, 1), acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
-                                                                         input_precision=PRECISION)
-
-
-@triton.jit
-def seg(c_first, c_second, ge):
-    """Segment sum between two indices of a line with cumsum C, in index order: C[first] - C[second] if ge
-    (first index >= second), else the reverse."""
-    return tl.where(ge, c_first - c_second, c_second - c_first)
-
-
-@triton.jit
-def sign(ge):
-    return tl.where(ge, 1.0, -1.0)
+    alpha = tl.math.exp2(m - m_new)
+    p = tl.math.exp2(x - m_new[:, None])
+    return m_new, l * alpha + tl.sum(p, 1), tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
 
 
 @triton.jit

@@ -1,13 +1,16 @@
 """Whole attention, Triton kernels: the softmax forms of PPMVA (and RMT's Manhattan attention), forward and
 backward, no N x N tensor.
 
-One launch per path, its ``FORM`` constexpr the one-path form (``'v2h'``: bias M, ``'h2v'``: M^T; Triton takes string
-constexprs): scores ``S = scale * q k^T`` per tile plus the path's bias, built in registers from the O(N) cumsum tables
-Ca (rows) and Cb (columns), under an online softmax. A bias reads each table at a token's own entry and at a "corner"
-(the query's row and the key's column for V2H, the reverse for H2V). A block of consecutive tokens covers at most ROWS
-image rows, so a tile's corners are a (ROWS x key columns) slab: one gathered vector per image row, selected by row
-(the backward, and the forward on blocks of few rows), or the slab loaded as one tile and gathered per pair by its
-row (the forward on the other blocks).
+One launch per path: scores ``S = scale * q k^T`` per tile plus the path's bias (``'v2h'``: M, ``'h2v'``: M^T),
+built in registers from the O(N) cumsum tables Ca (rows) and Cb (columns), under an online softmax. A bias reads
+each table at a token's own entry and at a "corner" (the query's row and the key's column for V2H, the reverse for
+H2V).
+
+The forward runs every path as V2H (H2V is V2H on the transposed map, with the two tables swapped: the host
+transposes q, k, v and the tables for it) on query tiles of one image row, so that the corner entries are per-key
+vectors (see :func:`_whole_fwd`). The backward takes the path as its ``FORM`` constexpr (Triton takes string
+constexprs) and blocks of consecutive tokens, which cover at most ROWS image rows: a tile's corners are a (ROWS x
+key columns) slab, one gathered vector per image row, selected by row.
 
 The backward recomputes the tiles and reduces the bias gradient onto the tables: own entries as row sums of the
 score gradient; corners per own image row, each tile's share summed over the block's tokens of that row by a
@@ -28,93 +31,50 @@ from ..triton_support.tiles import (
     bwd_operands,
     load_tile,
     online_softmax_step,
-    seg,
     slice_offset,
     store_tile,
     token_block,
 )
 
+LOG2E = 1.4426950408889634
+_LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
+
 
 @triton.jit
-def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM: tl.constexpr, ROWS, UNROLLED: tl.constexpr = False):
+def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM: tl.constexpr, ROWS):
     """Scores plus one path's log-mask for query block ``qb`` and key block ``kb`` (see :func:`_block`).
 
-    V2H: M[p, s] = sgn(j >= l) (Ca[i, j] - Ca[i, l]) + sgn(i >= k) (Cb[i, l] - Cb[k, l]): along the query's row i
-    from column j to l, then along column l from row i to k. H2V: M[s, p], the key's row and the query's column
-    at the corner. The corner entries (Ca, Cb at (query row, key column) for V2H, at (key row, query column) for
-    H2V) come one image row at a time: ROWS rows from the first row of the block that holds them. UNROLLED (ROWS
-    a constexpr): the rows unrolled, so that the loop this runs in holds no loop of its own (the software
-    pipeliner takes innermost loops only)."""
-    ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
-    ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
-    # each image row adds its corner terms where it holds the corner: no per-element corner tile stays live
-    if FORM == 'h2v':
-        ge = l_c[None, :] >= j_q[:, None]
-    else:
-        ge = j_q[:, None] >= l_c[None, :]
-    if UNROLLED:
-        for r in tl.static_range(ROWS):
-            s = _corner_row(s, ca_ptr, cb_ptr, qb, kb, ge, r, W, N, FORM)
-    else:
-        for r in range(ROWS):
-            s = _corner_row(s, ca_ptr, cb_ptr, qb, kb, ge, r, W, N, FORM)
-    if FORM == 'h2v':
-        x = s - tl.where(k_r[None, :] >= i_q[:, None], cb_q[:, None], -cb_q[:, None])
-    else:
-        x = s - tl.where(i_q[:, None] >= k_r[None, :], cb_k[None, :], -cb_k[None, :])
-    return x
+    V2H: M[p, s] = -|Ca[i, j] - Ca[i, l]| - |Cb[i, l] - Cb[k, l]|: along the query's row i from column j to l,
+    then along column l from row i to k (the log-decays are <= 0, so the tables are monotone along their lines and
+    a segment's sum is minus the absolute difference of its ends). H2V: M[s, p], the key's row and the query's
+    column at the corner. The corner entries (Ca, Cb at (query row, key column) for V2H, at (key row, query
+    column) for H2V) come one image row at a time: ROWS rows from the first row of the block that holds them.
+    Each row adds its terms where it holds the corner: no per-element corner tile stays live. The block whose
+    rows are not the corners' reads its tables as +inf past the map: a bias of -inf there."""
+    for r in range(ROWS):
+        s = _corner_row(s, ca_ptr, cb_ptr, qb, kb, r, W, N, FORM)
+    return s
 
 
 @triton.jit
-def _corner_row(s, ca_ptr, cb_ptr, qb, kb, ge, r, W, N, FORM: tl.constexpr):
-    """Add the corner terms of image row ``r`` of the block that holds the corners (see :func:`_logits`)."""
+def _corner_row(s, ca_ptr, cb_ptr, qb, kb, r, W, N, FORM: tl.constexpr):
+    """Add the terms of the pairs whose corner lies in image row ``r`` of the block that holds the corners (see
+    :func:`_logits`): the column segment per token of that block, the row segment per pair."""
     ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
     ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
     if FORM == 'h2v':
         row = first_k + r
         at = row * W + j_q
         va = tl.load(ca_ptr + at, mask=mask_m & (at < N), other=0.0)
-        vb = tl.load(cb_ptr + at, mask=mask_m & (at < N), other=0.0)
-        s = tl.where((k_r == row)[None, :],
-                     (s + tl.where(row >= i_q, vb, -vb)[:, None]) + seg(ca_k[None, :], va[:, None], ge), s)
+        column = -tl.abs(tl.load(cb_ptr + at, mask=mask_m & (at < N), other=0.0) - cb_q)
+        s = tl.where((k_r == row)[None, :], s + column[:, None] - tl.abs(ca_k[None, :] - va[:, None]), s)
     else:
         row = first_q + r
         at = row * W + l_c
         va = tl.load(ca_ptr + at, mask=mask_n & (at < N), other=0.0)
-        vb = tl.load(cb_ptr + at, mask=mask_n & (at < N), other=0.0)
-        s = tl.where((i_q == row)[:, None],
-                     (s + tl.where(row >= k_r, vb, -vb)[None, :]) + seg(ca_q[:, None], va[None, :], ge), s)
+        column = -tl.abs(tl.load(cb_ptr + at, mask=mask_n & (at < N), other=0.0) - cb_k)
+        s = tl.where((i_q == row)[:, None], s + column[None, :] - tl.abs(ca_q[:, None] - va[None, :]), s)
     return s
-
-
-@triton.jit
-def _slab_logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM: tl.constexpr, CORNER_ROWS: tl.constexpr):
-    """:func:`_logits` with the corner entries of all the image rows at once: a slab of CORNER_ROWS image rows from
-    the first row of the block that holds the corners, across the other block's columns (V2H: the query block's
-    rows x the key columns; H2V: the query columns x the key block's rows), loaded as one tile and gathered per
-    (query, key) pair by the corner's row. No loop of its own: the key loop this runs in is software-pipelined
-    whatever the rows."""
-    ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
-    ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
-    slab_rows = tl.arange(0, CORNER_ROWS)
-    # the rows past a block's last token (masked out) read the slab's last row
-    if FORM == 'h2v':
-        at = j_q[:, None] + (first_k + slab_rows)[None, :] * W
-        keep = mask_m[:, None] & (at < N)
-        row = tl.broadcast_to(tl.minimum(k_r - first_k, CORNER_ROWS - 1)[None, :], s.shape)
-        va = tl.gather(tl.load(ca_ptr + at, mask=keep, other=0.0), row, 1)
-        vb = tl.gather(tl.load(cb_ptr + at, mask=keep, other=0.0), row, 1)
-        x = s + seg(ca_k[None, :], va, l_c[None, :] >= j_q[:, None]) + seg(vb, cb_q[:, None],
-                                                                         k_r[None, :] >= i_q[:, None])
-    else:
-        at = (first_q + slab_rows)[:, None] * W + l_c[None, :]
-        keep = mask_n[None, :] & (at < N)
-        row = tl.broadcast_to(tl.minimum(i_q - first_q, CORNER_ROWS - 1)[:, None], s.shape)
-        va = tl.gather(tl.load(ca_ptr + at, mask=keep, other=0.0), row, 0)
-        vb = tl.gather(tl.load(cb_ptr + at, mask=keep, other=0.0), row, 0)
-        x = s + seg(ca_q[:, None], va, j_q[:, None] >= l_c[None, :]) + seg(vb, cb_k[None, :],
-                                                                         i_q[:, None] >= k_r[None, :])
-    return x
 
 
 @triton.jit
@@ -135,38 +95,47 @@ def _block(ca_ptr, cb_ptr, start, BLOCK: tl.constexpr, N, W):
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, N, W, D, DV, FORM: tl.constexpr,
-               UNROLLED_ROWS: tl.constexpr, CORNER_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per query block, one path (``FORM``, 'v2h' or 'h2v') per launch: the path's online softmax over
-    all key blocks. CORNER_ROWS: the image rows the block that holds the path's corners (a key block for 'h2v', a
-    query block for 'v2h') can touch, padded to a power of two >= 16. The corner entries come per image row,
-    unrolled (UNROLLED_ROWS: the rows, at most MAX_UNROLLED_ROWS), or as one slab of CORNER_ROWS rows gathered per
-    pair (UNROLLED_ROWS = 0): either way the key loop holds no loop of its own and is software-pipelined (with
-    num_stages > 1 the next key block's loads overlap the current block's math). Grid: one axis of (slice, block)
-    programs, slice-major."""
-    blocks = tl.cdiv(N, BLOCK_M)
-    bh = tl.program_id(0) // blocks
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, N, D, DV, W: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """The V2H path's online softmax for one query tile: BLOCK_M columns of one image row i of a map W tokens
+    wide (the H2V path runs it on the transposed map), over all key blocks of consecutive tokens.
+
+    Log2 units: the tables (Ca, Cb) and the scale ``scale2`` come times log2(e), the softmax takes ``exp2``. The
+    log-decays are <= 0 (the ops' contract), so the tables are monotone along their lines and a segment's sum is
+    minus the absolute difference of its ends: M[p, s] = -|Ca[i, j] - Ca[i, l]| - |Cb[i, l] - Cb[k, l]| for
+    query p = (i, j) and key s = (k, l). The query tile holds one row, so the corner entries Ca[i, l], Cb[i, l]
+    are per-key vectors, gathered from row i by the key's column (W a constexpr: no division by a run-time
+    width), and the second term is a per-key vector: per score the bias costs one difference and one absolute
+    value. Keys past N read Cb as +inf: a bias of -inf, no per-score mask. The key loop holds no loop of its
+    own and is software-pipelined. Grid: one axis of (slice, image row, column chunk) programs, slice-major."""
+    chunks: tl.constexpr = (W + BLOCK_M - 1) // BLOCK_M
+    tiles = (N // W) * chunks
+    bh = tl.program_id(0) // tiles
+    row = tl.program_id(0) % tiles // chunks
+    cols = tl.program_id(0) % chunks * BLOCK_M + tl.arange(0, BLOCK_M)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
-    qb = _block(ca_ptr, cb_ptr, tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, N, W)
-    offs_m, mask_m = qb[6], qb[5]
+    mask_m = cols < W
+    offs_m = row * W + cols
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
+    ca_q = tl.load(ca_ptr + offs_m, mask=mask_m, other=0.0)
     m = tl.full([BLOCK_M], float('-inf'), tl.float32)
-    l = tl.zeros([BLOCK_M], tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for start_n in range(0, N, BLOCK_N):
-        kb = _block(ca_ptr, cb_ptr, start_n, BLOCK_N, N, W)
-        s = tl.dot(q, tl.trans(load_tile(k_ptr, kb[6], kb[5], offs_d, D)), input_precision=PRECISION) * scale
-        if UNROLLED_ROWS:
-            x = _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM, UNROLLED_ROWS, True)
-        else:
-            x = _slab_logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM, CORNER_ROWS)
-        x = tl.where(kb[5][None, :], x, float('-inf'))
-        m, l, acc = online_softmax_step(x, load_tile(v_ptr, kb[6], kb[5], offs_dv, DV), m, l, acc, PRECISION)
-    store_tile(o_ptr + slice_offset(bh, N, DV), offs_m, mask_m, offs_dv, DV, acc / l[:, None])
-    tl.store(lse_ptr + slice_offset(bh, N, 1) + offs_m, m + tl.log(l), mask=mask_m)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        corner = row * W + offs_n % W  # (query row, key column): in the map for every key, past N too
+        ca_corner = tl.load(ca_ptr + corner)
+        per_key = -tl.abs(tl.load(cb_ptr + corner) - tl.load(cb_ptr + offs_n, mask=mask_n, other=float('inf')))
+        s = tl.dot(q, tl.trans(load_tile(k_ptr, offs_n, mask_n, offs_d, D)), input_precision=PRECISION)
+        x = s * scale2 + per_key[None, :] - tl.abs(ca_q[:, None] - ca_corner[None, :])
+        m, total, acc = online_softmax_step(x, load_tile(v_ptr, offs_n, mask_n, offs_dv, DV), m, total, acc,
+                                             PRECISION)
+    store_tile(o_ptr + slice_offset(bh, N, DV), offs_m, mask_m, offs_dv, DV, acc / total[:, None])
+    tl.store(lse_ptr + slice_offset(bh, N, 1) + offs_m, (m + tl.math.log2(total)) * _LN2, mask=mask_m)
 
 
 @triton.jit
@@ -184,14 +153,15 @@ def _per_query(ptr, own, other, QUERIES_OWN: tl.constexpr, BLOCK_OWN: tl.constex
 def _probs(s, own, other, ca_ptr, cb_ptr, W, N, CORNERS: tl.constexpr, ROWS_OWN: tl.constexpr,
            ROWS_OTHER: tl.constexpr):
     """One path's recomputed probabilities P on a tile whose rows are the program's own block ``own`` and columns
-    the tokens of ``other`` (see :func:`_block`), from the scores minus the log-normaliser ``s``. CORNERS: the own
-    tokens hold the corners (M's V2H form, own rows at the corners); otherwise the H2V form, the other tile's
-    rows at the corners."""
+    the tokens of ``other`` (see :func:`_block`, :func:`_tile`), from the scores minus the log-normaliser ``s``,
+    in log2 units. CORNERS: the own tokens hold the corners (M's V2H form, own rows at the corners); otherwise the
+    H2V form, the other tile's rows at the corners. Other tokens past the map get P = 0 through their tables
+    (+inf); own tokens past it compute finite rows that are never stored."""
     if CORNERS:
         x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, 'v2h', ROWS_OWN)
     else:
         x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, 'h2v', ROWS_OTHER)
-    return tl.where(own[5][:, None] & other[5][None, :], tl.exp(x), 0.0)
+    return tl.math.exp2(x)
 
 
 @triton.jit
@@ -227,19 +197,20 @@ def _store_corners(corner_a_ptr, corner_b_ptr, part_a, part_b, own, pid, c0, N, 
 
 @triton.jit
 def _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK: tl.constexpr, COLS: tl.constexpr):
-    """A 2D tile of tokens: image rows r0.. (BLOCK // COLS of them) x columns c0..c0+COLS, as :func:`_block`."""
+    """A 2D tile of tokens: image rows r0.. (BLOCK // COLS of them) x columns c0..c0+COLS, as :func:`_block`;
+    the tables read +inf past the map (see :func:`_probs`)."""
     rows = r0 + tl.arange(0, BLOCK) // COLS
     cols = c0 + tl.arange(0, BLOCK) % COLS
     mask = (rows < H) & (cols < W)
     offs = rows * W + cols
-    ca = tl.load(ca_ptr + offs, mask=mask, other=0.0)
-    cb = tl.load(cb_ptr + offs, mask=mask, other=0.0)
+    ca = tl.load(ca_ptr + offs, mask=mask, other=float('inf'))
+    cb = tl.load(cb_ptr + offs, mask=mask, other=float('inf'))
     return ca, cb, rows, cols, r0, mask, offs
 
 
 @triton.jit
 def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr,
-               corner_a_ptr, corner_b_ptr, scale, weight, N, H, W, D, DV, SLOTS, KEYS: tl.constexpr,
+               corner_a_ptr, corner_b_ptr, scale, scale2, weight, N, H, W, D, DV, SLOTS, KEYS: tl.constexpr,
                FORM: tl.constexpr, GRADS: tl.constexpr, CORNER_SUMS: tl.constexpr, BLOCK_OWN: tl.constexpr,
                BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr,
                ROWS_OWN: tl.constexpr, CORNER_ROWS: tl.constexpr, PRECISION: tl.constexpr):
@@ -253,8 +224,8 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     CORNERS) with GRADS.
 
     The other tokens come in tiles of (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column
-    chunk. CORNER_ROWS: the image rows a block can touch (ROWS_OWN), at least 16 (a matrix product's smallest
-    side)."""
+    chunk. ROWS_OWN: the image rows a block can touch; CORNER_ROWS: those padded to a power of two, at least 16
+    (a matrix product's smallest side)."""
     CORNERS: tl.constexpr = (FORM == 'h2v') == KEYS
     blocks = tl.cdiv(N, BLOCK_OWN)
     pid = tl.program_id(0) % blocks  # the own block; grid: one axis of (slice, block) programs, slice-major
@@ -283,7 +254,7 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
             db = load_tile(db_ptr, other[6], other[5], offs_dv, DV)
             # the per-query log-normaliser and delta enter as the products' initial values (fewer registers)
             lse = _per_query(lse_ptr, own, other, not KEYS, BLOCK_OWN, BLOCK_OTHER)
-            s = tl.dot(a, tl.trans(b), -lse / scale, input_precision=PRECISION) * scale
+            s = tl.dot(a, tl.trans(b), -lse / scale2, input_precision=PRECISION) * scale2
             p = _probs(s, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS)
             if KEYS and GRADS:
                 g2 += tl.dot((weight * p).to(db.dtype), db, input_precision=PRECISION)
@@ -312,25 +283,30 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
         tl.store(self_ptr + slice_offset(bh, N, 1) + offs, self_own, mask=mask)
 
 
-# the forward takes the corner entries of a block spanning up to this many image rows one row at a time,
-# unrolled (fewer loads than the slab); more rows, each prefetched, spill registers on sm_90 (images narrower than
-# a block or two), so those blocks gather theirs from one slab (see _slab_logits)
-MAX_UNROLLED_ROWS = 3
-
-
 def _rows_touched(block: int, h: int, w: int) -> int:
     """Image rows a block of ``block`` consecutive tokens can touch."""
     return min(h, (block - 1) // w + 2)
 
 
-def _rows(block: int, h: int, w: int) -> int:
-    """:func:`_rows_touched`, rounded up to a power of two."""
-    return lp.pow2(_rows_touched(block, h, w), 1)
+def query_block(width: int, block_m: int) -> int:
+    """The query tile's columns on a map ``width`` tokens wide: of 16 up to ``block_m``, the one that pads a row
+    least (the larger on ties); the tile holds one image row."""
+    return min((block for block in (16, 32, 64, 128) if block <= max(16, block_m)),
+               key=lambda block: (triton.cdiv(width, block) * block, -block))
+
+
+def _map(x: torch.Tensor, path: str, hh: int, ww: int) -> torch.Tensor:
+    """Per-token tensor ``x`` (BH, N, ...) in the order of the map the forward runs ``path`` on: the image's
+    ('v2h'), its transpose's ('h2v': V2H of the transposed map is the H2V path of the image)."""
+    if path == 'v2h':
+        return x
+    return x.reshape(x.shape[0], hh, ww, -1).transpose(1, 2).reshape(x.shape).contiguous()
 
 
 def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
-    """The forward's launches, one per path of ``form``, and their outputs (o: (paths, BH, N, dv), lse:
-    (paths, BH, N), float32; in :func:`mmppma.ops.forms.paths` order)."""
+    """The forward's launches, one per path of ``form`` (each V2H on its map, :func:`_map`), and their outputs
+    (o: (paths, BH, N, dv), lse: (paths, BH, N), float32; in :func:`mmppma.ops.forms.paths` order, each in its
+    map's token order: :func:`image_order` puts them in the image's)."""
     bh, n, d = q.shape
     dv = v.shape[-1]
     hh, ww = ca.shape[-2:]
@@ -338,16 +314,27 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     o = torch.empty(len(names), bh, n, dv, device=q.device, dtype=torch.float32)
     lse = torch.empty(len(names), bh, n, device=q.device, dtype=torch.float32)
     cfg = lp.config('whole_fwd', n, q.dtype, cap)
+    tables = (ca.reshape(bh, n, 1) * LOG2E, cb.reshape(bh, n, 1) * LOG2E)
     launches = []
     for i, path in enumerate(names):
-        rows = _rows_touched(cfg.block_n if path == 'h2v' else cfg.block_m, hh, ww)
-        launches.append(lp.Launch(_whole_fwd, (triton.cdiv(n, cfg.block_m) * bh, ),
-                                  (q, k, v, ca, cb, o[i], lse[i], float(scale), n, ww, d, dv),
-                                  dict(FORM=path, UNROLLED_ROWS=rows if rows <= MAX_UNROLLED_ROWS else 0,
-                                       CORNER_ROWS=lp.pow2(rows),
-                                       BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
+        width = ww if path == 'v2h' else hh
+        # the transposed map's row tables are the image's column tables
+        ca2, cb2 = (_map(t, path, hh, ww) for t in (tables if path == 'v2h' else tables[::-1]))
+        block_m = query_block(width, cfg.block_m)
+        launches.append(lp.Launch(_whole_fwd, (triton.cdiv(width, block_m) * (n // width) * bh, ),
+                                  (*(_map(x, path, hh, ww) for x in (q, k, v)), ca2, cb2, o[i], lse[i],
+                                   float(scale) * LOG2E, n, d, dv),
+                                  dict(W=width, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
                                        BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg))
     return launches, o, lse
+
+
+def image_order(o: torch.Tensor, lse: torch.Tensor, form: str, hh: int, ww: int):
+    """:func:`forward_launches`' outputs in the image's token order."""
+    if 'h2v' not in paths(form):
+        return o, lse
+    # the transposed map is ww rows of hh tokens
+    return tuple(torch.stack([_map(x, path, ww, hh) for x, path in zip(xs, paths(form))]) for xs in (o, lse))
 
 
 def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, cap: int):
@@ -374,21 +361,22 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
         blocks[keys, corners] = cfg, (cfg.block_n, cfg.block_m) if keys else (cfg.block_m, cfg.block_n)
     slots = {keys: (ww - 1) // blocks[keys, True][1][0] + 2 for keys in (True, False)}  # blocks a row can touch
     corner = {keys: torch.zeros(2, bh, hh, slots[keys], ww, **zeros) for keys in (True, False)}
+    ca2, cb2, lse2 = ca * LOG2E, cb * LOG2E, lse * LOG2E  # log2 units, as the forward
     launches = []
     for i, path in enumerate(names):
         for keys, grads, selfs in ((True, (dk[i], dvv[i]), self_k), (False, (dq[i], dq[i]), self_q)):
             corners = (path == 'h2v') == keys
             cfg, (own, other) = blocks[keys, corners]
-            rows = _rows(own, hh, ww)
+            rows = _rows_touched(own, hh, ww)
             # (GRADS, CORNER_SUMS) of each launch: the corner sums in the same program or in one of their own
             parts = [(True, False), (False, True)] if corners and cfg.corner_pass else [(True, corners)]
             launches.extend(lp.Launch(
                 _whole_bwd, (triton.cdiv(n, own) * bh, ),
-                (q, k, v, ca, cb, dout, lse[i], delta[i], *grads, selfs[0 if corners else 1], corner[keys][0],
-                 corner[keys][1], float(scale), weight, n, hh, ww, d, dv, slots[keys]),
+                (q, k, v, ca2, cb2, dout, lse2[i], delta[i], *grads, selfs[0 if corners else 1], corner[keys][0],
+                 corner[keys][1], float(scale), float(scale) * LOG2E, weight, n, hh, ww, d, dv, slots[keys]),
                 dict(KEYS=keys, FORM=path, GRADS=with_grads, CORNER_SUMS=sums, BLOCK_OWN=own,
                      BLOCK_OTHER=other, BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)),
-                     ROWS_OWN=rows, CORNER_ROWS=max(16, rows), PRECISION=lp.precision(q.dtype)), cfg)
+                     ROWS_OWN=rows, CORNER_ROWS=lp.pow2(rows), PRECISION=lp.precision(q.dtype)), cfg)
                 for with_grads, sums in parts)
     return launches, (dq, dk, dvv, self_q, self_k, corner[True], corner[False])
 
@@ -399,6 +387,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor
     the output (BH, N, dv) in v's dtype, and per path o (paths, BH, N, dv) and lse (paths, BH, N), float32."""
     launches, o, lse = forward_launches(q, k, v, ca, cb, scale, form, lp.capability(q.device))
     lp.run(launches)
+    o, lse = image_order(o, lse, form, *ca.shape[-2:])
     return o.mean(0).to(v.dtype), o, lse  # equal weights: 1 path -> itself, 2 paths -> the release's average
 
 

@@ -1,0 +1,90 @@
+"""What one iteration of a compiled kernel's key loop issues: the SASS of a cubin (``cuobjdump -sass``, shipped
+with Triton's NVIDIA backend; no GPU needed), its innermost loop that holds matrix-multiply instructions, and that
+loop's instructions by class. Used by ``tools/check_kernels.py --sass``.
+
+A loop is the span from a backward branch's target to the branch. The key loop is the shortest such span holding
+an MMA (HMMA on sm_80 and sm_90's warp-level products, HGMMA for sm_90's warp-group products): the loop over the
+other tokens' blocks in every attention kernel here. Exact float32 products run on the FMA units, unrolled: a
+kernel without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its
+corner rows in one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues,
+and ``inner`` says how many there are. Its instructions are counted as laid out (each once: a
+predicated-off or branched-over instruction counts too), per warp.
+"""
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from typing import Dict, List, Optional, Tuple
+
+import triton
+
+CLASSES = ('mma', 'fp32', 'mufu', 'conv', 'int', 'mem', 'other')
+# opcode (before the first '.') -> class; what no rule names is 'other' (moves, shuffles, predicates, barriers,
+# branches, NOPs)
+_RULES = (
+    ('mma', r'HMMA|HGMMA|IMMA|IGMMA|DMMA|BMMA|QMMA|OMMA|UTCHMMA'),
+    ('mufu', r'MUFU'),
+    ('conv', r'F2F|F2FP|F2I|I2F|I2FP|I2I|FRND|F2IP'),
+    ('fp32', r'FADD|FMUL|FFMA|FMNMX|FSEL|FSET|FSETP|FCHK|FSWZADD|FADD32I|FMUL32I|FFMA32I|HADD2|HMUL2|HFMA2|HMNMX2'
+             r'|HSET2|HSETP2|FMNMX3|FADD2|FMUL2|FFMA2|DADD|DMUL|DFMA'),
+    ('int', r'IMAD|IADD|IADD3|IADD32I|IMUL|IMUL32I|LOP|LOP3|LOP32I|SHF|SHL|SHR|ISETP|ISET|LEA|LEA_HI|IMNMX|IABS|SEL'
+            r'|POPC|FLO|BREV|BMSK|SGXT|VIADD|VIMNMX|VIMNMX3|IDP|IDP4A|UIMAD|UIADD3|ULOP3|USHF|UISETP|ULEA|USEL|UIMNMX'),
+    ('mem', r'LDG|STG|LDS|STS|LDSM|STSM|LDGSTS|LDGDEPBAR|LD|ST|LDL|STL|ATOM|ATOMS|ATOMG|RED|LDC|ULDC|UTMALDG'
+            r'|UTMASTG|UBLKCP|LDTRAM|CCTL|MATCH'),
+)
+_CLASS = {op: cls for cls, ops in _RULES for op in ops.split('|')}
+_LINE = re.compile(r'/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);')
+
+
+def cuobjdump() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')
+
+
+def disassemble(cubin: bytes) -> List[Tuple[int, str, str]]:
+    """(address, opcode, operands) of every instruction of the cubin's kernel, in address order."""
+    with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([cuobjdump(), '-sass', f.name], capture_output=True, text=True, check=True).stdout
+    return [(int(m.group(1), 16), m.group(2), m.group(4).strip()) for m in _LINE.finditer(text)]
+
+
+def classify(opcode: str) -> str:
+    return _CLASS.get(opcode, 'other')
+
+
+def loops(instructions: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
+    """(first, last) instruction index of every loop: a backward branch and its target."""
+    address = [a for a, _, _ in instructions]
+    spans = []
+    for index, (at, opcode, operands) in enumerate(instructions):
+        target = re.match(r'(?:`\(\.L_x_\d+\)\s*)?(0x[0-9a-f]+)', operands) if opcode == 'BRA' else None
+        if target and int(target.group(1), 16) <= at:
+            first = address.index(int(target.group(1), 16)) if int(target.group(1), 16) in address else None
+            if first is not None:
+                spans.append((first, index))
+    return spans
+
+
+def key_loop(instructions: List[Tuple[int, str, str]]) -> Optional[Tuple[int, int]]:
+    """(first, last) instruction index of the innermost loop holding an MMA, else of the longest loop (see the
+    module docstring); None if there is no loop."""
+    spans = loops(instructions)
+    products = [(a, b) for a, b in spans if any(classify(op) == 'mma' for _, op, _ in instructions[a:b + 1])]
+    if products:
+        return min(products, key=lambda span: span[1] - span[0])
+    return max(spans, key=lambda span: span[1] - span[0]) if spans else None
+
+
+def loop_cost(cubin: bytes) -> Dict[str, int]:
+    """Instructions of one key-loop iteration per class (per warp), their total as 'all', and the loops inside
+    it as 'inner'."""
+    instructions = disassemble(cubin)
+    span = key_loop(instructions)
+    first, last = span if span else (0, -1)
+    counts = Counter(classify(op) for _, op, _ in instructions[first:last + 1])
+    cost = {cls: counts.get(cls, 0) for cls in CLASSES}
+    cost['all'] = sum(counts.values())
+    cost['inner'] = sum(first <= a and b <= last and (a, b) != (first, last) for a, b in loops(instructions))
+    return cost
