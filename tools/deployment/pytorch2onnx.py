@@ -164,7 +164,8 @@ def main(argv=None) -> int:
         return convert(args)
     except StepFailed as failure:
         if args.debug:
-            traceback.print_exception(failure.__cause__ or failure, file=sys.stderr)
+            error = failure.__cause__ or failure
+            traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
         hint = '' if args.debug else ' (--debug: the traceback)'
         print(f'pytorch2onnx: {args.config}: {failure}{hint}', file=sys.stderr)
         return EXIT_CODES[failure.step]
