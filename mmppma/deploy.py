@@ -134,6 +134,11 @@ def runtime_pools(module: nn.Module) -> Iterator[List[str]]:
             parent._modules[child] = original
 
 
+def traced_input(x: torch.Tensor) -> torch.Tensor:
+    """The input a dynamic export traces: ``x``, its images repeated to a batch of 2 if it holds one."""
+    return x.repeat(2, 1, 1, 1) if x.shape[0] == 1 else x
+
+
 def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = False, opset: int = 18,
                 optimize: bool = True) -> None:
     """Export ``module`` (one tensor in) at input ``x`` to the ONNX file ``path`` (weights inside), tracing
@@ -141,8 +146,15 @@ def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = F
     (:func:`runtime_pools`). ``dynamic``: batch, height and width are dynamic wherever the model allows
     (``torch.export.Dim.AUTO``: an axis the model fixes stays static; see :func:`dynamic_axes`). ``optimize``:
     run onnxscript's graph optimizer on the result (constant folding, fusions). Raises :class:`ExportError`
-    naming the op the exporter failed on."""
-    shapes = ({axis: torch.export.Dim.AUTO for axis in (0, 2, 3)}, ) if dynamic else None
+    naming the op the exporter failed on.
+
+    A dynamic export is traced at a batch of at least 2 (:func:`traced_input`): traced at 1, ``torch.export``
+    specializes the axis ("0/1 specialization") in part of the graph, whose broadcasts and reshapes then hold a
+    batch of 1 that onnxruntime rejects at any other batch."""
+    shapes = None
+    if dynamic:
+        shapes = ({axis: torch.export.Dim.AUTO for axis in (0, 2, 3)}, )
+        x = traced_input(x)
     try:
         with export_mode(), runtime_pools(module), torch.no_grad():
             torch.onnx.export(module, (x, ), path, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
@@ -196,18 +208,18 @@ def compare_onnx(path: str, module: nn.Module, inputs: Sequence[torch.Tensor]) -
     in number or shape."""
     import onnxruntime
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3  # errors only: no notes on the graph optimizations it skips
+    options.log_severity_level = 4  # fatal only: a failed run is raised (and reported once) by the caller
     try:
         session = onnxruntime.InferenceSession(path, options, providers=['CPUExecutionProvider'])
     except Exception as err:  # onnxruntime's own exception types, all reported alike
-        raise OnnxRuntimeFailure(f'onnxruntime could not load {path}: {first_line(err)}') from err
+        raise OnnxRuntimeFailure(f'could not load {path}: {first_line(err)}') from err
     name = session.get_inputs()[0].name
     results = []
     for x in inputs:
         try:
             got = session.run(None, {name: x.numpy()})
         except Exception as err:
-            raise OnnxRuntimeFailure(f'onnxruntime failed at input {tuple(x.shape)}: {first_line(err)}') from err
+            raise OnnxRuntimeFailure(f'at input {tuple(x.shape)}: {first_line(err)}') from err
         with torch.no_grad():
             want = module(x)
         want = (want, ) if isinstance(want, torch.Tensor) else tuple(want)

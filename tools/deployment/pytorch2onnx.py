@@ -23,6 +23,7 @@ import math
 import os.path as osp
 import sys
 import traceback
+import warnings
 
 import torch
 
@@ -161,12 +162,15 @@ def convert(args: argparse.Namespace) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        return convert(args)
+        with warnings.catch_warnings():
+            if not args.debug:  # the exporter's deprecation notes would bury the one line a failure prints
+                warnings.simplefilter('ignore')
+            return convert(args)
     except StepFailed as failure:
-        if args.debug:
-            error = failure.__cause__ or failure
+        error = failure.__cause__
+        if args.debug and error is not None:
             traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
-        hint = '' if args.debug else ' (--debug: the traceback)'
+        hint = ' (--debug: the traceback)' if error is not None and not args.debug else ''
         print(f'pytorch2onnx: {args.config}: {failure}{hint}', file=sys.stderr)
         return EXIT_CODES[failure.step]
 

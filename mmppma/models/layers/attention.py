@@ -24,7 +24,6 @@ import torch.nn.functional as F
 
 from mmppma.ops import (
     criss_cross_attention,
-    exporting,
     manhattan_attention,
     polyline_mask,
     ppma_attention,
@@ -118,10 +117,8 @@ class PolylinePathAttention(nn.Module):
         """Projected tokens t (B, H, W, C) as heads (B, n, H, W, d) rotated by the RoPE tables (H, W, d). In eager
         inference the rotation runs in t's own storage before the heads are split off (contiguous passes). While
         torch.compile traces, the heads are rotated: inductor fuses the rotation into one kernel anyway, and its
-        attention pattern rewrite fails on 5-D permuted views of the tokens taken as queries. An export takes
-        the plain rotation too: the exporter writes the in-place complex product's reshapes with the traced
-        batch, wrong at any other batch."""
-        if records_grad(t) or torch.compiler.is_compiling() or exporting():
+        attention pattern rewrite fails on 5-D permuted views of the tokens taken as queries."""
+        if records_grad(t) or torch.compiler.is_compiling():
             return apply_rope(self._heads(t), sin, cos)
         heads = t.unflatten(-1, (self.num_heads, self.head_dims))
         return self._heads(apply_rope(heads, sin.unsqueeze(-2), cos.unsqueeze(-2), inplace=True).flatten(-2))
