@@ -1,9 +1,11 @@
 """ONNX export of mmppma's models and the check of the exported file against torch (tools/deployment).
 
 :func:`export_module` picks the part of a model that is exported (:data:`OUTPUTS`), :func:`export_onnx` traces it with
-``torch.onnx.export(dynamo=True)`` under :func:`mmppma.ops.export_mode` (plain PyTorch ops throughout) and
-turns a failure into an :class:`ExportError` naming the op, and :func:`compare_onnx` runs the file in
-onnxruntime on CPU against the torch module. Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime).
+``torch.onnx.export(dynamo=True)`` under :func:`mmppma.ops.export_mode` (plain PyTorch ops throughout; fixed-grid
+pools with bins taken from the input size at run time, :func:`runtime_pools`) and turns a failure into an
+:class:`ExportError` naming the op, and :func:`compare_onnx` runs the file in onnxruntime on CPU against the torch
+module (:class:`OnnxRuntimeFailure`, :class:`OutputMismatch` when it cannot). Needs the ``deploy`` extra (onnx,
+onnxscript, onnxruntime).
 """
 import contextlib
 import re
@@ -228,7 +230,7 @@ def compare_onnx(path: str, module: nn.Module, inputs: Sequence[torch.Tensor]) -
         for g, w in zip(got, want):
             if tuple(g.shape) != tuple(w.shape):
                 raise OutputMismatch(f'at input {tuple(x.shape)} onnxruntime gives an output of shape '
-                                         f'{tuple(g.shape)}, torch {tuple(w.shape)}')
+                                     f'{tuple(g.shape)}, torch {tuple(w.shape)}')
         diff = max(relative_difference(torch.from_numpy(g), w) for g, w in zip(got, want))
         results.append(Comparison(tuple(x.shape), diff))
     return results

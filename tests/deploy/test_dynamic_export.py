@@ -107,5 +107,6 @@ def test_shipped_upernet_dynamic(config, tmp_path, capsys):
     out = str(tmp_path / 'model.onnx')
     assert tool.main([str(REPO_ROOT / 'configs' / config), '--shape', '512', '512', '--dynamic', '--out', out]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if 'max relative difference' in line]
+    print('\n'.join(lines))  # the figures, for docs/deployment.md (pytest -rP shows them)
     assert [line.split(' at input ')[1].split(':')[0] for line in lines] == [
         '(1, 3, 512, 512)', '(2, 3, 512, 512)', '(2, 3, 384, 640)']

@@ -61,7 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('config', help='OpenMMLab config file')
     parser.add_argument('checkpoint', nargs='?', help='checkpoint to load (default: random weights)')
     parser.add_argument('--shape', type=int, nargs=2, required=True, metavar=('H', 'W'), help='input size')
-    parser.add_argument('--batch', type=int, default=1, help='batch size of the traced input (default 1)')
+    parser.add_argument('--batch', type=int, default=1,
+                        help='batch of the input exported and checked (default 1; --dynamic traces at 2 or more)')
     parser.add_argument('--dynamic', action='store_true',
                         help='dynamic batch, height and width where the model allows; checks one image more, '
                         'and another size')
