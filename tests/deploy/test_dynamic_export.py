@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from mmppma import deploy
 from mmppma.models.layers.adaptive_pool import AdaptiveAvgPool2d, AdaptiveMaxPool2d, adaptive_pool2d
-from mmppma.ops import export_mode
+from mmppma.ops import decay_scan_1d, export_mode
 
 from ..conftest import REPO_ROOT, load_tool
 
@@ -52,6 +52,26 @@ def test_runtime_pools_swap_back():
         assert type(model[1][0]) is AdaptiveAvgPool2d and model[1][0].output_size == 3
         assert type(model[2]) is AdaptiveMaxPool2d
     assert [model[0], model[1][0], model[2]] == originals
+
+
+class Scan(nn.Module):
+    """The chunkwise decay scan (PPMLA's masked linear attention runs it along rows and columns), chunk 4."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, L, D)
+        return decay_scan_1d(x, -F.softplus(x.mean(-1)), impl='torch', chunk=4)
+
+
+def test_chunked_scan_dynamic_length(tmp_path):
+    """Traced at a line of 8 (two whole chunks, no padding in eager mode), the file pads at run time: lines of
+    10 and 3 match the dense reference."""
+    pytest.importorskip('onnxruntime', reason='the deploy extra: pip install -e .[deploy]')
+    path = str(tmp_path / 'scan.onnx')
+    deploy.export_onnx(Scan(), torch.randn(1, 1, 8, 5), path, dynamic=True, optimize=False)
+    assert deploy.dynamic_axes(path) == ['batch', 'height', 'width']
+    reference = Scan()
+    reference.forward = lambda x: decay_scan_1d(x, -F.softplus(x.mean(-1)), impl='reference')
+    results = deploy.compare_onnx(path, reference, [torch.randn(b, 1, n, 5) for b, n in ((1, 8), (2, 10), (3, 3))])
+    assert max(diff for _, diff in results) <= deploy.TOLERANCE, results
 
 
 TINY_UPERNET = """
