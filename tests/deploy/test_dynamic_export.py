@@ -1,6 +1,7 @@
 """Export with dynamic batch, height and width (tools/deployment/pytorch2onnx.py --dynamic): the fixed-grid pools'
-run-time form against torch's pools, and a tiny UPerNet traced at batch 1, checked in onnxruntime against torch
-eager at two batches and two sizes; the shipped UPerNet T configs in the full tier."""
+run-time form against torch's pools, the chunked decay scan at lengths other than the traced one, and a tiny
+UPerNet traced at batch 1, checked in onnxruntime against torch eager at two batches and two sizes; the shipped
+UPerNet T configs in the full tier."""
 import importlib.util
 
 import pytest
