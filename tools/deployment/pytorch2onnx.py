@@ -6,14 +6,14 @@
 
 What is exported, by the config's model: an mmpretrain classifier -> logits; an mmseg encoder-decoder ->
 segmentation logits at the input size; an mmdet detector -> the backbone and neck features (its heads, NMS
-and RoI ops need mmdeploy); a bare backbone (a config whose ``model`` is e.g. ``type='mmppma.PPMA'``, or
+and RoI ops are not exported); a bare backbone (a config whose ``model`` is e.g. ``type='mmppma.PPMA'``, or
 ``--backbone-only``) -> its multi-scale features. The input is the normalized image batch (B, 3, H, W), as
 after the model's data preprocessor. Without CHECKPOINT the weights are random.
 
-``--dynamic`` makes batch, height and width dynamic wherever the model allows and checks the file at the
-traced input, at one image more, and at one image more in another size (H 3/4 and W 5/4 as large, in steps
-of 32: 512 x 512 -> 384 x 640). The tool prints the largest relative difference (max |onnx - torch| / max
-|torch| over each output) per input. When a step fails it prints one line naming the config, the step and the
+``--dynamic`` makes batch, height and width dynamic wherever the model allows (traced at a batch of 2 or
+more) and checks the file at the input given (--batch, --shape), at one image more, and at one image more in
+another size (H 3/4 and W 5/4 as large, in steps of 32: 512 x 512 -> 384 x 640). The tool prints the
+largest relative difference (max |onnx - torch| / max |torch| over each output) per input. When a step fails it prints one line naming the config, the step and the
 cause (``--debug``: with the traceback) and exits with the step's code: 1 the outputs differ by more than
 1e-4 (or in number or shape), 3 the export, 4 onnxruntime, 5 building the model or running it in torch
 (2: bad arguments, as argparse). docs/deployment.md.
