@@ -13,10 +13,11 @@ after the model's data preprocessor. Without CHECKPOINT the weights are random.
 ``--dynamic`` makes batch, height and width dynamic wherever the model allows (traced at a batch of 2 or
 more) and checks the file at the input given (--batch, --shape), at one image more, and at one image more in
 another size (H 3/4 and W 5/4 as large, in steps of 32: 512 x 512 -> 384 x 640). The tool prints the
-largest relative difference (max |onnx - torch| / max |torch| over each output) per input. When a step fails it prints one line naming the config, the step and the
-cause (``--debug``: with the traceback) and exits with the step's code: 1 the outputs differ by more than
-1e-4 (or in number or shape), 3 the export, 4 onnxruntime, 5 building the model or running it in torch
-(2: bad arguments, as argparse). docs/deployment.md.
+largest relative difference (max |onnx - torch| / max |torch| over each output) per input. When a step
+fails it prints one line naming the config, the step and the cause (``--debug``: with the traceback) and
+exits with the step's code: 1 the outputs differ by more than 1e-4 (or in number or shape), 3 the export,
+4 onnxruntime, 5 building the model or running it in torch (2: bad arguments, as argparse).
+docs/deployment.md.
 """
 import argparse
 import math
