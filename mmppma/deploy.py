@@ -1,17 +1,21 @@
 """ONNX export of mmppma's models and the check of the exported file against torch (tools/deployment).
 
 :func:`export_module` picks the part of a model that is exported (:data:`OUTPUTS`), :func:`export_onnx` traces it with
-``torch.onnx.export(dynamo=True)`` under :func:`mmppma.ops.export_mode` (plain PyTorch ops throughout) and
-turns a failure into an :class:`ExportError` naming the op, and :func:`compare_onnx` runs the file in
-onnxruntime on CPU against the torch module. Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime).
+``torch.onnx.export(dynamo=True)`` under :func:`mmppma.ops.export_mode` (plain PyTorch ops throughout; fixed-grid
+pools with bins taken from the input size at run time, :func:`runtime_pools`) and turns a failure into an
+:class:`ExportError` naming the op, and :func:`compare_onnx` runs the file in onnxruntime on CPU against the torch
+module (:class:`OnnxRuntimeFailure`, :class:`OutputMismatch` when it cannot). Needs the ``deploy`` extra (onnx,
+onnxscript, onnxruntime).
 """
+import contextlib
 import re
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmppma.models.layers.adaptive_pool import RUNTIME_FORMS, runtime_form
 from mmppma.ops import export_mode
 
 #: largest relative difference (:func:`compare_onnx`) that counts as the same output
@@ -105,26 +109,56 @@ def _failed_op(message: str) -> Optional[str]:
 def fixed_grid_pools(module: nn.Module) -> List[str]:
     """Names of the submodules that pool to a fixed grid other than 1 x 1 (``nn.AdaptiveAvgPool2d`` /
     ``AdaptiveMaxPool2d``, as UPerNet's pyramid pooling): torch.onnx translates them with gather indices of the
-    traced input size, wrong at any other size, so with them the input's height and width stay static."""
-    pools = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
+    traced input size, wrong at any other size, so :func:`export_onnx` exports them in their run-time form
+    (:mod:`mmppma.models.layers.adaptive_pool`)."""
+    pools = tuple(RUNTIME_FORMS)
     return [name for name, m in module.named_modules()
-            if isinstance(m, pools) and torch.nn.modules.utils._pair(m.output_size) != (1, 1)]
+            if type(m) in pools and torch.nn.modules.utils._pair(m.output_size) != (1, 1)]
+
+
+@contextlib.contextmanager
+def runtime_pools(module: nn.Module) -> Iterator[List[str]]:
+    """Inside: the :func:`fixed_grid_pools` of ``module`` replaced by their forms with run-time bins (the same
+    pooling in eager mode, and an export that holds at any input size); the originals are put back on exit.
+    Yields the names replaced."""
+    names = fixed_grid_pools(module)
+    swapped = []
+    try:
+        for name in names:
+            parent_name, _, child = name.rpartition('.')
+            parent = module.get_submodule(parent_name)
+            original = parent._modules[child]
+            parent._modules[child] = runtime_form(original)
+            swapped.append((parent, child, original))
+        yield names
+    finally:
+        for parent, child, original in swapped:
+            parent._modules[child] = original
+
+
+def traced_input(x: torch.Tensor) -> torch.Tensor:
+    """The input a dynamic export traces: ``x``, its images repeated to a batch of 2 if it holds one."""
+    return x.repeat(2, 1, 1, 1) if x.shape[0] == 1 else x
 
 
 def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = False, opset: int = 18,
                 optimize: bool = True) -> None:
     """Export ``module`` (one tensor in) at input ``x`` to the ONNX file ``path`` (weights inside), tracing
-    its plain PyTorch paths (:func:`mmppma.ops.export_mode`). ``dynamic``: batch, height and width are
-    dynamic wherever the model allows (``torch.export.Dim.AUTO``: an axis the model fixes stays static, as do
-    height and width for a model with :func:`fixed_grid_pools`; see :func:`dynamic_axes`). ``optimize``: run
-    onnxscript's graph optimizer on the result (constant folding, fusions). Raises :class:`ExportError` naming
-    the op the exporter failed on."""
+    its plain PyTorch paths (:func:`mmppma.ops.export_mode`), fixed-grid pools in their run-time form
+    (:func:`runtime_pools`). ``dynamic``: batch, height and width are dynamic wherever the model allows
+    (``torch.export.Dim.AUTO``: an axis the model fixes stays static; see :func:`dynamic_axes`). ``optimize``:
+    run onnxscript's graph optimizer on the result (constant folding, fusions). Raises :class:`ExportError`
+    naming the op the exporter failed on.
+
+    A dynamic export is traced at a batch of at least 2 (:func:`traced_input`): traced at 1, ``torch.export``
+    specializes the axis ("0/1 specialization") in part of the graph, whose broadcasts and reshapes then hold a
+    batch of 1 that onnxruntime rejects at any other batch."""
     shapes = None
     if dynamic:
-        axes = (0, ) if fixed_grid_pools(module) else (0, 2, 3)
-        shapes = ({axis: torch.export.Dim.AUTO for axis in axes}, )
+        shapes = ({axis: torch.export.Dim.AUTO for axis in (0, 2, 3)}, )
+        x = traced_input(x)
     try:
-        with export_mode(), torch.no_grad():
+        with export_mode(), runtime_pools(module), torch.no_grad():
             torch.onnx.export(module, (x, ), path, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
                               external_data=False, input_names=['input'], optimize=optimize, verbose=False)
     except Exception as err:  # the exporters raise many types; all are reported the same way
@@ -155,22 +189,48 @@ def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / scale)
 
 
+class OnnxRuntimeFailure(RuntimeError):
+    """onnxruntime could not load or run the exported file (:func:`compare_onnx`)."""
+
+
+class OutputMismatch(RuntimeError):
+    """The ONNX file's outputs are not torch's in number or shape (:func:`compare_onnx`)."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first non-empty line of an exception's message, after its type's name."""
+    line = next((line.strip() for line in str(err).splitlines() if line.strip()), '')
+    return f'{type(err).__name__}: {line}' if line else type(err).__name__
+
+
 def compare_onnx(path: str, module: nn.Module, inputs: Sequence[torch.Tensor]) -> List[Comparison]:
     """Run the ONNX file in onnxruntime (CPU) and ``module`` in torch eager on each input; per input, the
-    largest :func:`relative_difference` over the outputs."""
+    largest :func:`relative_difference` over the outputs. Raises :class:`OnnxRuntimeFailure` when onnxruntime
+    cannot load the file or run it at an input, :class:`OutputMismatch` when its outputs differ from torch's
+    in number or shape."""
     import onnxruntime
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3  # errors only: no notes on the graph optimizations it skips
-    session = onnxruntime.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+    options.log_severity_level = 4  # fatal only: a failed run is raised (and reported once) by the caller
+    try:
+        session = onnxruntime.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+    except Exception as err:  # onnxruntime's own exception types, all reported alike
+        raise OnnxRuntimeFailure(f'could not load {path}: {first_line(err)}') from err
     name = session.get_inputs()[0].name
     results = []
     for x in inputs:
-        got = session.run(None, {name: x.numpy()})
+        try:
+            got = session.run(None, {name: x.numpy()})
+        except Exception as err:
+            raise OnnxRuntimeFailure(f'at input {tuple(x.shape)}: {first_line(err)}') from err
         with torch.no_grad():
             want = module(x)
         want = (want, ) if isinstance(want, torch.Tensor) else tuple(want)
         if len(got) != len(want):
-            raise RuntimeError(f'the ONNX model gives {len(got)} outputs, torch {len(want)}')
+            raise OutputMismatch(f'the ONNX model gives {len(got)} outputs, torch {len(want)}')
+        for g, w in zip(got, want):
+            if tuple(g.shape) != tuple(w.shape):
+                raise OutputMismatch(f'at input {tuple(x.shape)} onnxruntime gives an output of shape '
+                                     f'{tuple(g.shape)}, torch {tuple(w.shape)}')
         diff = max(relative_difference(torch.from_numpy(g), w) for g, w in zip(got, want))
         results.append(Comparison(tuple(x.shape), diff))
     return results

@@ -1,17 +1,21 @@
 #!/usr/bin/env python
-"""onnxruntime (CPU) against torch eager: inference time of exported classifiers, in one run.
+"""onnxruntime (CPU) against torch eager: inference time of exported models, several cases in one run.
 
-    python tools/deployment/benchmark_onnx.py [CONFIG ...] [--shape 224 224] [--batch 8] [--iters 5]
-                                              [--threads N]
+    python tools/deployment/benchmark_onnx.py [--case CONFIG B H W ...] [--iters 5] [--threads N]
 
-Default configs: configs/ppma_t_8xb128_in1k.py and configs/rmt_t_8xb128_in1k.py (random weights). Each model
-is exported as pytorch2onnx.py exports it (logits, static shape), then run alternately in torch eager
-(``torch.inference_mode``) and in onnxruntime's CPU provider, both with ``--threads`` threads (default: torch's
-count), one warm-up run each, then ``--iters`` timed runs each; the table gives the median wall time per
-batch and the ratio torch / onnxruntime (above 1: onnxruntime is faster). docs/deployment.md.
+Default cases: the PPMA-T classifier (configs/ppma_t_8xb128_in1k.py) at batch 1 and batch 8, 224 x 224, and
+the PPMA-T UPerNet (configs/upernet_ppma_t_512x512_160k_ade20k.py) at batch 1, 512 x 512; random weights.
+Each case is exported as pytorch2onnx.py exports it (static shape, at the case's batch and size) and checked
+against torch once, then run alternately in torch eager (``torch.inference_mode``) and in onnxruntime's CPU
+provider, both with ``--threads`` threads (default: torch's count), one warm-up run each, then ``--iters``
+timed runs each. It prints the machine (CPU model, cores, GPU, load average before and after), the versions,
+and a table of the median wall time per batch and the ratio torch / onnxruntime (above 1: onnxruntime is
+faster). docs/deployment.md.
 """
 import argparse
+import os
 import os.path as osp
+import platform
 import statistics
 import sys
 import tempfile
@@ -27,30 +31,53 @@ from pytorch2onnx import build_model  # noqa: E402
 from mmppma.deploy import compare_onnx, export_module, export_onnx  # noqa: E402
 
 ROOT = osp.join(osp.dirname(osp.abspath(__file__)), '..', '..')
-DEFAULT_CONFIGS = [osp.join(ROOT, 'configs', f'{name}_t_8xb128_in1k.py') for name in ('ppma', 'rmt')]
+DEFAULT_CASES = [
+    ('configs/ppma_t_8xb128_in1k.py', 1, 224, 224),
+    ('configs/ppma_t_8xb128_in1k.py', 8, 224, 224),
+    ('configs/upernet_ppma_t_512x512_160k_ade20k.py', 1, 512, 512),
+]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('configs', nargs='*', default=DEFAULT_CONFIGS,
-                        help='classifier configs (default: PPMA-T, RMT-T)')
-    parser.add_argument('--shape', type=int, nargs=2, default=[224, 224], metavar=('H', 'W'))
-    parser.add_argument('--batch', type=int, default=8)
+    parser.add_argument('--case', nargs=4, action='append', metavar=('CONFIG', 'B', 'H', 'W'),
+                        help='a config at batch B, input H x W (repeat for more; default: the cases above)')
     parser.add_argument('--iters', type=int, default=5, help='timed runs per backend (after one warm-up run)')
     parser.add_argument('--threads', type=int, default=torch.get_num_threads(), help='threads of both backends')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    cases = args.case or [(osp.join(ROOT, c), b, h, w) for c, b, h, w in DEFAULT_CASES]
+    args.cases = [(config, int(b), int(h), int(w)) for config, b, h, w in cases]
+    return args
 
 
-def bench(config: str, args: argparse.Namespace, workdir: str) -> dict:
+def machine() -> str:
+    """CPU model, core count and GPU, in one line."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as info:
+            cpu = next(line.split(':', 1)[1].strip() for line in info if line.startswith('model name'))
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'
+    return f'{cpu}, {os.cpu_count()} cores, {gpu}'
+
+
+def load() -> str:
+    return ' '.join(f'{v:.1f}' for v in os.getloadavg()) if hasattr(os, 'getloadavg') else 'n/a'
+
+
+def bench(case, args: argparse.Namespace, workdir: str) -> dict:
     import onnxruntime
+    config, batch, height, width = case
     torch.manual_seed(0)
-    module, _ = export_module(build_model(config))
-    x = torch.randn(args.batch, 3, *args.shape)
-    path = osp.join(workdir, osp.splitext(osp.basename(config))[0] + '.onnx')
+    module, kind = export_module(build_model(config))
+    x = torch.randn(batch, 3, height, width)
+    path = osp.join(workdir, f'{osp.splitext(osp.basename(config))[0]}_{batch}x{height}x{width}.onnx')
     export_onnx(module, x, path)
     [(_, diff)] = compare_onnx(path, module, [x])
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = args.threads
+    options.inter_op_num_threads = 1
     session = onnxruntime.InferenceSession(path, options, providers=['CPUExecutionProvider'])
     feed = {session.get_inputs()[0].name: x.numpy()}
 
@@ -69,21 +96,25 @@ def bench(config: str, args: argparse.Namespace, workdir: str) -> dict:
             if step:
                 times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(t) for name, t in times.items()}
-    return dict(name=osp.basename(config), diff=diff, **median)
+    return dict(name=f'{osp.basename(config)} ({kind})', batch=batch, size=f'{height} x {width}', diff=diff, **median)
 
 
 def main(argv=None) -> int:
+    import onnxruntime
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f'torch {torch.__version__}, {args.threads} threads, batch {args.batch}, '
-          f'{args.shape[0]}x{args.shape[1]}, median of {args.iters} runs')
+    print(f'machine: {machine()}; load average (1, 5, 15 min) at the start: {load()}')
+    print(f'torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, {args.threads} thread(s) per backend, '
+          f'median of {args.iters} timed runs after one warm-up run')
     with tempfile.TemporaryDirectory() as workdir:
-        rows = [bench(config, args, workdir) for config in args.configs]
-    print('| model | torch eager (s/batch) | onnxruntime (s/batch) | torch / onnxruntime | max rel. diff |')
-    print('|---|---|---|---|---|')
+        rows = [bench(case, args, workdir) for case in args.cases]
+    print(f'load average at the end: {load()}')
+    print('| model | batch | input | torch eager (s / batch) | onnxruntime (s / batch) | torch / onnxruntime '
+          '| max rel. diff |')
+    print('|---|---|---|---|---|---|---|')
     for r in rows:
-        print(f"| {r['name']} | {r['torch']:.3f} | {r['onnxruntime']:.3f} | {r['torch'] / r['onnxruntime']:.2f} "
-              f"| {r['diff']:.1e} |")
+        print(f"| {r['name']} | {r['batch']} | {r['size']} | {r['torch']:.3f} | {r['onnxruntime']:.3f} "
+              f"| {r['torch'] / r['onnxruntime']:.2f} | {r['diff']:.1e} |")
     return 0
 
 

@@ -2,21 +2,29 @@
 """Export an mmppma model to ONNX and check the file in onnxruntime (CPU) against torch eager.
 
     python tools/deployment/pytorch2onnx.py CONFIG [CHECKPOINT] --shape H W [--batch B] [--dynamic]
-                                            [--out FILE] [--backbone-only] [--cfg-options k=v ...]
+                                            [--out FILE] [--backbone-only] [--cfg-options k=v ...] [--debug]
 
 What is exported, by the config's model: an mmpretrain classifier -> logits; an mmseg encoder-decoder ->
 segmentation logits at the input size; an mmdet detector -> the backbone and neck features (its heads, NMS
-and RoI ops need mmdeploy); a bare backbone (a config whose ``model`` is e.g. ``type='mmppma.PPMA'``, or
+and RoI ops are not exported); a bare backbone (a config whose ``model`` is e.g. ``type='mmppma.PPMA'``, or
 ``--backbone-only``) -> its multi-scale features. The input is the normalized image batch (B, 3, H, W), as
 after the model's data preprocessor. Without CHECKPOINT the weights are random.
 
-``--dynamic`` makes batch, height and width dynamic wherever the model allows and checks a second input
-size. The tool prints the largest relative difference (max |onnx - torch| / max |torch| over each output)
-and exits 1 when it exceeds 1e-4, 2 when the export fails (the message names the op). docs/deployment.md.
+``--dynamic`` makes batch, height and width dynamic wherever the model allows (traced at a batch of 2 or
+more) and checks the file at the input given (--batch, --shape), at one image more, and at one image more in
+another size (H 3/4 and W 5/4 as large, in steps of 32: 512 x 512 -> 384 x 640). The tool prints the
+largest relative difference (max |onnx - torch| / max |torch| over each output) per input. When a step
+fails it prints one line naming the config, the step and the cause (``--debug``: with the traceback) and
+exits with the step's code: 1 the outputs differ by more than 1e-4 (or in number or shape), 3 the export,
+4 onnxruntime, 5 building the model or running it in torch (2: bad arguments, as argparse).
+docs/deployment.md.
 """
 import argparse
+import math
 import os.path as osp
 import sys
+import traceback
+import warnings
 
 import torch
 
@@ -26,12 +34,26 @@ from mmppma.deploy import (  # noqa: E402
     OUTPUTS,
     TOLERANCE,
     ExportError,
+    OnnxRuntimeFailure,
+    OutputMismatch,
     compare_onnx,
     dynamic_axes,
     export_module,
     export_onnx,
+    first_line,
     fixed_grid_pools,
 )
+
+#: exit code of each step that can fail (argparse exits with 2 on bad arguments)
+EXIT_CODES = {'compare': 1, 'export': 3, 'onnxruntime': 4, 'build': 5, 'torch': 5}
+
+
+class StepFailed(Exception):
+    """A step of the tool failed: ``step`` (a key of :data:`EXIT_CODES`) and the cause in one line."""
+
+    def __init__(self, step: str, cause: str) -> None:
+        super().__init__(f'{step} failed: {cause}')
+        self.step, self.cause = step, cause
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,15 +62,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('config', help='OpenMMLab config file')
     parser.add_argument('checkpoint', nargs='?', help='checkpoint to load (default: random weights)')
     parser.add_argument('--shape', type=int, nargs=2, required=True, metavar=('H', 'W'), help='input size')
-    parser.add_argument('--batch', type=int, default=1, help='batch size of the traced input (default 1)')
+    parser.add_argument('--batch', type=int, default=1,
+                        help='batch of the input exported and checked (default 1; --dynamic traces at 2 or more)')
     parser.add_argument('--dynamic', action='store_true',
-                        help='dynamic batch, height and width where the model allows; checks a second size')
+                        help='dynamic batch, height and width where the model allows; checks one image more, '
+                        'and another size')
     parser.add_argument('--out', help='ONNX file to write (default: the config name with .onnx, here)')
     parser.add_argument('--backbone-only', action='store_true', help="export the config's backbone alone")
     parser.add_argument('--opset', type=int, default=18, help='ONNX opset version (default 18)')
     parser.add_argument('--seed', type=int, default=0, help='seed of the random weights and inputs')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
                         help='override config entries, e.g. model.backbone.mask=v2h')
+    parser.add_argument('--debug', action='store_true', help='on a failure, print the traceback too')
     args = parser.parse_args(argv)
     if args.batch < 1 or min(args.shape) < 1:
         parser.error(f'--batch and --shape must be positive; got --batch {args.batch} --shape {args.shape}')
@@ -77,44 +102,79 @@ def build_model(config: str, checkpoint=None, backbone_only: bool = False, cfg_o
     return revert_sync_batchnorm(model).eval()
 
 
-def second_input(x: torch.Tensor, axes) -> torch.Tensor:
-    """An input of another size along each dynamic axis: one more image, 32 more pixels."""
+def check_inputs(x: torch.Tensor, axes) -> list:
+    """The inputs the file is checked at: ``x``; with a dynamic batch, one image more; with a dynamic height
+    or width, also one image more (if the batch allows) at H 3/4 and W 5/4 as large, in steps of 32 (512 x 512
+    -> 384 x 640; at least 32)."""
     b, c, h, w = x.shape
-    return torch.randn(b + ('batch' in axes), c, h + 32 * ('height' in axes), w + 32 * ('width' in axes))
+    inputs = [x]
+    more = b + ('batch' in axes)
+    if 'batch' in axes:
+        inputs.append(torch.randn(more, c, h, w))
+    if 'height' in axes or 'width' in axes:
+        h2 = max(32, math.floor(0.75 * h / 32) * 32) if 'height' in axes else h
+        w2 = max(32, math.ceil(1.25 * w / 32) * 32) if 'width' in axes else w
+        inputs.append(torch.randn(more, c, h2, w2))
+    return inputs
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def convert(args: argparse.Namespace) -> int:
+    """Build, export and check; a failing step raises :class:`StepFailed`."""
     torch.manual_seed(args.seed)
-    model = build_model(args.config, args.checkpoint, args.backbone_only, args.cfg_options)
-    module, kind = export_module(model)
+    try:
+        model = build_model(args.config, args.checkpoint, args.backbone_only, args.cfg_options)
+        module, kind = export_module(model)
+    except Exception as err:  # a bad config, a missing package or checkpoint: the cause says which
+        raise StepFailed('build', first_line(err)) from err
     out = args.out or osp.splitext(osp.basename(args.config))[0] + ('_backbone' if args.backbone_only else '') + '.onnx'
     x = torch.randn(args.batch, 3, *args.shape)
     print(f'exporting {osp.basename(args.config)} as a {kind}: {OUTPUTS[kind]}')
-    pools = fixed_grid_pools(module) if args.dynamic else []
+    pools = fixed_grid_pools(module)
     if pools:
-        print(f'height and width stay static: {", ".join(pools)} pool to fixed grids, which the exporter '
-              'translates for the traced size only')
+        print(f'exported with bins taken from the input size at run time: {", ".join(pools)} (fixed-grid pools)')
     try:
         export_onnx(module, x, out, dynamic=args.dynamic, opset=args.opset)
     except ExportError as err:
-        print(err, file=sys.stderr)
-        return 2
+        raise StepFailed('export', str(err).splitlines()[0]) from err
     inputs = [x]
     if args.dynamic:
         axes = dynamic_axes(out)
         print(f'dynamic axes: {", ".join(axes) if axes else "none (the model fixes every axis)"}')
-        if axes:
-            inputs.append(second_input(x, axes))
-    worst = 0.0
-    for shape, diff in compare_onnx(out, module, inputs):
+        inputs = check_inputs(x, axes)
+    try:
+        comparisons = compare_onnx(out, module, inputs)
+    except OnnxRuntimeFailure as err:
+        raise StepFailed('onnxruntime', str(err)) from err
+    except OutputMismatch as err:
+        raise StepFailed('compare', str(err)) from err
+    except Exception as err:  # the torch module itself, on a check input
+        raise StepFailed('torch', f'torch eager failed on a check input: {first_line(err)}') from err
+    worst, at = 0.0, None
+    for shape, diff in comparisons:
         print(f'onnxruntime (CPU) vs torch at input {shape}: max relative difference {diff:.3e}')
-        worst = max(worst, diff)
+        if not math.isnan(worst) and not diff <= worst:  # a NaN is the worst and stays so
+            worst, at = diff, shape
     print(f'wrote {out}')
-    if not worst <= TOLERANCE:  # also catches NaN
-        print(f'FAILED: the largest relative difference {worst:.3e} exceeds {TOLERANCE:g}', file=sys.stderr)
-        return 1
+    if not worst <= TOLERANCE:
+        raise StepFailed('compare', f'the largest relative difference {worst:.3e} (at input {at}) exceeds '
+                         f'{TOLERANCE:g}')
     return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        with warnings.catch_warnings():
+            if not args.debug:  # the exporter's deprecation notes would bury the one line a failure prints
+                warnings.simplefilter('ignore')
+            return convert(args)
+    except StepFailed as failure:
+        error = failure.__cause__
+        if args.debug and error is not None:
+            traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+        hint = ' (--debug: the traceback)' if error is not None and not args.debug else ''
+        print(f'pytorch2onnx: {args.config}: {failure}{hint}', file=sys.stderr)
+        return EXIT_CODES[failure.step]
 
 
 if __name__ == '__main__':

@@ -3,6 +3,7 @@ chunks, a scan of chunk states between them, O(L) in time and memory) plus the s
 import torch
 import torch.nn.functional as F
 
+from ..dispatch import exporting
 from ..masks import segment_sum
 
 
@@ -11,7 +12,8 @@ def _causal_chunked_scan(x: torch.Tensor, log_decay: torch.Tensor, chunk: int) -
     float32/64."""
     length = log_decay.shape[-1]
     pad = (-length) % chunk
-    if pad:
+    if exporting() or pad:  # an export pads always (by 0 at a multiple): skipped at the traced length, it would
+        # be left out of the file, whose reshapes then fail at lengths that are not multiples of chunk
         x = F.pad(x, (0, 0, 0, pad))
         log_decay = F.pad(log_decay, (0, pad))
     n = log_decay.shape[-1] // chunk
