@@ -161,3 +161,19 @@ def test_key_loop_is_the_innermost_loop_holding_an_mma():
     assert [sass_cost.classify(op) for _, op, _ in code[4:9]] == ['mma', 'fp32', 'mufu', 'conv', 'other']
     assert sass_cost.key_loop(code[5:]) == (6, 7)  # no MMA: the longest loop (FADD, BRA)
     assert sass_cost.loops(code) == [(4, 8), (2, 10), (11, 12)]
+
+
+@pytest.mark.slow
+def test_gpus_outside_the_tables_are_compiled_and_tensor_cores_required(compile_env):
+    """--arch takes sm_75 and sm_120 (no launch table: impl='auto' takes the torch path there); their half-precision
+    rows fail on sm_75, where Triton emits no tensor-core instruction, and pass on sm_120, where it does."""
+    from mmppma.ops import dispatch
+    assert {75, 120} <= set(tool.TARGETS) and not {75, 120} & set(dispatch.CAPABILITIES)
+    runs = {}
+    for arch in (75, 120):
+        command = [sys.executable, 'tools/check_kernels.py', '--quick', '--arch', str(arch), '--dtype', 'fp16',
+                   '--one-shape', '--kernels', '_line_fwd', '--no-cache']
+        runs[arch] = subprocess.run(command, cwd=REPO_ROOT, env=compile_env, capture_output=True, text=True,
+                                    timeout=300)
+    assert runs[75].returncode == 1 and 'FAILED _line_fwd sm_75 fp16: no tensor-core instruction' in runs[75].stdout
+    assert runs[120].returncode == 0 and ' 0 failed' in runs[120].stdout, runs[120].stdout[-2000:]

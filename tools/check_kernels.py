@@ -15,8 +15,10 @@ bytes, the TTGIR the asynchronous copies of software-pipelined loops ('async': t
 pipelined). Every input is also recorded at batch 1024 (the detection input included, without --quick), so that
 each row's largest grid is checked against CUDA's limits. A row fails (exit status 1) if compiling fails, the
 shared memory exceeds the target's per-block limit, anything spills, compiling takes longer than
-``--max-seconds``, or a launch's grid passes CUDA's limits. Results are cached per specialization
-(kernel source, arguments, target, triton version) in ``~/.cache/mmppma/check_kernels.json``.
+``--max-seconds``, a launch's grid passes CUDA's limits, or a half-precision or TF32 row has no tensor-core
+instruction in its SASS. ``--arch`` also takes GPUs outside the launch tables (75, 100, 120): they get the default
+rows of the tables, and ``impl='auto'`` runs the kernels there only once their rows pass. Results are cached per
+specialization (kernel source, arguments, target, triton version) in ``~/.cache/mmppma/check_kernels.json``.
 
 ``--sass``: each row also gets the cost of one iteration of its key loop (the innermost loop holding the matrix
 products, :mod:`sass_cost`): SASS instructions per score by class, and the ratio to a plain flash-attention kernel
@@ -53,7 +55,13 @@ from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 # 'tf32': float32 inputs with torch's TF32 setting on (the kernels' dot products on TF32 tensor cores)
 DTYPES = {'fp32': torch.float32, 'tf32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
-ARCHS = (80, 86, 89, 90)
+# the capabilities with launch tables (the default), and every one the tool compiles for: a GPU outside the tables
+# (sm_75, sm_100, sm_120) gets its rows checked here before it can join them (mmppma.ops.dispatch.CAPABILITIES)
+ARCHS = dispatch.CAPABILITIES
+TARGETS = dispatch.TARGET_CAPABILITIES
+# rows whose products must run on tensor cores (unless a launch asks for exact float32 products, as the scan does
+# on its float32 state): Triton gives sm_75 none, and then the kernels are no faster than the torch path
+TENSOR_CORE_DTYPES = ('fp16', 'bf16', 'tf32')
 GENERATED = os.path.join('docs', 'generated', 'check_kernels.md')  # --write's default, from the repository root
 CACHE = os.path.join(os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')), 'mmppma',
                      'check_kernels.json')
@@ -214,6 +222,7 @@ def compile_one(desc: dict, sass: bool = False) -> dict:
     result = dict(shared=int(compiled.metadata.shared), registers=max(map(int, regs)) if regs else -1,
                   spill=sum(int(a) + int(b) for a, b in spills), seconds=seconds,
                   async_copies=len(re.findall(ASYNC_COPY, compiled.asm['ttgir'])))
+    result['mma'] = sass_cost.mma_count(compiled.asm['cubin'])
     if sass:
         result['sass'] = sass_cost.loop_cost(compiled.asm['cubin'])
     return result
@@ -221,7 +230,7 @@ def compile_one(desc: dict, sass: bool = False) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS), choices=ARCHS)
+    parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS), choices=TARGETS)
     parser.add_argument('--dtype', nargs='+', choices=list(DTYPES), help='default: all; with --quick: fp32 fp16')
     parser.add_argument('--shapes', nargs='+', choices=list(IMAGES), help='input sizes (default: all)')
     parser.add_argument('--models', nargs='+', choices=list(MODELS), help='backbones (default: all)')
@@ -292,7 +301,7 @@ def main(argv=None) -> int:
     if not args.no_cache and os.path.exists(CACHE):
         with open(CACHE) as f:
             cache = json.load(f)
-    cache = {key: result for key, result in cache.items() if 'async_copies' in result}  # older entries lack it
+    cache = {key: result for key, result in cache.items() if 'mma' in result}  # older entries lack it
     todo = [key for key in descs if key not in cache or args.sass and 'inner' not in cache[key].get('sass', {})]
     if args.cached_only:
         specs = {key: spec for key, spec in specs.items() if key not in todo and spec.get('reference') not in todo}
@@ -490,6 +499,9 @@ def status(spec: dict, result: dict, max_seconds: float) -> str:
         problems.append('no register count in the ptxas log')
     if max_seconds and result['seconds'] > max_seconds:
         problems.append(f'compile {result["seconds"]:.1f} s > {max_seconds:g} s')
+    exact = spec.get('desc', {}).get('constexprs', {}).get('PRECISION') == 'ieee'  # float32 data (the scan)
+    if spec.get('dtype') in TENSOR_CORE_DTYPES and not exact and result.get('mma', 1) == 0:
+        problems.append('no tensor-core instruction in the SASS (the products run on the FMA units)')
     limit = spec.get('sass_limit', float('inf'))
     ratio = sass_ratio(spec, result)
     if limit < float('inf') and not ratio <= limit:  # NaN (no key loop found) fails too

@@ -88,3 +88,8 @@ def loop_cost(cubin: bytes) -> Dict[str, int]:
     cost['all'] = sum(counts.values())
     cost['inner'] = sum(first <= a and b <= last and (a, b) != (first, last) for a, b in loops(instructions))
     return cost
+
+
+def mma_count(cubin: bytes) -> int:
+    """Matrix-multiply (tensor-core) instructions anywhere in the cubin's kernel."""
+    return sum(classify(op) == 'mma' for _, op, _ in disassemble(cubin))
