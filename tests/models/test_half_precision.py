@@ -38,16 +38,18 @@ def relative(got, want):
     return ((got.float() - want).norm() / want.norm()).item()
 
 
-def check_half_precision(name, dtype, impl, monkeypatch, simulate=None):
+def check_half_precision(name, dtype, monkeypatch, simulate=None):
+    """The variant's float32 step on the torch path, against its half-precision step: on the torch path, or with
+    ``simulate`` (a capability) through impl='auto' on that simulated GPU, with the same weights."""
     torch.manual_seed(0)
-    model = VARIANTS[name](impl)
+    model = VARIANTS[name]('torch')
     x = torch.randn(1, 3, 32, 44)  # stage maps 8 x 11 and 4 x 5
-    outs, grads = step(model, x, None)  # float32, torch path, no simulated GPU
+    outs, grads = step(model, x, None)
     if simulate:
         monkeypatch.setenv(dispatch.SIMULATE_VAR, str(simulate))
-        model = VARIANTS[name]('auto')
-        torch.manual_seed(0)
-        model.load_state_dict(VARIANTS[name](impl).state_dict())
+        on_gpu = VARIANTS[name]('auto')
+        on_gpu.load_state_dict(model.state_dict())
+        model = on_gpu
     half_outs, half_grads = step(model, x, dtype)
     assert all(torch.isfinite(o).all() for o in half_outs) and torch.isfinite(half_grads).all()
     errors = [relative(h, f) for h, f in zip(half_outs, outs)]
@@ -59,7 +61,7 @@ def check_half_precision(name, dtype, impl, monkeypatch, simulate=None):
 @pytest.mark.parametrize('name', VARIANTS)
 def test_autocast_on_cpu_stays_finite_and_near_float32(name, dtype, monkeypatch):
     monkeypatch.delenv(dispatch.SIMULATE_VAR, raising=False)
-    check_half_precision(name, DTYPES[dtype], 'torch', monkeypatch)
+    check_half_precision(name, DTYPES[dtype], monkeypatch)
 
 
 # the default tier: every variant once on the simulated sm_90, the dtypes alternating; --all: both dtypes
@@ -72,4 +74,4 @@ def test_autocast_on_the_simulated_gpu_stays_finite_and_near_float32(name, dtype
     pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
     if torch.cuda.is_available():
         pytest.skip('the simulated GPU runs CPU tensors on the interpreter (a GPU is here)')
-    check_half_precision(name, DTYPES[dtype], 'torch', monkeypatch, simulate=90)
+    check_half_precision(name, DTYPES[dtype], monkeypatch, simulate=90)

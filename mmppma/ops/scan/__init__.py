@@ -170,7 +170,7 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         dtype = table_dtype(q, k, v, la, lb)
         fq, fk = feature_map(q.to(dtype)), feature_map(k.to(dtype))
         if not normalize:
-            return _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk, out_dtype=v.dtype)
+            return _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk)
         out = _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk, out_dtype=dtype)
         if normalizer:
             fq, fk = feature_map(normalizer[0].to(dtype)), feature_map(normalizer[1].to(dtype))

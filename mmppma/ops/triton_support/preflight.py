@@ -102,16 +102,14 @@ def kernels_fit(op: str, run: Callable[..., torch.Tensor], inputs, fallback) -> 
         return True
     key = _key(op, inputs)
     if key not in _PREFLIGHT:
-        try:
-            with failures_named(op, inputs, 'in the preflight, before any kernel ran'):
+        with failures_named(op, inputs, 'in the preflight, before any kernel ran'):  # what is not CANNOT_RUN
+            try:
                 check_launches(run, inputs, q.device)
-            _PREFLIGHT[key] = None
-        except KernelLaunchError as e:
-            if not isinstance(e.__cause__, CANNOT_RUN):
-                raise
-            _PREFLIGHT[key] = e.__cause__
-            warnings.warn(f"{_describe(op, q)} cannot run ({_first_line(e.__cause__)}); impl='auto' falls back to "
-                          f"impl='torch' for these inputs")
+                _PREFLIGHT[key] = None
+            except CANNOT_RUN as e:
+                _PREFLIGHT[key] = e
+                warnings.warn(f"{_describe(op, q)} cannot run ({_first_line(e)}); impl='auto' falls back to "
+                              f"impl='torch' for these inputs")
     return _PREFLIGHT[key] is None
 
 
