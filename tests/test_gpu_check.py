@@ -39,10 +39,61 @@ def test_every_op_passes_on_the_simulated_gpu(cap, dtypes, gpu_check, tmp_path, 
         assert max(row['out_error'], row['grad_error']) <= LIMITS[row['dtype']], row
     out = capsys.readouterr().out
     assert 'speed: not measured (simulated device)' in out
-    assert f'{len(result["checks"])} of {len(result["checks"])} checks passed' in out
+    assert f'{len(result["checks"])} of {len(result["checks"])} rows passed' in out
     assert 'MMPPMA_SIMULATE_CUDA' not in os.environ  # restored for the caller
 
 
 def test_gpu_shape_options_are_refused_on_the_simulated_gpu(gpu_check):
     with pytest.raises(SystemExit, match='--simulate runs tiny shapes'):
         gpu_check.main(['--simulate', '90', '--shapes', 'cls_224'])
+
+
+def test_quick_checks_the_tiny_models_stages_and_times_them_at_the_configs_batch(gpu_check):
+    from check_kernels import IMAGES, model_shapes
+    args = gpu_check.parse_args(['--quick'])
+    assert args.repeats == gpu_check.QUICK_REPEATS and args.dtype == ['fp32', 'fp16', 'bf16']
+    want = model_shapes(['cls_224'], ['ppma_t', 'rmt_t', 'mlla_t'])
+    kinds = {kind for _, kind, _ in want}
+    assert kinds == {'cc', 'whole', 'rmt_cc', 'manhattan', 'linear'}  # every op of every attention kind
+    checked = gpu_check.shapes_to_check(args)
+    timed = gpu_check.shapes_to_check(args, speed=True)
+    assert [(label, kind, shape[1:]) for label, kind, shape in checked] == \
+        [(label, kind, shape[1:]) for label, kind, shape in want]
+    assert {shape[0] for _, _, shape in checked} == {1}
+    assert {shape[0] for _, _, shape in timed} == {IMAGES['cls_224'][1]}
+    assert gpu_check.shapes_to_check(gpu_check.parse_args(['--quick', '--speed-batch', '8']), speed=True)[0][2][0] == 8
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(['--quick', '--shapes', 'upernet_512'])
+
+
+def test_a_failing_row_prints_fail_with_its_error_and_the_run_goes_on(gpu_check, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv('MMPPMA_SIMULATE_CUDA', raising=False)
+    make_case = gpu_check.make_case
+
+    def broken(op, *args, **kwargs):
+        if op == 'criss_cross_attention':
+            raise RuntimeError('injected failure\nsecond line')
+        return make_case(op, *args, **kwargs)
+
+    monkeypatch.setattr(gpu_check, 'make_case', broken)
+    monkeypatch.setattr(gpu_check, 'TINY', {'cc': gpu_check.TINY['cc'], 'whole': gpu_check.TINY['whole']})
+    path = tmp_path / 'rows.json'
+    assert gpu_check.main(['--simulate', '90', '--quick', '--dtype', 'fp32', '--json', str(path)]) == 1
+    rows = {row['op']: row for row in json.loads(path.read_text())['checks']}
+    assert set(rows) == {'criss_cross_attention', 'ppma_attention', 'polyline_mask_matvec_3d'}
+    assert rows['criss_cross_attention']['error'] == 'RuntimeError: injected failure'
+    assert not rows['criss_cross_attention']['ok']
+    assert rows['ppma_attention']['ok'] and rows['polyline_mask_matvec_3d']['ok']  # the rows after it ran
+    out = capsys.readouterr().out
+    assert 'criss_cross_attention' in out and 'FAIL  RuntimeError: injected failure' in out
+    assert '2 of 3 rows passed; 1 FAILED' in out
+
+
+def test_guarded_speed_rows_report_their_error(gpu_check):
+    def speed_row(*args):
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2 GiB')
+
+    row, message = gpu_check.guarded(speed_row, dict(op='x', dtype='bf16'))
+    assert row == dict(op='x', dtype='bf16', ok=False, error='OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB')
+    assert message == row['error']
+    assert gpu_check.guarded(lambda: dict(ms_fwd=1.0), {}) == (dict(ok=True, ms_fwd=1.0), '')

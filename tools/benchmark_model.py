@@ -330,7 +330,9 @@ def run_worker(args: argparse.Namespace, name: str, impl: str, profile: bool = F
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if out.returncode:
         sys.stderr.write(out.stderr)
-        raise SystemExit(f'{name} (impl={impl}) benchmark failed (exit {out.returncode})')
+        print(f'FAIL: {name} (impl={impl}) benchmark failed (exit {out.returncode}); the other runs go on',
+              file=sys.stderr, flush=True)
+        return None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -345,10 +347,16 @@ def main(argv=None) -> int:
     for r in range(args.rounds):
         for name, impl in runs:
             res = run_worker(args, name, impl, profile=args.profile and r == args.rounds - 1)  # a profile is slow
+            if res is None:
+                continue
             rounds[name, impl].append(res)
             print(f'round {r + 1}: {name} impl={impl}: {res["time_s"]:.3f} s, {res["peak_bytes"] / 2**20:.1f} MiB',
                   flush=True)
     # each run's best round; its peak memory is the largest of all rounds
+    failed = [run for run, rs in rounds.items() if not rs]
+    rounds = {run: rs for run, rs in rounds.items() if rs}
+    if not rounds:
+        raise SystemExit('benchmark_model: every run failed (their errors are above)')
     results = {run: dict(min(rs, key=lambda res: res['time_s']), peak_bytes=max(res['peak_bytes'] for res in rs))
                for run, rs in rounds.items()}
     first = next(iter(results.values()))
@@ -384,12 +392,16 @@ def main(argv=None) -> int:
     for impl in args.impl:
         for name in args.models:
             for theirs in args.models if args.release_dir else []:
+                if (name, impl) not in results or (theirs, RELEASE) not in results:
+                    continue
                 ours, rel = results[name, impl], results[theirs, RELEASE]
                 print(f'{name} impl={impl} / release {theirs}: images/s {rel["time_s"] / ours["time_s"]:.2f}x, '
                       f'peak memory {ours["peak_bytes"] / max(rel["peak_bytes"], 1):.2f}x')
     for (name, impl), rs in rounds.items() if args.profile else ():
         print(f'\nper-op profile, {name} impl={impl} (two steps, last round):\n{rs[-1]["profile"]}')
-    return 0
+    if failed:
+        print('FAILED runs (no row above): ' + ', '.join(f'{name} impl={impl}' for name, impl in failed))
+    return 1 if failed else 0
 
 
 if __name__ == '__main__':

@@ -4,6 +4,7 @@ reference, a determinism check, and a speed table against ``scaled_dot_product_a
 
     python tools/gpu_check.py                                  # every shipped shape, fp32 / fp16 / bf16
     python tools/gpu_check.py --shapes cls_224 upernet_512 --no-speed
+    python tools/gpu_check.py --quick                          # a few minutes: cls_224 of PPMA-T, RMT-T, MLLA-T
     python tools/gpu_check.py --simulate 90                    # no GPU: the CUDA code path on CPU, tiny shapes
 
 Shapes are the attention stages of the shipped backbones at the shipped input sizes (``tools/check_kernels.py``'s
@@ -12,8 +13,11 @@ tables). The reference is the op's dense ``impl='reference'`` in float64 up to `
 row checks the output and the gradient of every input: float32 (TF32 off) within 1e-4 of the reference's largest
 entry; float16 within 1e-2 and bfloat16 within 3e-2 in relative norm (bfloat16 rounds 8 times as coarsely: a
 gradient that sums or cancels over the whole map, as RMT's per-head decay or normalized linear attention's dq,
-loses about 1e-2 in bfloat16, the torch path included); then two runs must be bitwise equal. Exit status 1 if
-any row fails.
+loses about 1e-2 in bfloat16, the torch path included); then two runs must be bitwise equal. Every row catches its own
+error and prints ``FAIL`` with it (the run goes on); exit status 1 if any row fails.
+
+``--quick`` checks the stages of PPMA-T, RMT-T and MLLA-T at 224 x 224 (one image; every op, every dtype) and times
+them at the configs' 64 images per GPU, 10 runs per row.
 
 ``--simulate CAP`` (80, 86, 89 or 90) sets ``MMPPMA_SIMULATE_CUDA=CAP`` and ``TRITON_INTERPRET=1`` (in a fresh
 process: the kernels are made interpreted when first imported): CPU tensors take the CUDA code path of that
@@ -49,6 +53,10 @@ TINY = {'whole': (1, 2, 4, 5, 16), 'cc': (1, 2, 5, 6, 16), 'manhattan': (1, 2, 4
 # the 3-D mask's matvec: no shipped backbone uses it; (B, heads, D, H, W, C): at a GPU's and at the tiny shapes
 MATVEC_3D = (1, 2, 3, 8, 10, 16)
 MATVEC_3D_TINY = (1, 1, 3, 4, 5, 8)
+# --quick: these input sizes and backbones of tools/check_kernels.py
+QUICK_SHAPES = ('cls_224', )
+QUICK_MODELS = ('ppma_t', 'rmt_t', 'mlla_t')
+QUICK_REPEATS = 10
 
 
 def parse_args(argv):
@@ -57,22 +65,34 @@ def parse_args(argv):
     parser.add_argument('--models', nargs='+', help='backbones of tools/check_kernels.py (default: all)')
     parser.add_argument('--dtype', nargs='+', choices=DTYPES, default=list(DTYPES))
     parser.add_argument('--batch', type=int, default=1, help='images per shape (default 1)')
+    parser.add_argument('--speed-batch', type=int,
+                        help='images per shape in the speed table (default: --batch; with --quick: the configs\' '
+                             'images per GPU)')
+    parser.add_argument('--quick', action='store_true',
+                        help=f'{", ".join(QUICK_SHAPES)} of {", ".join(QUICK_MODELS)}, every dtype, '
+                             f'{QUICK_REPEATS} timed runs per speed row')
     parser.add_argument('--dense-tokens', type=int, default=4096,
                         help='largest H * W checked against the dense reference (default 4096)')
     parser.add_argument('--no-speed', action='store_true', help='skip the speed table')
-    parser.add_argument('--repeats', type=int, default=20, help='timed runs per speed row (median; default 20)')
+    parser.add_argument('--repeats', type=int, help='timed runs per speed row (median; default 20, --quick 10)')
     parser.add_argument('--simulate', type=int, choices=(80, 86, 89, 90),
                         help='no GPU: run the CUDA code path of this capability on CPU tensors (interpreted)')
     parser.add_argument('--json', help='also write the rows to this file')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.quick and (args.shapes or args.models):
+        parser.error('--quick chooses the shapes and models: leave out --shapes and --models, or --quick')
+    if args.quick and not args.simulate:
+        args.shapes, args.models = list(QUICK_SHAPES), list(QUICK_MODELS)
+    args.repeats = args.repeats or (QUICK_REPEATS if args.quick else 20)
+    return args
 
 
-def shapes_to_check(args) -> List[Tuple[str, str, tuple]]:
-    """(label, kind, (B, heads, H, W, d)) of every attention stage to check."""
+def shapes_to_check(args, speed: bool = False) -> List[Tuple[str, str, tuple]]:
+    """(label, kind, (B, heads, H, W, d)) of every attention stage to check (``speed``: to time)."""
     if args.simulate:
-        if args.shapes or args.models or args.batch != 1:
-            raise SystemExit('gpu_check: --simulate runs tiny shapes on the CPU; --shapes, --models and --batch '
-                             'choose the shapes on a GPU: leave them out, or leave out --simulate')
+        if args.shapes or args.models or args.batch != 1 or args.speed_batch:
+            raise SystemExit('gpu_check: --simulate runs tiny shapes on the CPU; --shapes, --models, --batch and '
+                             '--speed-batch choose the shapes on a GPU: leave them out, or leave out --simulate')
         return [(f'tiny/{kind}', kind, shape) for kind, shape in TINY.items()]
     if TOOLS not in sys.path:
         sys.path.insert(0, TOOLS)
@@ -84,7 +104,10 @@ def shapes_to_check(args) -> List[Tuple[str, str, tuple]]:
                          f'{", ".join(check_kernels.IMAGES)}, the models {", ".join(check_kernels.MODELS)}')
     rows = check_kernels.model_shapes(args.shapes or list(check_kernels.IMAGES),
                                       args.models or list(check_kernels.MODELS))
-    return [(label, kind, (args.batch, *shape[1:])) for label, kind, shape in rows]
+    batch = args.batch
+    if speed:
+        batch = args.speed_batch or (None if args.quick else args.batch)
+    return [(label, kind, shape if batch is None else (batch, *shape[1:])) for label, kind, shape in rows]
 
 
 def make_case(op: str, shape: tuple, device, dtype, seed: int = 0) -> Tuple[Callable, List]:
@@ -212,6 +235,20 @@ def speed_row(op, label, shape, dtype_name, repeats) -> Dict:
     return row
 
 
+def guarded(fn, row: Dict, *args) -> Tuple[Dict, str]:
+    """(row, '') from ``fn(*args)``, or, if it raises, (``row`` marked failed with the error, the error's line):
+    one failing row does not stop the run."""
+    try:
+        return dict(ok=True) | fn(*args), ''
+    except Exception as e:  # noqa: BLE001  (any error is this row's result)
+        lines = str(e).strip().splitlines()
+        message = f'{type(e).__name__}: {lines[0] if lines else ""}'
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # an out-of-memory row leaves the next ones room
+        return dict(row, ok=False, error=message), message
+
+
 @contextlib.contextmanager
 def environment(simulate: Optional[int]) -> Iterator[None]:
     """Within the block: the simulated device's variables (``--simulate``) and float32 products without TF32; the
@@ -253,16 +290,22 @@ def run_checks(args) -> int:
              f'{torch.cuda.get_device_name()} (sm_{"".join(map(str, torch.cuda.get_device_capability()))})')
     print(f'gpu_check on {where}; torch {torch.__version__}, triton {triton.__version__}', flush=True)
 
-    cases = [(op, label, shape) for label, kind, shape in shapes_to_check(args) for op in KIND_OPS[kind]]
-    cases.append(('polyline_mask_matvec_3d', '3d', MATVEC_3D_TINY if args.simulate else MATVEC_3D))
+    def with_3d(shapes):
+        cases = [(op, label, shape) for label, kind, shape in shapes for op in KIND_OPS[kind]]
+        return cases + [('polyline_mask_matvec_3d', '3d', MATVEC_3D_TINY if args.simulate else MATVEC_3D)]
+
     rows, failed = [], 0
     print(f'{"op":<27} {"shape":<34} {"dtype":<5} {"ref":<9} {"out err":>9} {"grad err":>9} {"limit":>6}  '
           f'determ.  status', flush=True)
-    for op, label, shape in cases:
+    for op, label, shape in with_3d(shapes_to_check(args)):
         for dtype_name in args.dtype:
-            row = check_row(op, label, shape, dtype_name, device, args.dense_tokens)
+            row, message = guarded(check_row, dict(op=op, shape=label, size=list(shape), dtype=dtype_name),
+                                   op, label, shape, dtype_name, device, args.dense_tokens)
             rows.append(row)
             failed += not row['ok']
+            if message:
+                print(f'{op:<27} {label:<34} {dtype_name:<5} FAIL  {message}', flush=True)
+                continue
             print(f'{op:<27} {label:<34} {dtype_name:<5} {row["reference"]:<9} {row["out_error"]:>9.2e} '
                   f'{row["grad_error"]:>9.2e} {row["limit"]:>6.0e}  '
                   f'{"yes" if row["deterministic"] else "NO":<7}  {"ok" if row["ok"] else "FAIL"}', flush=True)
@@ -273,18 +316,23 @@ def run_checks(args) -> int:
         print(f'speed: not measured ({why})')
     else:
         print(f'\n{"op":<27} {"shape":<34} {"dtype":<5} {"fwd ms":>8} {"sdpa":>8} {"fwd+bwd ms":>10} {"sdpa":>8}')
-        for op, label, shape in cases:
-            if op == 'polyline_mask_matvec_3d':
-                continue
+        for op, label, shape in with_3d(shapes_to_check(args, speed=True))[:-1]:
             for dtype_name in half:
-                row = speed_row(op, label, shape, dtype_name, args.repeats)
+                row, message = guarded(speed_row, dict(op=op, shape=label, size=list(shape), dtype=dtype_name),
+                                       op, label, shape, dtype_name, args.repeats)
                 speed.append(row)
-                print(f'{op:<27} {label:<34} {dtype_name:<5} {row["ms_fwd"]:>8.3f} {row["sdpa_ms_fwd"]:>8.3f} '
+                failed += not row['ok']
+                label_ = f'{label}@{shape[0]}'
+                if message:
+                    print(f'{op:<27} {label_:<34} {dtype_name:<5} FAIL  {message}', flush=True)
+                    continue
+                print(f'{op:<27} {label_:<34} {dtype_name:<5} {row["ms_fwd"]:>8.3f} {row["sdpa_ms_fwd"]:>8.3f} '
                       f'{row["ms_fwd_bwd"]:>10.3f} {row["sdpa_ms_fwd_bwd"]:>8.3f}', flush=True)
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(dict(device=where, checks=rows, speed=speed), f, indent=1)
-    print(f'{len(rows) - failed} of {len(rows)} checks passed' + (f'; {failed} FAILED' if failed else ''))
+    total = len(rows) + len(speed)
+    print(f'{total - failed} of {total} rows passed' + (f'; {failed} FAILED' if failed else ''))
     return 1 if failed else 0
 
 
