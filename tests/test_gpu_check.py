@@ -94,6 +94,35 @@ def test_guarded_speed_rows_report_their_error(gpu_check):
         raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2 GiB')
 
     row, message = gpu_check.guarded(speed_row, dict(op='x', dtype='bf16'))
-    assert row == dict(op='x', dtype='bf16', ok=False, error='OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB')
+    error = 'OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB'
+    assert row == dict(op='x', dtype='bf16', ok=False, error=error)
     assert message == row['error']
     assert gpu_check.guarded(lambda: dict(ms_fwd=1.0), {}) == (dict(ok=True, ms_fwd=1.0), '')
+
+
+def test_gpu_report_runs_the_quick_check_then_the_model_benchmark(gpu_check, tmp_path, monkeypatch):
+    """tools/gpu_report.sh with a stand-in interpreter: the commands it runs, in order, are ones the tools accept."""
+    import shlex
+    import subprocess
+    import sys
+    log = tmp_path / 'calls'
+    fake = tmp_path / 'python'
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    for name in ('PPMA.py', 'RMT.py'):  # --release-dir wants the release's two model files there
+        (tmp_path / name).write_text('')
+    env = dict(os.environ, PYTHON=str(fake), RELEASE_DIR=str(tmp_path))
+    done = subprocess.run(['bash', str(REPO_ROOT / 'tools' / 'gpu_report.sh'), str(tmp_path / 'out')], env=env,
+                          capture_output=True, text=True, timeout=60)
+    calls = [shlex.split(line) for line in log.read_text().splitlines()]
+    assert [call[0] for call in calls] == ['-c', 'tools/gpu_check.py', 'tools/benchmark_model.py'], done.stdout
+    args = gpu_check.parse_args(calls[1][1:])
+    assert args.quick and args.json == str(tmp_path / 'out' / 'gpu_check.json')
+    monkeypatch.syspath_prepend(str(REPO_ROOT / 'tools'))
+    sys.modules.pop('benchmark_model', None)
+    import benchmark_model
+    bench = benchmark_model.parse_args(calls[2][1:])
+    assert (bench.device, bench.task, bench.mode, bench.batch, bench.shape, bench.amp) == \
+        ('cuda', 'classifier', 'infer', 64, [224, 224], 'bf16')
+    assert bench.models == ['PPMA', 'RMT'] and bench.impl == ['auto', 'torch'] and bench.release_dir == str(tmp_path)
+    assert (tmp_path / 'out' / 'gpu_check.log').exists() and (tmp_path / 'out' / 'benchmark_model.log').exists()
