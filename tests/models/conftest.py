@@ -55,7 +55,7 @@ FAMILIES = {
     'PPMLA': Family(MLLA, MLLA_ARCH, dict(mask='polyline'), per_stage='num_heads',
                     bad_choice=(dict(mask='PPMLA'), r"mask='PPMLA'.*'none', 'polyline'")),
     'VMINet': Family(VMINet, VMINET_ARCH, dict(img_size=64), per_stage='mlp_ratios',
-                     bad_choice=(dict(mask='banded'), "mask='banded'.*'none', 'tril'")),
+                     bad_choice=(dict(context_mask='banded'), "context_mask='banded'.*'none', 'tril'")),
 }
 
 
