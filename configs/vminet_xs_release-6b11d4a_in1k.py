@@ -2,4 +2,4 @@
 # converted checkpoints (tools/model_converters/release_to_mmppma.py --family VMINet prints this path).
 _base_ = ['./vminet_xs_8xb128_in1k.py']
 
-model = dict(backbone=dict(mask='none', proj_norm=True))
+model = dict(backbone=dict(context_mask='none', proj_norm=True))

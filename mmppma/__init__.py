@@ -3,7 +3,7 @@
 ``import mmppma`` (or ``custom_imports=dict(imports=['mmppma'])`` in a config, or any ``type='mmppma.X'``,
 which imports it on demand) registers mmppma's models for mmpretrain, mmdet and mmseg configs and lets
 ``torch.load(weights_only=True)`` read full mmengine checkpoints (see :mod:`mmppma.utils.checkpoint`).
-Release checkpoints are converted where they are loaded (:mod:`mmppma.models.utils.release_loading`) and the
+Release checkpoints are converted where they are loaded (:mod:`mmppma.models.backbones.release_format`) and the
 release models are registered with mmpretrain's ModelHub (:mod:`mmppma.utils.model_zoo`). It imports none of
 the downstream libraries.
 """
@@ -13,7 +13,7 @@ from .version import __version__
 allow_mmengine_checkpoint_globals()
 
 from . import engine, models  # noqa: E402,F401  (registers mmppma's classes)
-from .models.utils.release_loading import register_release_loading  # noqa: E402
+from .models.backbones.release_format import register_release_loading  # noqa: E402
 from .utils.model_zoo import register_with_mmpretrain  # noqa: E402
 
 register_release_loading()

@@ -54,8 +54,8 @@ CARRIED = {
 CARRIED['RMT'] = dict(CARRIED['PPMA'], **{'layers.1.Relpos.decay': 'backbone.layers.1.Relpos.decay'})
 # yws-wxs/VMINet vminet.py revisions -> the name of the blocks' depthwise ConvBN, the VMINet options reproducing
 # it: 6b11d4a has a BatchNorm after g (proj_norm) and no mask; 7c2632c no BatchNorm and the lower-triangular mask
-REVISIONS = {'6b11d4a': ('dwconv', dict(mask='none', proj_norm=True)),
-             '7c2632c': ('conv', dict(mask='tril', proj_norm=False))}
+REVISIONS = {'6b11d4a': ('dwconv', dict(context_mask='none', proj_norm=True)),
+             '7c2632c': ('conv', dict(context_mask='tril', proj_norm=False))}
 VMINET_CASES = [(size, rev) for rev in REVISIONS for size in ('Ti', 'XS', 'S', 'B')]
 
 
@@ -131,7 +131,8 @@ def test_every_release_key_maps_with_matching_shape_and_back(family, size, revis
         assert info['release'] == converted._metadata['backbone']['mmppma_vminet_release'] == \
             dict(revision=revision, **options)
         backbone = Config.fromfile(str(REPO_ROOT / config)).model.backbone
-        assert dict(arch=backbone.arch, mask=backbone.mask, proj_norm=backbone.proj_norm) == dict(arch=arch, **options)
+        options_set = dict(arch=backbone.arch, context_mask=backbone.context_mask, proj_norm=backbone.proj_norm)
+        assert options_set == dict(arch=arch, **options)
         assert converted['backbone.stages.2.3.dwconv.bn.running_mean'] is \
             state[f'stages.2.3.{depthwise}.bn.running_mean']
     back = mmppma_to_release(converted, family)  # VMINet: in the revision the converted state records
@@ -182,7 +183,7 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
     assert convert('only.pth', '--backbone-only') == 0
     assert set(torch.load(tmp_path / 'only.pth')['state_dict']) == backbone_keys(config)
     if family == 'VMINet':
-        assert "backbone needs mask='none', proj_norm=True" in capsys.readouterr().out
+        assert "backbone needs context_mask='none', proj_norm=True" in capsys.readouterr().out
     pretrained = dict(type='Pretrained', checkpoint=str(tmp_path / 'only.pth'), prefix='backbone.')
     model = build(config, device='cpu', init_cfg=pretrained)
     model.backbone.init_weights()
@@ -194,7 +195,7 @@ def test_cli_output_loads_into_the_named_config(family, tmp_path, converter_main
     assert torch.equal(model.head.fc.weight, state['head.weight'])
     if family == 'VMINet':  # the release's blocks need the revision's options
         default = VMINet('ti', out_indices=(3, ), out_norm='BN', init_cfg=pretrained)
-        with pytest.raises(ValueError, match=r"release revision 6b11d4a, whose blocks need mask='none'"):
+        with pytest.raises(ValueError, match=r"release revision 6b11d4a, whose blocks need context_mask='none'"):
             default.init_weights()
     ten = dict(state, **{'head.weight': torch.zeros(10, state['head.weight'].shape[1]), 'head.bias': torch.zeros(10)})
     torch.save(container(ten), tmp_path / 'release.pth')
@@ -365,7 +366,7 @@ def release_logits(state: dict, revision: str, x: torch.Tensor, tril: bool = Non
     block: u = BN(dwconv(x)); y = relu6(f1(u)) f2(u); s_c = sum_n w_n y[c, n] (the mask keeps n >= c);
     out = x + g(relu6(stack_0 s + stack_1 y))."""
     depthwise, g_bn = REVISIONS[revision][0], REVISIONS[revision][1]['proj_norm']
-    tril = REVISIONS[revision][1]['mask'] == 'tril' if tril is None else tril
+    tril = REVISIONS[revision][1]['context_mask'] == 'tril' if tril is None else tril
     st = {k: v.to(x.dtype) if v.is_floating_point() else v for k, v in state.items()}
 
     def conv(key, x, stride=1, groups=1):
@@ -399,10 +400,10 @@ def rel_max_error(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 # revision -> (a config with other options, the error)
 WRONG_CONFIGS = {
-    '6b11d4a': [('vminet_ti_8xb128_in1k.py', r"need mask='none'; this backbone has mask='tril'"),
-                ('vminet_ti_release-7c2632c_in1k.py', r"need mask='none', proj_norm=True")],
+    '6b11d4a': [('vminet_ti_8xb128_in1k.py', r"need context_mask='none'; this backbone has context_mask='tril'"),
+                ('vminet_ti_release-7c2632c_in1k.py', r"need context_mask='none', proj_norm=True")],
     '7c2632c': [('vminet_ti_8xb128_in1k.py', r'need proj_norm=False; this backbone has proj_norm=True'),
-                ('vminet_ti_release-6b11d4a_in1k.py', r"need mask='tril', proj_norm=False")],
+                ('vminet_ti_release-6b11d4a_in1k.py', r"need context_mask='tril', proj_norm=False")],
 }
 
 
@@ -427,7 +428,7 @@ def test_converted_vminet_release_gives_release_logits(size, revision, tmp_path,
     assert ref.abs().max() > 1 and ref.std() > 0.1  # logits far from degenerate
     assert rel_max_error(logits, ref) < 1e-4
     if size == 'Ti':  # the other revision's mask is far outside the tolerance
-        other_mask = REVISIONS[revision][1]['mask'] != 'tril'
+        other_mask = REVISIONS[revision][1]['context_mask'] != 'tril'
         assert rel_max_error(release_logits(state, revision, x, tril=other_mask), ref) > 1e-3
         for wrong, message in WRONG_CONFIGS[revision]:
             with pytest.raises(ValueError, match=message + r'.*release-' + revision):
@@ -450,8 +451,8 @@ def test_vminet_options_the_weights_contradict_are_errors():
     with pytest.raises(ValueError, match='unconverted VMINet release state dict.*release_to_mmppma.py --family VMINet'):
         VMINet('ti', out_indices=(3, ), out_norm=None, proj_norm=False).load_state_dict(raw)
     state = vminet_state('Ti', '6b11d4a')
-    with pytest.raises(CheckpointMismatchError, match=r"model.backbone has mask='tril'; the release revision "
-                       r"6b11d4a needs mask='none'"):
+    with pytest.raises(CheckpointMismatchError, match=r"model.backbone has context_mask='tril'; the release revision "
+                       r"6b11d4a needs context_mask='none'"):
         release_to_mmppma(state, 'VMINet', config=REPO_ROOT / 'configs' / 'vminet_ti_8xb128_in1k.py')
     mixed = {k: v for k, v in state.items() if '.g.bn.' not in k}  # dwconv without g.bn
     with pytest.raises(CheckpointMismatchError, match="neither release revision's layout"):

@@ -13,8 +13,9 @@ import torch.nn as nn
 import yaml
 
 from mmppma.models import MLLA, PPMA, PPMAClsHead, VMINet
-from mmppma.models.backbones.vminet import RELEASE_REVISIONS
-from mmppma.models.utils import CheckpointMismatchError, release_loading, release_to_mmppma
+from mmppma.models.backbones import release_format
+from mmppma.models.backbones.vminet_release import RELEASE_REVISIONS
+from mmppma.models.utils import CheckpointMismatchError, release_to_mmppma
 from mmppma.utils import model_zoo
 
 from .conftest import fixture_shapes, random_tensors
@@ -54,7 +55,7 @@ def test_init_cfg_converts_a_release_checkpoint(family, tmp_path, monkeypatch):
     """A dense backbone with the det/seg configs' ``init_cfg`` (prefix 'backbone.') given a release classification
     checkpoint: every backbone tensor is the converter's, only the output norms the release lacks are left."""
     reports = []
-    monkeypatch.setattr(release_loading, '_log', reports.append)  # the report mmengine's logger receives
+    monkeypatch.setattr(release_format, '_log', reports.append)  # the report mmengine's logger receives
     state = release_state(family)
     path = save_release(tmp_path / 'best.pth', state)
     backbone = BACKBONES[family](out_indices=(0, 1, 2, 3),
@@ -71,7 +72,7 @@ def test_init_cfg_converts_a_release_checkpoint(family, tmp_path, monkeypatch):
     fresh = sorted(set(got) - set(want))
     norms = tuple(f'{backbone.out_norm_name(i)}.' for i in range(4))
     assert fresh and all(k.startswith(norms) for k in fresh), fresh
-    assert len(reports) == 1 and 'converted on load by release_to_mmppma' in reports[0]
+    assert len(reports) == 1 and f'converted on load ({family}-{KEY_LISTS[family].split("_")[1].lower()}' in reports[0]
     assert all(repr(k) in reports[0] for k in fresh)  # what was left at its initialization is named
     if family == 'PPMA':  # the release's own backbone names, unchanged (docs/checkpoints.md)
         for key in want:
@@ -149,7 +150,7 @@ def test_init_model_and_get_model_convert_release_checkpoints(family, served, tm
     release = save_release(tmp_path / 'release.pth', state)
     torch.testing.assert_close(logits(init_model(config, release), images), want, rtol=0, atol=0)
     if family == 'VMINet':
-        with pytest.raises(ValueError, match="mask='none'.*proj_norm=True|proj_norm=True.*mask"):
+        with pytest.raises(ValueError, match="context_mask='none'.*proj_norm=True|proj_norm=True.*context_mask"):
             init_model(str(REPO / 'configs/vminet_ti_release-7c2632c_in1k.py'), release)
     if family == 'PPMA':
         monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))

@@ -2,7 +2,7 @@
 """FLOPs and parameters with mmengine's counter, attention included (mmppma.models.utils.flops).
 
     # a PPMA/RMT classifier (backbone + release head, 1000 classes), no downstream library needed
-    python tools/get_flops.py --model PPMA --arch tiny [--mask polyline] [--shape 224 224]
+    python tools/get_flops.py --model PPMA --arch tiny [--mask polyline] [--form release] [--shape 224 224]
     # any OpenMMLab 2.0 config whose model runs as model(x, mode='tensor') (mmpretrain, mmseg, mmdet)
     python tools/get_flops.py configs/ppma_t_8xb128_in1k.py [--backbone-only] [--shape 224 224]
 
@@ -50,7 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('config', nargs='?', help='OpenMMLab config file (or use --model)')
     parser.add_argument('--model', choices=['PPMA', 'RMT'], help='build a classifier directly')
     parser.add_argument('--arch', default='tiny', help="with --model: 'tiny' | 'small' | 'base'")
-    parser.add_argument('--mask', default='polyline', help='with --model PPMA: the mask variant (Table 4)')
+    parser.add_argument('--mask', default='polyline', help="with --model PPMA: the mask's decays (Table 4)")
+    parser.add_argument('--form', default='release', help="with --model PPMA: the ops' form (release, paper, v2h)")
     parser.add_argument('--shape', type=int, nargs=2, default=[224, 224], metavar=('H', 'W'))
     parser.add_argument('--backbone-only', action='store_true', help='count the backbone only')
     parser.add_argument('--by-operator', action='store_true', help='print the per-operator breakdown')
@@ -62,9 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace) -> Tuple[nn.Module, str]:
     if args.model:
-        backbone = (PPMA(args.arch, mask=args.mask, out_indices=(3, ), out_norm=False)
+        backbone = (PPMA(args.arch, mask=args.mask, form=args.form, out_indices=(3, ), out_norm=False)
                     if args.model == 'PPMA' else RMT(args.arch, out_indices=(3, ), out_norm=False))
-        name = f'{args.model}-{args.arch}' + (f' ({args.mask} mask)' if args.model == 'PPMA' else '')
+        name = f'{args.model}-{args.arch}' + (f' ({args.mask} mask, form {args.form})' if args.model == 'PPMA' else '')
         return (backbone if args.backbone_only else Classifier(backbone)), name
     from mmengine.config import Config
     from mmengine.registry import MODELS, DefaultScope, init_default_scope

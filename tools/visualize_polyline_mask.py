@@ -183,8 +183,9 @@ def main(argv=None) -> int:
     maps = attention_maps(attn, captured, i, j)
     os.makedirs(args.out, exist_ok=True)
     tag = f's{args.stage}b{args.block}'
+    weights = 'random init' if args.checkpoint.lower() == 'none' else 'trained'
     title = (f'{type(backbone).__name__} stage {args.stage} block {args.block} ({attn.attn_type}, '
-             f'mask={attn.mask}, {"random init" if args.checkpoint.lower() == "none" else "trained"})')
+             f'mask={attn.mask}, form={attn.form}, {weights})')
     paths = draw(maps, image, (i, j), args.out, tag, args.heads, title)
     npz = osp.join(args.out, f'maps_{tag}_q{i}_{j}.npz')
     np.savez_compressed(npz, query=np.array([i, j]), **maps)

@@ -6,7 +6,7 @@
 # (top-level `pretrained`: an mmppma classification checkpoint, or a release one converted with
 # tools/model_converters/release_to_mmppma.py --family VMINet) and the heads' in_channels. A converted release
 # checkpoint also needs its revision's backbone options, as configs/vminet_*_release-<revision>_in1k.py set them:
-# 6b11d4a mask='none', proj_norm=True; 7c2632c mask='tril', proj_norm=False (loading it
+# 6b11d4a context_mask='none', proj_norm=True; 7c2632c context_mask='tril', proj_norm=False (loading it
 # with other options is an error naming them). To train from scratch: --cfg-options
 # model.backbone.init_cfg=None.
 _base_ = './seg_upernet_160k.py'

@@ -26,9 +26,9 @@ BACKBONES = {  # VMINet traced at another size than its token-weight tables are 
     'MLLA': lambda: MLLA(MLLA_ARCH, mask='none', out_indices=(0, )),
     'PPMLA': lambda: MLLA(MLLA_ARCH, mask='polyline', out_indices=(0, )),
     'VMINet': lambda: VMINet(VMINET_ARCH, img_size=64, out_indices=(0, 1)),
-    **{f'PPMA-{mask}': lambda mask=mask: PPMA(PPMA_ARCH, mask=mask, out_indices=(0, 1))
-       for mask in ('v2h', 'shared', 'none')},
-    'PPMA-paper': lambda: PPMA(PPMA_ARCH, form='paper', out_indices=(0, 1)),
+    **{f'PPMA-{mask}': lambda mask=mask: PPMA(PPMA_ARCH, mask=mask, out_indices=(0, 1)) for mask in ('shared', 'none')},
+    'PPMA-v2h': lambda: PPMA(PPMA_ARCH, form='v2h', out_indices=(0, 1)),
+    'PPMA-paper': lambda: PPMA(dict(PPMA_ARCH, attn_types=['whole', 'whole']), form='paper', out_indices=(0, 1)),
 }
 
 

@@ -22,8 +22,10 @@ VMINET_ARCH = dict(embed_dims=[8, 16, 24, 32], depths=[1, 1, 2, 1], mlp_ratios=[
 #: variants by name as builders taking impl.
 TWO_STAGE_ARCH = dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4], mlp_ratios=[2, 2],
                       attn_types=['criss_cross', 'whole'])
+#: the same in whole attention only: what form 'paper' takes
+TWO_WHOLE_STAGES_ARCH = dict(TWO_STAGE_ARCH, attn_types=['whole', 'whole'])
 TWO_STAGES = {
-    'PPMA': lambda impl='torch', **kwargs: PPMA(TWO_STAGE_ARCH, impl=impl, out_indices=(0, 1), **kwargs),
+    'PPMA': lambda impl='torch', arch=TWO_STAGE_ARCH, **kwargs: PPMA(arch, impl=impl, out_indices=(0, 1), **kwargs),
     'RMT': lambda impl='torch': RMT(TWO_STAGE_ARCH, impl=impl, out_indices=(0, 1)),
     **{name: lambda impl='torch', mask=mask: MLLA(dict(embed_dims=[16, 32], depths=[1, 1], num_heads=[2, 4]),
                                                  mask=mask, impl=impl, out_indices=(0, 1))
@@ -55,7 +57,7 @@ FAMILIES = {
     'PPMLA': Family(MLLA, MLLA_ARCH, dict(mask='polyline'), per_stage='num_heads',
                     bad_choice=(dict(mask='PPMLA'), r"mask='PPMLA'.*'none', 'polyline'")),
     'VMINet': Family(VMINet, VMINET_ARCH, dict(img_size=64), per_stage='mlp_ratios',
-                     bad_choice=(dict(mask='banded'), "mask='banded'.*'none', 'tril'")),
+                     bad_choice=(dict(context_mask='banded'), "context_mask='banded'.*'none', 'tril'")),
 }
 
 

@@ -75,7 +75,7 @@ def test_argument_errors_name_the_fix(name):
 
 
 @pytest.mark.parametrize('name, key, new', [('PPMA', 'attn_form', 'form'), ('MLLA', 'attn', 'mask'),
-                                            ('VMINet', 'context_mask', 'mask')])
+                                            ('VMINet', 'mask', 'context_mask')])
 def test_a_config_with_another_name_for_the_variant_switch_fails_naming_it(name, key, new):
     from mmengine.registry import MODELS
     with pytest.raises(TypeError, match=rf"unexpected keyword arguments \['{key}'\]; its keywords are .*\b{new}\b"):

@@ -6,14 +6,14 @@ import torch
 
 from mmppma.ops import dispatch
 
-from .conftest import TWO_STAGES
+from .conftest import TWO_STAGES, TWO_WHOLE_STAGES_ARCH
 
 #: variant -> builder taking impl: PPMA with each mask and form, RMT, MLLA, PPMLA, VMINet
 VARIANTS = {
     **{name: TWO_STAGES[name] for name in ('PPMA', 'RMT', 'MLLA', 'PPMLA')},
-    'PPMA-paper': lambda impl: TWO_STAGES['PPMA'](impl, form='paper'),
-    **{f'PPMA-{mask}': (lambda impl, mask=mask: TWO_STAGES['PPMA'](impl, mask=mask))
-       for mask in ('shared', 'v2h', 'none')},
+    'PPMA-paper': lambda impl: TWO_STAGES['PPMA'](impl, TWO_WHOLE_STAGES_ARCH, form='paper'),
+    'PPMA-v2h': lambda impl: TWO_STAGES['PPMA'](impl, form='v2h'),
+    **{f'PPMA-{mask}': (lambda impl, mask=mask: TWO_STAGES['PPMA'](impl, mask=mask)) for mask in ('shared', 'none')},
     'VMINet': lambda impl: TWO_STAGES['VMINet'](),
 }
 DTYPES = {'fp16': torch.float16, 'bf16': torch.bfloat16}

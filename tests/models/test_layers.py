@@ -52,15 +52,15 @@ def ref_attention_module(mod: PolylinePathAttention, x: torch.Tensor, decay=None
     def sm(bias, where=None):
         return (s + bias if where is None else (s + bias).masked_fill(~where, float('-inf'))).softmax(-1)
 
-    if mod.attn_type == 'whole' and mod.mask in ('polyline', 'shared'):
+    if mod.attn_type == 'whole' and mod.mask in ('polyline', 'shared') and mod.form != 'v2h':
         two_paths = m.exp() + m.transpose(-1, -2).exp()
         attn = s.softmax(-1) * two_paths if mod.form == 'paper' else 0.5 * sm(m) + 0.5 * sm(m.transpose(-1, -2))
-    elif mod.attn_type == 'whole':  # v2h, rmt, none: one softmax with M
+    elif mod.attn_type == 'whole':  # form v2h, rmt, none: one softmax with M
         attn = sm(m)
     else:  # on a row / column the V2H mask is the 1D segment mask (and RMT's the 1D distance decay)
         aw, ah = sm(m, same_row), sm(m, same_col)
-        # RMT: rows first; v2h: down the key's column, then along the query's row; else both orders
-        attn = {'rmt': ah @ aw, 'v2h': aw @ ah}.get(mod.mask, 0.5 * ah @ aw + 0.5 * aw @ ah)
+        # RMT: rows first; form v2h: down the key's column, then along the query's row; else both orders
+        attn = ah @ aw if mod.mask == 'rmt' else aw @ ah if mod.form == 'v2h' else 0.5 * ah @ aw + 0.5 * aw @ ah
     if parts:
         return attn, m, s
     out = (attn @ vf).reshape(b, n, h, w, d).permute(0, 2, 3, 1, 4).reshape(b, h, w, c)
@@ -122,7 +122,9 @@ def test_path_embed_init_distributions():
     assert abs(dt.log().std().item() - (hi - lo) / math.sqrt(12)) < 0.05
 
 
-CASES = [(t, m, 'release') for t in ('whole', 'criss_cross') for m in PPMA_MASKS] + [('whole', 'polyline', 'paper')]
+CASES = [(t, m, 'release') for t in ('whole', 'criss_cross') for m in PPMA_MASKS] + [
+    ('whole', 'polyline', 'paper'), ('whole', 'polyline', 'v2h'), ('criss_cross', 'polyline', 'v2h'),
+    ('criss_cross', 'shared', 'v2h')]
 
 
 def attention_layer(attn_type, mask, form, c=8, n=2):
@@ -147,7 +149,8 @@ def test_attention_layer_and_its_query_maps_match_the_dense_reference(attn_type,
     maps = mod.query_maps(x, rope(h, w), queries)
     attn, m, s = ref_attention_module(mod, x, rope.decay, parts=True)
     rows = [i * w + j for i, j in queries]
-    want_mask = m.exp() + m.transpose(-1, -2).exp() if mask in ('polyline', 'shared') else m.exp()
+    two_paths = mask in ('polyline', 'shared') and form != 'v2h'
+    want_mask = m.exp() + m.transpose(-1, -2).exp() if two_paths else m.exp()
     for key, want in (('attention', attn), ('mask', want_mask), ('unmasked', s.softmax(-1))):
         assert maps[key].shape == (2, 2, len(queries), h, w) and maps[key].dtype == torch.float32
         want = want.expand(2, -1, -1, -1)[:, :, rows].float()  # RMT's mask: one for the batch
@@ -157,7 +160,11 @@ def test_attention_layer_and_its_query_maps_match_the_dense_reference(attn_type,
 
 
 def test_attention_rejects_bad_choices():
-    for kwargs, message in ((dict(mask='hilbert'), "mask='hilbert'"), (dict(attn_type='local'), "attn_type='local'"),
-                            (dict(form='dense'), "form='dense'"), (dict(embed_dims=10, num_heads=4), 'divisible')):
+    for kwargs, message in ((dict(mask='hilbert'), "mask='hilbert'"), (dict(form='dense'), "form='dense'"),
+                            (dict(attn_type='local'), r"attn_types\[0\]='local'"),
+                            (dict(embed_dims=10, num_heads=4), 'divisible'),
+                            (dict(mask='v2h'), "mask='polyline', form='v2h'"),
+                            (dict(mask='none', form='v2h'), "form='v2h' applies to a learned mask"),
+                            (dict(attn_type='criss_cross', form='paper'), r"stages \[0\] are 'criss_cross'")):
         with pytest.raises(ValueError, match=message):
             PolylinePathAttention(**{'embed_dims': 8, 'num_heads': 2, **kwargs})

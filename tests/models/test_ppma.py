@@ -12,7 +12,9 @@ from mmppma.models.utils import count_flops
 from ..conftest import fixture_shapes
 from .conftest import SMALL_ARCH, Classifier, num_params
 
-MASKS = ['polyline', 'shared', 'v2h', 'none', 'rmt']
+MASKS = ['polyline', 'shared', 'none', 'rmt']
+#: paper Table 4's variants as (mask, form)
+VARIANTS = [(mask, 'release') for mask in MASKS] + [('polyline', 'v2h')]
 # docs/method.md §7: parameter counts with the 1000-class head
 PARAM_COUNTS = {
     (PPMA, 'tiny'): 14_335_272, (PPMA, 'small'): 26_969_472, (PPMA, 'base'): 54_158_524,
@@ -70,7 +72,11 @@ def test_argument_errors():
             (dict(arch=dict(SMALL_ARCH, attn_types=['local'] * 4)), ValueError,
              r"attn_types\[0\]='local'.*'criss_cross', 'whole'"),
             (dict(arch=dict(SMALL_ARCH, num_heads=[16, 2, 4, 4])), ValueError, 'even head dimension'),
-            (dict(arch=SMALL_ARCH, form='dense'), ValueError, r"form='dense'.*'release', 'paper'")):
+            (dict(arch=SMALL_ARCH, form='dense'), ValueError, r"form='dense'.*'release', 'paper', 'v2h'"),
+            (dict(arch=SMALL_ARCH, mask='v2h'), ValueError, r"mask='v2h' is not a mask.*mask='polyline', form='v2h'"),
+            (dict(arch=SMALL_ARCH, mask='rmt', form='v2h'), ValueError, "form='v2h' applies to a learned mask"),
+            (dict(arch=SMALL_ARCH, form='paper'), ValueError,
+             r"form='paper'.*stages \[0, 1\] are 'criss_cross'.*attn_types 'whole' in every stage")):
         with pytest.raises(error, match=message):
             PPMA(**kwargs)
     with pytest.raises(TypeError, match='RMT takes no form'):
@@ -79,12 +85,12 @@ def test_argument_errors():
         PPMA(SMALL_ARCH, 3, 'polyline', 'release', 'auto', 0.1)  # the keywords after impl are keyword only
 
 
-@pytest.mark.parametrize('mask', MASKS)
-def test_mask_variants_forward_backward(mask):
-    model = PPMA(SMALL_ARCH, mask=mask, drop_path_rate=0.1)
+@pytest.mark.parametrize('mask, form', VARIANTS)
+def test_mask_variants_forward_backward(mask, form):
+    model = PPMA(SMALL_ARCH, mask=mask, form=form, drop_path_rate=0.1)
     sum(o.sum() for o in model(torch.randn(2, 3, 29, 23))).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
-    if mask in ('polyline', 'shared', 'v2h'):
+    if mask in ('polyline', 'shared'):
         assert model.layers[0].blocks[0].retention.path_embed.dt_bias.grad.abs().sum() > 0
 
 
@@ -95,7 +101,7 @@ def test_mask_variant_parameters():
     one_row = sum(depth * d for depth, d in zip(SMALL_ARCH['depths'], head_dims))
     decay_params = sum(depth * (2 * n + 2 * d)
                        for depth, n, d in zip(SMALL_ARCH['depths'], SMALL_ARCH['num_heads'], head_dims))
-    assert counts['v2h'] == counts['polyline']
+    assert num_params(PPMA(SMALL_ARCH, form='v2h')) == counts['polyline']
     assert counts['polyline'] - counts['shared'] == one_row
     assert counts['polyline'] - counts['none'] == decay_params
     assert counts['rmt'] == counts['none'] == num_params(RMT(SMALL_ARCH))
@@ -112,7 +118,7 @@ def test_paper_form_and_reference_impl():
         ref_model.load_state_dict(model.state_dict())
         for a, b in zip(model(x), ref_model(x)):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-        paper = PPMA(SMALL_ARCH, form='paper').eval()
+        paper = PPMA(dict(SMALL_ARCH, attn_types=['whole'] * 4), form='paper').eval()
         paper.load_state_dict(model.state_dict())
         assert all(torch.isfinite(o).all() for o in paper(x))
 

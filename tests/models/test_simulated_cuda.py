@@ -10,7 +10,7 @@ import torch
 from ..conftest import REPO_ROOT
 from ..ops.oracle import tf32
 from .conftest import TWO_STAGE_ARCH as ARCH
-from .conftest import TWO_STAGES, require
+from .conftest import TWO_STAGES, TWO_WHOLE_STAGES_ARCH, require
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 if torch.cuda.is_available():
@@ -22,12 +22,13 @@ from mmppma.ops.triton_support import launch, preflight  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("error:.*impl='auto' falls back:UserWarning")
 LINE, WHOLE_KERNELS, SCAN = {'_line_fwd', '_line_bwd'}, {'_whole_fwd', '_whole_bwd'}, {'_scan_kernel'}
 #: variant -> (the backbone for an impl, the kernels a training step launches); PPMA's mask 'none' attends in its
-#: whole stage with SDPA, form 'paper' with the torch path
+#: whole stage with SDPA, form 'paper' (whole stages only) with the torch path
 MODELS = {
     'PPMA': (TWO_STAGES['PPMA'], LINE | WHOLE_KERNELS),
-    'PPMA-paper': (lambda impl: TWO_STAGES['PPMA'](impl, form='paper'), LINE),
+    'PPMA-paper': (lambda impl: TWO_STAGES['PPMA'](impl, TWO_WHOLE_STAGES_ARCH, form='paper'), set()),
+    'PPMA-v2h': (lambda impl: TWO_STAGES['PPMA'](impl, form='v2h'), LINE | WHOLE_KERNELS),
     **{f'PPMA-{mask}': (lambda impl, mask=mask: TWO_STAGES['PPMA'](impl, mask=mask), kernels)
-       for mask, kernels in (('shared', LINE | WHOLE_KERNELS), ('v2h', LINE | WHOLE_KERNELS), ('none', LINE))},
+       for mask, kernels in (('shared', LINE | WHOLE_KERNELS), ('none', LINE))},
     'RMT': (TWO_STAGES['RMT'], LINE | WHOLE_KERNELS),
     'PPMLA': (TWO_STAGES['PPMLA'], SCAN),
     'VMINet': (TWO_STAGES['VMINet'], set()),

@@ -65,15 +65,15 @@ def release_block(block: VMISABlock, x: torch.Tensor, tril: bool) -> torch.Tenso
     return x + block.g(F.relu6(y))
 
 
-@pytest.mark.parametrize('mask', ['tril', 'none'])
-def test_block_matches_release_formulation(mask):
-    block = VMISABlock(6, 2, (7, 5), mask=mask).double().eval()
+@pytest.mark.parametrize('context_mask', ['tril', 'none'])
+def test_block_matches_release_formulation(context_mask):
+    block = VMISABlock(6, 2, (7, 5), context_mask=context_mask).double().eval()
     with torch.no_grad():
         block.stack.copy_(torch.tensor([0.7, 1.3]))
         for bn in (block.dwconv.bn, block.g.bn):
             bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2), bn.weight.normal_(), bn.bias.normal_()
     x = torch.randn(2, 6, 7, 5, dtype=torch.float64)
-    torch.testing.assert_close(block(x), release_block(block, x, mask == 'tril'))
+    torch.testing.assert_close(block(x), release_block(block, x, context_mask == 'tril'))
 
 
 def test_token_weights_resize():
@@ -101,12 +101,12 @@ def test_one_pixel_late_stages():
     assert model.stages[2].blocks[1].sum.weight.grad.abs().sum() > 0  # the resized table is trained
 
 
-def test_mask_proj_norm_and_out_norm_options():
+def test_context_mask_proj_norm_and_out_norm_options():
     keys = set(VMINet(VMINET_ARCH, proj_norm=True).state_dict())
     assert 'stages.0.1.g.bn.weight' in keys and 'stages.0.1.sum.weight' in keys
     assert not any('.g.bn.' in k for k in VMINet(VMINET_ARCH, proj_norm=False).state_dict())
-    a = VMINet(VMINET_ARCH, mask='tril').eval()
-    b = VMINet(VMINET_ARCH, mask='none').eval()
+    a = VMINet(VMINET_ARCH, context_mask='tril').eval()
+    b = VMINet(VMINET_ARCH, context_mask='none').eval()
     b.load_state_dict(a.state_dict())
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():

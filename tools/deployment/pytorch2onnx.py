@@ -72,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--opset', type=int, default=18, help='ONNX opset version (default 18)')
     parser.add_argument('--seed', type=int, default=0, help='seed of the random weights and inputs')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
-                        help='override config entries, e.g. model.backbone.mask=v2h')
+                        help='override config entries, e.g. model.backbone.form=v2h')
     parser.add_argument('--debug', action='store_true', help='on a failure, print the traceback too')
     args = parser.parse_args(argv)
     if args.batch < 1 or min(args.shape) < 1:

@@ -14,10 +14,10 @@ The release layouts read:
   buffers (``*.attn.rope.rotations``) are dropped (mmppma computes RoPE per input size); the final ``norm``
   becomes ``backbone.norm3``, ``head`` ``head.fc``.
 * VMINet: yws-wxs/VMINet, ``vminet.py`` at commit 6b11d4a or 7c2632c, told apart by the keys: blocks'
-  ``dwconv`` with ``g.bn`` is 6b11d4a (``mask='none', proj_norm=True``), blocks' ``conv`` without
-  ``g.bn`` is 7c2632c (``mask='tril', proj_norm=False``; ``conv.`` renamed ``dwconv.``). DST records
+  ``dwconv`` with ``g.bn`` is 6b11d4a (``context_mask='none', proj_norm=True``), blocks' ``conv`` without
+  ``g.bn`` is 7c2632c (``context_mask='tril', proj_norm=False``; ``conv.`` renamed ``dwconv.``). DST records
   the revision and its options (``meta['mmppma_vminet_release']`` and the state dict's load metadata);
-  loading it into a VMINet whose ``mask`` or ``proj_norm`` differs is an error naming the option.
+  loading it into a VMINet whose ``context_mask`` or ``proj_norm`` differs is an error naming the option.
 
 Two steps: convert (this script prints the config to load the result with on a line of its own, ``config:
 configs/<family>_<arch>_8xb128_in1k.py``, for VMINet ``configs/vminet_<arch>_release-<revision>_in1k.py``),
@@ -51,7 +51,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run from a checkout
 
-from mmppma.models.backbones.vminet import RELEASE_RECORD  # noqa: E402
+from mmppma.models.backbones.vminet_release import RELEASE_RECORD  # noqa: E402
 from mmppma.models.utils.checkpoint_convert import (  # noqa: E402
     FAMILIES,
     CheckpointMismatchError,

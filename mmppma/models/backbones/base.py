@@ -17,6 +17,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmppma.utils.checks import check_choice  # noqa: F401  (the backbones' choice check)
 
+from .release_format import is_release_layout, load_release_into_backbone, read_checkpoint_state, release_format
+
 
 def resolve_arch_settings(arch: Union[str, dict],
                           zoo: Mapping[str, dict],
@@ -225,19 +227,13 @@ class StagedBackbone(BaseModule):
     def init_weights(self) -> None:
         """Apply ``init_cfg`` (e.g. Pretrained with a prefix); without one, keep the release init done at
         construction. A Pretrained checkpoint in a release's own classification layout is converted on load
-        (``mmppma.models.utils.release_loading``; its ``prefix``, meant for mmppma checkpoints, does not apply)."""
+        (:mod:`.release_format`; its ``prefix``, meant for mmppma checkpoints, does not apply)."""
         if self.init_cfg is None:
             return
         pretrained = self._pretrained_checkpoint()
         if pretrained is not None and not self._is_init:
-            from ..utils.release_loading import (
-                backbone_family,
-                is_release_layout,
-                load_release_into_backbone,
-                read_checkpoint_state,
-            )
             state = read_checkpoint_state(pretrained)
-            if is_release_layout(state, backbone_family(self)):
+            if is_release_layout(state, release_format(self)):
                 load_release_into_backbone(self, state, pretrained)
                 self._is_init = True
                 return

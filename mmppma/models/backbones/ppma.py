@@ -5,7 +5,7 @@ last followed by a stride-2 conv downsample -> per ``out_indices`` the stage out
 LayerNorm'ed (eps 1e-5, ``outnorm{i}``) when ``out_norm``, as NCHW.
 
 Module names follow the release's checkpoint layout (docs/method.md §8), so official weights load with an
-identity key mapping (see :mod:`mmppma.models.utils.checkpoint_convert`).
+identity key mapping (:mod:`.ppma_release`).
 """
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -14,17 +14,9 @@ import torch.nn as nn
 
 from mmppma.registry import register_model
 
-from ..layers import (
-    PPMA_ATTN_TYPES,
-    PPMA_FORMS,
-    PPMA_MASKS,
-    ConvDownsample,
-    ConvStem,
-    PPMABlock,
-    PPMAStage,
-    RasterRoPE2D,
-)
-from .base import StagedBackbone, check_choice, resolve_arch_settings
+from ..layers import ConvDownsample, ConvStem, PPMABlock, PPMAStage, RasterRoPE2D, check_variant
+from . import ppma_release
+from .base import StagedBackbone, resolve_arch_settings
 
 CC, WHOLE = 'criss_cross', 'whole'
 _TINY = dict(embed_dims=[64, 128, 256, 512], depths=[2, 2, 8, 2], num_heads=[4, 4, 8, 16], mlp_ratios=[3, 3, 3, 3],
@@ -57,18 +49,18 @@ def _ppma_defaults(num_stages: int) -> dict:
 
 def resolve_arch(arch: Union[str, dict]) -> dict:
     """A named arch (``'tiny' | 'small' | 'base'`` or ``t | s | b``) or a custom dict -> a full, checked
-    settings dict (a copy). Raises ``ValueError``/``TypeError`` naming the valid choices."""
+    settings dict (a copy). Raises ``ValueError``/``TypeError`` naming the valid choices; the ``attn_types``
+    are checked with the mask and form (:func:`~mmppma.models.layers.attention.check_variant`)."""
     named = isinstance(arch, str)
     arch = resolve_arch_settings(arch, ARCH_ZOO, 'PPMA', REQUIRED_KEYS, OPTIONAL_KEYS, PER_STAGE_KEYS,
                                  _ppma_defaults)
     if named:
         return arch
-    for i, (dims, heads) in enumerate(zip(arch['embed_dims'], arch['num_heads'])):
-        if dims % heads or (dims // heads) % 2:
-            raise ValueError(f'custom PPMA arch dict: stage {i} embed_dims={dims} must be num_heads={heads} times '
-                             f'an even head dimension (RoPE rotates channel pairs)')
-    for i, t in enumerate(arch['attn_types']):
-        check_choice(f'custom PPMA arch dict: attn_types[{i}]', t, PPMA_ATTN_TYPES)
+    odd = [(i, d, n) for i, (d, n) in enumerate(zip(arch['embed_dims'], arch['num_heads'])) if d % n or d // n % 2]
+    if odd:
+        i, dims, heads = odd[0]
+        raise ValueError(f'custom PPMA arch dict: stage {i} embed_dims={dims} must be num_heads={heads} times '
+                         f'an even head dimension (RoPE rotates channel pairs)')
     return arch
 
 
@@ -77,13 +69,15 @@ class PPMA(StagedBackbone):
     """Polyline Path Masked Attention backbone (NeurIPS 2025), for classification and dense prediction.
 
     Args:
-        arch: 'tiny' | 'small' | 'base' (or 't' | 's' | 'b'), or a dict with keys embed_dims, depths,
-            num_heads, mlp_ratios, attn_types (per stage 'criss_cross' | 'whole'), and optionally
-            layer_scales (per stage bool), layer_scale_init_value, heads_ranges (RMT decay ranges).
-        in_channels: image channels.
-        mask: the structured mask (paper Table 4): 'polyline' (2D, learned, default), 'shared' (one learned
-            decay for both directions), 'v2h' (V2H path only), 'rmt' (fixed Manhattan decay), 'none'.
-        form: the whole attention's form with a learned mask (the ops' ``form``): 'release' (default) or 'paper'.
+        arch: a named arch of :data:`ARCH_ZOO` ('tiny' | 'small' | 'base', or 't' | 's' | 'b') or a dict with
+            keys embed_dims, depths, num_heads, mlp_ratios, attn_types (per stage 'criss_cross' | 'whole'), and
+            optionally layer_scales (per stage bool), layer_scale_init_value, heads_ranges (RMT decay ranges).
+        in_channels: image channels (3 for RGB).
+        mask: the path mask's decays (paper Table 4): 'polyline' (learned, horizontal and vertical; default),
+            'shared' (one learned decay for both directions), 'rmt' (fixed Manhattan decay), 'none'.
+        form: the ops' ``form`` with a learned mask: 'release' (default; the checkpoints'), 'v2h' (the V2H path
+            only, paper Table 4) or 'paper' (whole attention's Eq. 10; every stage's attn_type 'whole').
+            Checked with ``mask`` and the ``attn_types`` here (:func:`~mmppma.models.layers.check_variant`).
         impl: attention implementation passed to :mod:`mmppma.ops` ('auto' | 'torch' | 'triton' | 'reference').
         out_norm: LayerNorm (eps 1e-5) each returned output (``outnorm{i}``; the release's dense backbones).
             Classification checkpoints have none: classification configs set False.
@@ -95,6 +89,7 @@ class PPMA(StagedBackbone):
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
     arch_zoo = ARCH_ZOO
+    release_format = ppma_release
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',
@@ -105,10 +100,9 @@ class PPMA(StagedBackbone):
                  *,
                  out_norm: bool = True,
                  **kwargs) -> None:
-        check_choice('mask', mask, PPMA_MASKS)
-        check_choice('form', form, PPMA_FORMS)
         super().__init__(resolve_arch(arch), in_channels, **kwargs)
         s = self.arch_settings
+        check_variant(s['attn_types'], mask, form)
         self.mask, self.form, self.impl, self.out_norm = mask, form, impl, out_norm
 
         self.patch_embed = ConvStem(in_channels, self.embed_dims[0])

@@ -12,8 +12,10 @@ import torch.nn.functional as F
 from mmppma.registry import register_model
 
 from ..layers.conv import ConvBN
-from ..layers.vminet import VMINET_MASKS, VMISABlock, VMIStage, stage_sizes
+from ..layers.vminet import VMINET_CONTEXT_MASKS, VMISABlock, VMIStage, stage_sizes
+from . import vminet_release
 from .base import StagedBackbone, check_choice, resolve_arch_settings
+from .vminet_release import RELEASE_RECORD, read_release_record
 
 _DEPTHS = [2, 2, 18, 2]  # the release: every size has 24 blocks, as Vim's 24 Mamba blocks
 
@@ -36,14 +38,6 @@ OPTIONAL_KEYS = ('stem_channels', 'kernel_size')
 DEFAULTS = dict(stem_channels=32, kernel_size=7)
 OUT_NORMS = ('LN', 'BN')
 
-#: The public release's revisions of ``vminet.py`` (github.com/yws-wxs/VMINet) -> the options reproducing each.
-RELEASE_REVISIONS: Dict[str, dict] = {
-    '6b11d4a': dict(mask='none', proj_norm=True),  # blocks' ``dwconv``, BatchNorm after ``g``, no mask
-    '7c2632c': dict(mask='tril', proj_norm=False),  # blocks' ``conv``, no BatchNorm after ``g``, mask
-}
-#: Where a converted checkpoint records its release revision and options: ``state_dict._metadata[prefix]``
-#: (torch's per-module load metadata, which mmengine's ``load_checkpoint`` keeps) and the checkpoint's ``meta``.
-RELEASE_RECORD = 'mmppma_vminet_release'
 _BLOCK_KEY = re.compile(r'stages\.\d+\.[1-9]\d*\.(conv|dwconv|g)\.(bn\.)?')
 
 
@@ -74,7 +68,7 @@ class VMINet(StagedBackbone):
         in_channels: image channels.
         img_size: the (pre)training image size; fixes the size of the context weight tables (224 -> 56, 28,
             14, 7 tokens). Other input sizes resize the tables (see the module docstring).
-        mask: the context vector's mask, 'tril' (paper Eq. 10, default) or 'none'.
+        context_mask: the context vector's mask, 'tril' (paper Eq. 10, default) or 'none'.
         proj_norm: BatchNorm after each block's output projection (release revision 6b11d4a; default True).
         out_norm: per-output norm: 'LN' (``outnorm{i}``, channel LayerNorm, eps 1e-6; also ``True``), 'BN'
             (``norm{i}``, BatchNorm2d: the release classifier's norm), or None / False.
@@ -87,6 +81,7 @@ class VMINet(StagedBackbone):
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
     arch_zoo = ARCH_ZOO
+    release_format = vminet_release
     stem_name = 'stem'
     stages_name = 'stages'
 
@@ -94,16 +89,16 @@ class VMINet(StagedBackbone):
                  arch: Union[str, dict] = 'xs',
                  in_channels: int = 3,
                  img_size: Union[int, Sequence[int]] = 224,
-                 mask: str = 'tril',
+                 context_mask: str = 'tril',
                  proj_norm: bool = True,
                  *,
                  out_norm: Union[str, bool, None] = 'LN',
                  **kwargs) -> None:
-        check_choice('mask', mask, VMINET_MASKS)
+        check_choice('context_mask', context_mask, VMINET_CONTEXT_MASKS)
         out_norm = self._check_out_norm(out_norm)
         super().__init__(resolve_arch(arch), in_channels, **kwargs)
         s = self.arch_settings
-        self.mask, self.proj_norm, self.out_norm = mask, proj_norm, out_norm
+        self.context_mask, self.proj_norm, self.out_norm = context_mask, proj_norm, out_norm
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
 
         stem_channels = s['stem_channels']
@@ -113,7 +108,7 @@ class VMINet(StagedBackbone):
             dims = self.embed_dims[i]
             downsample = ConvBN(self.embed_dims[i - 1] if i else stem_channels, dims, 3, stride=2)
             blocks = [
-                VMISABlock(dims, s['mlp_ratios'][i], size, mask, proj_norm, s['kernel_size'], p)
+                VMISABlock(dims, s['mlp_ratios'][i], size, context_mask, proj_norm, s['kernel_size'], p)
                 for p in drop_paths
             ]
             self.stages.append(VMIStage(downsample, blocks, self.with_cp))
@@ -152,9 +147,13 @@ class VMINet(StagedBackbone):
         return tuple(outs)
 
     def check_release_record(self, record: Mapping) -> None:
-        """record: a converted release checkpoint's ``RELEASE_RECORD`` (revision, mask, proj_norm).
+        """record: a converted release checkpoint's ``RELEASE_RECORD`` (revision, context_mask, proj_norm).
         Raises ``ValueError`` naming the options to set when they differ from this backbone's."""
-        wrong = [k for k in ('mask', 'proj_norm') if k in record and record[k] != getattr(self, k)]
+        if 'mask' in record:
+            raise ValueError(f'a VMINet release record {dict(record)} names the context mask "mask"; reconvert the '
+                             'release checkpoint with tools/model_converters/release_to_mmppma.py --family VMINet, '
+                             'whose record names it context_mask')
+        wrong = [k for k in ('context_mask', 'proj_norm') if k in record and record[k] != getattr(self, k)]
         if wrong:
             revision = record.get('revision')
             need = ', '.join(f'{k}={record[k]!r}' for k in wrong)
@@ -210,15 +209,3 @@ class VMINet(StagedBackbone):
         stage, index = int(parts[1]), int(parts[2])
         return stage, 1 + sum(self.depths[:stage]) + max(index - 1, 0)
 
-
-def read_release_record(filename: str, prefix: str = '') -> Optional[dict]:
-    """The ``RELEASE_RECORD`` of a checkpoint file (its state dict's metadata for ``prefix``, else its
-    ``meta``), or None."""
-    from mmengine.runner.checkpoint import _load_checkpoint
-    checkpoint = _load_checkpoint(filename, map_location='cpu')
-    state = checkpoint.get('state_dict', checkpoint)
-    record = (getattr(state, '_metadata', None) or {}).get(prefix.rstrip('.'), {}).get(RELEASE_RECORD)
-    meta = checkpoint.get('meta')
-    if record is None and isinstance(meta, Mapping):
-        record = meta.get(RELEASE_RECORD)
-    return record

@@ -12,14 +12,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmppma.utils.checks import check_choice
-
 from .block import DropPath, run_blocks
 from .conv import ConvBN
 
-#: VMINet's mask switch, the context vector's mask: 'none' (plain per-token weighted sum) or 'tril' (the
+#: VMINet's ``context_mask``, the context vector's mask: 'none' (plain per-token weighted sum) or 'tril' (the
 #: release's lower-triangular mask on the (tokens x channels) matrix: channel c sums only over raster tokens n >= c).
-VMINET_MASKS = ('none', 'tril')
+VMINET_CONTEXT_MASKS = ('none', 'tril')
 
 
 class TokenWeights(nn.Module):
@@ -64,7 +62,7 @@ class VMISABlock(nn.Module):
         dim: channels C.
         mlp_ratio: expansion r of the two branches.
         base_size: the token grid the weight table is trained at (stage size at 224 x 224).
-        mask: 'none' or 'tril' (see :data:`VMINET_MASKS`).
+        context_mask: 'none' or 'tril' (see :data:`VMINET_CONTEXT_MASKS`).
         proj_norm: BatchNorm after ``g`` (release revision 6b11d4a: yes; 7c2632c: no).
         kernel_size: depthwise kernel (7).
         drop_path: stochastic depth probability of the residual branch.
@@ -74,14 +72,13 @@ class VMISABlock(nn.Module):
                  dim: int,
                  mlp_ratio: int,
                  base_size: Sequence[int],
-                 mask: str = 'tril',
+                 context_mask: str = 'tril',
                  proj_norm: bool = True,
                  kernel_size: int = 7,
                  drop_path: float = 0.0) -> None:
         super().__init__()
-        check_choice('mask', mask, VMINET_MASKS)
         hidden = int(mlp_ratio * dim)
-        self.mask = mask
+        self.context_mask = context_mask
         self.dwconv = ConvBN(dim, dim, kernel_size, groups=dim)
         self.f1 = ConvBN(dim, hidden, norm_name=None)
         self.f2 = ConvBN(dim, hidden, norm_name=None)
@@ -95,7 +92,7 @@ class VMISABlock(nn.Module):
         """y: (B, C, H, W) -> context vector (B, C, 1, 1)."""
         b, c, h, w = y.shape
         tokens = y.reshape(b, c, h * w)
-        if self.mask == 'tril':
+        if self.context_mask == 'tril':
             # release: tril of the (N, C) matrix keeps (n, c) with c <= n, i.e. triu of our (C, N) view
             tokens = tokens.triu()
         weights = self.sum.resized(h, w).to(tokens.dtype)

@@ -1,9 +1,8 @@
-"""Model utilities: release checkpoint conversion (also on load: release_loading; whole detectors and segmentors:
-whole_model_convert), FLOP counting."""
+"""Model utilities: release checkpoint conversion, checked against models (checkpoint_convert; whole detectors and
+segmentors: whole_model_convert; the families' key maps are beside the backbones), FLOP counting."""
 from .checkpoint_convert import (
-                                 FAMILIES,
+    FAMILIES,
     CheckpointMismatchError,
-    detect_mask,
     extract_state_dict,
     match_arch,
     mmppma_to_release,
@@ -12,6 +11,6 @@ from .checkpoint_convert import (
 from .flops import attention_flop_jit, count_flops
 
 __all__ = [
-    'FAMILIES', 'CheckpointMismatchError', 'detect_mask', 'extract_state_dict', 'match_arch', 'mmppma_to_release',
+    'FAMILIES', 'CheckpointMismatchError', 'extract_state_dict', 'match_arch', 'mmppma_to_release',
     'release_to_mmppma', 'attention_flop_jit', 'count_flops'
 ]

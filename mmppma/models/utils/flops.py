@@ -40,18 +40,18 @@ def _as_one_op(whole_attention: Callable[..., torch.Tensor], q: torch.Tensor, k:
 
 @contextlib.contextmanager
 def whole_attention_as_one_op(model: nn.Module) -> Iterator[None]:
-    """While active, the :meth:`~mmppma.models.layers.attention.PolylinePathAttention.whole_attention` of every
-    such layer in ``model`` runs inside :class:`WholeAttentionForFlops`, so a jit trace records it as one node
-    however the op computes it internally (blockwise, dense, ...)."""
+    """While active, the :meth:`~mmppma.models.layers.attention.PolylinePathAttention.attention` of every
+    whole-attention layer in ``model`` runs inside :class:`WholeAttentionForFlops`, so a jit trace records it as one
+    node however the op computes it internally (blockwise, dense, ...)."""
     from ..layers.attention import PolylinePathAttention
-    layers = [m for m in model.modules() if isinstance(m, PolylinePathAttention)]
+    layers = [m for m in model.modules() if isinstance(m, PolylinePathAttention) and m.attn_type == 'whole']
     for layer in layers:  # an instance attribute shadows the method
-        layer.whole_attention = functools.partial(_as_one_op, layer.whole_attention)
+        layer.attention = functools.partial(_as_one_op, layer.attention)
     try:
         yield
     finally:
         for layer in layers:
-            del layer.whole_attention
+            del layer.attention
 
 
 def attention_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:

@@ -16,7 +16,8 @@ from typing import Dict, Mapping, Tuple, Union
 
 import torch
 
-from .checkpoint_convert import CheckpointMismatchError, check_state_against, extract_state_dict, release_to_mmppma
+from ..backbones.release_format import CheckpointMismatchError, check_state_against, extract_state_dict
+from .checkpoint_convert import release_to_mmppma
 
 #: release meta keys -> ``dataset_meta`` keys of mmdet 3 / mmseg 1
 META_KEYS = {'CLASSES': 'classes', 'PALETTE': 'palette'}

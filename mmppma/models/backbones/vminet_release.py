@@ -1,0 +1,168 @@
+"""The VMINet release's checkpoint format (github.com/yws-wxs/VMINet) and its revisions, as data for
+:func:`~mmppma.models.backbones.release_format.from_release`.
+
+The backbone keeps the release's module names; a classifier's ``norm`` is ``backbone.norm{last}`` and its
+``head`` mmpretrain's ``LinearClsHead.fc``. Revision 7c2632c names the blocks' 7x7 ConvBN ``conv`` (ours:
+``dwconv``). A converted state records its revision and the options it needs (:data:`RELEASE_RECORD`).
+"""
+import math
+import re
+import sys
+from collections import OrderedDict
+from typing import Dict, Mapping, Optional
+
+import torch
+
+from . import release_format
+from .release_format import (
+    CheckpointMismatchError,
+    block_indices,
+    linear_head,
+    linear_head_to_release,
+    out_norm_indices,
+    prefixed,
+    stage_count,
+)
+
+FAMILY = 'VMINet'
+ROOTS = ('stem.', 'stages.')
+ARCH_NAMES = ('ti', 'xs', 's', 'b')
+#: settings of the arch table that the weights do not show, with the releases' values
+IMPLIED = {'stem_channels': 32, 'kernel_size': 7}
+HEAD_IN_BACKBONE = True  # the release's final norm is the backbone's norm{last}
+OLD_CONV = re.compile(r'^(stages\.\d+\.[1-9]\d*\.)conv\.')  # revision 7c2632c: block's 7x7 ConvBN
+NEW_CONV = re.compile(r'^(stages\.\d+\.[1-9]\d*\.)dwconv\.')
+
+#: The public release's revisions of ``vminet.py`` -> the backbone options reproducing each.
+RELEASE_REVISIONS: Dict[str, dict] = {
+    '6b11d4a': dict(context_mask='none', proj_norm=True),  # blocks' ``dwconv``, BatchNorm after ``g``, no mask
+    '7c2632c': dict(context_mask='tril', proj_norm=False),  # blocks' ``conv``, no BatchNorm after ``g``, mask
+}
+#: Where a converted checkpoint records its release revision and options: ``state_dict._metadata[prefix]``
+#: (torch's per-module load metadata, which mmengine's ``load_checkpoint`` keeps) and the checkpoint's ``meta``.
+RELEASE_RECORD = 'mmppma_vminet_release'
+
+
+def inspect(backbone: Mapping[str, torch.Tensor]) -> dict:
+    """The settings visible in a VMINet backbone state dict: embed_dims, depths, mlp_ratios, stem_channels,
+    kernel_size, the name of the blocks' 7x7 ConvBN (``block_conv``: 'dwconv', or 'conv' as the release revision
+    7c2632c), ``proj_norm`` (``g.bn`` present), the stage-0 token table side ``base_size`` and the dense output
+    norms (``norm{i}``: 'BN', ``outnorm{i}``: 'LN')."""
+    if 'stem.0.conv.weight' not in backbone:
+        raise CheckpointMismatchError('not a VMINet backbone: no stem.0.conv.weight; keys start with '
+                                      f'{sorted(backbone)[:5]}')
+    conv = 'conv' if any(OLD_CONV.match(k) for k in backbone) else 'dwconv'
+    dims, depths = [], []
+    for s in range(stage_count(backbone, 'stages')):
+        key = f'stages.{s}.0.conv.weight'
+        if key not in backbone:
+            raise CheckpointMismatchError(f'VMINet backbone: stage {s} has no downsample {key}')
+        dims.append(backbone[key].shape[0])
+        blocks = block_indices(backbone, rf'stages\.{s}\.(\d+)\.')
+        depths.append(blocks[-1] if blocks else 0)
+    first = 'stages.0.1.'
+    if first + 'f1.conv.weight' not in backbone:
+        raise CheckpointMismatchError(f'VMINet backbone: no {first}f1.conv.weight')
+    table = backbone[first + 'sum.weight'].shape[-1] if first + 'sum.weight' in backbone else 0
+    bn, ln = out_norm_indices(backbone, 'norm'), out_norm_indices(backbone, 'outnorm')
+    return dict(
+        embed_dims=dims,
+        depths=depths,
+        mlp_ratios=[backbone[f'stages.{s}.1.f1.conv.weight'].shape[0] // d if f'stages.{s}.1.f1.conv.weight' in
+                    backbone else None for s, d in enumerate(dims)],
+        stem_channels=backbone['stem.0.conv.weight'].shape[0],
+        kernel_size=backbone[f'{first}{conv}.conv.weight'].shape[-1] if f'{first}{conv}.conv.weight' in backbone
+        else None,
+        block_conv=conv,
+        proj_norm=any(k.endswith('.g.bn.weight') for k in backbone),
+        base_size=math.isqrt(table),
+        out_norms=bn or ln,
+        out_norm_type='BN' if bn else ('LN' if ln else None))
+
+
+def revision(measured: dict, downstream: bool) -> Optional[str]:
+    """The release revision of a VMINet state dict's block layout (:func:`inspect`): 7c2632c (``conv``, no
+    ``g.bn``), 6b11d4a (``dwconv``, ``g.bn``; for a classification state), None (a downstream state in
+    mmppma's ``dwconv`` layout: its options are not visible in the keys). Any other mix is an error."""
+    old = measured['block_conv'] == 'conv'
+    if old != (not measured['proj_norm']) and (old or not downstream):
+        raise CheckpointMismatchError(
+            f"VMINet blocks named {'conv' if old else 'dwconv'} {'with' if measured['proj_norm'] else 'without'} "
+            f"g.bn: neither release revision's layout (6b11d4a: dwconv with g.bn; 7c2632c: conv without)")
+    if old:
+        return '7c2632c'
+    return None if downstream else '6b11d4a'
+
+
+def map_backbone(backbone: dict, measured: dict, downstream: bool, info: dict) -> dict:
+    """The identity but 7c2632c's block ``conv`` (-> ``dwconv``); records the revision, its options
+    (``info['release']``) and the overrides the state needs (``proj_norm``, ``img_size``)."""
+    found = revision(measured, downstream)
+    if measured['block_conv'] == 'conv':
+        backbone = {OLD_CONV.sub(r'\1dwconv.', k): v for k, v in backbone.items()}
+        info['notes'].append("blocks' conv.* renamed dwconv.*")
+    if found is None:
+        info['notes'].append("a backbone.-prefixed state in mmppma's layout: no release revision, its context mask "
+                             'is not visible in the weights')
+        if not measured['proj_norm']:
+            info['backbone_overrides']['proj_norm'] = False
+    if measured['base_size'] and measured['base_size'] != 56:
+        info['backbone_overrides']['img_size'] = measured['base_size'] * 4
+    info['release'] = dict(revision=found, **RELEASE_REVISIONS[found]) if found else None
+    info['revision'] = found
+    return backbone
+
+
+map_head = linear_head
+
+
+def release_only(state: Mapping[str, torch.Tensor]) -> bool:
+    """Revision 7c2632c's block ``conv``."""
+    return any(OLD_CONV.match(k) for k in state)
+
+
+def with_release_record(state: Dict[str, torch.Tensor], record: dict) -> 'OrderedDict[str, torch.Tensor]':
+    """``state`` as an OrderedDict whose load metadata (``_metadata``, kept by torch.save / torch.load and by
+    mmengine's ``load_checkpoint``) holds ``record`` at the root and under ``backbone``."""
+    out = OrderedDict(state)
+    out._metadata = OrderedDict((prefix, {RELEASE_RECORD: dict(record)}) for prefix in ('', 'backbone'))
+    return out
+
+
+def read_release_record(filename: str, prefix: str = '') -> Optional[dict]:
+    """The ``RELEASE_RECORD`` of a checkpoint file (its state dict's metadata for ``prefix``, else its
+    ``meta``), or None."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+    checkpoint = _load_checkpoint(filename, map_location='cpu')
+    state = checkpoint.get('state_dict', checkpoint)
+    record = (getattr(state, '_metadata', None) or {}).get(prefix.rstrip('.'), {}).get(RELEASE_RECORD)
+    meta = checkpoint.get('meta')
+    if record is None and isinstance(meta, Mapping):
+        record = meta.get(RELEASE_RECORD)
+    return record
+
+
+def from_release(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A release state dict (classification or downstream) -> mmppma's keys, unchecked, carrying the release
+    record (:func:`with_release_record`)."""
+    conversion = release_format.from_release(state, sys.modules[__name__])
+    release = conversion.info['release']
+    return with_release_record(conversion.state(), release) if release else conversion.state()
+
+
+def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
+               revision: Optional[str] = None) -> Dict[str, torch.Tensor]:
+    """mmppma keys -> the release's. ``revision='7c2632c'`` writes that revision's block names (``conv`` for
+    ``dwconv``); the default is the revision the state records (:func:`with_release_record`), else '6b11d4a'."""
+    backbone = {k[len('backbone.'):]: v for k, v in state.items() if k.startswith('backbone.')}
+    others = {k: v for k, v in state.items() if not k.startswith('backbone.')}
+    if revision is None:
+        record = (getattr(state, '_metadata', None) or {}).get('backbone', {}).get(RELEASE_RECORD)
+        revision = record['revision'] if record else '6b11d4a'
+    if revision == '7c2632c':
+        backbone = {NEW_CONV.sub(r'\1conv.', k): v for k, v in backbone.items()}
+    elif revision != '6b11d4a':
+        raise ValueError(f"revision={revision!r}; choose '6b11d4a' or '7c2632c'")
+    if downstream:
+        return {**prefixed(backbone, 'backbone.'), **others}
+    return linear_head_to_release(backbone, others, stage_count(backbone, 'stages'))

@@ -1,0 +1,103 @@
+"""No import circles in mmppma.models: each module imports first (the packages above mmppma.models left out),
+and the graph of the modules' imports, lazy ones (inside functions) and the packages they initialize included,
+is acyclic."""
+import ast
+from pathlib import Path
+
+import pytest
+
+MMPPMA = Path(__file__).resolve().parents[2] / 'mmppma'
+MODELS = MMPPMA / 'models'
+
+
+def module_files(root: Path):
+    """Dotted module name -> file, for every module and package under ``root`` (a folder of mmppma)."""
+    base = tuple(root.relative_to(MMPPMA.parent).parts)
+    return {'.'.join((*base, *p.relative_to(root).with_suffix('').parts)).removesuffix('.__init__'): p
+            for p in sorted(root.rglob('*.py'))}
+
+
+FILES = module_files(MODELS)
+# mmppma's modules outside mmppma.models (its registry scope, the ops) stay loaded, and registration is a no-op:
+# a scope and a class name register once per process
+IMPORT_EACH_FIRST = '''import importlib, sys, types
+for package, path in (('mmppma', {mmppma!r}), ('mmppma.models', {models!r})):
+    sys.modules[package] = types.ModuleType(package)
+    sys.modules[package].__path__ = [path]
+importlib.import_module('mmppma.registry').register_model = lambda cls: cls
+for name in sys.argv[1:]:
+    for loaded in [m for m in sys.modules if m.startswith('mmppma.models.')]:
+        del sys.modules[loaded]
+    importlib.import_module(name)
+'''
+
+
+def imports(module: str, files: dict, scope: str):
+    """The modules and packages of ``scope`` (a dotted prefix) that importing ``module`` loads, lazy imports
+    included, except the packages it lies in."""
+    package = module if files[module].name == '__init__.py' else module.rpartition('.')[0]
+    for node in ast.walk(ast.parse(files[module].read_text())):
+        if isinstance(node, ast.ImportFrom):
+            parts = package.split('.')[:len(package.split('.')) + 1 - node.level] if node.level else []
+            base = '.'.join(parts + [node.module] if node.module else parts)
+            targets = [f'{base}.{a.name}' if f'{base}.{a.name}' in files else base for a in node.names]
+        else:
+            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        for target in targets:
+            while target.startswith(scope) and not module.startswith(target + '.'):
+                if target in files and target != module:
+                    yield target
+                target = target.rpartition('.')[0]
+
+
+def cycles(graph: dict) -> list:
+    """Every back edge of a depth-first walk, as the trail that closes it (empty: no cycle)."""
+    state, found = {}, []
+
+    def visit(node, trail):
+        state[node] = 'open'
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 'open':
+                found.append(trail + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 'done'
+
+    for node in graph:
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_the_cycle_finder_sees_a_lazy_import_circle(tmp_path):
+    (tmp_path / 'pkg').mkdir()
+    (tmp_path / 'pkg' / '__init__.py').write_text('')
+    (tmp_path / 'pkg' / 'a.py').write_text('from . import b\n')
+    (tmp_path / 'pkg' / 'b.py').write_text('def f():\n    from .a import x\n')
+    files = {'pkg': tmp_path / 'pkg' / '__init__.py', 'pkg.a': tmp_path / 'pkg' / 'a.py',
+             'pkg.b': tmp_path / 'pkg' / 'b.py'}
+    graph = {m: set(imports(m, files, 'pkg')) for m in files}
+    assert graph == {'pkg': set(), 'pkg.a': {'pkg.b'}, 'pkg.b': {'pkg.a'}}
+    assert cycles(graph) == [['pkg.a', 'pkg.b', 'pkg.a']]
+
+
+def test_no_import_circles(run_python):
+    run_python(['-c', IMPORT_EACH_FIRST.format(mmppma=str(MMPPMA), models=str(MODELS)), *FILES])
+    graph = {m: set(imports(m, FILES, 'mmppma.models')) for m in FILES}
+    assert not cycles(graph), f'import circles: {cycles(graph)}'
+    # the release formats sit beside the backbones, below the converter that checks them against models
+    assert graph['mmppma.models.backbones.ppma'] >= {'mmppma.models.backbones.ppma_release'}
+    assert 'mmppma.models.backbones.release_format' in graph['mmppma.models.backbones.base']
+    assert 'mmppma.models.backbones.ppma_release' in graph['mmppma.models.utils.checkpoint_convert']
+
+
+@pytest.mark.parametrize('family', ['ppma', 'mlla', 'vminet'])
+def test_a_release_format_imports_no_backbone_class(family):
+    """A family's key map is data a caller applies without the models (e.g. as a timm pretrained filter)."""
+    graph = {m: set(imports(m, FILES, 'mmppma.models')) for m in FILES}
+    reach, todo = set(), [f'mmppma.models.backbones.{family}_release']
+    while todo:
+        for nxt in graph[todo.pop()] - reach:
+            reach.add(nxt)
+            todo.append(nxt)
+    assert not reach & {'mmppma.models.backbones.base', f'mmppma.models.backbones.{family}'}, reach
