@@ -126,24 +126,16 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('whole_fwd', True, False): {0: Config(64, 32, 8, 2), 90: Config(32, 16, 8, 2)},
     ('whole_fwd', True, True): {0: Config(64, 64, 4, 2)},
-    # backward: dq's own (query) block is BLOCK_M, dk / dv's (key) block BLOCK_N, on the tiles' row axis. The
-    # '_corners' programs (the path whose corners the own tokens hold) also compute the corner table gradients.
+    # backward: the own tile (one image row's columns, keys or queries) is block_m, the other tokens' block_n. The
+    # queries' programs also sum the corner table gradients.
     ('whole_bwd_q', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_q', False, True): {0: Config(32, 16, 2, 1)},
-    ('whole_bwd_q', True, False): {0: Config(64, 16, 8, 1)},
-    ('whole_bwd_q', True, True): {0: Config(128, 64, 8, 1)},
-    ('whole_bwd_q_corners', False, False): {0: Config(16, 16, 4, 1)},
-    ('whole_bwd_q_corners', False, True): {0: Config(32, 16, 2, 1)},
-    ('whole_bwd_q_corners', True, False): {0: Config(64, 16, 8, 1), 90: Config(32, 16, 8, 1)},
-    ('whole_bwd_q_corners', True, True): {0: Config(64, 64, 4, 1), 90: Config(128, 64, 8, 1)},
+    ('whole_bwd_q', True, False): {0: Config(64, 16, 8, 1), 90: Config(32, 16, 8, 1)},
+    ('whole_bwd_q', True, True): {0: Config(64, 32, 4, 1), 90: Config(128, 32, 8, 1)},
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
-    ('whole_bwd_kv', True, False): {0: Config(16, 32, 4, 1), 90: Config(16, 32, 8, 1)},
-    ('whole_bwd_kv', True, True): {0: Config(64, 128, 8, 1), **{cap: Config(32, 64, 4, 1) for cap in (86, 89)}},
-    ('whole_bwd_kv_corners', False, False): {0: Config(16, 16, 4, 1)},
-    ('whole_bwd_kv_corners', False, True): {0: Config(32, 32, 2, 1)},
-    ('whole_bwd_kv_corners', True, False): {0: Config(16, 64, 8, 1)},
-    ('whole_bwd_kv_corners', True, True): {0: Config(64, 64, 4, 1, corner_pass=True), 90: Config(64, 128, 8, 1)},
+    ('whole_bwd_kv', True, False): {0: Config(32, 16, 4, 1), 90: Config(32, 16, 8, 1)},
+    ('whole_bwd_kv', True, True): {0: Config(128, 64, 8, 1), **{cap: Config(64, 32, 4, 1) for cap in (86, 89)}},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},
@@ -160,7 +152,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
 
 
 #: the families whose images narrower than NARROW take the narrow tiles (whole attention's backward)
-NARROW_FAMILIES = ('whole_bwd_q', 'whole_bwd_q_corners', 'whole_bwd_kv', 'whole_bwd_kv_corners')
+NARROW_FAMILIES = ('whole_bwd_q', 'whole_bwd_kv')
 FAMILIES = tuple(dict.fromkeys(family for family, _, _ in _TABLE))
 
 

@@ -8,14 +8,16 @@ H2V).
 
 The forward runs every path as V2H (H2V is V2H on the transposed map, with the two tables swapped: the host
 transposes q, k, v and the tables for it) on query tiles of one image row, so that the corner entries are per-key
-vectors (see :func:`_whole_fwd`). The backward takes the path as its ``FORM`` constexpr (Triton takes string
-constexprs) and blocks of consecutive tokens, which cover at most ROWS image rows: a tile's corners are a (ROWS x
-key columns) slab, one gathered vector per image row, selected by row.
+vectors (see :func:`_whole_fwd`).
 
-The backward recomputes the tiles and reduces the bias gradient onto the tables: own entries as row sums of the
-score gradient; corners per own image row, each tile's share summed over the block's tokens of that row by a
-one-hot matrix product, accumulated over the other tiles of a column chunk and stored into the program's own
-slot of a (H, SLOTS, W) buffer. The host sums the slots: no atomics, deterministic, extra memory O(N).
+The backward has one kernel form too (:func:`_whole_bwd`): own tiles of one image row, the corners in the own row.
+The queries' programs run on the path's forward map; the keys' programs on its transpose, where the same path
+puts the corner in the key's row (V2H's corner, the query's row and the key's column, is the transpose's row of
+the key). Each program recomputes its tiles and reduces the bias gradient onto the tables: the own tokens' row
+table entries as row sums of the signed score gradient, and (queries' programs) the corner entries as sums over
+the own tokens, two tensor-core products with ones, accumulated over the other tiles of a column chunk and stored
+into the program's own slot of a (H, SLOTS, W) buffer. The host sums the slots and maps the transposes back: no
+atomics, deterministic, extra memory O(N).
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
@@ -33,7 +35,6 @@ from ..triton_support.tiles import (
     online_softmax_step,
     slice_offset,
     store_tile,
-    token_block,
 )
 
 LOG2E = 1.4426950408889634
@@ -41,57 +42,10 @@ _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a
 
 
 @triton.jit
-def _logits(s, ca_ptr, cb_ptr, qb, kb, W, N, FORM: tl.constexpr, ROWS):
-    """Scores plus one path's log-mask for query block ``qb`` and key block ``kb`` (see :func:`_block`).
-
-    V2H: M[p, s] = -|Ca[i, j] - Ca[i, l]| - |Cb[i, l] - Cb[k, l]|: along the query's row i from column j to l,
-    then along column l from row i to k (the log-decays are <= 0, so the tables are monotone along their lines and
-    a segment's sum is minus the absolute difference of its ends). H2V: M[s, p], the key's row and the query's
-    column at the corner. The corner entries (Ca, Cb at (query row, key column) for V2H, at (key row, query
-    column) for H2V) come one image row at a time: ROWS rows from the first row of the block that holds them.
-    Each row adds its terms where it holds the corner: no per-element corner tile stays live. The block whose
-    rows are not the corners' reads its tables as +inf past the map: a bias of -inf there."""
-    for r in range(ROWS):
-        s = _corner_row(s, ca_ptr, cb_ptr, qb, kb, r, W, N, FORM)
-    return s
-
-
-@triton.jit
-def _corner_row(s, ca_ptr, cb_ptr, qb, kb, r, W, N, FORM: tl.constexpr):
-    """Add the terms of the pairs whose corner lies in image row ``r`` of the block that holds the corners (see
-    :func:`_logits`): the column segment per token of that block, the row segment per pair."""
-    ca_q, cb_q, i_q, j_q, first_q, mask_m, _ = qb
-    ca_k, cb_k, k_r, l_c, first_k, mask_n, _ = kb
-    if FORM == 'h2v':
-        row = first_k + r
-        at = row * W + j_q
-        va = tl.load(ca_ptr + at, mask=mask_m & (at < N), other=0.0)
-        column = -tl.abs(tl.load(cb_ptr + at, mask=mask_m & (at < N), other=0.0) - cb_q)
-        s = tl.where((k_r == row)[None, :], s + column[:, None] - tl.abs(ca_k[None, :] - va[:, None]), s)
-    else:
-        row = first_q + r
-        at = row * W + l_c
-        va = tl.load(ca_ptr + at, mask=mask_n & (at < N), other=0.0)
-        column = -tl.abs(tl.load(cb_ptr + at, mask=mask_n & (at < N), other=0.0) - cb_k)
-        s = tl.where((i_q == row)[:, None], s + column[None, :] - tl.abs(ca_q[:, None] - va[None, :]), s)
-    return s
-
-
-@triton.jit
 def _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV):
     """Pointers to slice ``bh`` (batch * head) of q, k (N, D), v (N, DV) and the tables (N)."""
     return (q_ptr + slice_offset(bh, N, D), k_ptr + slice_offset(bh, N, D), v_ptr + slice_offset(bh, N, DV),
             ca_ptr + slice_offset(bh, N, 1), cb_ptr + slice_offset(bh, N, 1))
-
-
-@triton.jit
-def _block(ca_ptr, cb_ptr, start, BLOCK: tl.constexpr, N, W):
-    """The block of BLOCK consecutive tokens from ``start``: (Ca, Cb entries, image rows, columns, first image
-    row, mask, offsets)."""
-    offs, mask, _ = token_block(start, BLOCK, N, 0, 1)
-    ca = tl.load(ca_ptr + offs, mask=mask, other=0.0)
-    cb = tl.load(cb_ptr + offs, mask=mask, other=0.0)
-    return ca, cb, offs // W, offs % W, start // W, mask, offs
 
 
 @triton.jit
@@ -139,153 +93,103 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, N, D
 
 
 @triton.jit
-def _per_query(ptr, own, other, QUERIES_OWN: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr):
-    """A per-query vector (lse, delta) broadcast over a tile of (own x other tokens): the queries are the rows
-    (QUERIES_OWN, the dq program) or the columns (the dk, dv program: the tile is transposed)."""
-    if QUERIES_OWN:
-        x = tl.load(ptr + own[6], mask=own[5], other=0.0)[:, None]
-    else:
-        x = tl.load(ptr + other[6], mask=other[5], other=0.0)[None, :]
-    return tl.broadcast_to(x, (BLOCK_OWN, BLOCK_OTHER))
+def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr, c1_ptr,
+               c2_ptr, scale, scale2, weight, N, D, DV, W: tl.constexpr, KEYS: tl.constexpr, GRADS: tl.constexpr,
+               CORNER_SUMS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, PRECISION: tl.constexpr):
+    """One program per own tile: BLOCK_OWN columns of one image row of a map W tokens wide, keys (KEYS) or
+    queries, against every other token, in tiles of (BLOCK_OTHER // COLS image rows x COLS columns), column chunk
+    by column chunk. The path's corners lie in the own row: the map is the one on which the path puts the corner
+    at (own row, other column) - for queries the forward's map, for keys its transpose (see the module's doc).
 
+    Log2 units, as the forward: x = scale2 s - lse + m, with the log-mask m = -|T1[own] - T1[c]| - |T2[c] -
+    T2[other]| at the corner c, T1 the map's row table and T2 its column table. Per score that is one difference
+    and one absolute value: the corner entries and the other tokens' column segments are per-other vectors.
 
-@triton.jit
-def _probs(s, own, other, ca_ptr, cb_ptr, W, N, CORNERS: tl.constexpr, ROWS_OWN: tl.constexpr,
-           ROWS_OTHER: tl.constexpr):
-    """One path's recomputed probabilities P on a tile whose rows are the program's own block ``own`` and columns
-    the tokens of ``other`` (see :func:`_block`, :func:`_tile`), from the scores minus the log-normaliser ``s``,
-    in log2 units. CORNERS: the own tokens hold the corners (M's V2H form, own rows at the corners); otherwise the
-    H2V form, the other tile's rows at the corners. Other tokens past the map get P = 0 through their tables
-    (+inf); own tokens past it compute finite rows that are never stored."""
-    if CORNERS:
-        x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, 'v2h', ROWS_OWN)
-    else:
-        x = _logits(s, ca_ptr, cb_ptr, own, other, W, N, 'h2v', ROWS_OTHER)
-    return tl.math.exp2(x)
-
-
-@triton.jit
-def _corner_rows(ds, onehot, own, other, corner_a, corner_b, PRECISION: tl.constexpr):
-    """Add one tile's share of the corner gradients of M[r, c] = sgn(j_r >= l_c) (Ca[i_r, j_r] - Ca[i_r, l_c]) +
-    sgn(i_r >= k_c) (Cb[i_r, l_c] - Cb[k_c, l_c]) at Ca[i_r, l_c], Cb[i_r, l_c] (own row x other column), summed
-    over the block's own tokens of each image row, to ``corner_a`` and ``corner_b`` (other tokens x CORNER_ROWS):
-    ``onehot`` (own tokens x CORNER_ROWS) selects the rows, and a matrix product does the sum on the tensor cores,
-    the other tokens on its rows (so that the result is split over the warps, not replicated). Returns them and
-    the own entries' Ca gradient sum_c sgn(j_r >= l_c) ds."""
-    signed = tl.where(own[3][:, None] >= other[3][None, :], -ds, ds)
-    corner_a = tl.dot(tl.trans(signed.to(onehot.dtype)), onehot, corner_a, input_precision=PRECISION)
-    signed_b = tl.where(own[2][:, None] >= other[2][None, :], ds, -ds).to(onehot.dtype)
-    corner_b = tl.dot(tl.trans(signed_b), onehot, corner_b, input_precision=PRECISION)
-    return corner_a, corner_b, -tl.sum(signed, 1)
-
-
-@triton.jit
-def _store_corners(corner_a_ptr, corner_b_ptr, part_a, part_b, own, pid, c0, N, W, SLOTS, BLOCK: tl.constexpr,
-                   BLOCK_OTHER: tl.constexpr, COLS: tl.constexpr):
-    """Store a column chunk's corner gradients (see :func:`_corner_rows`), summed over its other tiles, into the
-    (H, SLOTS, W) corner buffers: folded over the other-tile rows, and per own image row into slot
-    ``pid - first_block(row)``. Each (row, slot, column) has exactly one writer: no atomics, and the host's sum
-    over slots is deterministic."""
-    corner_rows: tl.constexpr = part_a.shape[1]
-    rows = (own[4] + tl.arange(0, corner_rows))[None, :]
-    cols = (c0 + tl.arange(0, COLS))[:, None]
-    at = (rows * SLOTS + pid - (rows * W) // BLOCK) * W + cols
-    keep = (rows * W < tl.minimum((pid + 1) * BLOCK, N)) & (cols < W)
-    tl.store(corner_a_ptr + at, tl.sum(tl.reshape(part_a, (BLOCK_OTHER // COLS, COLS, corner_rows)), 0), mask=keep)
-    tl.store(corner_b_ptr + at, tl.sum(tl.reshape(part_b, (BLOCK_OTHER // COLS, COLS, corner_rows)), 0), mask=keep)
-
-
-@triton.jit
-def _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK: tl.constexpr, COLS: tl.constexpr):
-    """A 2D tile of tokens: image rows r0.. (BLOCK // COLS of them) x columns c0..c0+COLS, as :func:`_block`;
-    the tables read +inf past the map (see :func:`_probs`)."""
-    rows = r0 + tl.arange(0, BLOCK) // COLS
-    cols = c0 + tl.arange(0, BLOCK) % COLS
-    mask = (rows < H) & (cols < W)
-    offs = rows * W + cols
-    ca = tl.load(ca_ptr + offs, mask=mask, other=float('inf'))
-    cb = tl.load(cb_ptr + offs, mask=mask, other=float('inf'))
-    return ca, cb, rows, cols, r0, mask, offs
-
-
-@triton.jit
-def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr,
-               corner_a_ptr, corner_b_ptr, scale, scale2, weight, N, H, W, D, DV, SLOTS, KEYS: tl.constexpr,
-               FORM: tl.constexpr, GRADS: tl.constexpr, CORNER_SUMS: tl.constexpr, BLOCK_OWN: tl.constexpr,
-               BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr,
-               ROWS_OWN: tl.constexpr, CORNER_ROWS: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per block of BLOCK_OWN keys (KEYS) or queries, one path (``FORM``) per launch. CORNERS ('v2h'
-    for queries, 'h2v' for keys): the own tokens hold the path's corners. Tiles are (own x other tokens): for keys
-    H2V's M[s, p] is then V2H's form with the key in the query's place.
-
-    GRADS: g1 = dk, g2 = dv (KEYS) or g1 = dq. CORNER_SUMS (with CORNERS): the corners Ca, Cb at (own row, other
-    column), summed over the block's tokens of each image row, into the corner slots. A launch does one or both.
-    The table gradient at the own tokens' own entries goes to ``self_ptr``: Ca's with CORNER_SUMS, Cb's (not
-    CORNERS) with GRADS.
-
-    The other tokens come in tiles of (BLOCK_OTHER // COLS image rows x COLS columns), column chunk by column
-    chunk. ROWS_OWN: the image rows a block can touch; CORNER_ROWS: those padded to a power of two, at least 16
-    (a matrix product's smallest side)."""
-    CORNERS: tl.constexpr = (FORM == 'h2v') == KEYS
-    blocks = tl.cdiv(N, BLOCK_OWN)
-    pid = tl.program_id(0) % blocks  # the own block; grid: one axis of (slice, block) programs, slice-major
-    bh = tl.program_id(0) // blocks
-    q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
+    GRADS: g1 = dk, g2 = dv (KEYS) or g1 = dq, and ``self_ptr``: T1's gradient at the own tokens. CORNER_SUMS: T1's
+    and T2's gradients at the corners (own row, every column), summed over the own tokens and the other rows, into
+    the program's own slot (its column chunk) of the (H, SLOTS, W) buffers ``c1_ptr``, ``c2_ptr``: one writer per
+    entry, no atomics. Signs follow the segment sums' index order (exact at ties): the row segment runs from the
+    own column j to the other column l, the column segment from the own row i to the other row k."""
+    chunks: tl.constexpr = (W + BLOCK_OWN - 1) // BLOCK_OWN
+    H = N // W
+    tiles = H * chunks
+    bh = tl.program_id(0) // tiles
+    row = tl.program_id(0) % tiles // chunks
+    chunk = tl.program_id(0) % chunks
+    cols_own = chunk * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
+    q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr = _slices(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, bh, N, D, DV)
     do_ptr += slice_offset(bh, N, DV)
     lse_ptr += slice_offset(bh, N, 1)
     delta_ptr += slice_offset(bh, N, 1)
-    own = _block(ca_ptr, cb_ptr, pid * BLOCK_OWN, BLOCK_OWN, N, W)
-    offs, mask = own[6], own[5]
+    mask_own = cols_own < W
+    offs_own = row * W + cols_own
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    a, da, b_ptr, db_ptr = bwd_operands(q_ptr, k_ptr, v_ptr, do_ptr, offs, mask, offs_d, D, offs_dv, DV, KEYS)
+    a, da, b_ptr, db_ptr = bwd_operands(q_ptr, k_ptr, v_ptr, do_ptr, offs_own, mask_own, offs_d, D, offs_dv, DV,
+                                        KEYS)
+    da = (da.to(tl.float32) * weight).to(da.dtype)  # the path's weight (1 or 1/2: exact) in dP once, not per score
+    t1_own = tl.load(t1_ptr + offs_own, mask=mask_own, other=float('inf'))  # own tokens past the row: P = 0
     g1 = tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32)
     g2 = tl.zeros([BLOCK_OWN, BLOCK_DV], tl.float32)
     self_own = tl.zeros([BLOCK_OWN], tl.float32)
-    corner_a_ptr += slice_offset(bh, H * SLOTS, W)
-    corner_b_ptr += slice_offset(bh, H * SLOTS, W)
+    ROWS: tl.constexpr = BLOCK_OTHER // COLS
     for c0 in range(0, W, COLS):
-        if CORNER_SUMS:  # the column chunk's corner sums, over its other tiles
-            corner_a = tl.zeros([BLOCK_OTHER, CORNER_ROWS], tl.float32)
-            corner_b = tl.zeros([BLOCK_OTHER, CORNER_ROWS], tl.float32)
-        for r0 in range(0, H, BLOCK_OTHER // COLS):
-            other = _tile(ca_ptr, cb_ptr, r0, c0, H, W, BLOCK_OTHER, COLS)
-            b = load_tile(b_ptr, other[6], other[5], offs_d, D)
-            db = load_tile(db_ptr, other[6], other[5], offs_dv, DV)
-            # the per-query log-normaliser and delta enter as the products' initial values (fewer registers)
-            lse = _per_query(lse_ptr, own, other, not KEYS, BLOCK_OWN, BLOCK_OTHER)
-            s = tl.dot(a, tl.trans(b), -lse / scale2, input_precision=PRECISION) * scale2
-            p = _probs(s, own, other, ca_ptr, cb_ptr, W, N, CORNERS, ROWS_OWN, BLOCK_OTHER // COLS)
+        if CORNER_SUMS:  # sums over the own tokens as products with ones: T1's in column 0, T2's in column 1
+            corners = tl.zeros([BLOCK_OTHER, 16], tl.float32)
+        cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
+        in_row = cols < W
+        corner = row * W + cols
+        t1c = tl.load(t1_ptr + corner, mask=in_row, other=0.0)
+        t2c = tl.load(t2_ptr + corner, mask=in_row, other=0.0)
+        for r0 in range(0, H, ROWS):
+            rows = r0 + tl.arange(0, BLOCK_OTHER) // COLS
+            mask = (rows < H) & in_row
+            offs = rows * W + cols
+            per_other = -tl.abs(t2c - tl.load(t2_ptr + offs, mask=mask, other=float('inf')))  # -inf past the map
+            b = load_tile(b_ptr, offs, mask, offs_d, D)
+            db = load_tile(db_ptr, offs, mask, offs_dv, DV)
+            # the queries' log-normaliser and delta enter the products as initial values, loaded per tile (not
+            # hoisted: a loop-invariant tile would hold registers throughout)
+            if KEYS:
+                lse = tl.broadcast_to(tl.load(lse_ptr + offs, mask=mask, other=0.0)[None, :],
+                                      (BLOCK_OWN, BLOCK_OTHER))
+                delta = tl.broadcast_to(tl.load(delta_ptr + offs, mask=mask, other=0.0)[None, :],
+                                        (BLOCK_OWN, BLOCK_OTHER))
+            else:
+                lse = tl.broadcast_to(tl.load(lse_ptr + offs_own, mask=mask_own, other=0.0)[:, None],
+                                      (BLOCK_OWN, BLOCK_OTHER))
+                delta = tl.broadcast_to(tl.load(delta_ptr + offs_own, mask=mask_own, other=0.0)[:, None],
+                                        (BLOCK_OWN, BLOCK_OTHER))
+            s = tl.dot(a, tl.trans(b), -lse / scale2, input_precision=PRECISION)
+            p = tl.math.exp2(s * scale2 + per_other[None, :] - tl.abs(t1_own[:, None] - t1c[None, :]))
             if KEYS and GRADS:
-                g2 += tl.dot((weight * p).to(db.dtype), db, input_precision=PRECISION)
-            delta = _per_query(delta_ptr, own, other, not KEYS, BLOCK_OWN, BLOCK_OTHER)
-            ds = weight * p * tl.dot(da, tl.trans(db), -delta / weight, input_precision=PRECISION)  # P (w dP - delta)
+                g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
+            ds = p * tl.dot(da, tl.trans(db), -delta, input_precision=PRECISION)  # P (w dP - delta)
+            signed = tl.where(cols_own[:, None] >= cols[None, :], ds, -ds)  # d m / d T1[own]
+            self_own += tl.sum(signed, 1)
             if CORNER_SUMS:
-                # own image row r of the block: column r of the one-hot (own tokens x CORNER_ROWS) row selector
-                # (built per tile: r0 < H, always true, keeps it from being hoisted to hold registers throughout)
-                onehot = tl.where((own[2][:, None] == own[4] + tl.arange(0, CORNER_ROWS)[None, :]) & (r0 < H), 1.0,
-                                  0.0)
-                corner_a, corner_b, self_part = _corner_rows(ds, onehot.to(b.dtype), own, other, corner_a, corner_b,
-                                                             PRECISION)
-                self_own += self_part  # at Ca[i_r, j_r]
+                column = tl.arange(0, 16)[None, :] + tl.zeros([BLOCK_OWN, 16], tl.int32)
+                corners = tl.dot(tl.trans(signed.to(b.dtype)), tl.where(column == 0, 1.0, 0.0).to(b.dtype), corners,
+                                 input_precision=PRECISION)
+                # d m / d T2[c]: the sign of the other row against the own, per other token
+                corners += tl.where(row > rows, 1.0, -1.0)[:, None] * tl.dot(
+                    tl.trans(ds.to(b.dtype)), tl.where(column == 1, 1.0, 0.0).to(b.dtype), input_precision=PRECISION)
             if GRADS:
-                if not CORNERS:  # at Cb[i_r, j_r]
-                    self_own -= tl.sum(tl.where(other[2][None, :] >= own[2][:, None], ds, -ds), 1)
                 g1 += tl.dot(ds.to(b.dtype), b, input_precision=PRECISION)
-        if CORNER_SUMS:
-            _store_corners(corner_a_ptr, corner_b_ptr, corner_a, corner_b, own, pid, c0, N, W, SLOTS, BLOCK_OWN,
-                           BLOCK_OTHER, COLS)
+        if CORNER_SUMS:  # folded over the tile's rows into the program's slot of the own row
+            at = (row * chunks + chunk) * W + c0 + tl.arange(0, COLS)
+            keep = c0 + tl.arange(0, COLS) < W
+            column = tl.arange(0, 16)[None, :]
+            part1 = -tl.sum(tl.reshape(tl.sum(tl.where(column == 0, corners, 0.0), 1), (ROWS, COLS)), 0)
+            part2 = tl.sum(tl.reshape(tl.sum(tl.where(column == 1, corners, 0.0), 1), (ROWS, COLS)), 0)
+            tl.store(c1_ptr + slice_offset(bh, H * chunks, W) + at, part1, mask=keep)
+            tl.store(c2_ptr + slice_offset(bh, H * chunks, W) + at, part2, mask=keep)
     if GRADS:
-        store_tile(g1_ptr + slice_offset(bh, N, D), offs, mask, offs_d, D, g1 * scale)
+        store_tile(g1_ptr + slice_offset(bh, N, D), offs_own, mask_own, offs_d, D, g1 * scale)
         if KEYS:
-            store_tile(g2_ptr + slice_offset(bh, N, DV), offs, mask, offs_dv, DV, g2)
-    if CORNER_SUMS or not CORNERS:
-        tl.store(self_ptr + slice_offset(bh, N, 1) + offs, self_own, mask=mask)
-
-
-def _rows_touched(block: int, h: int, w: int) -> int:
-    """Image rows a block of ``block`` consecutive tokens can touch."""
-    return min(h, (block - 1) // w + 2)
+            store_tile(g2_ptr + slice_offset(bh, N, DV), offs_own, mask_own, offs_dv, DV, g2 * weight)
+        tl.store(self_ptr + slice_offset(bh, N, 1) + offs_own, self_own, mask=mask_own)
 
 
 def query_block(width: int, block_m: int) -> int:
@@ -337,48 +241,58 @@ def image_order(o: torch.Tensor, lse: torch.Tensor, form: str, hh: int, ww: int)
     return tuple(torch.stack([_map(x, path, ww, hh) for x, path in zip(xs, paths(form))]) for xs in (o, lse))
 
 
+def _tables(ca: torch.Tensor, cb: torch.Tensor, orient: str, hh: int, ww: int):
+    """The row and column tables (T1, T2) of the map ``orient`` ('v2h': the image; 'h2v': its transpose, whose
+    rows are the image's columns), from the image's (BH, N) tables Ca (rows) and Cb (columns)."""
+    if orient == 'v2h':
+        return ca, cb
+    return _map(cb, orient, hh, ww), _map(ca, orient, hh, ww)
+
+
 def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, cap: int):
-    """The backward's launches, one pair (keys, queries) per path, and the buffers they fill: dq, dk, dv per path
-    (paths, BH, N, .) float32, and the table-gradient parts (each token's own entries ``self_q``, ``self_k``:
-    (2, BH, N); corner slots ``corner_k``, ``corner_q``: (2, BH, H, SLOTS, W); index 0 is Ca, 1 is Cb)."""
+    """The backward's launches, two per path: the queries' on the path's forward map (with the corner sums) and the
+    keys' on its transpose, so that in each the corners lie in the own tokens' row (:func:`_whole_bwd`). Returns
+    them and, per launch target, (map, keys, g1, g2, self, corners): float32 buffers in that map's token order -
+    g1 = dq or dk, g2 = dv (keys), self = the map's row-table gradient at the own tokens (BH, N), corners = the
+    (T1, T2) corner slots (2, BH, rows, SLOTS, width) or None."""
     bh, n, d = q.shape
     dv = v.shape[-1]
     hh, ww = ca.shape[-2:]
     names = paths(form)
     weight = 1.0 / len(names)
     # delta_p = rowsum(dP_p * P_p) = weight * (dout . o_p)
-    delta = (weight * (dout.float().unsqueeze(0) * o).sum(-1)).contiguous()
-    zeros = dict(device=q.device, dtype=torch.float32)
-    dq = torch.empty(len(names), *q.shape, **zeros)
-    dk = torch.empty(len(names), *k.shape, **zeros)
-    dvv = torch.empty(len(names), *v.shape, **zeros)
-    self_q, self_k = torch.zeros(2, bh, n, **zeros), torch.zeros(2, bh, n, **zeros)
-    # the corners are the 'v2h' path's for the queries, the 'h2v' path's for the keys: (own, other) block per role
-    blocks = {}
-    for keys, corners in ((True, False), (True, True), (False, False), (False, True)):
-        cfg = lp.config(('whole_bwd_kv' if keys else 'whole_bwd_q') + ('_corners' if corners else ''), n, q.dtype,
-                        cap, ww)
-        blocks[keys, corners] = cfg, (cfg.block_n, cfg.block_m) if keys else (cfg.block_m, cfg.block_n)
-    slots = {keys: (ww - 1) // blocks[keys, True][1][0] + 2 for keys in (True, False)}  # blocks a row can touch
-    corner = {keys: torch.zeros(2, bh, hh, slots[keys], ww, **zeros) for keys in (True, False)}
-    ca2, cb2, lse2 = ca * LOG2E, cb * LOG2E, lse * LOG2E  # log2 units, as the forward
-    launches = []
+    delta = weight * (dout.float().unsqueeze(0) * o).sum(-1)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    ca2, cb2, lse2 = ca.reshape(bh, n) * LOG2E, cb.reshape(bh, n) * LOG2E, lse * LOG2E  # log2 units, as the forward
+    maps = {orient: ([_map(x, orient, hh, ww) for x in (q, k, v, dout)], _tables(ca2, cb2, orient, hh, ww),
+                     (hh, ww) if orient == 'v2h' else (ww, hh)) for orient in ('v2h', 'h2v')}
+    launches, targets = [], []
     for i, path in enumerate(names):
-        for keys, grads, selfs in ((True, (dk[i], dvv[i]), self_k), (False, (dq[i], dq[i]), self_q)):
-            corners = (path == 'h2v') == keys
-            cfg, (own, other) = blocks[keys, corners]
-            rows = _rows_touched(own, hh, ww)
+        for keys in (False, True):
+            orient = transposed(path) if keys else path
+            (q2, k2, v2, do2), (t1, t2), (height, width) = maps[orient]
+            cfg = lp.config('whole_bwd_kv' if keys else 'whole_bwd_q', n, q.dtype, cap, width)
+            own = query_block(width, cfg.block_m)
+            if q.dtype != torch.float32 and width >= lp.NARROW:  # tensor-core tiles: 16 own rows per warp at least
+                own = max(own, 16 * cfg.num_warps)
+            chunks = triton.cdiv(width, own)
+            g1 = torch.empty(bh, n, d, **f32)
+            g2 = torch.empty(bh, n, dv, **f32) if keys else g1
+            self_ = torch.empty(bh, n, **f32)
+            corners = None if keys else torch.empty(2, bh, height, chunks, width, **f32)
+            sums = (g1, g1) if keys else corners
             # (GRADS, CORNER_SUMS) of each launch: the corner sums in the same program or in one of their own
-            parts = [(True, False), (False, True)] if corners and cfg.corner_pass else [(True, corners)]
+            parts = [(True, False), (False, True)] if not keys and cfg.corner_pass else [(True, not keys)]
             launches.extend(lp.Launch(
-                _whole_bwd, (triton.cdiv(n, own) * bh, ),
-                (q, k, v, ca2, cb2, dout, lse2[i], delta[i], *grads, selfs[0 if corners else 1], corner[keys][0],
-                 corner[keys][1], float(scale), float(scale) * LOG2E, weight, n, hh, ww, d, dv, slots[keys]),
-                dict(KEYS=keys, FORM=path, GRADS=with_grads, CORNER_SUMS=sums, BLOCK_OWN=own,
-                     BLOCK_OTHER=other, BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), COLS=min(other, lp.pow2(ww, 1)),
-                     ROWS_OWN=rows, CORNER_ROWS=lp.pow2(rows), PRECISION=lp.precision(q.dtype)), cfg)
-                for with_grads, sums in parts)
-    return launches, (dq, dk, dvv, self_q, self_k, corner[True], corner[False])
+                _whole_bwd, (chunks * height * bh, ),
+                (q2, k2, v2, t1, t2, do2, _map(lse2[i], orient, hh, ww), _map(delta[i], orient, hh, ww), g1, g2,
+                 self_, sums[0], sums[1], float(scale), float(scale) * LOG2E, weight, n, d, dv),
+                dict(W=width, KEYS=keys, GRADS=with_grads, CORNER_SUMS=with_sums, BLOCK_OWN=own,
+                     BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv),
+                     COLS=min(cfg.block_n, lp.pow2(width, 1)), PRECISION=lp.precision(q.dtype)), cfg)
+                for with_grads, with_sums in parts)
+            targets.append((orient, keys, g1, g2, self_, corners))
+    return launches, targets
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor, cb: torch.Tensor, scale: float,
@@ -403,12 +317,26 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               form: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv in the inputs' dtypes and dCa, dCb (float32) from the output gradient ``dout``."""
     bh, hh, ww = ca.shape
-    launches, (dq, dk, dvv, self_q, self_k, corner_k, corner_q) = backward_launches(
-        q, k, v, ca, cb, o, lse, dout.contiguous(), scale, form, lp.capability(q.device))
+    launches, targets = backward_launches(q, k, v, ca, cb, o, lse, dout.contiguous(), scale, form,
+                                          lp.capability(q.device))
     lp.run(launches)
-    dca, dcb = ((self_q[i] + self_k[i]).reshape(bh, hh, ww) + corner_q[i].sum(2) + corner_k[i].sum(2)
-                for i in range(2))  # Ca, Cb
-    return dq.sum(0).to(q.dtype), dk.sum(0).to(k.dtype), dvv.sum(0).to(v.dtype), dca, dcb
+    grads = {'dq': 0, 'dk': 0, 'dv': 0}
+    tables = {orient: [ca.new_zeros(bh, hh * ww), ca.new_zeros(bh, hh * ww)] for orient in ('v2h', 'h2v')}  # (T1, T2)
+    for orient, keys, g1, g2, self_, corners in targets:
+        if keys:
+            grads['dk'] = grads['dk'] + _map(g1, orient, ww, hh)
+            grads['dv'] = grads['dv'] + _map(g2, orient, ww, hh)
+        else:
+            grads['dq'] = grads['dq'] + _map(g1, orient, ww, hh)
+        tables[orient][0] = tables[orient][0] + self_
+        if corners is not None:
+            summed = corners.sum(3).reshape(2, bh, -1)
+            tables[orient] = [tables[orient][0] + summed[0], tables[orient][1] + summed[1]]
+    # back to the image: the transpose's row table is Cb, its column table Ca
+    dca = tables['v2h'][0] + _map(tables['h2v'][1], 'h2v', ww, hh)
+    dcb = tables['v2h'][1] + _map(tables['h2v'][0], 'h2v', ww, hh)
+    return (grads['dq'].to(q.dtype), grads['dk'].to(k.dtype), grads['dv'].to(v.dtype), dca.reshape(bh, hh, ww),
+            dcb.reshape(bh, hh, ww))
 
 
 def _backward_shapes(dout, q, k, v, ca, cb, o, lse, scale, form):
