@@ -12,6 +12,7 @@ from typing import Dict, List, NamedTuple, Sequence, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torchvision  # imported before an export traces its ops, or the exporter does not translate them
 from torch import Tensor
 
 #: the outputs of the exported graph, in order (B images, K = test_cfg.rcnn.max_per_img detections,
@@ -43,7 +44,6 @@ def nms_padded(boxes: Tensor, scores: Tensor, iou_threshold: float, score_thresh
     by descending score: the indices of the first ``max_output`` kept, padded with -1 to ``max_output``. A box
     suppresses the later ones whose IoU with it exceeds ``iou_threshold``. Exports as ONNX NonMaxSuppression
     (:data:`TRANSLATIONS`)."""
-    import torchvision
     candidates = torch.nonzero(scores > score_threshold).squeeze(1)
     keep = torchvision.ops.nms(boxes[candidates], scores[candidates], iou_threshold)[:max_output]
     out = torch.full((max_output, ), -1, dtype=torch.int64, device=boxes.device)
@@ -156,7 +156,6 @@ class MaskRCNNExport(nn.Module):
 
     def _roi_features(self, extractor: nn.Module, feats: Sequence[Tensor], boxes: Tensor) -> Tensor:
         """RoIAlign of ``boxes`` (R, 4, one image) on the level ``extractor.map_roi_levels`` assigns each."""
-        import torchvision
         rois = torch.cat([boxes.new_zeros(boxes.shape[0], 1), boxes], dim=1)
         feats = feats[:extractor.num_inputs]
         levels = extractor.map_roi_levels(rois, len(feats))
