@@ -260,8 +260,8 @@ def data_samples(batch: int, height: int, width: int) -> list:
 
 class DetectionComparison(NamedTuple):
     """:func:`compare_with_predict` for one image: the largest relative differences of the outputs before
-    NMS (``rpn``: objectness and deltas of every anchor; ``roi``: class scores and deltas of the proposals,
-    matched to the reference's by box), of the proposals' and detections' boxes (matched), the largest
+    NMS (``rpn``: objectness and deltas of every anchor; ``roi``: class scores and deltas of the file's
+    proposals, against mmdet's box head on them), of the proposals' and detections' boxes (matched), the largest
     score difference of the detections, the smallest mask IoU, the detections (ONNX, reference), and the
     smallest gap between the reference's consecutive scores (how far its order is from a tie)."""
     rpn: float
@@ -319,11 +319,12 @@ def compare_with_predict(path: str, model: nn.Module, images: Tensor, tolerance:
                          box_tolerance: float = BOX_TOLERANCE,
                          min_mask_iou: float = MASK_IOU) -> List[DetectionComparison]:
     """Run the ONNX file of :class:`MaskRCNNExport` in onnxruntime (CPU) on ``images`` and compare it, per
-    image, with mmdet: ``model.predict`` for the detections, the RPN head's outputs, ``rpn_head.predict``'s
-    proposals and the box head on them for the outputs before NMS. Raises :class:`DetectionMismatch` when
-    the outputs before NMS differ by more than ``tolerance`` (relative), the proposals or detections differ
-    in number, their boxes by more than ``box_tolerance`` (relative, after matching), the detections'
-    scores by more than ``tolerance`` or their labels at all, or a mask's IoU is below ``min_mask_iou``."""
+    image, with mmdet: ``model.predict`` for the detections, ``rpn_head.predict`` for the proposals, and for
+    the outputs before NMS the RPN head's outputs and the box head's on the file's proposals. Raises
+    :class:`DetectionMismatch` when the outputs before NMS differ by more than ``tolerance`` (relative), the
+    proposals or detections differ in number, their boxes by more than ``box_tolerance`` (relative, after
+    matching), the detections' scores by more than ``tolerance`` or their labels at all, or a mask's IoU is
+    below ``min_mask_iou``."""
     from mmdet.structures.bbox import bbox2roi
 
     from mmppma.deploy import relative_difference
@@ -347,10 +348,10 @@ def compare_with_predict(path: str, model: nn.Module, images: Tensor, tolerance:
             raise DetectionMismatch(f'{where}: {n} proposals, mmdet {len(proposal)}')
         matched = _match(got['proposals'][b, :n], proposal.bboxes)
         proposal_diff = relative_difference(got['proposals'][b, matched], proposal.bboxes)
-        with torch.no_grad():
-            head = model.roi_head._bbox_forward(feats, bbox2roi([proposal.bboxes]))
-        roi = max(relative_difference(got['roi_scores'][b, matched], F.softmax(head['cls_score'], dim=-1)),
-                  relative_difference(got['roi_deltas'][b, matched], head['bbox_pred']))
+        with torch.no_grad():  # mmdet's box head on the file's proposals
+            head = model.roi_head._bbox_forward([f[b:b + 1] for f in feats], bbox2roi([got['proposals'][b, :n]]))
+        roi = max(relative_difference(got['roi_scores'][b, :n], F.softmax(head['cls_score'], dim=-1)),
+                  relative_difference(got['roi_deltas'][b, :n], head['bbox_pred']))
         want = result.pred_instances
         n = int(got['num_dets'][b])
         gaps = (want.scores[:-1] - want.scores[1:]).abs()
