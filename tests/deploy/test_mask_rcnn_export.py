@@ -118,19 +118,22 @@ def assert_masks_match(model, feats, want, got_masks, height, width):
         assert (margin[differ] <= MASK_PROB_TOLERANCE).all(), margin[differ].max()
 
 
-def seeded_checkpoint(tool, config, path, cls_std, cls_seed):
-    """The tool's random weights (``--seed 0``) with the box head's classifier drawn again, N(0, cls_std^2)
-    from ``cls_seed``, bias 0: scores spread over the proposals, so the top ones are far apart."""
+def seeded_model(tool, config, path, batch, height, width, cls_std, cls_seed):
+    """``(model, x)``: the tool's random weights and input (``--seed 0``: the input is drawn after the build)
+    with the box head's classifier drawn again, N(0, cls_std^2) from ``cls_seed``, bias 0, so that scores
+    spread over the proposals and the top ones are far apart; the weights saved to ``path``."""
     torch.manual_seed(0)
     model = tool.build_model(str(config))
+    x = torch.randn(batch, 3, height, width)
     fc = model.roi_head.bbox_head.fc_cls
     fc.weight.data = torch.randn(fc.weight.shape, generator=torch.Generator().manual_seed(cls_seed)) * cls_std
     fc.bias.data.zero_()
     torch.save({'state_dict': model.state_dict()}, path)
+    return model, x
 
 
-def check_against_mmdet(tool, config, checkpoint, out, batch, height, width, top):
-    """The file in onnxruntime on the tool's input against mmdet on the same input: the RPN head's outputs,
+def check_against_mmdet(model, x, out, top):
+    """The file in onnxruntime on ``x`` against mmdet on the same input: the RPN head's outputs,
     and the box head's on the file's proposals, within 1e-4, the proposals matching mmdet's; every detection
     of ``model.predict`` matched (label, box, score, mask: :func:`assert_masks_match`), the ``top`` ones,
     whose scores are asserted apart by more than 1e-4, in order."""
@@ -142,9 +145,7 @@ def check_against_mmdet(tool, config, checkpoint, out, batch, height, width, top
     ops = {node.op_type for node in graph.node}
     assert {'NonMaxSuppression', 'RoiAlign', 'GridSample'} <= ops, ops
     assert {node.domain for node in graph.node} <= {'', 'ai.onnx'}  # ONNX's own ops only
-    torch.manual_seed(0)  # the tool's --seed: the same model and input
-    model = tool.build_model(str(config), str(checkpoint))
-    x = torch.randn(batch, 3, height, width)
+    batch, _, height, width = x.shape
     got = run_onnx(out, x)
     meta = dict(img_shape=(height, width), ori_shape=(height, width), scale_factor=(1.0, 1.0))
     samples = [DetDataSample(metainfo=meta) for _ in range(batch)]
@@ -201,13 +202,13 @@ def test_whole_mask_rcnn_matches_predict(config, batch, height, width, cls_std, 
     tool = load_tool('deployment/pytorch2onnx.py')
     config = REPO_ROOT / 'configs' / config
     checkpoint, out = tmp_path / 'seeded.pth', tmp_path / 'model.onnx'
-    seeded_checkpoint(tool, config, checkpoint, cls_std, cls_seed)
+    model, x = seeded_model(tool, config, checkpoint, batch, height, width, cls_std, cls_seed)
     argv = [str(config), str(checkpoint), '--shape', str(height), str(width), '--batch', str(batch), '--out', str(out)]
     assert tool.main(argv) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if 'vs model.predict' in line]
     print('\n'.join(lines))  # the figures, for docs/deployment.md (pytest -rP shows them)
     assert len(lines) == batch
-    check_against_mmdet(tool, config, checkpoint, out, batch, height, width, top=10)
+    check_against_mmdet(model, x, out, top=10)
 
 
 @pytest.mark.parametrize('extra, code, cause', [
