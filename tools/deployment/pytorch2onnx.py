@@ -49,7 +49,6 @@ from mmppma.deploy import (  # noqa: E402
     fixed_grid_pools,
     model_kind,
 )
-from mmppma.deploy_mask_rcnn import DetectionMismatch, UnsupportedDetector, compare_with_predict  # noqa: E402
 
 #: exit code of each step that can fail (argparse exits with 2 on bad arguments)
 EXIT_CODES = {'compare': 1, 'arguments': 2, 'export': 3, 'onnxruntime': 4, 'build': 5, 'torch': 5}
@@ -137,10 +136,9 @@ def convert(args: argparse.Namespace) -> int:
         raise StepFailed('arguments', 'a whole detector exports at a fixed batch and size: drop --dynamic')
     try:
         module, kind = export_module(model)
-    except UnsupportedDetector as err:
-        raise StepFailed('export', str(err)) from err
-    except Exception as err:
-        raise StepFailed('build', first_line(err)) from err
+    except Exception as err:  # a detector other than Mask R-CNN (the export's failure), or a missing package
+        step = 'export' if type(err).__name__ == 'UnsupportedDetector' else 'build'
+        raise StepFailed(step, str(err) if step == 'export' else first_line(err)) from err
     out = args.out or osp.splitext(osp.basename(args.config))[0] + ('_backbone' if args.backbone_only else '') + '.onnx'
     x = torch.randn(args.batch, 3, *args.shape)
     print(f'exporting {osp.basename(args.config)} as a {kind}: {OUTPUTS[kind]}')
@@ -179,7 +177,9 @@ def convert(args: argparse.Namespace) -> int:
 
 
 def check_detector(out: str, model: torch.nn.Module, x: torch.Tensor) -> int:
-    """Check the whole-detector file against ``model.predict`` (:func:`compare_with_predict`)."""
+    """Check the whole-detector file against ``model.predict``
+    (:func:`mmppma.deploy_mask_rcnn.compare_with_predict`)."""
+    from mmppma.deploy_mask_rcnn import DetectionMismatch, compare_with_predict
     try:
         comparisons = compare_with_predict(out, model, x)
     except OnnxRuntimeFailure as err:
