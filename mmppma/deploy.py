@@ -24,7 +24,8 @@ TOLERANCE = 1e-4
 OUTPUTS = {
     'classifier': 'logits (B, classes)',
     'segmentor': 'segmentation logits (B, classes, H, W) at the input size',
-    'detector': 'the backbone and neck features (the detector heads, NMS and RoI ops are not exported)',
+    'detector': 'the whole Mask R-CNN: detections after NMS (boxes, scores, labels, masks; padded, with their '
+                'count) and the RPN and box head outputs before NMS (mmppma.deploy_mask_rcnn)',
     'backbone': "the backbone's multi-scale features (its out_indices)",
 }
 
@@ -64,7 +65,8 @@ class _Segmentor(nn.Module):
 
 
 class _Features(nn.Module):
-    """x -> the tuple of feature maps of ``extract`` (a backbone, or a detector's backbone and neck)."""
+    """x -> the tuple of feature maps of a backbone (or, with ``detector``, of a detector's backbone and
+    neck)."""
 
     def __init__(self, model: nn.Module, detector: bool) -> None:
         super().__init__()
@@ -89,10 +91,14 @@ def model_kind(model: nn.Module) -> str:
 def export_module(model: nn.Module) -> Tuple[nn.Module, str]:
     """``(module, kind)``: the part of ``model`` that is exported, as a module of one image tensor
     (B, 3, H, W) (normalized, as after the data preprocessor), and its :func:`model_kind` (see
-    :data:`OUTPUTS`)."""
+    :data:`OUTPUTS`). A detector is :class:`mmppma.deploy_mask_rcnn.MaskRCNNExport`, which raises
+    :class:`mmppma.deploy_mask_rcnn.UnsupportedDetector` for a detector other than Mask R-CNN."""
     kind = model_kind(model)
+    if kind == 'detector':
+        from mmppma.deploy_mask_rcnn import MaskRCNNExport
+        return MaskRCNNExport(model).eval(), kind
     wrapped = {'classifier': _Classifier, 'segmentor': _Segmentor}.get(kind)
-    module = wrapped(model) if wrapped else _Features(model, detector=kind == 'detector')
+    module = wrapped(model) if wrapped else _Features(model, detector=False)
     return module.eval(), kind
 
 
@@ -152,7 +158,11 @@ def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = F
 
     A dynamic export is traced at a batch of at least 2 (:func:`traced_input`): traced at 1, ``torch.export``
     specializes the axis ("0/1 specialization") in part of the graph, whose broadcasts and reshapes then hold a
-    batch of 1 that onnxruntime rejects at any other batch."""
+    batch of 1 that onnxruntime rejects at any other batch.
+
+    A module with ``output_names`` names the file's outputs so; one with ``onnx_translations`` (a
+    ``custom_translation_table``) has its own ops translated by them
+    (:class:`mmppma.deploy_mask_rcnn.MaskRCNNExport`)."""
     shapes = None
     if dynamic:
         shapes = ({axis: torch.export.Dim.AUTO for axis in (0, 2, 3)}, )
@@ -160,7 +170,9 @@ def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = F
     try:
         with export_mode(), runtime_pools(module), torch.no_grad():
             torch.onnx.export(module, (x, ), path, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
-                              external_data=False, input_names=['input'], optimize=optimize, verbose=False)
+                              external_data=False, input_names=['input'], optimize=optimize, verbose=False,
+                              output_names=list(getattr(module, 'output_names', ())) or None,
+                              custom_translation_table=getattr(module, 'onnx_translations', None))
     except Exception as err:  # the exporters raise many types; all are reported the same way
         message = str(err)
         op = _failed_op(message)

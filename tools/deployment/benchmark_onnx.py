@@ -6,13 +6,15 @@
 Default cases: the PPMA-T classifier (configs/ppma_t_8xb128_in1k.py) at batch 1 and batch 8, 224 x 224, and
 the PPMA-T UPerNet (configs/upernet_ppma_t_512x512_160k_ade20k.py) at batch 1, 512 x 512; random weights.
 Each case is exported as pytorch2onnx.py exports it (static shape, at the case's batch and size) and checked
-against torch once, then run alternately in torch eager (``torch.inference_mode``) and in onnxruntime's CPU
+against torch once (a Mask R-CNN: against ``model.predict``, which is also what torch runs), then run
+alternately in torch eager (``torch.inference_mode``) and in onnxruntime's CPU
 provider, both with ``--threads`` threads (default: torch's count), one warm-up run each, then ``--iters``
 timed runs each. It prints the machine (CPU model, cores, GPU, load average before and after), the versions,
 and a table of the median wall time per batch and the ratio torch / onnxruntime (above 1: onnxruntime is
 faster). docs/deployment.md.
 """
 import argparse
+import functools
 import os
 import os.path as osp
 import platform
@@ -70,11 +72,18 @@ def bench(case, args: argparse.Namespace, workdir: str) -> dict:
     import onnxruntime
     config, batch, height, width = case
     torch.manual_seed(0)
-    module, kind = export_module(build_model(config))
+    model = build_model(config)
+    module, kind = export_module(model)
     x = torch.randn(batch, 3, height, width)
     path = osp.join(workdir, f'{osp.splitext(osp.basename(config))[0]}_{batch}x{height}x{width}.onnx')
     export_onnx(module, x, path)
-    [(_, diff)] = compare_onnx(path, module, [x])
+    if kind == 'detector':  # checked against, and timed as, mmdet's inference (diff: the outputs before NMS)
+        from mmppma.deploy_mask_rcnn import compare_with_predict, data_samples
+        diff = max(max(c.rpn, c.roi) for c in compare_with_predict(path, model, x))
+        samples = data_samples(batch, height, width)
+        module = functools.partial(model.predict, batch_data_samples=samples)
+    else:
+        [(_, diff)] = compare_onnx(path, module, [x])
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = args.threads
     options.inter_op_num_threads = 1

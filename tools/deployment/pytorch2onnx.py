@@ -5,18 +5,23 @@
                                             [--out FILE] [--backbone-only] [--cfg-options k=v ...] [--debug]
 
 What is exported, by the config's model: an mmpretrain classifier -> logits; an mmseg encoder-decoder ->
-segmentation logits at the input size; an mmdet detector -> the backbone and neck features (its heads, NMS
-and RoI ops are not exported); a bare backbone (a config whose ``model`` is e.g. ``type='mmppma.PPMA'``, or
-``--backbone-only``) -> its multi-scale features. The input is the normalized image batch (B, 3, H, W), as
-after the model's data preprocessor. Without CHECKPOINT the weights are random.
+segmentation logits at the input size; an mmdet Mask R-CNN -> the whole detector (mmppma/deploy_mask_rcnn.py):
+its detections after NMS (boxes, scores, labels, masks, padded, with their count) and its RPN and box head
+outputs before NMS, at a fixed batch and size; a bare backbone (a config whose ``model`` is e.g.
+``type='mmppma.PPMA'``, or ``--backbone-only``) -> its multi-scale features. The input is the normalized
+image batch (B, 3, H, W), as after the model's data preprocessor. Without CHECKPOINT the weights are random.
 
 ``--dynamic`` makes batch, height and width dynamic wherever the model allows (traced at a batch of 2 or
 more) and checks the file at the input given (--batch, --shape), at one image more, and at one image more in
-another size (H 3/4 and W 5/4 as large, in steps of 32: 512 x 512 -> 384 x 640). The tool prints the
-largest relative difference (max |onnx - torch| / max |torch| over each output) per input. When a step
-fails it prints one line naming the config, the step and the cause (``--debug``: with the traceback) and
-exits with the step's code: 1 the outputs differ by more than 1e-4 (or in number or shape), 3 the export,
-4 onnxruntime, 5 building the model or running it in torch (2: bad arguments, as argparse).
+another size (H 3/4 and W 5/4 as large, in steps of 32: 512 x 512 -> 384 x 640); not for a detector. The
+tool prints the largest relative difference (max |onnx - torch| / max |torch| over each output) per input.
+A detector is checked against ``model.predict`` instead: the outputs before NMS within 1e-4 (relative), the
+detections equal in number and labels, their boxes within 1e-3 (relative, matched), scores within 1e-4 and
+each mask's IoU at least 0.99 (or its pixels differing only where mmdet's probability is within 1e-3 of the
+threshold). When a step fails it prints one line naming the config, the step and the
+cause (``--debug``: with the traceback) and exits with the step's code: 1 the outputs differ (by more than
+the bounds above, or in number or shape), 3 the export, 4 onnxruntime, 5 building the model or running it
+in torch (2: bad arguments, as argparse, or --dynamic with a detector).
 docs/deployment.md.
 """
 import argparse
@@ -42,10 +47,11 @@ from mmppma.deploy import (  # noqa: E402
     export_onnx,
     first_line,
     fixed_grid_pools,
+    model_kind,
 )
 
 #: exit code of each step that can fail (argparse exits with 2 on bad arguments)
-EXIT_CODES = {'compare': 1, 'export': 3, 'onnxruntime': 4, 'build': 5, 'torch': 5}
+EXIT_CODES = {'compare': 1, 'arguments': 2, 'export': 3, 'onnxruntime': 4, 'build': 5, 'torch': 5}
 
 
 class StepFailed(Exception):
@@ -123,9 +129,16 @@ def convert(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     try:
         model = build_model(args.config, args.checkpoint, args.backbone_only, args.cfg_options)
-        module, kind = export_module(model)
+        kind = model_kind(model)
     except Exception as err:  # a bad config, a missing package or checkpoint: the cause says which
         raise StepFailed('build', first_line(err)) from err
+    if kind == 'detector' and args.dynamic:
+        raise StepFailed('arguments', 'a whole detector exports at a fixed batch and size: drop --dynamic')
+    try:
+        module, kind = export_module(model)
+    except Exception as err:  # a detector other than Mask R-CNN (the export's failure), or a missing package
+        step = 'export' if type(err).__name__ == 'UnsupportedDetector' else 'build'
+        raise StepFailed(step, str(err) if step == 'export' else first_line(err)) from err
     out = args.out or osp.splitext(osp.basename(args.config))[0] + ('_backbone' if args.backbone_only else '') + '.onnx'
     x = torch.randn(args.batch, 3, *args.shape)
     print(f'exporting {osp.basename(args.config)} as a {kind}: {OUTPUTS[kind]}')
@@ -136,6 +149,8 @@ def convert(args: argparse.Namespace) -> int:
         export_onnx(module, x, out, dynamic=args.dynamic, opset=args.opset)
     except ExportError as err:
         raise StepFailed('export', str(err).splitlines()[0]) from err
+    if kind == 'detector':
+        return check_detector(out, model, x)
     inputs = [x]
     if args.dynamic:
         axes = dynamic_axes(out)
@@ -158,6 +173,29 @@ def convert(args: argparse.Namespace) -> int:
     if not worst <= TOLERANCE:
         raise StepFailed('compare', f'the largest relative difference {worst:.3e} (at input {at}) exceeds '
                          f'{TOLERANCE:g}')
+    return 0
+
+
+def check_detector(out: str, model: torch.nn.Module, x: torch.Tensor) -> int:
+    """Check the whole-detector file against ``model.predict``
+    (:func:`mmppma.deploy_mask_rcnn.compare_with_predict`)."""
+    from mmppma.deploy_mask_rcnn import DetectionMismatch, compare_with_predict
+    try:
+        comparisons = compare_with_predict(out, model, x)
+    except OnnxRuntimeFailure as err:
+        raise StepFailed('onnxruntime', str(err)) from err
+    except DetectionMismatch as err:
+        raise StepFailed('compare', str(err)) from err
+    except Exception as err:  # model.predict or the heads in torch
+        raise StepFailed('torch', f'torch eager failed: {first_line(err)}') from err
+    for b, c in enumerate(comparisons):
+        print(f'onnxruntime (CPU) vs model.predict, image {b} of {tuple(x.shape)}: before NMS max relative '
+              f'difference {max(c.rpn, c.roi):.3e} (RPN {c.rpn:.1e}, box head {c.roi:.1e}); {c.detections[0]} '
+              f'detections (mmdet {c.detections[1]}), labels equal, boxes max relative difference '
+              f'{max(c.boxes, c.proposals):.1e}, scores max difference {c.scores:.1e}, smallest mask IoU '
+              f'{c.mask_iou:.4f} ({c.near_threshold} below 0.99, differing only within 1e-3 of the threshold); '
+              f'smallest gap between mmdet\'s scores {c.score_gap:.1e}')
+    print(f'wrote {out}')
     return 0
 
 

@@ -1,0 +1,227 @@
+"""The whole Mask R-CNN in ONNX (mmppma/deploy_mask_rcnn.py, tools/deployment/pytorch2onnx.py): the NMS op and
+RoIAlign as exported against mmcv's, and the tiny COCO config (the shipped PPMA-T config in the full tier) with
+seeded weights, exported by the tool and run in onnxruntime, against mmdet's ``model.predict``, RPN head and box
+head."""
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+
+from ..conftest import REPO_ROOT, load_tool
+
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec('mmdet') is None, reason='needs mmdet'),
+              pytest.mark.skipif(importlib.util.find_spec('onnxruntime') is None,
+                                 reason='the deploy extra: pip install -e .[deploy]')]
+
+TOLERANCE, BOX_TOLERANCE, MASK_IOU, MASK_PROB_TOLERANCE = 1e-4, 1e-3, 0.99, 1e-3
+
+
+def run_onnx(path, x):
+    import onnxruntime
+    session = onnxruntime.InferenceSession(str(path), providers=['CPUExecutionProvider'])
+    names = [o.name for o in session.get_outputs()]
+    return {n: torch.from_numpy(v) for n, v in zip(names, session.run(None, {'input': x.numpy()}))}
+
+
+def relative(got, want):
+    return float((got - want).abs().max() / want.abs().max())
+
+
+def nearest(got, want):
+    """For each box of ``want``, the index of the nearest box of ``got`` (largest coordinate difference)."""
+    return (want[:, None, :] - got[None, :, :]).abs().amax(-1).argmin(1)
+
+
+def mask_iou(a, b):
+    union = (a | b).flatten(1).sum(1)
+    return torch.where(union > 0, (a & b).flatten(1).sum(1) / union.clamp_min(1), torch.ones(len(a)))
+
+
+def random_boxes(n, size, gen):
+    xy = torch.rand(n, 2, generator=gen) * size
+    wh = torch.rand(n, 2, generator=gen) * size / 2
+    return torch.cat([xy - wh / 4, xy + wh], dim=1)  # some reach past the image
+
+
+class Nms(torch.nn.Module):
+
+    def forward(self, boxes, scores):
+        from mmppma.deploy_mask_rcnn import nms_padded
+        return nms_padded(boxes, scores, 0.5, 0.3, 40)
+
+
+def test_nms_exports_as_onnx_nonmaxsuppression(tmp_path):
+    """The NMS op in onnxruntime keeps mmcv's boxes (``mmcv.ops.nms``, as mmdet runs it: candidates above
+    the score threshold, by score), in its order, padded with -1."""
+    import onnx
+    import onnxruntime
+    from mmcv.ops import nms
+
+    from mmppma.deploy_mask_rcnn import TRANSLATIONS
+    gen = torch.Generator().manual_seed(0)
+    boxes, scores = random_boxes(200, 64.0, gen), torch.rand(200, generator=gen)
+    path = str(tmp_path / 'nms.onnx')
+    count = torch.export.Dim('count', min=2)
+    torch.onnx.export(Nms(), (boxes, scores), path, dynamo=True, opset_version=18, input_names=['boxes', 'scores'],
+                      dynamic_shapes=({0: count}, {0: count}), custom_translation_table=TRANSLATIONS)
+    assert 'NonMaxSuppression' in {node.op_type for node in onnx.load(path).graph.node}
+    session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
+    for n in (200, 30, 3):  # more kept than 40, fewer
+        b, s = random_boxes(n, 64.0, gen), torch.rand(n, generator=gen)
+        [got] = session.run(None, {'boxes': b.numpy(), 'scores': s.numpy()})
+        _, keep = nms(b, s, 0.5, score_threshold=0.3)
+        want = torch.full((40, ), -1, dtype=torch.int64)
+        want[:min(40, len(keep))] = keep[:40]
+        assert torch.equal(torch.from_numpy(got), want), n
+
+
+class RoIAlignLevel(torch.nn.Module):
+
+    def forward(self, feat, rois):
+        return torchvision.ops.roi_align(feat, rois, (7, 7), 0.25, 0, aligned=True)
+
+
+def test_roi_align_exports_as_mmcv_roi_align(tmp_path):
+    """torchvision's RoIAlign as exported (ONNX RoiAlign, ``half_pixel``, adaptive sampling) computes mmcv's
+    ``RoIAlign(aligned=True, sampling_ratio=0)`` (mmdet's RoI layers), for boxes smaller than a bin, larger
+    than the map, and partly outside it, on two images."""
+    import onnxruntime
+    from mmcv.ops import roi_align
+    gen = torch.Generator().manual_seed(0)
+    feat = torch.randn(2, 8, 16, 20, generator=gen)
+    boxes = torch.cat([random_boxes(30, 80.0, gen), torch.tensor([[3., 4., 5., 5.], [-20., -8., 100., 90.]])])
+    rois = torch.cat([torch.randint(0, 2, (32, 1), generator=gen).float(), boxes], dim=1)
+    path = str(tmp_path / 'roi_align.onnx')
+    torch.onnx.export(RoIAlignLevel(), (feat, rois), path, dynamo=True, opset_version=18,
+                      input_names=['feat', 'rois'])
+    [got] = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider']).run(
+        None, {'feat': feat.numpy(), 'rois': rois.numpy()})
+    want = roi_align(feat, rois, (7, 7), 0.25, 0, 'avg', True)
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=1e-5)
+
+
+def assert_masks_match(model, feats, want, got_masks, height, width):
+    """Each mask's IoU with mmdet's is at least 0.99, or the pixels that differ are ones where mmdet's
+    pasted probability is within 1e-3 of the threshold (a box that differs by 1e-6 moves such a pixel across)."""
+    from mmdet.models.roi_heads.mask_heads.fcn_mask_head import _do_paste_mask
+    from mmdet.structures.bbox import bbox2roi
+    low = (mask_iou(got_masks, want.masks) < MASK_IOU).nonzero().squeeze(1)
+    if len(low):
+        with torch.no_grad():
+            logits = model.roi_head._mask_forward(feats, bbox2roi([want.bboxes[low]]))['mask_preds']
+        probs = logits.sigmoid()[torch.arange(len(low)), want.labels[low]][:, None]
+        pasted = _do_paste_mask(probs, want.bboxes[low], height, width, skip_empty=False)[0]
+        differ = got_masks[low] != want.masks[low]
+        margin = (pasted - model.roi_head.test_cfg.mask_thr_binary).abs()
+        assert (margin[differ] <= MASK_PROB_TOLERANCE).all(), margin[differ].max()
+
+
+def seeded_model(tool, config, path, batch, height, width, cls_std, cls_seed):
+    """``(model, x)``: the tool's random weights and input (``--seed 0``: the input is drawn after the build)
+    with the box head's classifier drawn again, N(0, cls_std^2) from ``cls_seed``, bias 0, so that scores
+    spread over the proposals and the top ones are far apart; the weights saved to ``path``."""
+    torch.manual_seed(0)
+    model = tool.build_model(str(config))
+    x = torch.randn(batch, 3, height, width)
+    fc = model.roi_head.bbox_head.fc_cls
+    fc.weight.data = torch.randn(fc.weight.shape, generator=torch.Generator().manual_seed(cls_seed)) * cls_std
+    fc.bias.data.zero_()
+    torch.save({'state_dict': model.state_dict()}, path)
+    return model, x
+
+
+def check_against_mmdet(model, x, out, top):
+    """The file in onnxruntime on ``x`` against mmdet on the same input: the RPN head's outputs,
+    and the box head's on the file's proposals, within 1e-4, the proposals matching mmdet's; every detection
+    of ``model.predict`` matched (label, box, score, mask: :func:`assert_masks_match`), the ``top`` ones,
+    whose scores are asserted apart by more than 1e-4, in order."""
+    import onnx
+    from mmdet.structures import DetDataSample
+    from mmdet.structures.bbox import bbox2roi
+
+    graph = onnx.load(str(out)).graph
+    ops = {node.op_type for node in graph.node}
+    assert {'NonMaxSuppression', 'RoiAlign', 'GridSample'} <= ops, ops
+    assert {node.domain for node in graph.node} <= {'', 'ai.onnx'}  # ONNX's own ops only
+    batch, _, height, width = x.shape
+    got = run_onnx(out, x)
+    meta = dict(img_shape=(height, width), ori_shape=(height, width), scale_factor=(1.0, 1.0))
+    samples = [DetDataSample(metainfo=meta) for _ in range(batch)]
+    with torch.no_grad():
+        results = model.predict(x, samples)
+        feats = model.extract_feat(x)
+        cls_maps, delta_maps = model.rpn_head(feats)
+        proposals = model.rpn_head.predict(feats, samples, rescale=False)
+    for b in range(batch):
+        # before NMS
+        rpn_scores = torch.cat([m[b].permute(1, 2, 0).reshape(-1) for m in cls_maps]).sigmoid()
+        rpn_deltas = torch.cat([m[b].permute(1, 2, 0).reshape(-1, 4) for m in delta_maps])
+        assert relative(got['rpn_scores'][b], rpn_scores) <= TOLERANCE
+        assert relative(got['rpn_deltas'][b], rpn_deltas) <= TOLERANCE
+        boxes = proposals[b].bboxes
+        assert int(got['num_proposals'][b]) == len(boxes)
+        matched = nearest(got['proposals'][b, :len(boxes)], boxes)
+        assert len(set(matched.tolist())) == len(boxes)
+        assert relative(got['proposals'][b, matched], boxes) <= BOX_TOLERANCE
+        rois = bbox2roi([got['proposals'][b, :len(boxes)]])  # the box head on the file's proposals
+        with torch.no_grad():
+            head = model.roi_head._bbox_forward([f[b:b + 1] for f in feats], rois)
+        assert relative(got['roi_scores'][b, :len(boxes)], F.softmax(head['cls_score'], -1)) <= TOLERANCE
+        assert relative(got['roi_deltas'][b, :len(boxes)], head['bbox_pred']) <= TOLERANCE
+        # the detections
+        want = results[b].pred_instances
+        n = int(got['num_dets'][b])
+        assert n == len(want) > top
+        assert (want.scores[:top] - want.scores[1:top + 1]).min() > TOLERANCE  # the top ones are far apart
+        assert torch.equal(got['labels'][b, :top], want.labels[:top])
+        assert relative(got['boxes'][b, :top], want.bboxes[:top]) <= BOX_TOLERANCE
+        assert (got['scores'][b, :top] - want.scores[:top]).abs().max() <= TOLERANCE
+        matched = nearest(got['boxes'][b, :n], want.bboxes)  # all of them, in any order
+        assert len(set(matched.tolist())) == n
+        assert torch.equal(got['labels'][b, matched], want.labels)
+        assert relative(got['boxes'][b, matched], want.bboxes) <= BOX_TOLERANCE
+        assert (got['scores'][b, matched] - want.scores).abs().max() <= TOLERANCE
+        assert_masks_match(model, [f[b:b + 1] for f in feats], want, got['masks'][b, matched], height, width)
+        assert not got['masks'][b, n:].any() and (got['labels'][b, n:] == -1).all()
+
+
+CASES = [
+    pytest.param('tiny/mask_rcnn_ppma_t_tiny_coco.py', 1, 192, 192, 0.1, 2, id='tiny_coco',
+                 marks=pytest.mark.slow),
+    pytest.param('mask_rcnn_ppma_t_1x_coco.py', 2, 320, 320, 0.1, 3, id='ppma_t_1x',
+                 marks=[pytest.mark.heavy, pytest.mark.slow(minutes=3)]),
+]
+
+
+@pytest.mark.parametrize('config, batch, height, width, cls_std, cls_seed', CASES)
+def test_whole_mask_rcnn_matches_predict(config, batch, height, width, cls_std, cls_seed, tmp_path, capsys):
+    """The tool exports the whole detector with seeded weights and checks it; the file, run here in
+    onnxruntime, gives mmdet's outputs before NMS and its detections (:func:`check_against_mmdet`)."""
+    tool = load_tool('deployment/pytorch2onnx.py')
+    config = REPO_ROOT / 'configs' / config
+    checkpoint, out = tmp_path / 'seeded.pth', tmp_path / 'model.onnx'
+    model, x = seeded_model(tool, config, checkpoint, batch, height, width, cls_std, cls_seed)
+    argv = [str(config), str(checkpoint), '--shape', str(height), str(width), '--batch', str(batch), '--out', str(out)]
+    assert tool.main(argv) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if 'vs model.predict' in line]
+    print('\n'.join(lines))  # the figures, for docs/deployment.md (pytest -rP shows them)
+    assert len(lines) == batch
+    check_against_mmdet(model, x, out, top=10)
+
+
+@pytest.mark.parametrize('extra, code, cause', [
+    (['--dynamic'], 2, 'arguments failed: a whole detector exports at a fixed batch and size'),
+    (['--cfg-options', 'model.roi_head.mask_head=None'], 3,
+     'export failed: MaskRCNN: the RoI head is not a StandardRoIHead with an FCNMaskHead'),
+], ids=['dynamic', 'no_mask_head'])
+def test_detector_refused(extra, code, cause, tmp_path, capsys):
+    """A detector with --dynamic, or one that is not Mask R-CNN's: one line and the exit code, no file."""
+    tool = load_tool('deployment/pytorch2onnx.py')
+    config = str(REPO_ROOT / 'configs' / 'tiny' / 'mask_rcnn_ppma_t_tiny_coco.py')
+    out = tmp_path / 'model.onnx'
+    assert tool.main([config, '--shape', '64', '64', '--out', str(out), *extra]) == code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f'pytorch2onnx: {config}: {cause}'), lines
+    assert not out.exists()
