@@ -331,7 +331,11 @@ def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor], model: MMPPMACl
     fmt = type(model.backbone).release_format
     state = dict(unwrap_state(state_dict))
     if is_release_layout(state, fmt):
-        conversion = convert_release_state(state, fmt)
+        try:
+            conversion = convert_release_state(state, fmt)
+        except CheckpointMismatchError as e:
+            raise CheckpointMismatchError(f'{e}. The timm {type(model.backbone).__name__} model takes a {fmt.FAMILY} '
+                                          'release or mmppma checkpoint of its own family and size') from e
         _check_vminet_revision(model, conversion.info.get('release'))
         converted, what = conversion.state(), f'{fmt.FAMILY} release checkpoint'
     elif any(k.startswith('backbone.') for k in state):
