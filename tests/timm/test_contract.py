@@ -171,3 +171,23 @@ def test_features_only_channels_and_reductions(name):
 def test_features_only_takes_only_the_getter():
     with pytest.raises(ValueError, match="feature_cls='list'.*feature_cls='getter'"):
         timm.create_model('ppma_tiny', features_only=True, feature_cls='list')
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('name', [n for n in NAMES if n not in SMALLEST])
+def test_every_size_forward_backward_and_features(name):
+    """The checks above on the other sizes: forward, backward to every parameter, forward_intermediates against
+    forward_features, features_only channels and reductions."""
+    model = timm.create_model(name, num_classes=7).train()
+    out = model(torch.randn(2, 3, 32, 48))
+    out.mean().backward()
+    assert out.shape == (2, 7) and [n for n, p in model.named_parameters() if p.grad is None] == []
+    x = torch.randn(1, 3, 65, 47)
+    with torch.no_grad():
+        final, inter = model.eval().forward_intermediates(x)
+        torch.testing.assert_close(final, model.forward_features(x), rtol=0, atol=0)
+        features = timm.create_model(name, features_only=True).eval()
+        shapes = [tuple(o.shape) for o in features(x)]
+    assert shapes == [(1, c, math.ceil(65 / r), math.ceil(47 / r))
+                      for c, r in zip(features.feature_info.channels(), features.feature_info.reduction())]
+    assert features.feature_info.channels() == [t.shape[1] for t in inter]

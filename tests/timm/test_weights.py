@@ -3,6 +3,7 @@ release's keys, served on 127.0.0.1 or local) gives the logits of the explicit c
 backbone's weights give, through features_only, that backbone's maps; timm's eval transform is the configs' test
 pipeline."""
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,25 @@ def test_another_familys_checkpoint_is_refused(tmp_path):
     release = save_release(tmp_path / 'best.pth', release_state('PPMA'))
     with pytest.raises(CheckpointMismatchError, match='not an MLLA backbone.*its own family and size'):
         timm.create_model('mlla_tiny', pretrained=True, pretrained_cfg_overlay=dict(file=release))
+
+
+@torch.no_grad()
+def test_readme_lines_as_written(monkeypatch):
+    """The README's timm block, run as it is (the download replaced by the release-layout state it would read):
+    the converter route's logits on an image through its transform."""
+    from PIL import Image
+    block = next(b for b in re.findall(r'```python\n(.*?)```', (REPO / 'README.md').read_text(), re.S)
+                 if 'timm.create_model' in b)
+    state, sources = release_state('PPMA'), []
+    monkeypatch.setattr(tm, 'read_checkpoint_state', lambda source: sources.append(source) or state)
+    scope = {}
+    exec(block, scope)
+    assert sources == [tm.release_url('ppma_tiny')]
+    image = Image.fromarray(torch.randint(0, 256, (240, 300, 3), dtype=torch.uint8).numpy())
+    x = scope['transform'](image)[None]
+    assert x.shape == (1, 3, 224, 224)
+    reference = ppma_t_converter_route(state)
+    torch.testing.assert_close(scope['model'](x), reference.head(reference.backbone(x)), rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------- dense prediction
