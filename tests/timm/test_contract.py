@@ -2,6 +2,7 @@
 our models): registration, forward, backward, default cfgs, forward_intermediates and features_only; at small
 sizes on CPU, every registered name built, the smallest size of each family run."""
 import math
+import re
 import textwrap
 from pathlib import Path
 
@@ -57,15 +58,19 @@ def test_import_registers_with_timm_and_imports_no_downstream_library(run_python
 def test_every_name_builds_with_the_index_parameter_count():
     """timm.create_model builds every name (on the meta device: no memory, no init; the smallest of each family is
     built and run on the CPU below); the parameter counts are the model index's (tools/get_flops.py on the
-    mmpretrain classifier, or the release state dicts' totals)."""
-    for name in NAMES:
+    mmpretrain classifier, or the release state dicts' totals) and docs/model_zoo.md's timm table's."""
+    text = (REPO / 'docs/model_zoo.md').read_text()
+    rows = re.findall(r'^\| `(\w+)` \| `?([\w.-]+)`? \| ([\d.]+) M \|', text[text.index('\n## timm'):], re.M)
+    assert [row[0] for row in rows] == NAMES
+    assert sorted(row[1] for row in rows if row[1] != '-') == sorted(f'{name}.in1k' for name in INDEX)
+    for name, _, documented in rows:
         with torch.device('meta'):
             model = timm.create_model(name)
         assert isinstance(model, tm.MMPPMAClassifier) and model.num_classes == 1000, name
+        params = sum(p.numel() for p in model.parameters())
+        assert f'{params / 1e6:.2f}' == documented, name
         if name in INDEX:
-            params = sum(p.numel() for p in model.parameters())
             assert params == index_entry(name)['Metadata']['Parameters'], name
-        del model
 
 
 # ---------------------------------------------------------------- timm's test_models.py checks
