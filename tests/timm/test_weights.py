@@ -83,6 +83,18 @@ def test_features_only_takes_the_release_backbone_and_names_what_it_lacks(tmp_pa
     assert all(repr(k) in caplog.text for k in norms) and 'keep their initialization' in caplog.text
 
 
+def test_checkpoint_path_and_another_class_count(tmp_path):
+    """timm's checkpoint_path (its own loader; the release is converted on load by the hook on the backbone's
+    parent) and pretrained weights into a 10-class model (timm drops the 1000-class fc, the rest loads)."""
+    state = release_state('PPMA')
+    release = save_release(tmp_path / 'best.pth', state)
+    model = timm.create_model('ppma_tiny', checkpoint_path=release)
+    assert torch.equal(model.head.fc.weight, state['head.weight'])
+    assert torch.equal(model.backbone.patch_embed.proj[0].weight, state['patch_embed.proj.0.weight'])
+    ten = timm.create_model('ppma_tiny', pretrained=True, num_classes=10, pretrained_cfg_overlay=dict(file=release))
+    assert ten.head.fc.weight.shape == (10, 1024) and torch.equal(ten.head.proj.weight, state['proj.weight'])
+
+
 @pytest.mark.parametrize('name, where', [('rmt_tiny', 'Baidu'), ('ppmla_tiny', 'no PPMLA weights'),
                                          ('vminet_base', 'no VMINet-B weights')])
 def test_no_direct_download_says_where_and_how(name, where):
