@@ -19,7 +19,9 @@ Weights: ``pretrained=True`` reads the release file the pretrained cfg's ``url``
 :func:`checkpoint_filter_fn` (timm's ``pretrained_filter_fn``) converts it with the family's release format.
 ``pretrained_cfg_overlay=dict(file=PATH)`` does the same with a local release or mmppma checkpoint. Names
 whose release publishes no direct download have no ``url``; ``pretrained=True`` then raises an error that
-says where the weights are published and how to pass a file.
+says where the weights are published and how to pass a file. timm's ``checkpoint_path=`` and the model's
+``load_state_dict`` take a release state dict too (converted by the load hook ``import mmppma`` gives every
+parent of an mmppma backbone, :mod:`mmppma.models.backbones.release_format`).
 
 Eval settings (``pretrained_cfg``): 224 x 224, resize the short side to 256 (crop 0.875) bicubic, center crop,
 ImageNet mean and std: the test pipeline of the configs (mmpretrain's ``imagenet_bs64_swin_224``).
@@ -93,7 +95,7 @@ FAMILIES: Dict[str, Family] = {
 }
 #: the head's projection width (PPMAClsHead, the release's 1024)
 PPMA_HEAD_HIDDEN = 1024
-#: the timm names and the name of each one's model-index entry
+#: timm name -> (family, size), e.g. 'vminet_xsmall' -> ('vminet', 'xsmall')
 MODEL_NAMES = {f'{family}_{size}': (family, size) for family, spec in FAMILIES.items() for size in spec.sizes}
 NUM_STAGES = 4
 
