@@ -86,7 +86,7 @@ else
     echo "$TORCH_TAG" > "$MMCV_BUILT_FOR"
 fi
 
-log "step 4/4: downstream libraries, triton, test tools, and mmppma (editable)"
+log "step 4/4: timm, downstream libraries, triton, test tools, and mmppma (editable)"
 mapfile -t rest < <(grep -vE '^\s*(#|$)' "$REQ" | grep -vE '^(setuptools|wheel|ninja|torch|torchvision|numpy|mmengine|mmcv)([=<>! ]|$)')
 "${PIP[@]}" install "${rest[@]}"
 "${PIP[@]}" install --no-build-isolation --no-deps -e "$ROOT"
@@ -94,7 +94,7 @@ mapfile -t rest < <(grep -vE '^\s*(#|$)' "$REQ" | grep -vE '^(setuptools|wheel|n
 log "checking the stack imports"
 "$PY" - <<'PYEOF'
 import importlib
-for name in ['torch', 'torchvision', 'mmengine', 'mmcv', 'mmpretrain', 'mmdet', 'mmseg', 'triton', 'mmppma']:
+for name in ['torch', 'torchvision', 'mmengine', 'timm', 'mmcv', 'mmpretrain', 'mmdet', 'mmseg', 'triton', 'mmppma']:
     mod = importlib.import_module(name)
     print(f'  {name:<12} {getattr(mod, "__version__", "?")}')
 from mmcv.ops import nms  # noqa: F401  (compiled ops)

@@ -127,6 +127,8 @@ class StagedBackbone(BaseModule):
     """
     stem_name = 'patch_embed'
     stages_name = 'layers'
+    #: stages map channels-last tokens to ``(stage output, next stage input)``; False: NCHW in, NCHW out
+    channels_last_stages = True
 
     def __init__(self,
                  arch_settings: dict,
@@ -189,20 +191,28 @@ class StagedBackbone(BaseModule):
             raise ValueError(f'{type(self).__name__} expects images (B, {self.in_channels}, H, W); got '
                              f'{tuple(x.shape)}. Set the backbone\'s in_channels to your data\'s channel count.')
 
-    def _forward_channels_last(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Stem, then stages that map channels-last tokens x to ``(stage output, next stage input)``; the
-        outputs of ``out_indices`` go through their norm and come back NCHW."""
+    def forward_stages(self, x: torch.Tensor, indices: Sequence[int]) -> List[torch.Tensor]:
+        """Stem, then the stages; the outputs of the stages ``indices`` (non-negative, any order) in stage
+        order, as NCHW, each through its output norm where the backbone has one (:meth:`out_norm_module`). The
+        stages after the last of ``indices`` are not run. ``forward`` is this with ``out_indices``; timm's
+        ``forward_intermediates`` (:mod:`mmppma.timm_models`) asks for other stages of the same modules."""
         self._check_input(x)
+        wanted, last = set(indices), max(indices)
         x = getattr(self, self.stem_name)(x)
         outs = []
         for i, stage in enumerate(getattr(self, self.stages_name)):
-            out, x = stage(x)
-            if i in self.out_indices:
+            if i > last:
+                break
+            if self.channels_last_stages:
+                out, x = stage(x)
+            else:
+                x = out = stage(x)
+            if i in wanted:
                 norm = self.out_norm_module(i)
                 if norm is not None:
                     out = norm(out)
-                outs.append(out.permute(0, 3, 1, 2).contiguous())
-        return tuple(outs)
+                outs.append(out.permute(0, 3, 1, 2).contiguous() if self.channels_last_stages else out)
+        return outs
 
     def out_norm_name(self, i: int) -> str:
         """The attribute name of stage i's output norm (default ``outnorm{i}``)."""

@@ -105,7 +105,7 @@ class MLLA(StagedBackbone):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
-        return self._forward_channels_last(x)
+        return tuple(self.forward_stages(x, self.out_indices))
 
     def extra_repr(self) -> str:
         return f'mask={self.mask!r}, out_indices={self.out_indices}'

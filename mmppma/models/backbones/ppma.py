@@ -129,7 +129,7 @@ class PPMA(StagedBackbone):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
-        return self._forward_channels_last(x)
+        return tuple(self.forward_stages(x, self.out_indices))
 
     def _stage_block_name(self, parts: List[str]) -> Optional[Tuple[int, int]]:
         """As :class:`StagedBackbone`, except that a stage's ``Relpos`` goes with its first block."""

@@ -84,6 +84,7 @@ class VMINet(StagedBackbone):
     release_format = vminet_release
     stem_name = 'stem'
     stages_name = 'stages'
+    channels_last_stages = False
 
     def __init__(self,
                  arch: Union[str, dict] = 'xs',
@@ -136,15 +137,7 @@ class VMINet(StagedBackbone):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: (B, in_channels, H, W), any H, W >= 1 -> tuple of NCHW features, one per ``out_indices``."""
-        self._check_input(x)
-        x = self.stem(x)
-        outs = []
-        for i, stage in enumerate(self.stages):
-            x = stage(x)
-            if i in self.out_indices:
-                norm = self.out_norm_module(i)
-                outs.append(norm(x) if norm is not None else x)
-        return tuple(outs)
+        return tuple(self.forward_stages(x, self.out_indices))
 
     def check_release_record(self, record: Mapping) -> None:
         """record: a converted release checkpoint's ``RELEASE_RECORD`` (revision, context_mask, proj_norm).

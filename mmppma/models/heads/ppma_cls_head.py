@@ -80,8 +80,12 @@ class PPMAClsHead(BaseModule):
             raise ValueError(f'PPMAClsHead expects the last backbone output as (B, {self.in_channels}, H, W); got '
                              f'{tuple(x.shape)}. Set head in_channels to the backbone\'s last embed_dims and keep '
                              f'the backbone\'s out_indices ending at its last stage.')
+        return self.project(x).mean(dim=(2, 3))
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> Swish(BatchNorm(Linear per position)): (B, hidden_channels, H, W), before the pool."""
         x = self.proj(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        return self.act(self.norm(x)).mean(dim=(2, 3))
+        return self.act(self.norm(x))
 
     def forward(self, feats: Sequence[torch.Tensor]) -> torch.Tensor:
         """feats -> logits (B, num_classes)."""
