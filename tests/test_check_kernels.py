@@ -108,7 +108,7 @@ def test_async_copy_pattern_matches_a_pipelined_loop(tmp_path, compile_env):
 
 # the kernels whose key loops --sass-limit holds to check_kernels.SASS_LIMITS in the quick set (the others are
 # reported only)
-SASS_ENFORCED = ('_whole_fwd', '_line_fwd', '_line_bwd')
+SASS_ENFORCED = ('_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd')
 
 
 @pytest.mark.slow

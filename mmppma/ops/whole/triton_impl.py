@@ -134,9 +134,12 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, 
     g2 = tl.zeros([BLOCK_OWN, BLOCK_DV], tl.float32)
     self_own = tl.zeros([BLOCK_OWN], tl.float32)
     ROWS: tl.constexpr = BLOCK_OTHER // COLS
+    # other token -> its column of the chunk: the score gradient summed per (own token, column) by a product
+    spread = tl.where((tl.arange(0, BLOCK_OTHER) % COLS)[:, None] == tl.arange(0, COLS)[None, :], 1.0, 0.0)
     for c0 in range(0, W, COLS):
-        if CORNER_SUMS:  # sums over the own tokens as products with ones: T1's in column 0, T2's in column 1
-            corners = tl.zeros([BLOCK_OTHER, 16], tl.float32)
+        per_column = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # sum over the chunk's rows of ds, per column
+        if CORNER_SUMS:
+            per_column_signed = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # the same, signed by row
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
         in_row = cols < W
         corner = row * W + cols
@@ -165,26 +168,21 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, 
             p = tl.math.exp2(s * scale2 + per_other[None, :] - tl.abs(t1_own[:, None] - t1c[None, :]))
             if KEYS and GRADS:
                 g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
-            ds = p * tl.dot(da, tl.trans(db), -delta, input_precision=PRECISION)  # P (w dP - delta)
-            signed = tl.where(cols_own[:, None] >= cols[None, :], ds, -ds)  # d m / d T1[own]
-            self_own += tl.sum(signed, 1)
-            if CORNER_SUMS:
-                column = tl.arange(0, 16)[None, :] + tl.zeros([BLOCK_OWN, 16], tl.int32)
-                corners = tl.dot(tl.trans(signed.to(b.dtype)), tl.where(column == 0, 1.0, 0.0).to(b.dtype), corners,
-                                 input_precision=PRECISION)
-                # d m / d T2[c]: the sign of the other row against the own, per other token
-                corners += tl.where(row > rows, 1.0, -1.0)[:, None] * tl.dot(
-                    tl.trans(ds.to(b.dtype)), tl.where(column == 1, 1.0, 0.0).to(b.dtype), input_precision=PRECISION)
+            ds = (p * tl.dot(da, tl.trans(db), -delta, input_precision=PRECISION)).to(b.dtype)  # P (w dP - delta)
+            per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
+            if CORNER_SUMS:  # the column segment's sign: the other row against the own
+                per_column_signed = tl.dot(ds, tl.where(row > rows[:, None], spread, -spread).to(b.dtype),
+                                           per_column_signed, input_precision=PRECISION)
             if GRADS:
-                g1 += tl.dot(ds.to(b.dtype), b, input_precision=PRECISION)
-        if CORNER_SUMS:  # folded over the tile's rows into the program's slot of the own row
+                g1 += tl.dot(ds, b, input_precision=PRECISION)
+        # the row segment's sign, own column j against the chunk's column l: d m / d T1[own] = -d m / d T1[c]
+        signed = per_column * tl.where(cols_own[:, None] >= c0 + tl.arange(0, COLS)[None, :], 1.0, -1.0)
+        self_own += tl.sum(signed, 1)
+        if CORNER_SUMS:  # into the program's slot of the own row
             at = (row * chunks + chunk) * W + c0 + tl.arange(0, COLS)
             keep = c0 + tl.arange(0, COLS) < W
-            column = tl.arange(0, 16)[None, :]
-            part1 = -tl.sum(tl.reshape(tl.sum(tl.where(column == 0, corners, 0.0), 1), (ROWS, COLS)), 0)
-            part2 = tl.sum(tl.reshape(tl.sum(tl.where(column == 1, corners, 0.0), 1), (ROWS, COLS)), 0)
-            tl.store(c1_ptr + slice_offset(bh, H * chunks, W) + at, part1, mask=keep)
-            tl.store(c2_ptr + slice_offset(bh, H * chunks, W) + at, part2, mask=keep)
+            tl.store(c1_ptr + slice_offset(bh, H * chunks, W) + at, -tl.sum(signed, 0), mask=keep)
+            tl.store(c2_ptr + slice_offset(bh, H * chunks, W) + at, tl.sum(per_column_signed, 0), mask=keep)
     if GRADS:
         store_tile(g1_ptr + slice_offset(bh, N, D), offs_own, mask_own, offs_d, D, g1 * scale)
         if KEYS:
@@ -289,7 +287,7 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
                  self_, sums[0], sums[1], float(scale), float(scale) * LOG2E, weight, n, d, dv),
                 dict(W=width, KEYS=keys, GRADS=with_grads, CORNER_SUMS=with_sums, BLOCK_OWN=own,
                      BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv),
-                     COLS=min(cfg.block_n, lp.pow2(width, 1)), PRECISION=lp.precision(q.dtype)), cfg)
+                     COLS=min(cfg.block_n, lp.pow2(width)), PRECISION=lp.precision(q.dtype)), cfg)
                 for with_grads, with_sums in parts)
             targets.append((orient, keys, g1, g2, self_, corners))
     return launches, targets
