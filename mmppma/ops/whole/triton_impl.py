@@ -13,11 +13,10 @@ vectors (see :func:`_whole_fwd`).
 The backward has one kernel form too (:func:`_whole_bwd`): own tiles of one image row, the corners in the own row.
 The queries' programs run on the path's forward map; the keys' programs on its transpose, where the same path
 puts the corner in the key's row (V2H's corner, the query's row and the key's column, is the transpose's row of
-the key). Each program recomputes its tiles and reduces the bias gradient onto the tables: the own tokens' row
-table entries as row sums of the signed score gradient, and (queries' programs) the corner entries as sums over
-the own tokens, two tensor-core products with ones, accumulated over the other tiles of a column chunk and stored
-into the program's own slot of a (H, SLOTS, W) buffer. The host sums the slots and maps the transposes back: no
-atomics, deterministic, extra memory O(N).
+the key). Each program recomputes its tiles and reduces the bias gradient onto the tables from one (own token x
+column) sum of the score gradient per column chunk, a tensor-core product with a column spreader: the own tokens'
+row-table entries and (queries' programs) the corner entries, stored into the program's own slot of a (H, SLOTS,
+W) buffer. The host sums the slots and maps the transposes back: no atomics, deterministic, extra memory O(N).
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
@@ -109,8 +108,10 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, 
     GRADS: g1 = dk, g2 = dv (KEYS) or g1 = dq, and ``self_ptr``: T1's gradient at the own tokens. CORNER_SUMS: T1's
     and T2's gradients at the corners (own row, every column), summed over the own tokens and the other rows, into
     the program's own slot (its column chunk) of the (H, SLOTS, W) buffers ``c1_ptr``, ``c2_ptr``: one writer per
-    entry, no atomics. Signs follow the segment sums' index order (exact at ties): the row segment runs from the
-    own column j to the other column l, the column segment from the own row i to the other row k."""
+    entry, no atomics. Both come from the score gradient summed per (own token, column of the chunk) over the
+    chunk's tiles, by products with a (other tokens x COLS) column spreader, and the signs applied once per chunk.
+    Signs follow the segment sums' index order (exact at ties): the row segment runs from the own column j to the
+    other column l, the column segment from the own row i to the other row k."""
     chunks: tl.constexpr = (W + BLOCK_OWN - 1) // BLOCK_OWN
     H = N // W
     tiles = H * chunks
