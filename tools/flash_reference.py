@@ -18,15 +18,19 @@ def _tile(ptr, rows, row_mask, cols, ncols):
 
 
 @triton.jit
+def _program(N, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """This program's (slice, block of BLOCK tokens): the slice index, the tokens and their mask, the head dims."""
+    blocks = tl.cdiv(N, BLOCK)
+    tokens = tl.program_id(0) % blocks * BLOCK + tl.arange(0, BLOCK)
+    return ((tl.program_id(0) // blocks).to(tl.int64), tokens, tokens < N, tl.arange(0, BLOCK_D),
+            tl.arange(0, BLOCK_DV))
+
+
+@triton.jit
 def _flash_fwd(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, qk_scale, N, D, DV, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """One program per (slice, query block): softmax(q k^T * scale) v over all key blocks; lse in log2 units."""
-    blocks = tl.cdiv(N, BLOCK_M)
-    bh = (tl.program_id(0) // blocks).to(tl.int64)
-    rows = tl.program_id(0) % blocks * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < N
-    dims = tl.arange(0, BLOCK_D)
-    dims_v = tl.arange(0, BLOCK_DV)
+    bh, rows, row_mask, dims, dims_v = _program(N, BLOCK_M, BLOCK_D, BLOCK_DV)
     q = _tile(q_ptr + bh * N * D, rows, row_mask, dims, D)
     m = tl.full([BLOCK_M], float('-inf'), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
@@ -54,12 +58,7 @@ def _flash_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, 
     """One program per (slice, own block) of keys (KEYS: g1 = dk, g2 = dv) or queries (g1 = dq), looping over the
     other tokens; tiles are (own x other tokens) as in the ops' backward kernels. lse in log2 units, delta the
     row sums of dO * O."""
-    blocks = tl.cdiv(N, BLOCK_OWN)
-    bh = (tl.program_id(0) // blocks).to(tl.int64)
-    own = tl.program_id(0) % blocks * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
-    own_mask = own < N
-    dims = tl.arange(0, BLOCK_D)
-    dims_v = tl.arange(0, BLOCK_DV)
+    bh, own, own_mask, dims, dims_v = _program(N, BLOCK_OWN, BLOCK_D, BLOCK_DV)
     q_ptr += bh * N * D
     k_ptr += bh * N * D
     v_ptr += bh * N * DV

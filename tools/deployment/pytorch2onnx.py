@@ -25,6 +25,7 @@ in torch (2: bad arguments, as argparse, or --dynamic with a detector).
 docs/deployment.md.
 """
 import argparse
+import contextlib
 import math
 import os.path as osp
 import sys
@@ -156,14 +157,8 @@ def convert(args: argparse.Namespace) -> int:
         axes = dynamic_axes(out)
         print(f'dynamic axes: {", ".join(axes) if axes else "none (the model fixes every axis)"}')
         inputs = check_inputs(x, axes)
-    try:
+    with checking(OutputMismatch, 'torch eager failed on a check input'):
         comparisons = compare_onnx(out, module, inputs)
-    except OnnxRuntimeFailure as err:
-        raise StepFailed('onnxruntime', str(err)) from err
-    except OutputMismatch as err:
-        raise StepFailed('compare', str(err)) from err
-    except Exception as err:  # the torch module itself, on a check input
-        raise StepFailed('torch', f'torch eager failed on a check input: {first_line(err)}') from err
     worst, at = 0.0, None
     for shape, diff in comparisons:
         print(f'onnxruntime (CPU) vs torch at input {shape}: max relative difference {diff:.3e}')
@@ -176,18 +171,26 @@ def convert(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def checking(mismatch: type, torch_failed: str):
+    """Within the block, the check's failures as :class:`StepFailed`: onnxruntime's ('onnxruntime'), a
+    ``mismatch`` ('compare') and any other error, which comes from torch ('torch', after ``torch_failed``)."""
+    try:
+        yield
+    except OnnxRuntimeFailure as err:
+        raise StepFailed('onnxruntime', str(err)) from err
+    except mismatch as err:
+        raise StepFailed('compare', str(err)) from err
+    except Exception as err:  # the torch side of the check
+        raise StepFailed('torch', f'{torch_failed}: {first_line(err)}') from err
+
+
 def check_detector(out: str, model: torch.nn.Module, x: torch.Tensor) -> int:
     """Check the whole-detector file against ``model.predict``
     (:func:`mmppma.deploy_mask_rcnn.compare_with_predict`)."""
     from mmppma.deploy_mask_rcnn import DetectionMismatch, compare_with_predict
-    try:
+    with checking(DetectionMismatch, 'torch eager failed'):  # model.predict or the heads in torch
         comparisons = compare_with_predict(out, model, x)
-    except OnnxRuntimeFailure as err:
-        raise StepFailed('onnxruntime', str(err)) from err
-    except DetectionMismatch as err:
-        raise StepFailed('compare', str(err)) from err
-    except Exception as err:  # model.predict or the heads in torch
-        raise StepFailed('torch', f'torch eager failed: {first_line(err)}') from err
     for b, c in enumerate(comparisons):
         print(f'onnxruntime (CPU) vs model.predict, image {b} of {tuple(x.shape)}: before NMS max relative '
               f'difference {max(c.rpn, c.roi):.3e} (RPN {c.rpn:.1e}, box head {c.roi:.1e}); {c.detections[0]} '

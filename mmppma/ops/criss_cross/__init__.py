@@ -30,13 +30,10 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     check_qkv(q, k, v, la, lb)
     requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v), form)
     if impl == 'triton':
-        from ..triton_support.preflight import run_or_fall_back
+        from ..triton_support.preflight import run_with_tables
         from .triton_impl import criss_cross_attention_triton
-        return run_or_fall_back(
-            'criss_cross_attention',
-            lambda q, k, v, la, lb: criss_cross_attention_triton(q, k, v, *decay_tables(la, lb), scale, form),
-            (q, k, v, la, lb), requested,
-            lambda *t: criss_cross_attention(*t, scale=scale, form=form, impl='torch'))
+        return run_with_tables('criss_cross_attention', criss_cross_attention_triton, (q, k, v, la, lb), scale,
+                               form, requested, criss_cross_attention)
     if impl == 'reference':
         return criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype)
     dtype = table_dtype(q, k, v, la, lb)

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ..triton_support import launch as lp
+from ..triton_support import tiles
 from ..triton_support.tiles import bwd_operands, load_tile, online_softmax_step, store_tile, token_block
 
 LOG2E = 1.4426950408889634
@@ -35,6 +36,12 @@ def _line_offsets(line, n_lines, H, W, COLUMNS: tl.constexpr):
 
 
 @triton.jit
+def _on_line(first, q_ptr, k_ptr, x_ptr, c2_ptr, D, DX):
+    """q, k, x and the table moved to the line whose first token is ``first``."""
+    return q_ptr + first * D, k_ptr + first * D, x_ptr + first * DX, c2_ptr + first
+
+
+@triton.jit
 def _line_fwd(q_ptr, k_ptr, x_ptr, c2_ptr, o_ptr, lse_ptr, scale2, H, W, L, n_lines, D, DX,
               COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
@@ -44,20 +51,15 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c2_ptr, o_ptr, lse_ptr, scale2, H, W, L, n_li
     per-score compare. Keys past the line read the table as +inf: a bias of -inf, no per-score mask."""
     blocks = tl.cdiv(L, BLOCK_M)
     first, base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
-    q_ptr += first * D
-    k_ptr += first * D
-    x_ptr += first * DX
+    q_ptr, k_ptr, x_ptr, c2_ptr = _on_line(first, q_ptr, k_ptr, x_ptr, c2_ptr, D, DX)
     o_ptr += first * DX
-    c2_ptr += first
     lse_ptr += first
     offs_m, mask_m, tok_m = token_block(tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, L, base, step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
     q = load_tile(q_ptr, tok_m, mask_m, offs_d, D)
     c_m = tl.load(c2_ptr + tok_m, mask=mask_m, other=0.0)
-    m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_X], tl.float32)
+    m_i, l_i, acc = tiles.online_softmax_start(BLOCK_M, BLOCK_X)
     for start_n in range(0, L, BLOCK_N):
         offs_n, mask_n, tok_n = token_block(start_n, BLOCK_N, L, base, step)
         c_n = tl.load(c2_ptr + tok_n, mask=mask_n, other=float('inf'))
@@ -80,13 +82,10 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c2_ptr, do_ptr, lse2_ptr, delta_ptr, g1_ptr, 
     the table). Own tokens past the line compute rows that are never stored."""
     blocks = tl.cdiv(L, BLOCK_OWN)
     first, base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
-    q_ptr += first * D
-    k_ptr += first * D
+    q_ptr, k_ptr, x_ptr, c2_ptr = _on_line(first, q_ptr, k_ptr, x_ptr, c2_ptr, D, DX)
     g1_ptr += first * D
-    x_ptr += first * DX
     do_ptr += first * DX
     g2_ptr += first * DX
-    c2_ptr += first
     lse2_ptr += first
     delta_ptr += first
     gc_ptr += first

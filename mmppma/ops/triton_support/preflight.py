@@ -148,3 +148,13 @@ def run_or_fall_back(op: str, run: Callable[..., torch.Tensor], inputs, impl: st
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
             return _NamedBackward.apply(op, run, *inputs)
         return run(*inputs)
+
+
+def run_with_tables(op: str, kernel: Callable[..., torch.Tensor], inputs, scale: float, form: str, impl: str,
+                    torch_op: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """:func:`run_or_fall_back` for an op of (q, k, v, la, lb) whose Triton path is ``kernel(q, k, v, Ca, Cb,
+    scale, form)`` on the decay tables of la, lb (whole and criss-cross attention); ``torch_op`` is the op itself,
+    called with ``impl='torch'`` for the fallback."""
+    from ..masks import decay_tables
+    return run_or_fall_back(op, lambda q, k, v, la, lb: kernel(q, k, v, *decay_tables(la, lb), scale, form), inputs,
+                            impl, lambda *t: torch_op(*t, scale=scale, form=form, impl='torch'))

@@ -34,6 +34,13 @@ def slice_offset(index, n, d):
 
 
 @triton.jit
+def online_softmax_start(BLOCK_M: tl.constexpr, BLOCK_X: tl.constexpr):
+    """The online softmax's running row maximum, normaliser and unnormalised output, before the first key block."""
+    return (tl.full([BLOCK_M], float('-inf'), tl.float32), tl.zeros([BLOCK_M], tl.float32),
+            tl.zeros([BLOCK_M, BLOCK_X], tl.float32))
+
+
+@triton.jit
 def online_softmax_step(x, v, m, l, acc, PRECISION: tl.constexpr):
     """Fold one (BLOCK_M, BLOCK_N) block of logits ``x`` in log2 units (scores and bias times log2(e); masked keys
     at -inf) and its values ``v`` into the running row maximum ``m``, normaliser ``l`` and unnormalised output

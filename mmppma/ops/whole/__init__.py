@@ -10,7 +10,7 @@ import torch
 from ..checks import check_choice, check_qkv
 from ..dispatch import resolve_impl
 from ..forms import WHOLE_FORMS
-from ..masks import column_segment_sums, decay_tables, polyline_mask, row_segment_sums
+from ..masks import column_segment_sums, polyline_mask, row_segment_sums
 from .reference import whole_reference
 from .torch_impl import whole_attention_branch, whole_torch
 
@@ -37,13 +37,10 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     check_qkv(q, k, v, la, lb)
     requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v), form)
     if impl == 'triton':
-        from ..triton_support.preflight import run_or_fall_back
+        from ..triton_support.preflight import run_with_tables
         from .triton_impl import whole_attention_triton
-        return run_or_fall_back(
-            'ppma_attention',
-            lambda q, k, v, la, lb: whole_attention_triton(q, k, v, *decay_tables(la, lb), scale, form),
-            (q, k, v, la, lb), requested,
-            lambda *t: ppma_attention(*t, scale=scale, form=form, impl='torch'))
+        return run_with_tables('ppma_attention', whole_attention_triton, (q, k, v, la, lb), scale, form, requested,
+                               ppma_attention)
     if impl == 'reference' or form == 'paper':
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise
         # log-sum-exp trick applies, so its torch path is the dense one

@@ -31,6 +31,7 @@ from ..triton_support import launch as lp
 from ..triton_support.tiles import (
     bwd_operands,
     load_tile,
+    online_softmax_start,
     online_softmax_step,
     slice_offset,
     store_tile,
@@ -74,9 +75,7 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, N, D
     offs_dv = tl.arange(0, BLOCK_DV)
     q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
     ca_q = tl.load(ca_ptr + offs_m, mask=mask_m, other=0.0)
-    m = tl.full([BLOCK_M], float('-inf'), tl.float32)
-    total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    m, total, acc = online_softmax_start(BLOCK_M, BLOCK_DV)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
