@@ -89,8 +89,8 @@ class Config:
     #: register budget per thread (ptxas's .maxnreg). Without one ptxas picks its own, favouring occupancy, and
     #: spills small-tile float32 kernels at 64-168 registers; 255 is the ISA's maximum.
     maxnreg: int = 255
-    #: '_corners' families: the corner-gradient sums run as a program of their own, which recomputes the tile's
-    #: probabilities and score gradient, instead of in the one that accumulates the token gradients
+    #: whole attention's backward: the queries' corner-gradient sums run as a program of their own, which
+    #: recomputes the tile's probabilities and score gradient (no table row sets it)
     corner_pass: bool = False
     #: the kernel family whose table row this is (set by :func:`config`)
     family: str = ''
@@ -110,12 +110,11 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # (family, long sequence, half precision) -> {capability (0: any other): config}. In the tensor-core layout a
 # tile's rows are split over the warps 16 rows each, so num_warps = own block / 16 and no warp holds a replica;
 # each vector along the other axis costs (other block) / 4 registers per thread. Half precision at LARGE tokens
-# or more: the forward takes 64 x 64 tiles (FlashAttention's), the backward 128 or 64 own tokens against 64
-# others. The '_corners' programs also gather the corner entries row by row and reduce the corner gradients with
-# two more products: on sm_90 (operands of the warp-group products stay in shared memory) they keep 128 x 64 in
-# one program; on sm_80 / sm_86 / sm_89 (operands in registers, one full copy of the other tile's per warp) they
-# take 64 x 64, and the keys' program, which also holds dv and a vector per query along its columns, leaves the
-# corner sums to a program of their own (corner_pass): done together, 64 others spill. Exact float32 products run
+# or more: the forward takes 64 x 64 tiles (FlashAttention's). Whole attention's backward holds (own token x
+# column) sums of the score gradient besides its tiles: on sm_90 (operands of the warp-group products stay in
+# shared memory) 128 own tokens against 64 others (keys) or 32 (queries, which also sum the corners); on sm_80 /
+# sm_86 / sm_89 (operands in registers, one full copy of the other tile's per warp) 64 against 32, since 64 others
+# spill there. Its own tiles are one image row's columns, at least 16 per warp. Exact float32 products run
 # on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The forward
 # families take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current
 # block's math), which holds the prefetched block in registers too; the float32 whole-attention forward takes 8
