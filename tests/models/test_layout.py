@@ -1,20 +1,11 @@
 """No import circles in mmppma.models: each module imports first (the packages above mmppma.models left out),
 and the graph of the modules' imports, lazy ones (inside functions) and the packages they initialize included,
 is acyclic."""
-import ast
-from pathlib import Path
-
 import pytest
 
-MMPPMA = Path(__file__).resolve().parents[2] / 'mmppma'
+from ..import_graph import MMPPMA, cycles, imports, module_files
+
 MODELS = MMPPMA / 'models'
-
-
-def module_files(root: Path):
-    """Dotted module name -> file, for every module and package under ``root`` (a folder of mmppma)."""
-    base = tuple(root.relative_to(MMPPMA.parent).parts)
-    return {'.'.join((*base, *p.relative_to(root).with_suffix('').parts)).removesuffix('.__init__'): p
-            for p in sorted(root.rglob('*.py'))}
 
 
 FILES = module_files(MODELS)
@@ -30,43 +21,6 @@ for name in sys.argv[1:]:
         del sys.modules[loaded]
     importlib.import_module(name)
 '''
-
-
-def imports(module: str, files: dict, scope: str):
-    """The modules and packages of ``scope`` (a dotted prefix) that importing ``module`` loads, lazy imports
-    included, except the packages it lies in."""
-    package = module if files[module].name == '__init__.py' else module.rpartition('.')[0]
-    for node in ast.walk(ast.parse(files[module].read_text())):
-        if isinstance(node, ast.ImportFrom):
-            parts = package.split('.')[:len(package.split('.')) + 1 - node.level] if node.level else []
-            base = '.'.join(parts + [node.module] if node.module else parts)
-            targets = [f'{base}.{a.name}' if f'{base}.{a.name}' in files else base for a in node.names]
-        else:
-            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-        for target in targets:
-            while target.startswith(scope) and not module.startswith(target + '.'):
-                if target in files and target != module:
-                    yield target
-                target = target.rpartition('.')[0]
-
-
-def cycles(graph: dict) -> list:
-    """Every back edge of a depth-first walk, as the trail that closes it (empty: no cycle)."""
-    state, found = {}, []
-
-    def visit(node, trail):
-        state[node] = 'open'
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 'open':
-                found.append(trail + [nxt])
-            elif nxt not in state:
-                visit(nxt, trail + [nxt])
-        state[node] = 'done'
-
-    for node in graph:
-        if node not in state:
-            visit(node, [node])
-    return found
 
 
 def test_the_cycle_finder_sees_a_lazy_import_circle(tmp_path):
