@@ -473,15 +473,10 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
 
 def tile_text(c: dict) -> str:
     text = [f'{c.get("BLOCK_M", c.get("BLOCK_OWN"))}x{c.get("BLOCK_N", c.get("BLOCK_OTHER"))}']
-    text += [f'{name}={c[name]}' for name in ('W', 'COLS', 'ROWS_OWN') if name in c]
+    text += [f'{name}={c[name]}' for name in ('W', 'COLS') if name in c]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
-    # whole attention's backward: the program's own tokens hold the corners of its path ('v2h' for queries, 'h2v'
-    # for keys); its forward runs V2H on a map W wide (the image's or, for H2V, its transpose's)
-    corners = 'FORM' in c and 'KEYS' in c and (c['FORM'] == 'h2v') == c['KEYS']
-    text += ['keys'] * bool(c.get('KEYS')) + ['corners'] * corners
+    text += ['keys'] * bool(c.get('KEYS'))
     text += [name.lower() for name in ('COLUMNS', 'SIGNED') if c.get(name)]
-    if corners:  # what the program computes: token gradients, corner sums or both
-        text += ['+'.join(part for part, on in (('grads', c['GRADS']), ('sums', c['CORNER_SUMS'])) if on)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)
 

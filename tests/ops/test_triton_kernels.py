@@ -1,6 +1,5 @@
 """Every Triton kernel against the dense reference, output and all gradients, float32; fp16 / bf16 vs float32;
 the launches and the int64 offsets (without a GPU on ``TRITON_INTERPRET=1``, tests/conftest.py)."""
-import dataclasses
 from functools import partial
 
 import pytest
@@ -78,18 +77,6 @@ KERNEL_CASES = {
 def test_kernel_equals_reference(name):
     op, inputs = KERNEL_CASES[name]
     assert_same(op, inputs())
-
-
-@pytest.mark.parametrize('shape', [WHOLE_SHAPES[0], WHOLE_SHAPES[2]], ids=lambda s: 'x'.join(map(str, s)))
-def test_whole_kernel_with_corner_sums_in_programs_of_their_own(shape, monkeypatch):
-    """``corner_pass`` forced on: corner-gradient sums in programs of their own, gradients equal the reference's."""
-    config = lp.config
-    monkeypatch.setattr(lp, 'config', lambda *a, **kw: dataclasses.replace(config(*a, **kw), corner_pass=True))
-    ran = launched(monkeypatch)
-    assert_same(partial(ops.ppma_attention, scale=shape[4]**-0.5), make(*shape, seed=shape[2] + shape[3]))
-    parts = {(c['KEYS'], c['GRADS'], c['CORNER_SUMS']) for c in (x.constexprs for x in ran) if 'CORNER_SUMS' in c}
-    # the queries' programs sum the corners, in a launch of their own; the keys' programs have none
-    assert parts == {(False, True, False), (False, False, True), (True, True, False)}, parts
 
 
 def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():

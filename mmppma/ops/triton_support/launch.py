@@ -89,9 +89,6 @@ class Config:
     #: register budget per thread (ptxas's .maxnreg). Without one ptxas picks its own, favouring occupancy, and
     #: spills small-tile float32 kernels at 64-168 registers; 255 is the ISA's maximum.
     maxnreg: int = 255
-    #: whole attention's backward: the queries' corner-gradient sums run as a program of their own, which
-    #: recomputes the tile's probabilities and score gradient (no table row sets it)
-    corner_pass: bool = False
     #: the kernel family whose table row this is (set by :func:`config`)
     family: str = ''
 

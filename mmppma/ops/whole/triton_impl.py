@@ -92,9 +92,9 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, N, D
 
 @triton.jit
 def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr, c1_ptr,
-               c2_ptr, scale, scale2, weight, N, D, DV, W: tl.constexpr, KEYS: tl.constexpr, GRADS: tl.constexpr,
-               CORNER_SUMS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, PRECISION: tl.constexpr):
+               c2_ptr, scale, scale2, weight, N, D, DV, W: tl.constexpr, KEYS: tl.constexpr,
+               BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               COLS: tl.constexpr, PRECISION: tl.constexpr):
     """One program per own tile: BLOCK_OWN columns of one image row of a map W tokens wide, keys (KEYS) or
     queries, against every other token, in tiles of (BLOCK_OTHER // COLS image rows x COLS columns), column chunk
     by column chunk. The path's corners lie in the own row: the map is the one on which the path puts the corner
@@ -104,13 +104,13 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, 
     T2[other]| at the corner c, T1 the map's row table and T2 its column table. Per score that is one difference
     and one absolute value: the corner entries and the other tokens' column segments are per-other vectors.
 
-    GRADS: g1 = dk, g2 = dv (KEYS) or g1 = dq, and ``self_ptr``: T1's gradient at the own tokens. CORNER_SUMS: T1's
-    and T2's gradients at the corners (own row, every column), summed over the own tokens and the other rows, into
-    the program's own slot (its column chunk) of the (H, SLOTS, W) buffers ``c1_ptr``, ``c2_ptr``: one writer per
-    entry, no atomics. Both come from the score gradient summed per (own token, column of the chunk) over the
-    chunk's tiles, by products with a (other tokens x COLS) column spreader, and the signs applied once per chunk.
-    Signs follow the segment sums' index order (exact at ties): the row segment runs from the own column j to the
-    other column l, the column segment from the own row i to the other row k."""
+    g1 = dk, g2 = dv (KEYS) or g1 = dq, and ``self_ptr``: T1's gradient at the own tokens. The queries' programs
+    also store T1's and T2's gradients at the corners (own row, every column), summed over the own tokens and the
+    other rows, into the program's own slot (its column chunk) of the (H, SLOTS, W) buffers ``c1_ptr``,
+    ``c2_ptr``: one writer per entry, no atomics. Both come from the score gradient summed per (own token, column
+    of the chunk) over the chunk's tiles, by products with a (other tokens x COLS) column spreader, and the signs
+    applied once per chunk. Signs follow the segment sums' index order (exact at ties): the row segment runs from
+    the own column j to the other column l, the column segment from the own row i to the other row k."""
     chunks: tl.constexpr = (W + BLOCK_OWN - 1) // BLOCK_OWN
     H = N // W
     tiles = H * chunks
@@ -138,7 +138,7 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, 
     spread = tl.where((tl.arange(0, BLOCK_OTHER) % COLS)[:, None] == tl.arange(0, COLS)[None, :], 1.0, 0.0)
     for c0 in range(0, W, COLS):
         per_column = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # sum over the chunk's rows of ds, per column
-        if CORNER_SUMS:
+        if not KEYS:
             per_column_signed = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # the same, signed by row
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
         in_row = cols < W
@@ -166,28 +166,26 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, 
                                         (BLOCK_OWN, BLOCK_OTHER))
             s = tl.dot(a, tl.trans(b), -lse / scale2, input_precision=PRECISION)
             p = tl.math.exp2(s * scale2 + per_other[None, :] - tl.abs(t1_own[:, None] - t1c[None, :]))
-            if KEYS and GRADS:
+            if KEYS:
                 g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
             ds = (p * tl.dot(da, tl.trans(db), -delta, input_precision=PRECISION)).to(b.dtype)  # P (w dP - delta)
             per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
-            if CORNER_SUMS:  # the column segment's sign: the other row against the own
+            if not KEYS:  # the corners: the column segment's sign: the other row against the own
                 per_column_signed = tl.dot(ds, tl.where(row > rows[:, None], spread, -spread).to(b.dtype),
                                            per_column_signed, input_precision=PRECISION)
-            if GRADS:
-                g1 += tl.dot(ds, b, input_precision=PRECISION)
+            g1 += tl.dot(ds, b, input_precision=PRECISION)
         # the row segment's sign, own column j against the chunk's column l: d m / d T1[own] = -d m / d T1[c]
         signed = per_column * tl.where(cols_own[:, None] >= c0 + tl.arange(0, COLS)[None, :], 1.0, -1.0)
         self_own += tl.sum(signed, 1)
-        if CORNER_SUMS:  # into the program's slot of the own row
+        if not KEYS:  # the corners, into the program's slot of the own row
             at = (row * chunks + chunk) * W + c0 + tl.arange(0, COLS)
             keep = c0 + tl.arange(0, COLS) < W
             tl.store(c1_ptr + slice_offset(bh, H * chunks, W) + at, -tl.sum(signed, 0), mask=keep)
             tl.store(c2_ptr + slice_offset(bh, H * chunks, W) + at, tl.sum(per_column_signed, 0), mask=keep)
-    if GRADS:
-        store_tile(g1_ptr + slice_offset(bh, N, D), offs_own, mask_own, offs_d, D, g1 * scale)
-        if KEYS:
-            store_tile(g2_ptr + slice_offset(bh, N, DV), offs_own, mask_own, offs_dv, DV, g2 * weight)
-        tl.store(self_ptr + slice_offset(bh, N, 1) + offs_own, self_own, mask=mask_own)
+    store_tile(g1_ptr + slice_offset(bh, N, D), offs_own, mask_own, offs_d, D, g1 * scale)
+    if KEYS:
+        store_tile(g2_ptr + slice_offset(bh, N, DV), offs_own, mask_own, offs_dv, DV, g2 * weight)
+    tl.store(self_ptr + slice_offset(bh, N, 1) + offs_own, self_own, mask=mask_own)
 
 
 def query_block(width: int, block_m: int) -> int:
@@ -279,16 +277,13 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
             self_ = torch.empty(bh, n, **f32)
             corners = None if keys else torch.empty(2, bh, height, chunks, width, **f32)
             sums = (g1, g1) if keys else corners
-            # (GRADS, CORNER_SUMS) of each launch: the corner sums in the same program or in one of their own
-            parts = [(True, False), (False, True)] if not keys and cfg.corner_pass else [(True, not keys)]
-            launches.extend(lp.Launch(
+            launches.append(lp.Launch(
                 _whole_bwd, (chunks * height * bh, ),
                 (q2, k2, v2, t1, t2, do2, _map(lse2[i], orient, hh, ww), _map(delta[i], orient, hh, ww), g1, g2,
                  self_, sums[0], sums[1], float(scale), float(scale) * LOG2E, weight, n, d, dv),
-                dict(W=width, KEYS=keys, GRADS=with_grads, CORNER_SUMS=with_sums, BLOCK_OWN=own,
-                     BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv),
-                     COLS=min(cfg.block_n, lp.pow2(width)), PRECISION=lp.precision(q.dtype)), cfg)
-                for with_grads, with_sums in parts)
+                dict(W=width, KEYS=keys, BLOCK_OWN=own, BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d),
+                     BLOCK_DV=lp.pow2(dv), COLS=min(cfg.block_n, lp.pow2(width)), PRECISION=lp.precision(q.dtype)),
+                cfg))
             targets.append((orient, keys, g1, g2, self_, corners))
     return launches, targets
 
