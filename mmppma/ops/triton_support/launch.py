@@ -34,7 +34,22 @@ class KernelLoadError(RuntimeError):
 
 def pow2(x: int, least: int = 16) -> int:
     """The power of two >= max(x, least): the padded size of a tile dimension of extent ``x``."""
-    return max(least, triton.next_power_of_2(int(x)))
+    return max(least, 1 << (int(x) - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive integers (``triton.cdiv`` without its constexpr wrapper's host cost)."""
+    return -(-a // b)
+
+
+def kernel_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q, k, v as the strided kernels read them: channels contiguous, k with q's strides (copies only where the
+    caller's layout is not that)."""
+    if q.stride(-1) != 1 or k.stride() != q.stride():
+        q, k = q.contiguous(), k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    return q, k, v
 
 
 def capability(device: torch.device) -> int:
@@ -183,20 +198,30 @@ class Launch:
     args: Tuple[Any, ...]
     constexprs: Dict[str, Any]
     config: Config
+    #: the device of the launch's tensors (default: its first tensor argument's)
+    device: Optional[torch.device] = None
 
     def __post_init__(self) -> None:
+        if self.device is None:
+            self.device = next(a.device for a in self.args if isinstance(a, torch.Tensor))
         self.check_grid()
 
     def check_grid(self) -> None:
         """Raise :class:`LaunchLimitError` if the grid exceeds CUDA's limits."""
-        if len(self.grid) > len(GRID_LIMITS) or any(n > limit for n, limit in zip(self.grid, GRID_LIMITS)):
+        grid = self.grid
+        if len(grid) > 3 or grid[0] > GRID_LIMITS[0] or (len(grid) > 1 and max(grid[1:]) > GRID_LIMITS[1]):
             raise LaunchLimitError(f'{self.name}: grid {self.grid} exceeds CUDA\'s limits ('
                                    f'{", ".join(map(str, GRID_LIMITS))} programs along axes 0, 1, 2)')
 
     def __call__(self) -> None:
-        interpreted = any(isinstance(a, torch.Tensor) and a.device.type == 'cpu' for a in self.args)
-        with exact_bf16_dots() if interpreted else contextlib.nullcontext():
-            self.kernel[self.grid](*self.args, **self.constexprs, **self.options)
+        config = self.config
+        if self.device.type == 'cpu':
+            with exact_bf16_dots():
+                self.kernel[self.grid](*self.args, **self.constexprs, num_warps=config.num_warps,
+                                       num_stages=config.num_stages, maxnreg=config.maxnreg)
+        else:
+            self.kernel[self.grid](*self.args, **self.constexprs, num_warps=config.num_warps,
+                                   num_stages=config.num_stages, maxnreg=config.maxnreg)
 
     def prepare(self, device: torch.device) -> None:
         """Compile for ``device`` and load the binary, without launching: raises what a launch would
@@ -221,11 +246,6 @@ class Launch:
     def options(self) -> Dict[str, int]:
         """Compile options of the launch."""
         return dict(num_warps=self.config.num_warps, num_stages=self.config.num_stages, maxnreg=self.config.maxnreg)
-
-    @property
-    def device(self) -> torch.device:
-        """The device of the launch's tensors (its first tensor argument's)."""
-        return next(a.device for a in self.args if isinstance(a, torch.Tensor))
 
     @property
     def name(self) -> str:
@@ -276,7 +296,10 @@ def run(launches) -> None:
         return
     for launch in launches:
         device = launch.device
-        with torch.cuda.device(device) if device.type == 'cuda' else contextlib.nullcontext():
+        if device.type == 'cuda':
+            with torch.cuda.device(device):
+                launch()
+        else:
             launch()
         for ran in _EXECUTED:
             ran.add((device_capability(device), launch.config))

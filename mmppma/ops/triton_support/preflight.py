@@ -76,20 +76,33 @@ def check_launches(run: Callable[..., torch.Tensor], inputs: Sequence[torch.Tens
         item.prepare(device)
 
 
+def kernel_failure(op: str, q: torch.Tensor, where: str, error: Exception) -> Exception:
+    """What a failure ``error`` of the Triton path of ``op`` (inputs like ``q``) raises: on a (simulated) GPU a
+    :class:`KernelLaunchError` naming the op, the shape, the dtype, the GPU and ``where`` it happened; an
+    out-of-memory or CUDA error, or any error on the interpreter, as it is."""
+    if is_device_error(error) or not on_gpu(q):
+        return error
+    if isinstance(error, KernelLaunchError):  # raised by an op this one is made of
+        return KernelLaunchError(f'{_describe(op, q)}: in {error}')
+    return KernelLaunchError(f"{_describe(op, q)} failed {where}: {_first_line(error)}; impl='torch' runs the torch "
+                             f"path")
+
+
+def raise_named(op: str, q: torch.Tensor, where: str, error: Exception) -> None:
+    """Raise :func:`kernel_failure`'s error for ``error`` (from ``error`` when it is another)."""
+    named = kernel_failure(op, q, where, error)
+    if named is error:
+        raise error
+    raise named from error
+
+
 @contextlib.contextmanager
 def failures_named(op: str, inputs: Sequence[torch.Tensor], where: str) -> Iterator[None]:
-    """Within the block, a failure of the Triton path raises :class:`KernelLaunchError` naming the op, the shape,
-    the dtype, the GPU and ``where`` it happened; out-of-memory and CUDA errors propagate as they are."""
+    """Within the block, a failure of the Triton path raises :func:`kernel_failure`'s error."""
     try:
         yield
     except Exception as e:
-        if is_device_error(e):
-            raise
-        q = inputs[0]
-        if isinstance(e, KernelLaunchError):  # raised by an op this one is made of
-            raise KernelLaunchError(f'{_describe(op, q)}: in {e}') from e
-        raise KernelLaunchError(f"{_describe(op, q)} failed {where}: {_first_line(e)}; impl='torch' runs the torch "
-                                f"path") from e
+        raise_named(op, inputs[0], where, e)
 
 
 def kernels_fit(op: str, run: Callable[..., torch.Tensor], inputs, fallback) -> bool:

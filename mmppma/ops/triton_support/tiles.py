@@ -14,6 +14,12 @@ def load_tile(ptr, rows, row_mask, cols, ncols):
 
 
 @triton.jit
+def load_rows(ptr, offs, row_mask, cols, ncols):
+    """Rows at element offsets ``offs`` (a strided tensor's tokens), channels ``cols`` contiguous."""
+    return tl.load(ptr + offs[:, None] + cols[None, :], mask=row_mask[:, None] & (cols[None, :] < ncols), other=0.0)
+
+
+@triton.jit
 def token_block(start, BLOCK: tl.constexpr, L, base, step):
     """Indices ``start .. start + BLOCK`` of a sequence of ``L`` tokens stored at ``base + index * step``:
     (indices, mask, token offsets)."""

@@ -28,8 +28,10 @@ import triton.language as tl
 
 from ..forms import paths, transposed
 from ..triton_support import launch as lp
+from ..triton_support.preflight import raise_named
 from ..triton_support.tiles import (
     bwd_operands,
+    load_rows,
     load_tile,
     online_softmax_start,
     online_softmax_step,
@@ -39,6 +41,7 @@ from ..triton_support.tiles import (
 
 LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
+LOG2E_ = tl.constexpr(LOG2E)
 
 
 @triton.jit
@@ -49,45 +52,84 @@ def _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV):
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, N, D, DV, W: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               PRECISION: tl.constexpr):
-    """The V2H path's online softmax for one query tile: BLOCK_M columns of one image row i of a map W tokens
-    wide (the H2V path runs it on the transposed map), over all key blocks of consecutive tokens.
+def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale2, pid, N, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
+             W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+             BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """The V2H path's online softmax for tile ``pid`` of one slice on a map W tokens wide: BLOCK_M columns of one
+    map row i, over all key blocks of consecutive map tokens. The map is the image (V2H) or its transpose (H2V:
+    V2H of the transposed map); its token (r, c) lies at ``r * q_r + c * q_c`` in q and k (``v_r``, ``v_c`` in v,
+    ``t_r``, ``t_c`` in the tables, o and lse, which are in the image's order).
 
-    Log2 units: the tables (Ca, Cb) and the scale ``scale2`` come times log2(e), the softmax takes ``exp2``. The
-    log-decays are <= 0 (the ops' contract), so the tables are monotone along their lines and a segment's sum is
-    minus the absolute difference of its ends: M[p, s] = -|Ca[i, j] - Ca[i, l]| - |Cb[i, l] - Cb[k, l]| for
-    query p = (i, j) and key s = (k, l). The query tile holds one row, so the corner entries Ca[i, l], Cb[i, l]
-    are per-key vectors, gathered from row i by the key's column (W a constexpr: no division by a run-time
-    width), and the second term is a per-key vector: per score the bias costs one difference and one absolute
-    value. Keys past N read Cb as +inf: a bias of -inf, no per-score mask. The key loop holds no loop of its
-    own and is software-pipelined. Grid: one axis of (slice, image row, column chunk) programs, slice-major."""
+    Log2 units: the scale ``scale2`` comes times log2(e), the tables T1 (along the map's rows) and T2 (along its
+    columns) are scaled per loaded vector, the softmax takes ``exp2``. The log-decays are <= 0 (the ops'
+    contract), so the tables are monotone along their lines and a segment's sum is minus the absolute difference of
+    its ends: M[p, s] = -|T1[i, j] - T1[i, l]| - |T2[i, l] - T2[k, l]| for query p = (i, j) and key s = (k, l).
+    The query tile holds one row, so the corner entries T1[i, l], T2[i, l] are per-key vectors, gathered from row
+    i by the key's column (W a constexpr: no division by a run-time width), and the second term is a per-key
+    vector: per score the bias costs one difference and one absolute value. Keys past N read T2 as +inf: a bias of
+    -inf, no per-score mask. The key loop holds no loop of its own and is software-pipelined."""
     chunks: tl.constexpr = (W + BLOCK_M - 1) // BLOCK_M
-    tiles = (N // W) * chunks
-    bh = tl.program_id(0) // tiles
-    row = tl.program_id(0) % tiles // chunks
-    cols = tl.program_id(0) % chunks * BLOCK_M + tl.arange(0, BLOCK_M)
-    q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV)
+    row = pid // chunks
+    cols = pid % chunks * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = cols < W
-    offs_m = row * W + cols
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q = load_tile(q_ptr, offs_m, mask_m, offs_d, D)
-    ca_q = tl.load(ca_ptr + offs_m, mask=mask_m, other=0.0)
+    q = load_rows(q_ptr, row * q_r + cols * q_c, mask_m, offs_d, D)
+    tok_m = row * t_r + cols * t_c
+    t1_q = tl.load(t1_ptr + tok_m, mask=mask_m, other=0.0) * LOG2E_
     m, total, acc = online_softmax_start(BLOCK_M, BLOCK_DV)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
-        corner = row * W + offs_n % W  # (query row, key column): in the map for every key, past N too
-        ca_corner = tl.load(ca_ptr + corner)
-        per_key = -tl.abs(tl.load(cb_ptr + corner) - tl.load(cb_ptr + offs_n, mask=mask_n, other=float('inf')))
-        s = tl.dot(q, tl.trans(load_tile(k_ptr, offs_n, mask_n, offs_d, D)), input_precision=PRECISION)
-        x = s * scale2 + per_key[None, :] - tl.abs(ca_q[:, None] - ca_corner[None, :])
-        m, total, acc = online_softmax_step(x, load_tile(v_ptr, offs_n, mask_n, offs_dv, DV), m, total, acc,
-                                             PRECISION)
-    store_tile(o_ptr + slice_offset(bh, N, DV), offs_m, mask_m, offs_dv, DV, acc / total[:, None])
-    tl.store(lse_ptr + slice_offset(bh, N, 1) + offs_m, (m + tl.math.log2(total)) * _LN2, mask=mask_m)
+        key_r = offs_n // W
+        key_c = offs_n % W
+        corner = row * t_r + key_c * t_c  # (query row, key column): in the map for every key, past N too
+        t1_corner = tl.load(t1_ptr + corner) * LOG2E_
+        per_key = -tl.abs(tl.load(t2_ptr + corner) - tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n,
+                                                             other=float('inf'))) * LOG2E_
+        s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, offs_d, D)),
+                   input_precision=PRECISION)
+        x = s * scale2 + per_key[None, :] - tl.abs(t1_q[:, None] - t1_corner[None, :])
+        m, total, acc = online_softmax_step(x, load_rows(v_ptr, key_r * v_r + key_c * v_c, mask_n, offs_dv, DV),
+                                             m, total, acc, PRECISION)
+    store_tile(o_ptr, tok_m, mask_m, offs_dv, DV, acc / total[:, None])
+    tl.store(lse_ptr + tok_m, (m + tl.math.log2(total)) * _LN2, mask=mask_m)
+
+
+@triton.jit
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b,
+               v_n, v_h, v_w, TILES, BH, HH: tl.constexpr, WW: tl.constexpr, V2H: tl.constexpr, H2V: tl.constexpr,
+               BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """Whole attention's forward, every path of the form in one launch: axis 1 is the path (V2H, then H2V), axis 0
+    the (slice, tile) programs, slice-major, TILES per slice (the larger path's count; a path with fewer tiles
+    leaves the rest idle). q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), v likewise; the tables
+    (BH, H, W), o (paths, BH, H, W, dv) and lse (paths, BH, H, W) contiguous, in the image's order. The V2H path
+    runs :func:`_fwd_map` on the image (map width WW, tiles of BLOCK_V columns), the H2V path on its transpose (map
+    width HH, tiles of BLOCK_H; its row table is the image's column table)."""
+    bh = tl.program_id(0) // TILES
+    tile = tl.program_id(0) % TILES
+    b = (bh // heads).to(tl.int64)
+    h = (bh % heads).to(tl.int64)
+    q_ptr += b * q_b + h * q_n
+    k_ptr += b * q_b + h * q_n
+    v_ptr += b * v_b + h * v_n
+    ca_ptr += slice_offset(bh, N, 1)
+    cb_ptr += slice_offset(bh, N, 1)
+    path = tl.program_id(1)
+    o_ptr += slice_offset(path * BH + bh, N, DV)
+    lse_ptr += slice_offset(path * BH + bh, N, 1)
+    if V2H:
+        if path == 0:
+            if tile < N // WW * ((WW + BLOCK_V - 1) // BLOCK_V):
+                _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, tile, N, D, DV, q_h, q_w, v_h,
+                         v_w, WW, 1, WW, BLOCK_V, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION)
+    h2v_index: tl.constexpr = 1 if V2H else 0
+    if H2V:
+        if path == h2v_index:
+            if tile < N // HH * ((HH + BLOCK_H - 1) // BLOCK_H):
+                _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, o_ptr, lse_ptr, scale2, tile, N, D, DV, q_w, q_h, v_w,
+                         v_h, 1, N // HH, HH, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION)
 
 
 @triton.jit
@@ -203,38 +245,43 @@ def _map(x: torch.Tensor, path: str, hh: int, ww: int) -> torch.Tensor:
     return x.reshape(x.shape[0], hh, ww, -1).transpose(1, 2).reshape(x.shape).contiguous()
 
 
+def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
+    """(grid, constexprs, config, tiles per slice) of the forward's launch, cached per call site (shapes, strides
+    and dtypes, capability, form)."""
+    key = (q.shape, v.shape[-1], q.dtype, cap, form)
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
+        cfg = lp.config('whole_fwd', n, q.dtype, cap)
+        names = paths(form)
+        block_v, block_h = query_block(ww, cfg.block_m), query_block(hh, cfg.block_m)
+        tiles = max(hh * lp.cdiv(ww, block_v) if 'v2h' in names else 0,
+                    ww * lp.cdiv(hh, block_h) if 'h2v' in names else 0)
+        # a path's map width is a constexpr; the other path's is 0 when it does not run (one compile per width)
+        constexprs = dict(HH=hh if 'h2v' in names else 0, WW=ww if 'v2h' in names else 0, V2H='v2h' in names,
+                          H2V='h2v' in names, BLOCK_V=block_v, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
+                          BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
+        plan = _FWD_PLANS[key] = ((tiles * bh, len(names)), constexprs, cfg, tiles)
+    return plan
+
+
+_FWD_PLANS = {}
+
+
 def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
-    """The forward's launches, one per path of ``form`` (each V2H on its map, :func:`_map`), and their outputs
-    (o: (paths, BH, N, dv), lse: (paths, BH, N), float32; in :func:`mmppma.ops.forms.paths` order, each in its
-    map's token order: :func:`image_order` puts them in the image's)."""
-    bh, n, d = q.shape
-    dv = v.shape[-1]
-    hh, ww = ca.shape[-2:]
-    names = paths(form)
-    o = torch.empty(len(names), bh, n, dv, device=q.device, dtype=torch.float32)
-    lse = torch.empty(len(names), bh, n, device=q.device, dtype=torch.float32)
-    cfg = lp.config('whole_fwd', n, q.dtype, cap)
-    tables = (ca.reshape(bh, n, 1) * LOG2E, cb.reshape(bh, n, 1) * LOG2E)
-    launches = []
-    for i, path in enumerate(names):
-        width = ww if path == 'v2h' else hh
-        # the transposed map's row tables are the image's column tables
-        ca2, cb2 = (_map(t, path, hh, ww) for t in (tables if path == 'v2h' else tables[::-1]))
-        block_m = query_block(width, cfg.block_m)
-        launches.append(lp.Launch(_whole_fwd, (triton.cdiv(width, block_m) * (n // width) * bh, ),
-                                  (*(_map(x, path, hh, ww) for x in (q, k, v)), ca2, cb2, o[i], lse[i],
-                                   float(scale) * LOG2E, n, d, dv),
-                                  dict(W=width, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d),
-                                       BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype)), cfg))
-    return launches, o, lse
-
-
-def image_order(o: torch.Tensor, lse: torch.Tensor, form: str, hh: int, ww: int):
-    """:func:`forward_launches`' outputs in the image's token order."""
-    if 'h2v' not in paths(form):
-        return o, lse
-    # the transposed map is ww rows of hh tokens
-    return tuple(torch.stack([_map(x, path, ww, hh) for x, path in zip(xs, paths(form))]) for xs in (o, lse))
+    """The forward's one launch (every path of ``form``, each V2H on its map: :func:`_whole_fwd`) and its outputs.
+    q, k: (B, heads, H, W, d), k with q's strides; v: (B, heads, H, W, dv); channels contiguous; ca, cb: (B, heads,
+    H, W) float32 contiguous tables. Outputs: o (paths, BH, H, W, dv) and lse (paths, BH, H, W), float32, in the
+    image's token order and :func:`mmppma.ops.forms.paths` order."""
+    b, heads, hh, ww, d = q.shape
+    grid, constexprs, cfg, tiles = _fwd_plan(q, v, hh, ww, form, cap)
+    o = torch.empty(grid[1], b * heads, hh, ww, v.shape[-1], device=q.device, dtype=torch.float32)
+    lse = torch.empty(grid[1], b * heads, hh, ww, device=q.device, dtype=torch.float32)
+    qs, vs = q.stride(), v.stride()
+    launch = lp.Launch(_whole_fwd, grid, (q, k, v, ca, cb, o, lse, scale * LOG2E, heads, hh * ww, d, v.shape[-1],
+                                          qs[0], qs[1], qs[2], qs[3], vs[0], vs[1], vs[2], vs[3], tiles, b * heads),
+                       constexprs, cfg, q.device)
+    return [launch], o, lse
 
 
 def _tables(ca: torch.Tensor, cb: torch.Tensor, orient: str, hh: int, ww: int):
@@ -289,29 +336,38 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor, cb: torch.Tensor, scale: float,
-             form: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Flattened per (batch*head): q, k (BH, N, d), v (BH, N, dv), Ca, Cb (BH, H, W) float32 cumsum tables ->
-    the output (BH, N, dv) in v's dtype, and per path o (paths, BH, N, dv) and lse (paths, BH, N), float32."""
+             form: str, keep: bool = True) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k (B, heads, H, W, d), v (B, heads, H, W, dv), as :func:`forward_launches` takes them -> the output
+    (B, heads, H, W, dv) in v's dtype, and per path o (paths, BH, H, W, dv) and lse (paths, BH, H, W), float32.
+    Without ``keep`` (nothing saves o) a one-path output may be a view of o."""
     launches, o, lse = forward_launches(q, k, v, ca, cb, scale, form, lp.capability(q.device))
     lp.run(launches)
-    o, lse = image_order(o, lse, form, *ca.shape[-2:])
-    return o.mean(0).to(v.dtype), o, lse  # equal weights: 1 path -> itself, 2 paths -> the release's average
+    # equal weights: 1 path -> itself, 2 paths -> the release's average
+    out = o.mean(0) if keep or o.shape[0] > 1 else o[0]
+    return out.view(v.shape).to(v.dtype), o, lse
 
 
 def _forward_shapes(q, k, v, ca, cb, scale, form):
     count = len(paths(form))
-    out = v.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-    return out, out.new_empty(count, *out.shape, dtype=torch.float32), q.new_empty(count, *q.shape[:2],
-                                                                                   dtype=torch.float32)
+    b, heads, hh, ww = ca.shape
+    return (v.new_empty(v.shape), v.new_empty(count, b * heads, hh, ww, v.shape[-1], dtype=torch.float32),
+            v.new_empty(count, b * heads, hh, ww, dtype=torch.float32))
 
 
 def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor,
               cb: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, scale: float,
               form: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv in the inputs' dtypes and dCa, dCb (float32) from the output gradient ``dout``."""
-    bh, hh, ww = ca.shape
-    launches, targets = backward_launches(q, k, v, ca, cb, o, lse, dout.contiguous(), scale, form,
-                                          lp.capability(q.device))
+    """dq, dk, dv in the inputs' dtypes and dCa, dCb (float32), shaped as the inputs, from the output gradient
+    ``dout`` (B, heads, H, W, dv)."""
+    b, heads, hh, ww, d = q.shape
+    bh, n = b * heads, hh * ww
+
+    def flat(x):
+        return x.reshape(bh, n, x.shape[-1]).contiguous()
+
+    launches, targets = backward_launches(flat(q), flat(k), flat(v), ca.reshape(bh, hh, ww), cb.reshape(bh, hh, ww),
+                                          o.reshape(o.shape[0], bh, n, -1), lse.reshape(-1, bh, n), flat(dout),
+                                          scale, form, lp.capability(q.device))
     lp.run(launches)
     grads = {'dq': 0, 'dk': 0, 'dv': 0}
     tables = {orient: [ca.new_zeros(bh, hh * ww), ca.new_zeros(bh, hh * ww)] for orient in ('v2h', 'h2v')}  # (T1, T2)
@@ -328,15 +384,16 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     # back to the image: the transpose's row table is Cb, its column table Ca
     dca = tables['v2h'][0] + _map(tables['h2v'][1], 'h2v', ww, hh)
     dcb = tables['v2h'][1] + _map(tables['h2v'][0], 'h2v', ww, hh)
-    return (grads['dq'].to(q.dtype), grads['dk'].to(k.dtype), grads['dv'].to(v.dtype), dca.reshape(bh, hh, ww),
-            dcb.reshape(bh, hh, ww))
+    return (grads['dq'].to(q.dtype).view(q.shape), grads['dk'].to(k.dtype).view(k.shape),
+            grads['dv'].to(v.dtype).view(v.shape), dca.view(ca.shape), dcb.view(cb.shape))
 
 
 def _backward_shapes(dout, q, k, v, ca, cb, o, lse, scale, form):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(ca),
-            torch.empty_like(cb))
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), ca.new_empty(ca.shape),
+            cb.new_empty(cb.shape))
 
 
+# the ops as torch.compile sees them (one node each); eager calls take WholeAttention below
 whole_attention_op = lp.library_op('whole_attention_triton', _forward, _forward_shapes)
 whole_attention_backward_op = lp.library_op('whole_attention_triton_backward', _backward, _backward_shapes)
 
@@ -355,21 +412,54 @@ def _gradients(ctx, dout, do, dlse):
 whole_attention_op.register_autograd(_gradients, setup_context=_save)
 
 
-def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str):
+class WholeAttention(torch.autograd.Function):
+    """The eager path of :data:`whole_attention_op`: the same forward and backward without the library op's
+    dispatch; o and lse are saved, not returned, and a missing output gradient is no work."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, ca, cb, scale, form, op):
+        ctx.set_materialize_grads(False)
+        try:
+            out, o, lse = _forward(q, k, v, ca, cb, scale, form)
+        except Exception as e:
+            raise_named(op, q, 'while running', e)
+        ctx.save_for_backward(q, k, v, ca, cb, o, lse)
+        ctx.args = (scale, form, op)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        if dout is None:
+            return (None, ) * 8
+        scale, form, op = ctx.args
+        q = ctx.saved_tensors[0]
+        try:
+            grads = _backward(dout, *ctx.saved_tensors, scale, form)
+        except Exception as e:
+            raise_named(op, q, 'in the backward', e)
+        return (*grads, None, None, None)
+
+
+def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = 'ppma_attention'):
     """Whole attention of ``form`` ('release' | 'v2h' | 'h2v'). q, k: (B, heads, H, W, d); v: (B, heads, H, W,
-    dv); ca, cb: (B, heads, H, W) float32 decay tables. An image narrower than ``lp.NARROW`` tokens and at least
-    that tall runs transposed, so that a block of consecutive tokens spans few image rows: the transpose's rows
-    are the columns here, its Ca is Cb and its 'v2h' path 'h2v'."""
-    b, heads, hh, ww, d = q.shape
+    dv); ca, cb: (B, heads, H, W) float32 decay tables; ``op`` names the public op in errors. An image narrower
+    than ``lp.NARROW`` tokens and at least that tall runs transposed, so that a block of consecutive tokens spans
+    few image rows: the transpose's rows are the columns here, its Ca is Cb and its 'v2h' path 'h2v'."""
+    hh, ww = q.shape[2], q.shape[3]
     if ww < lp.NARROW <= hh:
         def t(x):
             return x.transpose(2, 3)
-        return t(whole_attention_triton(t(q), t(k), t(v), t(cb), t(ca), scale, transposed(form)))
-    bh = b * heads
+        return t(whole_attention_triton(t(q), t(k), t(v), t(cb), t(ca), scale, transposed(form), op))
     if abs(scale) < 1e-30:  # scores of zero; the backward divides the log-normaliser by the scale
         q, scale = q * 0, 1.0
-    out, _, _ = whole_attention_op(
-        q.reshape(bh, hh * ww, d).contiguous(), k.reshape(bh, hh * ww, d).contiguous(),
-        v.reshape(bh, hh * ww, v.shape[-1]).contiguous(), ca.reshape(bh, hh, ww).float().contiguous(),
-        cb.reshape(bh, hh, ww).float().contiguous(), float(scale), form)
-    return out.reshape(b, heads, hh, ww, v.shape[-1])
+    q, k, v = lp.kernel_layout(q, k, v)
+    ca, cb = ca.float().contiguous(), cb.float().contiguous()
+    if torch.compiler.is_compiling():
+        return whole_attention_op(q, k, v, ca, cb, float(scale), form)[0]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or ca.requires_grad
+                                    or cb.requires_grad):
+        return WholeAttention.apply(q, k, v, ca, cb, float(scale), form, op)
+    try:
+        return _forward(q, k, v, ca, cb, float(scale), form, keep=False)[0]
+    except Exception as e:
+        raise_named(op, q, 'while running', e)
