@@ -86,6 +86,16 @@ def exporting() -> bool:
     return _EXPORT_MODE or torch.compiler.is_exporting()
 
 
+def tf32_matmul() -> bool:
+    """Whether torch lets float32 CUDA matmuls use TF32: ``torch.backends.cuda.matmul.fp32_precision`` where torch
+    has it (it inherits ``torch.backends.fp32_precision`` and follows the legacy flag when that was set; reading
+    the legacy flag raises once the new setting was used), else ``torch.backends.cuda.matmul.allow_tf32``."""
+    setting = getattr(torch.backends.cuda.matmul, 'fp32_precision', None)
+    if setting is None:
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    return setting == 'tf32'
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

@@ -167,9 +167,22 @@ class PolylinePathAttention(nn.Module):
         d^-0.5, both rotated by the RoPE tables ``pos``."""
         q = self.q_proj(x)
         k = self.k_proj(x)
-        k = k * self.scaling if records_grad(k) else k.mul_(self.scaling)
-        sin, cos = pos.sin.to(q.dtype), pos.cos.to(q.dtype)
-        return self._rotated_heads(q, sin, cos), self._rotated_heads(k, sin, cos)
+        if records_grad(k) or torch.compiler.is_compiling():
+            sin, cos = pos.cast(q.dtype)
+            return self._rotated_heads(q, sin, cos), self._rotated_heads(k * self.scaling, sin, cos)
+        if q.dtype in (torch.float32, torch.float64) and q.is_contiguous() and k.is_contiguous():
+            # inference: one complex product per channel pair in the tokens' own storage, k's scale in its table
+            return (self._rotated_in_place(q, pos.rotation(q.dtype)),
+                    self._rotated_in_place(k, pos.rotation(k.dtype, self.scaling)))
+        sin, cos = pos.cast(q.dtype)
+        return self._rotated_heads(q, sin, cos), self._rotated_heads(k.mul_(self.scaling), sin, cos)
+
+    def _rotated_in_place(self, t: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        """Projected tokens t (B, H, W, C), contiguous, rotated in place by the complex ``rotation`` (H, W, d / 2),
+        as heads (B, n, H, W, d)."""
+        pairs = torch.view_as_complex(t.view(*t.shape[:-1], self.num_heads, self.head_dims // 2, 2))
+        pairs.mul_(rotation.unsqueeze(-2))
+        return self._heads(t)
 
     def _rotated_heads(self, t: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
         """Projected tokens t (B, H, W, C) as heads (B, n, H, W, d) rotated by the RoPE tables (H, W, d). In eager

@@ -42,6 +42,7 @@ class PathEmbed(nn.Module):
         # Mamba's convention, read by optimizer constructors that honour it; ours also matches the names.
         self.A_log._no_weight_decay = True
         self.dt_bias._no_weight_decay = True
+        self._cached_rates = None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -56,19 +57,26 @@ class PathEmbed(nn.Module):
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, H, W, C) -> (la, lb), each (B, heads, H, W) float32, <= 0. ``la is lb`` when shared."""
+        """x: (B, H, W, C) -> (la, lb), each (B, heads, H, W) float32, <= 0. ``la is lb`` when shared; otherwise
+        both are views of one (B, H, W, heads, 2) tensor (the ops read any strides; their cumsums are contiguous)."""
         b, h, w, _ = x.shape
         with torch.autocast(device_type=x.device.type, enabled=False):
             xh = x.float().view(b, h, w, self.num_heads, self.head_dims)
-            # (B, n, directions, H, W), made contiguous before the softplus: with a permuted gradient, eager
-            # softplus_backward returns the gradient's strides while its fake (meta) implementation, which
-            # torch.compile plans with, returns contiguous ones, and the compiled backward then fails
-            dt = F.linear(xh, self.dt_linear.weight.float()).permute(0, 3, 4, 1, 2).contiguous()
-            a = -torch.exp(self.A_log.float())  # (n,)
-            log_decay = F.softplus(dt + self.dt_bias.float()[:, None, None, None]) * a[:, None, None, None]
-        la = log_decay[:, :, 0].contiguous()
-        lb = la if self.directions == 1 else log_decay[:, :, 1].contiguous()
-        return la, lb
+            dt = F.linear(xh, self.dt_linear.weight.float())  # (B, H, W, n, directions)
+            log_decay = F.softplus(dt + self.dt_bias.float()[:, None]) * self._rates()[:, None]
+        la = log_decay[..., 0].permute(0, 3, 1, 2)
+        return la, la if self.directions == 1 else log_decay[..., 1].permute(0, 3, 1, 2)
+
+    def _rates(self) -> torch.Tensor:
+        """``A = -exp(A_log)`` (n,); with grad mode off and outside torch.compile, computed once per value of
+        ``A_log`` (a tensor made in inference mode must not meet autograd)."""
+        a_log = self.A_log
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return -torch.exp(a_log.float())
+        version = (a_log._version, a_log.data_ptr(), a_log.device)
+        if self._cached_rates is None or self._cached_rates[0] != version:
+            self._cached_rates = (version, -torch.exp(a_log.float()))
+        return self._cached_rates[1]
 
     def extra_repr(self) -> str:
         return f'num_heads={self.num_heads}, head_dims={self.head_dims}, directions={self.directions}'

@@ -7,6 +7,7 @@ import torch
 from ..checks import check_log_decay, check_qkv, table_dtype
 from ..dispatch import resolve_impl
 from ..masks import head_decay_tables, manhattan_decay_mask, manhattan_segment_sums
+from ..plan import eager, key, planned
 from ..whole.reference import whole_reference
 from ..whole.torch_impl import whole_torch
 
@@ -19,21 +20,32 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
 
     q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); log_decay: (heads,) or (B, heads), <= 0.
     """
+    if eager():
+        return planned(key('manhattan_attention', (scale, impl), q, k, v, log_decay),
+                       lambda: _plan(q, k, v, log_decay, scale, impl))(q, k, v, log_decay)
+    return _plan(q, k, v, log_decay, scale, impl)(q, k, v, log_decay)
+
+
+def _plan(q, k, v, log_decay, scale: float, impl: str):
+    """The call that runs :func:`manhattan_attention` on inputs like these (checked here)."""
     check_qkv(q, k, v)
     check_log_decay(log_decay, q)
     b, heads, h, w, _ = q.shape
     requested, impl = impl, resolve_impl(impl, 'manhattan_attention', (q, k, v))
     dtype = table_dtype(q, k, v, log_decay)
     if impl == 'triton':
-        from ..triton_support.preflight import run_or_fall_back
+        from ..triton_support.preflight import triton_plan
         from ..whole.triton_impl import whole_attention_triton
-        return run_or_fall_back(
+        return triton_plan(
             'manhattan_attention',
             lambda q, k, v, log_decay: whole_attention_triton(q, k, v, *head_decay_tables(log_decay, q.shape[:-1]),
-                                                              scale, 'v2h'),
+                                                              scale, 'v2h', 'manhattan_attention'),
             (q, k, v, log_decay), requested, lambda *t: manhattan_attention(*t, scale=scale, impl='torch'))
     if impl == 'reference':
-        m = manhattan_decay_mask(log_decay.to(dtype), h, w)
-        m = m if m.dim() == 4 else m.unsqueeze(0)
-        return whole_reference(q, k, v, m.expand(b, -1, -1, -1), scale, 'v2h')
-    return whole_torch(q, k, v, *manhattan_segment_sums(log_decay, h, w, dtype), scale, 'v2h')
+        def reference(q, k, v, log_decay):
+            m = manhattan_decay_mask(log_decay.to(dtype), h, w)
+            m = m if m.dim() == 4 else m.unsqueeze(0)
+            return whole_reference(q, k, v, m.expand(b, -1, -1, -1), scale, 'v2h')
+        return reference
+    return lambda q, k, v, log_decay: whole_torch(q, k, v, *manhattan_segment_sums(log_decay, h, w, dtype), scale,
+                                                  'v2h')

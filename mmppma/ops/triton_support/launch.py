@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set
 import torch
 import triton
 
-from ..dispatch import device_capability
+from ..dispatch import device_capability, tf32_matmul
 from .interpreter import exact_bf16_dots
 
 #: per-block shared memory limit in bytes, by compute capability (major * 10 + minor)
@@ -68,16 +68,6 @@ def precision(dtype: torch.dtype) -> Optional[str]:
     if dtype != torch.float32:
         return None
     return 'tf32' if tf32_matmul() else 'ieee'
-
-
-def tf32_matmul() -> bool:
-    """Whether torch lets float32 CUDA matmuls use TF32: ``torch.backends.cuda.matmul.fp32_precision`` where torch
-    has it (it inherits ``torch.backends.fp32_precision`` and follows the legacy flag when that was set; reading
-    the legacy flag raises once the new setting was used), else ``torch.backends.cuda.matmul.allow_tf32``."""
-    setting = getattr(torch.backends.cuda.matmul, 'fp32_precision', None)
-    if setting is None:
-        return bool(torch.backends.cuda.matmul.allow_tf32)
-    return setting == 'tf32'
 
 
 @contextlib.contextmanager

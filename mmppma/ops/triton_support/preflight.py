@@ -163,6 +163,16 @@ def run_or_fall_back(op: str, run: Callable[..., torch.Tensor], inputs, impl: st
         return run(*inputs)
 
 
+def triton_plan(op: str, run: Callable[..., torch.Tensor], inputs, impl: str,
+                torch_path: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The call of a plan (:mod:`mmppma.ops.plan`) for inputs like ``inputs`` of an op whose Triton path is
+    ``run``, which names its own failures (:func:`raise_named`): ``run`` if the preflight finds that its kernels
+    can run on the inputs' GPU (:func:`kernels_fit`), else the torch path for the requested ``impl``
+    (:func:`fallback_for`)."""
+    fallback = fallback_for(impl, torch_path)
+    return run if kernels_fit(op, run, inputs, fallback) else fallback
+
+
 def run_with_tables(op: str, kernel: Callable[..., torch.Tensor], inputs, scale: float, form: str, impl: str,
                     torch_op: Callable[..., torch.Tensor]) -> torch.Tensor:
     """:func:`run_or_fall_back` for an op of (q, k, v, la, lb) whose Triton path is ``kernel(q, k, v, Ca, Cb,

@@ -10,7 +10,8 @@ import torch
 from ..checks import check_choice, check_qkv
 from ..dispatch import resolve_impl
 from ..forms import WHOLE_FORMS
-from ..masks import column_segment_sums, polyline_mask, row_segment_sums
+from ..masks import column_segment_sums, decay_tables, polyline_mask, row_segment_sums
+from ..plan import eager, key, planned
 from .reference import whole_reference
 from .torch_impl import whole_attention_branch, whole_torch
 
@@ -33,16 +34,25 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     ``'autograd'`` (keeps the N x N probabilities) while B * heads * N^2 <= ``SMALL_ELEMENTS`` (2^22),
     ``'blockwise'`` (recomputes them, memory O(N^1.5)) above.
     """
+    if eager():
+        return planned(key('ppma_attention', (scale, form, impl), q, k, v, la, lb),
+                       lambda: _plan(q, k, v, la, lb, scale, form, impl))(q, k, v, la, lb)
+    return _plan(q, k, v, la, lb, scale, form, impl)(q, k, v, la, lb)
+
+
+def _plan(q, k, v, la, lb, scale: float, form: str, impl: str):
+    """The call that runs :func:`ppma_attention` on inputs like these (checked here)."""
     check_choice('form', form, WHOLE_FORMS)
     check_qkv(q, k, v, la, lb)
     requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v), form)
     if impl == 'triton':
-        from ..triton_support.preflight import run_with_tables
+        from ..triton_support.preflight import triton_plan
         from .triton_impl import whole_attention_triton
-        return run_with_tables('ppma_attention', whole_attention_triton, (q, k, v, la, lb), scale, form, requested,
-                               ppma_attention)
+        return triton_plan('ppma_attention', lambda q, k, v, la, lb: whole_attention_triton(
+            q, k, v, *decay_tables(la, lb), scale, form), (q, k, v, la, lb), requested,
+            lambda *t: ppma_attention(*t, scale=scale, form=form, impl='torch'))
     if impl == 'reference' or form == 'paper':
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise
         # log-sum-exp trick applies, so its torch path is the dense one
-        return whole_reference(q, k, v, polyline_mask(la, lb, form='v2h'), scale, form)
-    return whole_torch(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, form)
+        return lambda q, k, v, la, lb: whole_reference(q, k, v, polyline_mask(la, lb, form='v2h'), scale, form)
+    return lambda q, k, v, la, lb: whole_torch(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, form)

@@ -1,0 +1,63 @@
+"""Launch plans: an op call's host work decided once per call site.
+
+What an op does with its inputs depends on the op, its form and options, the inputs' shapes, strides, dtypes and
+device, the grad mode, the TF32 setting (float32 kernels) and the ``MMPPMA_*`` / ``TRITON_INTERPRET`` variables.
+In eager mode the ops key a cache on exactly these (:func:`key`); the first call builds the plan - checks, the
+implementation :func:`~mmppma.ops.dispatch.resolve_impl` picks, the preflight of the kernels, the torch fallback -
+and every later call goes from its inputs to the plan's call. While ``torch.compile`` traces or a model is exported
+the ops decide per call (:func:`eager`).
+"""
+import os
+from typing import Callable, Dict
+
+import torch
+
+from .dispatch import ENV_VAR, SIMULATE_VAR, exporting, tf32_matmul
+
+_PLANS: Dict[tuple, Callable] = {}
+# os.environ's own mapping (bytes keys on POSIX): reading it costs no Python calls, os.environ.get four
+_ENVIRON = getattr(os.environ, '_data', None)
+_NAMES = (ENV_VAR, SIMULATE_VAR, 'TRITON_INTERPRET')
+_KEYS = tuple(os.environ.encodekey(name) for name in _NAMES) if _ENVIRON is not None else _NAMES
+
+
+def environment() -> tuple:
+    """The values of the variables that steer the ops' choices."""
+    if _ENVIRON is None:
+        return tuple(os.environ.get(name) for name in _NAMES)
+    return _ENVIRON.get(_KEYS[0]), _ENVIRON.get(_KEYS[1]), _ENVIRON.get(_KEYS[2])
+
+
+def eager() -> bool:
+    """Whether the ops use their cached plans: not while torch.compile traces (the shapes may be symbolic), nor
+    while exporting (:func:`~mmppma.ops.dispatch.exporting`)."""
+    return not torch.compiler.is_compiling() and not exporting()
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.device, t.requires_grad
+
+
+def key(op: str, options: tuple, *tensors: torch.Tensor) -> tuple:
+    """The cache key of a call of ``op`` with ``options`` (form, scale, impl, ...) on ``tensors``."""
+    parts = [op, options, torch.is_grad_enabled(), environment()]
+    float32 = False
+    for t in tensors:
+        parts.append((t.shape, t.stride(), t.dtype, t.device, t.requires_grad))
+        float32 = float32 or t.dtype == torch.float32
+    if float32 and (parts[3][1] is not None or tensors[0].is_cuda):  # float32 kernels follow the TF32 setting
+        parts.append(tf32_matmul())
+    return tuple(parts)
+
+
+def planned(plan_key: tuple, build: Callable[[], Callable]) -> Callable:
+    """The plan of ``plan_key``, built by ``build()`` on the first call."""
+    plan = _PLANS.get(plan_key)
+    if plan is None:
+        plan = _PLANS[plan_key] = build()
+    return plan
+
+
+def clear() -> None:
+    """Forget every plan (what a test changes behind the ops' back: a patched preflight or launch table)."""
+    _PLANS.clear()
