@@ -4,19 +4,15 @@ from ..line.triton_impl import line_attention
 from .torch_impl import compose_criss_cross
 
 
-def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, form: str):
+def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = 'criss_cross_attention'):
     """Criss-cross attention of ``form`` (:func:`~mmppma.ops.criss_cross_attention`) on the line kernels.
-    q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca (row), cb (column) decay tables: (B, heads, H, W)."""
-    b, heads, hh, ww, d = q.shape
-    dv = v.shape[-1]
-    q3, k3 = q.reshape(b * heads, hh, ww, d), k.reshape(b * heads, hh, ww, d)
-    v3 = v.reshape(b * heads, hh, ww, dv)
-    ca3, cb3 = ca.reshape(b * heads, hh, ww), cb.reshape(b * heads, hh, ww)
+    q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca (row), cb (column) decay tables: (B, heads, H, W);
+    ``op`` names the public op in errors. The kernels read q, k and v in the caller's layout."""
 
     def rows(x):
-        return line_attention(q3, k3, x, ca3, scale, False)
+        return line_attention(q, k, x, ca, scale, False, op)
 
     def cols(x):
-        return line_attention(q3, k3, x, cb3, scale, True)
+        return line_attention(q, k, x, cb, scale, True, op)
 
-    return compose_criss_cross(rows, cols, v3, form).reshape(b, heads, hh, ww, dv)
+    return compose_criss_cross(rows, cols, v, form)

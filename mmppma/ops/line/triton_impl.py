@@ -16,10 +16,12 @@ import triton.language as tl
 
 from ..triton_support import launch as lp
 from ..triton_support import tiles
-from ..triton_support.tiles import bwd_operands, load_tile, online_softmax_step, store_tile, token_block
+from ..triton_support.preflight import raise_named
+from ..triton_support.tiles import bwd_operands, load_rows, load_tile, online_softmax_step, store_tile, token_block
 
 LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
+LOG2E_ = tl.constexpr(LOG2E)
 
 
 @triton.jit
@@ -42,30 +44,46 @@ def _on_line(first, q_ptr, k_ptr, x_ptr, c2_ptr, D, DX):
 
 
 @triton.jit
-def _line_fwd(q_ptr, k_ptr, x_ptr, c2_ptr, o_ptr, lse_ptr, scale2, H, W, L, n_lines, D, DX,
-              COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
+def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale2, heads, H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w,
+              x_b, x_n, x_h, x_w, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
     """One program per (line, query block): the online softmax over the line's key blocks, in log2 units (the
-    table ``c2`` and the scale ``scale2`` times log2(e)). The log-decays are <= 0 (the ops' contract), so the
-    table is monotone along the line and a segment's sum is minus the absolute difference of its ends: no
-    per-score compare. Keys past the line read the table as +inf: a bias of -inf, no per-score mask."""
+    scale ``scale2`` times log2(e), the table scaled per loaded vector). The log-decays are <= 0 (the ops'
+    contract), so the table is monotone along the line and a segment's sum is minus the absolute difference of
+    its ends: no per-score compare. Keys past the line read the table as +inf: a bias of -inf, no per-score mask.
+    q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), x likewise; the table c, o and lse are
+    contiguous (BH, H, W, .)."""
     blocks = tl.cdiv(L, BLOCK_M)
-    first, base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
-    q_ptr, k_ptr, x_ptr, c2_ptr = _on_line(first, q_ptr, k_ptr, x_ptr, c2_ptr, D, DX)
+    line = tl.program_id(0) // blocks
+    first, c_base, c_step = _line_offsets(line, n_lines, H, W, COLUMNS)
+    bh = line // n_lines
+    a = line % n_lines
+    b = (bh // heads).to(tl.int64)
+    h = (bh % heads).to(tl.int64)
+    q_ptr += b * q_b + h * q_n
+    k_ptr += b * q_b + h * q_n
+    x_ptr += b * x_b + h * x_n
+    if COLUMNS:
+        q_base, q_step, x_base, x_step = a * q_w, q_h, a * x_w, x_h
+    else:
+        q_base, q_step, x_base, x_step = a * q_h, q_w, a * x_h, x_w
+    c_ptr += first
     o_ptr += first * DX
     lse_ptr += first
-    offs_m, mask_m, tok_m = token_block(tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, L, base, step)
+    offs_m, mask_m, tok_m = token_block(tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, L, c_base, c_step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
-    q = load_tile(q_ptr, tok_m, mask_m, offs_d, D)
-    c_m = tl.load(c2_ptr + tok_m, mask=mask_m, other=0.0)
+    q = load_rows(q_ptr, q_base + offs_m * q_step, mask_m, offs_d, D)
+    c_m = tl.load(c_ptr + tok_m, mask=mask_m, other=0.0) * LOG2E_
     m_i, l_i, acc = tiles.online_softmax_start(BLOCK_M, BLOCK_X)
     for start_n in range(0, L, BLOCK_N):
-        offs_n, mask_n, tok_n = token_block(start_n, BLOCK_N, L, base, step)
-        c_n = tl.load(c2_ptr + tok_n, mask=mask_n, other=float('inf'))
-        s = tl.dot(q, tl.trans(load_tile(k_ptr, tok_n, mask_n, offs_d, D)), input_precision=PRECISION)
+        offs_n, mask_n, tok_n = token_block(start_n, BLOCK_N, L, c_base, c_step)
+        c_n = tl.load(c_ptr + tok_n, mask=mask_n, other=float('inf')) * LOG2E_
+        s = tl.dot(q, tl.trans(load_rows(k_ptr, q_base + offs_n * q_step, mask_n, offs_d, D)),
+                   input_precision=PRECISION)
         m_i, l_i, acc = online_softmax_step(s * scale2 - tl.abs(c_m[:, None] - c_n[None, :]),
-                                             load_tile(x_ptr, tok_n, mask_n, offs_x, DX), m_i, l_i, acc, PRECISION)
+                                             load_rows(x_ptr, x_base + offs_n * x_step, mask_n, offs_x, DX), m_i,
+                                             l_i, acc, PRECISION)
     store_tile(o_ptr, tok_m, mask_m, offs_x, DX, acc / l_i[:, None])
     tl.store(lse_ptr + tok_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=mask_m)  # the backward's: natural units
 
@@ -127,17 +145,29 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c2_ptr, do_ptr, lse2_ptr, delta_ptr, g1_ptr, 
 
 
 def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int):
-    """The forward's launch and outputs (out: (BH, H, W, dx), lse: (BH, H, W), float32)."""
-    bh, hh, ww, d = q.shape
+    """The forward's launch and outputs (out: (B, heads, H, W, dx), lse: (B, heads, H, W), float32). q, k: (B,
+    heads, H, W, d), k with q's strides; x (B, heads, H, W, dx); channels contiguous; c (B, heads, H, W) float32,
+    contiguous."""
+    b, heads, hh, ww, d = q.shape
     dx = x.shape[-1]
-    length, n_lines = (hh, ww) if columns else (ww, hh)
-    out = torch.empty(bh, hh, ww, dx, device=q.device, dtype=torch.float32)
-    lse = torch.empty(bh, hh, ww, device=q.device, dtype=torch.float32)
-    cfg = lp.config('line_fwd', length, q.dtype, cap)
-    launch = lp.Launch(_line_fwd, (triton.cdiv(length, cfg.block_m) * bh * n_lines, ),
-                       (q, k, x, c * LOG2E, out, lse, float(scale) * LOG2E, hh, ww, length, n_lines, d, dx),
-                       _constexprs(cfg, columns, d, dx, q.dtype), cfg)
+    key = (q.shape, dx, q.dtype, cap, columns, lp.precision(q.dtype))
+    plan = _FWD_PLANS.get(key)
+    if plan is None:
+        length, n_lines = (hh, ww) if columns else (ww, hh)
+        cfg = lp.config('line_fwd', length, q.dtype, cap)
+        plan = _FWD_PLANS[key] = ((lp.cdiv(length, cfg.block_m) * b * heads * n_lines, ), cfg,
+                                  _constexprs(cfg, columns, d, dx, q.dtype), length, n_lines)
+    grid, cfg, constexprs, length, n_lines = plan
+    out = torch.empty(b, heads, hh, ww, dx, device=q.device, dtype=torch.float32)
+    lse = torch.empty(b, heads, hh, ww, device=q.device, dtype=torch.float32)
+    qs, xs = q.stride(), x.stride()
+    launch = lp.Launch(_line_fwd, grid, (q, k, x, c, out, lse, scale * LOG2E, heads, hh, ww, length, n_lines, d, dx,
+                                         qs[0], qs[1], qs[2], qs[3], xs[0], xs[1], xs[2], xs[3]),
+                       constexprs, cfg, q.device)
     return [launch], out, lse
+
+
+_FWD_PLANS = {}
 
 
 def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dtype) -> dict:
@@ -172,8 +202,8 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
 
 def _forward(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, c: torch.Tensor, scale: float,
              columns: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    """q, k: (BH, H, W, d); x: (BH, H, W, dx); c: (BH, H, W) float32 cumsum along the lines -> out (BH, H, W, dx)
-    and lse (BH, H, W), float32."""
+    """q, k, x, c as :func:`forward_launches` takes them -> out (B, heads, H, W, dx) and lse (B, heads, H, W),
+    float32."""
     launches, out, lse = forward_launches(q, k, x, c, scale, columns, lp.capability(q.device))
     lp.run(launches)
     return out, lse
@@ -186,17 +216,25 @@ def _forward_shapes(q, k, x, c, scale, columns):
 def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, c: torch.Tensor,
               out: torch.Tensor, lse: torch.Tensor, scale: float,
               columns: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dx in the inputs' dtypes and dc (float32) from the output gradient ``dout`` (x's dtype)."""
-    launches, (dq, dk, dx, gq, gk) = backward_launches(q, k, x, c, out, lse, dout.contiguous(), scale, columns,
-                                                       lp.capability(q.device))
+    """dq, dk, dx in the inputs' dtypes and dc (float32), shaped as the inputs, from the output gradient ``dout``
+    (x's dtype)."""
+    b, heads, hh, ww, _ = q.shape
+
+    def flat(t):
+        return t.reshape(b * heads, hh, ww, *t.shape[4:]).contiguous()
+
+    launches, (dq, dk, dx, gq, gk) = backward_launches(flat(q), flat(k), flat(x), flat(c), flat(out), flat(lse),
+                                                       flat(dout), scale, columns, lp.capability(q.device))
     lp.run(launches)
-    return dq.to(q.dtype), dk.to(k.dtype), dx.to(x.dtype), gq - gk
+    return (dq.to(q.dtype).view(q.shape), dk.to(k.dtype).view(k.shape), dx.to(x.dtype).view(x.shape),
+            (gq - gk).view(c.shape))
 
 
 def _backward_shapes(dout, q, k, x, c, out, lse, scale, columns):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(x), torch.empty_like(c)
+    return q.new_empty(q.shape), k.new_empty(k.shape), x.new_empty(x.shape), c.new_empty(c.shape)
 
 
+# the ops as torch.compile sees them (one node each); eager calls take LineAttention below
 line_attention_op = lp.library_op('line_attention_triton', _forward, _forward_shapes)
 line_attention_backward_op = lp.library_op('line_attention_triton_backward', _backward, _backward_shapes)
 
@@ -218,8 +256,46 @@ def _gradients(ctx, dout, dlse):
 line_attention_op.register_autograd(_gradients, setup_context=_save)
 
 
-def line_attention(q, k, x, c, scale: float, columns: bool):
-    """Masked attention along rows (columns=False) or columns of (BH, H, W, .) tensors."""
-    out, _ = line_attention_op(q.contiguous(), k.contiguous(), x.contiguous(), c.float().contiguous(), float(scale),
-                               columns)
+class LineAttention(torch.autograd.Function):
+    """The eager path of :data:`line_attention_op`: the same forward and backward without the library op's
+    dispatch; lse is saved, not returned, and a missing output gradient is no work."""
+
+    @staticmethod
+    def forward(ctx, q, k, x, c, scale, columns, op):
+        ctx.set_materialize_grads(False)
+        try:
+            out, lse = _forward(q, k, x, c, scale, columns)
+        except Exception as e:
+            raise_named(op, q, 'while running', e)
+        ctx.save_for_backward(q, k, x, c, out, lse)
+        ctx.args = (scale, columns, op)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        if dout is None:
+            return (None, ) * 7
+        scale, columns, op = ctx.args
+        q, k, x, c, out, lse = ctx.saved_tensors
+        try:
+            grads = _backward(dout.to(x.dtype), q, k, x, c, out, lse, scale, columns)
+        except Exception as e:
+            raise_named(op, q, 'in the backward', e)
+        return (*grads, None, None, None)
+
+
+def line_attention(q, k, x, c, scale: float, columns: bool, op: str = 'criss_cross_attention'):
+    """Masked attention along rows (columns=False) or columns of q, k (B, heads, H, W, d), x (B, heads, H, W, dx)
+    with the table c (B, heads, H, W) cumulated along them; ``op`` names the public op in errors."""
+    q, k, x = lp.kernel_layout(q, k, x)
+    c = c.float().contiguous()
+    if torch.compiler.is_compiling():
+        out = line_attention_op(q, k, x, c, float(scale), columns)[0]
+    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or x.requires_grad or c.requires_grad):
+        out = LineAttention.apply(q, k, x, c, float(scale), columns, op)
+    else:
+        try:
+            out = _forward(q, k, x, c, float(scale), columns)[0]
+        except Exception as e:
+            raise_named(op, q, 'while running', e)
     return out.to(x.dtype)
