@@ -27,6 +27,7 @@ in-place inference shortcut or Python loop over blocks of the input).
 """
 import contextlib
 import os
+import sys
 import warnings
 from typing import Dict, Iterable, Iterator, Optional, Tuple
 
@@ -43,6 +44,24 @@ CAPABILITIES = (80, 86, 89, 90)
 #: the capabilities that can be simulated and compiled for: the table's and GPUs outside it (Turing, Blackwell),
 #: where ``impl='auto'`` takes the torch path
 TARGET_CAPABILITIES = (75, 80, 86, 89, 90, 100, 120)
+
+# os.environ's own mapping and its keys encoded once: a read costs no Python calls, where os.environ.get costs four
+# (the ops read the variables on every call)
+_ENVIRON = getattr(os.environ, '_data', None)
+_ENCODED: Dict[str, object] = {}
+_FS_ENCODING = sys.getfilesystemencoding()
+
+
+def environ(name: str) -> Optional[str]:
+    """``os.environ.get(name)``, cheap on the host."""
+    if _ENVIRON is None:
+        return os.environ.get(name)
+    key = _ENCODED.get(name)
+    if key is None:
+        key = _ENCODED[name] = os.environ.encodekey(name)
+    value = _ENVIRON.get(key)
+    return value.decode(_FS_ENCODING, 'surrogateescape') if isinstance(value, bytes) else value
+
 
 _ALL = ('reference', 'torch', 'triton')
 _NO_KERNEL = ('reference', 'torch')
@@ -86,14 +105,17 @@ def exporting() -> bool:
     return _EXPORT_MODE or torch.compiler.is_exporting()
 
 
+# what torch.backends.cuda.matmul.fp32_precision reads, without the module's Python attribute lookup
+_FP32_PRECISION = getattr(torch._C, '_get_fp32_precision_getter', None)
+
+
 def tf32_matmul() -> bool:
     """Whether torch lets float32 CUDA matmuls use TF32: ``torch.backends.cuda.matmul.fp32_precision`` where torch
     has it (it inherits ``torch.backends.fp32_precision`` and follows the legacy flag when that was set; reading
     the legacy flag raises once the new setting was used), else ``torch.backends.cuda.matmul.allow_tf32``."""
-    setting = getattr(torch.backends.cuda.matmul, 'fp32_precision', None)
-    if setting is None:
-        return bool(torch.backends.cuda.matmul.allow_tf32)
-    return setting == 'tf32'
+    if _FP32_PRECISION is None:
+        return bool(torch._C._get_cublas_allow_tf32())
+    return _FP32_PRECISION('cuda', 'matmul') == 'tf32'
 
 
 def triton_available() -> bool:
@@ -105,20 +127,34 @@ def triton_available() -> bool:
 
 
 def triton_interpreted() -> bool:
-    return os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
+    return (environ('TRITON_INTERPRET') or '0') not in ('', '0')
 
 
 def simulated_capability() -> int:
     """The capability ``MMPPMA_SIMULATE_CUDA`` simulates on CPU tensors; 0 when it is unset."""
-    value = os.environ.get(SIMULATE_VAR, '').strip()
+    value = environ(SIMULATE_VAR)
+    if not value:
+        return 0
+    cached = _SIMULATED.get(value)
+    if cached is None:
+        cached = _SIMULATED[value] = _simulated(value.strip())
+    if not cached:
+        return 0
+    if not triton_interpreted():
+        raise RuntimeError(f'{SIMULATE_VAR}={value} runs the kernels on Triton\'s interpreter: set TRITON_INTERPRET=1 '
+                           f'before triton is imported, or unset {SIMULATE_VAR}')
+    return cached
+
+
+_SIMULATED: Dict[str, int] = {}
+
+
+def _simulated(value: str) -> int:
     if not value:
         return 0
     if value not in map(str, TARGET_CAPABILITIES):
         raise ValueError(f'{SIMULATE_VAR}={value!r} is not a simulated capability; set it to one of '
                          f'{", ".join(map(str, TARGET_CAPABILITIES))} or unset it')
-    if not triton_interpreted():
-        raise RuntimeError(f'{SIMULATE_VAR}={value} runs the kernels on Triton\'s interpreter: set TRITON_INTERPRET=1 '
-                           f'before triton is imported, or unset {SIMULATE_VAR}')
     return int(value)
 
 
@@ -129,11 +165,18 @@ def on_gpu(t: torch.Tensor) -> bool:
 
 def device_capability(device: torch.device) -> int:
     """Compute capability (major * 10 + minor) of a CUDA device, the simulated one for the CPU under
-    ``MMPPMA_SIMULATE_CUDA``; 0 otherwise (the interpreter's own launch configuration)."""
+    ``MMPPMA_SIMULATE_CUDA``; 0 otherwise (the interpreter's own launch configuration). A GPU's is read once."""
     if device.type == 'cuda':
-        major, minor = torch.cuda.get_device_capability(device)
-        return major * 10 + minor
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        cap = _CUDA_CAPABILITIES.get(index)
+        if cap is None:
+            major, minor = torch.cuda.get_device_capability(index)
+            cap = _CUDA_CAPABILITIES[index] = major * 10 + minor
+        return cap
     return simulated_capability() if device.type == 'cpu' else 0
+
+
+_CUDA_CAPABILITIES: Dict[int, int] = {}
 
 
 def device_name(device: torch.device) -> str:
@@ -160,7 +203,7 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], form: Opti
     if impl not in IMPLS:
         raise ValueError(f'impl={impl!r} is not supported; choose one of {", ".join(map(repr, IMPLS))}')
     if impl == 'auto':
-        forced = os.environ.get(ENV_VAR, '').strip()
+        forced = (environ(ENV_VAR) or '').strip()
         if forced:
             if forced not in IMPLS:
                 raise ValueError(f'{ENV_VAR}={forced!r} is not supported; set it to one of '

@@ -7,25 +7,18 @@ implementation :func:`~mmppma.ops.dispatch.resolve_impl` picks, the preflight of
 and every later call goes from its inputs to the plan's call. While ``torch.compile`` traces or a model is exported
 the ops decide per call (:func:`eager`).
 """
-import os
 from typing import Callable, Dict
 
 import torch
 
-from .dispatch import ENV_VAR, SIMULATE_VAR, exporting, tf32_matmul
+from .dispatch import ENV_VAR, SIMULATE_VAR, environ, exporting, tf32_matmul
 
 _PLANS: Dict[tuple, Callable] = {}
-# os.environ's own mapping (bytes keys on POSIX): reading it costs no Python calls, os.environ.get four
-_ENVIRON = getattr(os.environ, '_data', None)
-_NAMES = (ENV_VAR, SIMULATE_VAR, 'TRITON_INTERPRET')
-_KEYS = tuple(os.environ.encodekey(name) for name in _NAMES) if _ENVIRON is not None else _NAMES
 
 
 def environment() -> tuple:
     """The values of the variables that steer the ops' choices."""
-    if _ENVIRON is None:
-        return tuple(os.environ.get(name) for name in _NAMES)
-    return _ENVIRON.get(_KEYS[0]), _ENVIRON.get(_KEYS[1]), _ENVIRON.get(_KEYS[2])
+    return environ(ENV_VAR), environ(SIMULATE_VAR), environ('TRITON_INTERPRET')
 
 
 def eager() -> bool:

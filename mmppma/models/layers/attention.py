@@ -157,7 +157,7 @@ class PolylinePathAttention(nn.Module):
         q, k = self.queries_keys(x, pos)
         out = self._attend(q, k, self._heads(v), x, pos)  # (B, n, H, W, d)
         out = out.permute(0, 2, 3, 1, 4)  # (B, H, W, n, d)
-        if records_grad(lepe) or records_grad(out) or out.dtype != lepe.dtype:
+        if (torch.is_grad_enabled() and (lepe.requires_grad or out.requires_grad)) or out.dtype != lepe.dtype:
             return self.out_proj(out.reshape(b, h, w, c) + lepe)
         # inference: out + lepe into the conv's output, reading out in its own layout (no copy)
         return self.out_proj(lepe.unflatten(-1, (self.num_heads, self.head_dims)).add_(out).flatten(-2))

@@ -20,6 +20,10 @@ class ConvFFN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc1(x)
         # inference: in place, no second hidden-sized tensor (the largest activation of the block)
-        h = self.drop(F.gelu(h) if records_grad(h) else torch.ops.aten.gelu_(h))
+        h = F.gelu(h) if records_grad(h) else torch.ops.aten.gelu_(h)
+        dropping = self.training and self.drop.p > 0  # nothing to run otherwise
+        if dropping:
+            h = self.drop(h)
         h = self.dwconv(h, add=h)
-        return self.drop(self.fc2(h))
+        h = self.fc2(h)
+        return self.drop(h) if dropping else h

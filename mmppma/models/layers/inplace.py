@@ -12,6 +12,7 @@ def records_grad(t: torch.Tensor) -> bool:
 def add_into(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``fresh + other``, written into ``fresh`` (a tensor nothing else reads) when autograd is not recording
     and both have the same dtype and shape."""
-    if records_grad(fresh) or records_grad(other) or fresh.dtype != other.dtype or fresh.shape != other.shape:
+    if ((torch.is_grad_enabled() and (fresh.requires_grad or other.requires_grad)) or fresh.dtype != other.dtype
+            or fresh.shape != other.shape):
         return fresh + other
     return fresh.add_(other)

@@ -193,7 +193,7 @@ class Launch:
 
     def __post_init__(self) -> None:
         if self.device is None:
-            self.device = next(a.device for a in self.args if isinstance(a, torch.Tensor))
+            self.device = next((a.device for a in self.args if isinstance(a, torch.Tensor)), torch.device('meta'))
         self.check_grid()
 
     def check_grid(self) -> None:

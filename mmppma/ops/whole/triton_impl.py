@@ -394,7 +394,12 @@ def _backward_shapes(dout, q, k, v, ca, cb, o, lse, scale, form):
 
 
 # the ops as torch.compile sees them (one node each); eager calls take WholeAttention below
-whole_attention_op = lp.library_op('whole_attention_triton', _forward, _forward_shapes)
+def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor, cb: torch.Tensor, scale: float,
+                form: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _forward(q, k, v, ca, cb, scale, form)
+
+
+whole_attention_op = lp.library_op('whole_attention_triton', _op_forward, _forward_shapes)
 whole_attention_backward_op = lp.library_op('whole_attention_triton_backward', _backward, _backward_shapes)
 
 
