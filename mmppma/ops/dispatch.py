@@ -135,18 +135,18 @@ def simulated_capability() -> int:
     value = environ(SIMULATE_VAR)
     if not value:
         return 0
-    cached = _SIMULATED.get(value)
+    interpreted = environ('TRITON_INTERPRET')
+    cached = _SIMULATED.get((value, interpreted))
     if cached is None:
-        cached = _SIMULATED[value] = _simulated(value.strip())
-    if not cached:
-        return 0
-    if not triton_interpreted():
-        raise RuntimeError(f'{SIMULATE_VAR}={value} runs the kernels on Triton\'s interpreter: set TRITON_INTERPRET=1 '
-                           f'before triton is imported, or unset {SIMULATE_VAR}')
+        cached = _simulated(value.strip())
+        if cached and not triton_interpreted():
+            raise RuntimeError(f'{SIMULATE_VAR}={value} runs the kernels on Triton\'s interpreter: set '
+                               f'TRITON_INTERPRET=1 before triton is imported, or unset {SIMULATE_VAR}')
+        _SIMULATED[value, interpreted] = cached
     return cached
 
 
-_SIMULATED: Dict[str, int] = {}
+_SIMULATED: Dict[Tuple[str, Optional[str]], int] = {}
 
 
 def _simulated(value: str) -> int:

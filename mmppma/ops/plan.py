@@ -38,7 +38,7 @@ def key(op: str, options: tuple, *tensors: torch.Tensor) -> tuple:
     for t in tensors:
         parts.append((t.shape, t.stride(), t.dtype, t.device, t.requires_grad))
         float32 = float32 or t.dtype == torch.float32
-    if float32 and (parts[3][1] is not None or tensors[0].is_cuda):  # float32 kernels follow the TF32 setting
+    if float32:  # float32 kernels follow the TF32 setting
         parts.append(tf32_matmul())
     return tuple(parts)
 

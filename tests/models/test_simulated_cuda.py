@@ -16,6 +16,7 @@ pytest.importorskip('triton', reason='triton is part of the pinned stack (requir
 if torch.cuda.is_available():
     pytest.skip('the simulated GPU runs CPU tensors on the interpreter (a GPU is here)', allow_module_level=True)
 
+from mmppma.ops import plan  # noqa: E402
 from mmppma.ops.triton_support import launch, preflight  # noqa: E402
 
 # a kernel that cannot run falls back to the torch path with a warning: here an error that names the cause
@@ -72,6 +73,7 @@ def run_model(model, mode: str, x):
 def launched(monkeypatch):
     """The (kernel name, dot precision) of every launch the test runs; earlier preflight verdicts forgotten."""
     monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    monkeypatch.setattr(plan, '_PLANS', {})  # the launch plans built on what the preflight found
     seen = set()
     call = launch.Launch.__call__
 

@@ -76,20 +76,23 @@ def _tables(bh, h, w):
 
 @pytest.mark.parametrize('form', ['release', 'v2h', 'h2v'])
 def test_whole_attention_ops(form):
-    tensors = (*randn((2, 15, 8), (2, 15, 8), (2, 15, 4)), *(t[:, 0] for t in _tables(2, 3, 5)))
+    """The ops take q, k, v (B, heads, H, W, .) in any layout with channels contiguous: here heads-last storage."""
+    q, k, v = (t.permute(0, 3, 1, 2, 4) for t in randn((2, 3, 5, 1, 8), (2, 3, 5, 1, 8), (2, 3, 5, 1, 4)))
+    tensors = (q, k, v, *_tables(2, 3, 5))
     torch.library.opcheck(whole_attention_op, (*[t.clone().requires_grad_() for t in tensors], 0.5, form))
     out, o, lse = whole_attention_op(*tensors, 0.5, form)
-    assert o.shape == (1 + (form == 'release'), 2, 15, 4) and lse.shape == o.shape[:-1]
-    torch.library.opcheck(whole_attention_backward_op, (*randn((2, 15, 4)), *tensors, o, lse, 0.5, form),
+    assert out.shape == v.shape and o.shape == (1 + (form == 'release'), 2, 3, 5, 4) and lse.shape == o.shape[:-1]
+    torch.library.opcheck(whole_attention_backward_op, (*randn((2, 1, 3, 5, 4)), *tensors, o, lse, 0.5, form),
                           test_utils=NO_AUTOGRAD)
 
 
 @pytest.mark.parametrize('columns', [False, True])
 def test_line_attention_ops(columns):
-    tensors = (*randn((2, 3, 5, 8), (2, 3, 5, 8), (2, 3, 5, 4)), _tables(2, 3, 5)[int(columns)][:, 0])
+    q, k, x = (t.permute(0, 3, 1, 2, 4) for t in randn((2, 3, 5, 1, 8), (2, 3, 5, 1, 8), (2, 3, 5, 1, 4)))
+    tensors = (q, k, x, _tables(2, 3, 5)[int(columns)])
     torch.library.opcheck(line_attention_op, (*[t.clone().requires_grad_() for t in tensors], 0.5, columns))
     out, lse = line_attention_op(*tensors, 0.5, columns)
-    torch.library.opcheck(line_attention_backward_op, (*randn((2, 3, 5, 4)), *tensors, out, lse, 0.5, columns),
+    torch.library.opcheck(line_attention_backward_op, (*randn((2, 1, 3, 5, 4)), *tensors, out, lse, 0.5, columns),
                           test_utils=NO_AUTOGRAD)
 
 

@@ -121,6 +121,14 @@ def _inject(kind, monkeypatch):
     monkeypatch.setattr(lp.Launch, '__call__', fail)
 
 
+def forget_preflight(monkeypatch):
+    """Forget what the preflight found and the ops' launch plans built on it (:mod:`mmppma.ops.plan`)."""
+    from mmppma.ops import plan
+    from mmppma.ops.triton_support import preflight
+    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    monkeypatch.setattr(plan, '_PLANS', {})
+
+
 #: what the preflight finds, and what its warning names
 PREFLIGHT_FAILURES = {'compile': 'PTXASError', 'load': 'KernelLoadError', 'grid': 'LaunchLimitError'}
 #: what a running kernel raises, and the type the op raises it as
@@ -163,7 +171,7 @@ def test_auto_falls_back_to_torch_only_for_what_the_preflight_finds(op, kind, mo
     call, args = _case(op)
     want = call(*args, impl='torch')
     for mode in GRAD_MODES.values():
-        monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+        forget_preflight(monkeypatch)
         with mode(), pytest.warns(UserWarning) as record:
             got = [call(*args, impl='auto') for _ in range(2)]
         assert_one_fallback_warning(record, op, args, kind)
@@ -184,7 +192,7 @@ def test_a_failure_while_the_kernels_run_raises_and_is_not_remembered(op, kind, 
 
     from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
-    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    forget_preflight(monkeypatch)
     call, args = _case(op)
     _inject(kind, monkeypatch)
     tries = []
@@ -212,7 +220,7 @@ def test_a_failing_backward_launch_raises_and_is_not_remembered(op, kind, monkey
 
     from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
-    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    forget_preflight(monkeypatch)
     call, args = _case(op)
     args = [t.requires_grad_() for t in args]
     tries = []
@@ -261,7 +269,7 @@ def test_the_preflight_runs_in_any_grad_mode_and_outside_inference_mode(mode, mo
     preflight records its launches with autograd on, outside the caller's inference mode."""
     from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
-    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    forget_preflight(monkeypatch)
     modes, recording = [], lp.recording
 
     def recording_modes(cap):

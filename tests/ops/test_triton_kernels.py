@@ -80,8 +80,8 @@ def test_kernel_equals_reference(name):
 
 
 def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():
-    """The forward runs each path as V2H with one image row per query tile: the image's for 'v2h', its transpose's
-    for 'h2v' (map width H); the tile's columns pad the row least."""
+    """The forward runs every path in one launch, each as V2H with one map row per query tile: the image's for
+    'v2h' (map width W), its transpose's for 'h2v' (map width H); the tile's columns pad the row least."""
     from mmppma.ops.whole.triton_impl import query_block
     cap = lp.capability(torch.device(DEVICE))
     for shape in WHOLE_SHAPES:
@@ -91,11 +91,11 @@ def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():
         h, w = shape[2:4]
         if w < lp.NARROW <= h:  # the whole op runs on the transpose
             h, w = w, h
-        widths = [x.constexprs['W'] for x in ran if x.name == '_whole_fwd']
-        assert widths == [w, h], (shape, widths)
-        assert all(x.constexprs['BLOCK_M'] == query_block(x.constexprs['W'], lp.config('whole_fwd', h * w,
-                                                                                      torch.float32, cap).block_m)
-                   for x in ran if x.name == '_whole_fwd')
+        forward = [x for x in ran if x.name == '_whole_fwd']
+        assert [(x.constexprs['WW'], x.constexprs['HH'], x.grid[1]) for x in forward] == [(w, h, 2)], shape
+        block_m = lp.config('whole_fwd', h * w, torch.float32, cap).block_m
+        assert [(x.constexprs['BLOCK_V'], x.constexprs['BLOCK_H']) for x in forward] == [
+            (query_block(w, block_m), query_block(h, block_m))]
     assert [query_block(width, 64) for width in (7, 14, 25, 42, 50, 84, 128)] == [16, 16, 32, 16, 64, 32, 64]
 
 
@@ -107,7 +107,7 @@ def test_narrow_tall_image_runs_transposed(monkeypatch):
     assert_same(lambda *a, impl: ops.manhattan_attention(*a, LOG_DECAY[:2], scale=0.25, impl=impl), [q, k, v])
     ops.ppma_attention(q, k, v, la, lb, impl='triton').sum().backward()
     # the transpose's map (3 rows of 21) and its own transpose (21 rows of 3), forward and backward
-    assert {x.constexprs['W'] for x in ran if x.name == '_whole_fwd'} == {21, 3}
+    assert {x.constexprs[c] for x in ran if x.name == '_whole_fwd' for c in ('WW', 'HH')} - {0} == {21, 3}
     assert {x.constexprs['W'] for x in ran if x.name == '_whole_bwd'} == {21, 3}
 
 

@@ -31,12 +31,12 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     """
     if eager():
         return planned(key('criss_cross_attention', (scale, form, impl), q, k, v, la, lb),
-                       lambda: _plan(q, k, v, la, lb, scale, form, impl))(q, k, v, la, lb)
-    return _plan(q, k, v, la, lb, scale, form, impl)(q, k, v, la, lb)
+                       lambda: _plan(q, k, v, la, lb, scale, form, impl, traced=False))(q, k, v, la, lb)
+    return _plan(q, k, v, la, lb, scale, form, impl, traced=None)(q, k, v, la, lb)
 
 
-def _plan(q, k, v, la, lb, scale: float, form: str, impl: str):
-    """The call that runs :func:`criss_cross_attention` on inputs like these (checked here)."""
+def _plan(q, k, v, la, lb, scale: float, form: str, impl: str, traced=None):
+    """The call that runs :func:`criss_cross_attention` on inputs like these (checked here); ``traced`` goes to the Triton path."""
     check_choice('form', form, CRISS_CROSS_FORMS)
     check_qkv(q, k, v, la, lb)
     requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v), form)
@@ -44,7 +44,7 @@ def _plan(q, k, v, la, lb, scale: float, form: str, impl: str):
         from ..triton_support.preflight import triton_plan
         from .triton_impl import criss_cross_attention_triton
         return triton_plan('criss_cross_attention', lambda q, k, v, la, lb: criss_cross_attention_triton(
-            q, k, v, *decay_tables(la, lb), scale, form), (q, k, v, la, lb), requested,
+            q, k, v, *decay_tables(la, lb), scale, form, 'criss_cross_attention', traced), (q, k, v, la, lb), requested,
             lambda *t: criss_cross_attention(*t, scale=scale, form=form, impl='torch'))
     if impl == 'reference':
         return lambda q, k, v, la, lb: criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype)

@@ -8,7 +8,7 @@ flash-style loops over key blocks; the bias gradient is reduced into per-token p
 program each (no atomics). The grid is one axis of (line, block) programs, line-major: the lines (batch * heads *
 rows or columns) pass CUDA's 65535 on the other axes at large batches.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -284,12 +284,14 @@ class LineAttention(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-def line_attention(q, k, x, c, scale: float, columns: bool, op: str = 'criss_cross_attention'):
+def line_attention(q, k, x, c, scale: float, columns: bool, op: str = 'criss_cross_attention',
+                   traced: Optional[bool] = None):
     """Masked attention along rows (columns=False) or columns of q, k (B, heads, H, W, d), x (B, heads, H, W, dx)
-    with the table c (B, heads, H, W) cumulated along them; ``op`` names the public op in errors."""
+    with the table c (B, heads, H, W) cumulated along them; ``op`` names the public op in errors; ``traced``:
+    whether torch.compile traces the call (None: ask)."""
     q, k, x = lp.kernel_layout(q, k, x)
     c = c.float().contiguous()
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() if traced is None else traced:
         out = line_attention_op(q, k, x, c, float(scale), columns)[0]
     elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or x.requires_grad or c.requires_grad):
         out = LineAttention.apply(q, k, x, c, float(scale), columns, op)

@@ -22,12 +22,12 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
     """
     if eager():
         return planned(key('manhattan_attention', (scale, impl), q, k, v, log_decay),
-                       lambda: _plan(q, k, v, log_decay, scale, impl))(q, k, v, log_decay)
-    return _plan(q, k, v, log_decay, scale, impl)(q, k, v, log_decay)
+                       lambda: _plan(q, k, v, log_decay, scale, impl, traced=False))(q, k, v, log_decay)
+    return _plan(q, k, v, log_decay, scale, impl, traced=None)(q, k, v, log_decay)
 
 
-def _plan(q, k, v, log_decay, scale: float, impl: str):
-    """The call that runs :func:`manhattan_attention` on inputs like these (checked here)."""
+def _plan(q, k, v, log_decay, scale: float, impl: str, traced=None):
+    """The call that runs :func:`manhattan_attention` on inputs like these (checked here); ``traced`` goes to the Triton path."""
     check_qkv(q, k, v)
     check_log_decay(log_decay, q)
     b, heads, h, w, _ = q.shape
@@ -39,7 +39,7 @@ def _plan(q, k, v, log_decay, scale: float, impl: str):
         return triton_plan(
             'manhattan_attention',
             lambda q, k, v, log_decay: whole_attention_triton(q, k, v, *head_decay_tables(log_decay, q.shape[:-1]),
-                                                              scale, 'v2h', 'manhattan_attention'),
+                                                              scale, 'v2h', 'manhattan_attention', traced),
             (q, k, v, log_decay), requested, lambda *t: manhattan_attention(*t, scale=scale, impl='torch'))
     if impl == 'reference':
         def reference(q, k, v, log_decay):

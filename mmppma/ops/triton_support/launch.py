@@ -194,12 +194,13 @@ class Launch:
     def __post_init__(self) -> None:
         if self.device is None:
             self.device = next((a.device for a in self.args if isinstance(a, torch.Tensor)), torch.device('meta'))
-        self.check_grid()
+        grid = self.grid
+        if len(grid) > 3 or grid[0] > GRID_LIMITS[0] or (len(grid) > 1 and max(grid[1:]) > GRID_LIMITS[1]):
+            self.check_grid()
 
     def check_grid(self) -> None:
         """Raise :class:`LaunchLimitError` if the grid exceeds CUDA's limits."""
-        grid = self.grid
-        if len(grid) > 3 or grid[0] > GRID_LIMITS[0] or (len(grid) > 1 and max(grid[1:]) > GRID_LIMITS[1]):
+        if len(self.grid) > len(GRID_LIMITS) or any(n > limit for n, limit in zip(self.grid, GRID_LIMITS)):
             raise LaunchLimitError(f'{self.name}: grid {self.grid} exceeds CUDA\'s limits ('
                                    f'{", ".join(map(str, GRID_LIMITS))} programs along axes 0, 1, 2)')
 

@@ -36,12 +36,12 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     """
     if eager():
         return planned(key('ppma_attention', (scale, form, impl), q, k, v, la, lb),
-                       lambda: _plan(q, k, v, la, lb, scale, form, impl))(q, k, v, la, lb)
-    return _plan(q, k, v, la, lb, scale, form, impl)(q, k, v, la, lb)
+                       lambda: _plan(q, k, v, la, lb, scale, form, impl, traced=False))(q, k, v, la, lb)
+    return _plan(q, k, v, la, lb, scale, form, impl, traced=None)(q, k, v, la, lb)
 
 
-def _plan(q, k, v, la, lb, scale: float, form: str, impl: str):
-    """The call that runs :func:`ppma_attention` on inputs like these (checked here)."""
+def _plan(q, k, v, la, lb, scale: float, form: str, impl: str, traced=None):
+    """The call that runs :func:`ppma_attention` on inputs like these (checked here); ``traced`` goes to the Triton path."""
     check_choice('form', form, WHOLE_FORMS)
     check_qkv(q, k, v, la, lb)
     requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v), form)
@@ -49,7 +49,7 @@ def _plan(q, k, v, la, lb, scale: float, form: str, impl: str):
         from ..triton_support.preflight import triton_plan
         from .triton_impl import whole_attention_triton
         return triton_plan('ppma_attention', lambda q, k, v, la, lb: whole_attention_triton(
-            q, k, v, *decay_tables(la, lb), scale, form), (q, k, v, la, lb), requested,
+            q, k, v, *decay_tables(la, lb), scale, form, 'ppma_attention', traced), (q, k, v, la, lb), requested,
             lambda *t: ppma_attention(*t, scale=scale, form=form, impl='torch'))
     if impl == 'reference' or form == 'paper':
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise

@@ -20,7 +20,7 @@ W) buffer. The host sums the slots and maps the transposes back: no atomics, det
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -248,7 +248,7 @@ def _map(x: torch.Tensor, path: str, hh: int, ww: int) -> torch.Tensor:
 def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
     """(grid, constexprs, config, tiles per slice) of the forward's launch, cached per call site (shapes, strides
     and dtypes, capability, form)."""
-    key = (q.shape, v.shape[-1], q.dtype, cap, form)
+    key = (q.shape, v.shape[-1], q.dtype, cap, form, lp.precision(q.dtype))
     plan = _FWD_PLANS.get(key)
     if plan is None:
         bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
@@ -445,21 +445,23 @@ class WholeAttention(torch.autograd.Function):
         return (*grads, None, None, None)
 
 
-def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = 'ppma_attention'):
+def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = 'ppma_attention',
+                           traced: Optional[bool] = None):
     """Whole attention of ``form`` ('release' | 'v2h' | 'h2v'). q, k: (B, heads, H, W, d); v: (B, heads, H, W,
-    dv); ca, cb: (B, heads, H, W) float32 decay tables; ``op`` names the public op in errors. An image narrower
+    dv); ca, cb: (B, heads, H, W) float32 decay tables; ``op`` names the public op in errors; ``traced``: whether
+    torch.compile traces the call (None: ask; the ops' eager plans know it is not). An image narrower
     than ``lp.NARROW`` tokens and at least that tall runs transposed, so that a block of consecutive tokens spans
     few image rows: the transpose's rows are the columns here, its Ca is Cb and its 'v2h' path 'h2v'."""
     hh, ww = q.shape[2], q.shape[3]
     if ww < lp.NARROW <= hh:
         def t(x):
             return x.transpose(2, 3)
-        return t(whole_attention_triton(t(q), t(k), t(v), t(cb), t(ca), scale, transposed(form), op))
+        return t(whole_attention_triton(t(q), t(k), t(v), t(cb), t(ca), scale, transposed(form), op, traced))
     if abs(scale) < 1e-30:  # scores of zero; the backward divides the log-normaliser by the scale
         q, scale = q * 0, 1.0
     q, k, v = lp.kernel_layout(q, k, v)
     ca, cb = ca.float().contiguous(), cb.float().contiguous()
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() if traced is None else traced:
         return whole_attention_op(q, k, v, ca, cb, float(scale), form)[0]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or ca.requires_grad
                                     or cb.requires_grad):
