@@ -1,0 +1,50 @@
+"""tools/host_cost.py: what it counts, checked on steps whose launches are known, and its quick form's bounds
+(PPMA-T's launches and Python calls per inference step, whole attention's host time against SDPA's)."""
+import pytest
+import torch
+
+from mmppma.ops import dispatch
+
+from .conftest import load_tool
+
+pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
+
+
+@pytest.fixture
+def host_cost(monkeypatch):
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    return load_tool('host_cost.py')
+
+
+def test_counts_kernels_launches_and_syncs_of_a_known_step(host_cost):
+    """Views and allocations launch nothing; an out-of-place op, an in-place op and a copy launch one each; a
+    whole-attention call on the simulated GPU is one Triton launch; ``.item()`` and ``.tolist()`` are syncs."""
+    from mmppma import ops
+    x = torch.randn(2, 3, 4)
+    q = torch.randn(1, 2, 4, 4, 8)
+    la = -torch.rand(1, 2, 4, 4)
+
+    def step():
+        y = x.view(6, 4).t()  # views: nothing
+        z = torch.empty(3)  # an allocation: nothing
+        y = y + 1  # 1
+        y.mul_(2)  # 1
+        y.contiguous()  # a copy: 1
+        z.zero_()  # 1
+        y.sum().item()  # sum 1, a sync
+        x[0, 0].tolist()  # a sync
+        with torch.inference_mode():
+            ops.ppma_attention(q, q, q, la, la, impl='auto')  # 2 cumsums, a mean, one launch
+
+    step()
+    counts = host_cost._count_step(step)
+    assert sum(counts.torch.values()) == 5 + 3 and sum(counts.triton.values()) == 1, counts.ops
+    assert counts.syncs == 2
+
+
+def test_quick_form_holds_the_bounds(host_cost, capsys):
+    """PPMA-T's inference step in float32 at most 475 launches and 3300 Python calls; whole attention's forward at
+    most 6x SDPA's host time in the same run."""
+    assert host_cost.main(['--quick', '--check']) == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert '| launches, infer-fp32 (torch + triton) |' in out and '| whole (ppma_attention) |' in out
