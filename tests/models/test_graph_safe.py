@@ -74,28 +74,31 @@ def _step(model, x, train):
     return outs
 
 
-def _recording_backend(graphs):
-    """aot_eager, keeping each graph dynamo hands it."""
-    aot_eager = torch._dynamo.lookup_backend('aot_eager')
+def _recording_backend(graphs, name):
+    """The backend ``name``, keeping each graph dynamo hands it."""
+    compiler = torch._dynamo.lookup_backend(name)
 
     def backend(gm, example_inputs):
         graphs.append(gm)
-        return aot_eager(gm, example_inputs)
+        return compiler(gm, example_inputs)
 
     return backend
 
 
-@pytest.mark.parametrize('train', [True, False], ids=['train', 'eval'])
+@pytest.mark.parametrize('train', [pytest.param(True, marks=pytest.mark.slow, id='train'),
+                                   pytest.param(False, id='eval')])
 @pytest.mark.parametrize('name', list(MODELS))
 def test_tiny_model_compiles_into_one_graph_on_the_kernel_path(name, train, kernels):
-    """fullgraph=True on aot_eager (dynamo, then AOTAutograd's forward and backward graphs): no graph break; the
-    graph holds the Triton ops and the plain aten conv (a GPU graph keeps inductor's own conv handling); the
-    compiled step launches the kernels, in training the backward's too."""
+    """fullgraph=True, a training step on aot_eager (dynamo, then AOTAutograd's forward and backward graphs), eval
+    under inference_mode on eager (dynamo): no graph break; the graph holds the Triton ops and the plain aten conv
+    (a GPU graph keeps inductor's own conv handling); the compiled step launches the kernels, in training the
+    backward's too."""
     build, launched, library_ops = MODELS[name]
     model = build()
     graphs = []
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=_recording_backend(graphs), fullgraph=True)
+    compiled = torch.compile(model, backend=_recording_backend(graphs, 'aot_eager' if train else 'eager'),
+                             fullgraph=True)
     _step(compiled, torch.randn(SHAPE), train)
     assert len(graphs) == 1
     code = graphs[0].code
