@@ -55,9 +55,10 @@ allocations or caches. Per run: build the model, make the input, then run the st
 
 * time: median wall time of the ``iters`` runs after the warm-up (which includes one-off costs).
 * peak memory on CPU: the increase of the process's peak resident set size (``getrusage(RUSAGE_SELF)
-  .ru_maxrss``) from just before the first step to just after the warm-up (compiled: compilation included). This is the extra resident
-  memory the step needed (activations, saved tensors, gradients, temporaries) on top of the model and input;
-  allocator reuse can only make it smaller than the sum of all allocations, never larger. On CUDA:
+  .ru_maxrss``) from just before the first step to just after the warm-up (compiled: compilation included).
+  This is the extra resident memory the step needed (activations, saved tensors, gradients, temporaries) on
+  top of the model and input; allocator reuse can only make it smaller than the sum of all allocations, never
+  larger. On CUDA:
   ``torch.cuda.max_memory_allocated`` over the same steps, minus the memory allocated before them (with CUDA
   graphs: their memory pool included).
 """

@@ -202,7 +202,8 @@ def test_the_counters_see_a_sync_inside_a_library_op(monkeypatch):
     with host_traffic(monkeypatch) as record:
         syncing(torch.ones(2))
         exec(in_package, dict(t=torch.ones(1)))
-    assert record.syncs == ['aten.item.default'] and record.host_data == ['aten.lift_fresh.default at a caller outside mmppma']
+    assert record.syncs == ['aten.item.default']
+    assert record.host_data == ['aten.lift_fresh.default at a caller outside mmppma']
     assert record.calls == [f'tolist at {os.path.join(PACKAGE, "stand_in.py")}:3']
 
 

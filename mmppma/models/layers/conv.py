@@ -125,9 +125,9 @@ class Conv2d(nn.Conv2d):
 
 def nchw(x: torch.Tensor) -> torch.Tensor:
     """Channels-last tokens (B, H, W, C) as the (B, C, H, W) input of an NCHW conv: a permuted view (channels-last
-    memory format). While torch.compile traces for the CPU, a copy made by an op of its own (:func:`tokens_to_nchw`): the conv
-    saves its input for the backward, and inductor cannot order the strides of a saved view whose sizes are
-    symbolic quotients (a copy by a plain clone would be recomputed from that view)."""
+    memory format). While torch.compile traces for the CPU, a copy made by an op of its own (:func:`tokens_to_nchw`):
+    the conv saves its input for the backward, and inductor cannot order the strides of a saved view whose sizes
+    are symbolic quotients (a copy by a plain clone would be recomputed from that view)."""
     return tokens_to_nchw(x) if _as_own_ops(x) else x.permute(0, 3, 1, 2)
 
 
