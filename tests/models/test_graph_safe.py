@@ -49,8 +49,9 @@ PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(dispatch.__file__)))
 
 @pytest.fixture
 def kernels(monkeypatch):
-    """The simulated sm_90; the (name, launch) of every kernel launch on CPU tensors from now on, recorded instead
-    of run (the preflight's recording on meta tensors goes on as it is); earlier preflight verdicts forgotten."""
+    """The simulated sm_90; every kernel launch (:class:`~mmppma.ops.triton_support.launch.Launch`) on CPU tensors
+    from now on, recorded instead of run (the preflight's recording on meta tensors goes on as it is); earlier
+    preflight verdicts forgotten."""
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
     monkeypatch.setattr(preflight, '_PREFLIGHT', {})
     seen, run = [], launch.run
