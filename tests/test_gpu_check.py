@@ -100,29 +100,75 @@ def test_guarded_speed_rows_report_their_error(gpu_check):
     assert gpu_check.guarded(lambda: dict(ms_fwd=1.0), {}) == (dict(ok=True, ms_fwd=1.0), '')
 
 
-def test_gpu_report_runs_the_quick_check_then_the_model_benchmark(gpu_check, tmp_path, monkeypatch):
-    """tools/gpu_report.sh with a stand-in interpreter: the commands it runs, in order, are ones the tools accept."""
-    import shlex
+def _gpu_report(tmp_path, *args):
+    """tools/gpu_report.sh DIR ARGS with a stand-in interpreter that logs its arguments (and fails the gpu_check step
+    with exit 3) and a stand-in ``timeout`` that stops the backbone step as a timeout would (124)."""
+    import shutil
     import subprocess
-    import sys
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
     log = tmp_path / 'calls'
-    fake = tmp_path / 'python'
-    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
-    fake.chmod(0o755)
+    (bin_dir / 'python').write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$*" in *gpu_check.py*) exit 3;; esac\n')
+    (bin_dir / 'timeout').write_text(f'#!/bin/sh\ncase "$*" in *"--task backbone"*) exit 124;; esac\n'
+                                     f'exec {shutil.which("timeout")} "$@"\n')
+    for tool in ('python', 'timeout'):
+        (bin_dir / tool).chmod(0o755)
+    env = dict(os.environ, PYTHON=str(bin_dir / 'python'), PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}')
+    done = subprocess.run(['bash', str(REPO_ROOT / 'tools' / 'gpu_report.sh'), *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines() if log.exists() else []
+    return done, calls
+
+
+def test_gpu_report_runs_every_step_within_its_budget_and_sums_them_up(gpu_check, tmp_path, monkeypatch):
+    """The steps' timeouts sum to at most 8 minutes; each command is one the tools accept; a failing step and a timed
+    out one are named in the summary and the steps after them still run."""
+    import re
+    import shlex
+    import sys
     for name in ('PPMA.py', 'RMT.py'):  # --release-dir wants the release's two model files there
         (tmp_path / name).write_text('')
-    env = dict(os.environ, PYTHON=str(fake), RELEASE_DIR=str(tmp_path))
-    done = subprocess.run(['bash', str(REPO_ROOT / 'tools' / 'gpu_report.sh'), str(tmp_path / 'out')], env=env,
-                          capture_output=True, text=True, timeout=60)
-    calls = [shlex.split(line) for line in log.read_text().splitlines()]
-    assert [call[0] for call in calls] == ['-c', 'tools/gpu_check.py', 'tools/benchmark_model.py'], done.stdout
-    args = gpu_check.parse_args(calls[1][1:])
-    assert args.quick and args.json == str(tmp_path / 'out' / 'gpu_check.json')
+    out = tmp_path / 'out'
+    done, calls = _gpu_report(tmp_path, out, '--release-dir', tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    steps = re.findall(r'^== (\w+) \(timeout (\d+) s\)', done.stdout, re.M)
+    assert [name for name, _ in steps] == ['card', 'gpu_check', 'cls_infer_b64', 'cls_train_b64', 'backbone_800x1344',
+                                           'cls_infer_b128', 'cls_train_b128']
+    assert sum(int(seconds) for _, seconds in steps) <= 8 * 60
+    requirements = (REPO_ROOT / 'requirements.txt').read_text()
+    pins = [re.search(rf'^{name}==\S+', requirements, re.M).group(0) for name in ('mmengine', 'mmpretrain')]
+    assert f'pip install {" ".join(pins)}' in done.stdout
+    # the check for mmengine and mmpretrain, then the card
+    assert calls[0] == '-c import mmengine, mmpretrain' and calls[1].startswith('-c import sys, torch, triton')
+    calls = [shlex.split(line) for line in calls]
+    args = gpu_check.parse_args(calls[2][1:])
+    assert calls[2][0] == 'tools/gpu_check.py' and args.quick and args.json == str(out / 'gpu_check.json')
     monkeypatch.syspath_prepend(str(REPO_ROOT / 'tools'))
     sys.modules.pop('benchmark_model', None)
     import benchmark_model
-    bench = benchmark_model.parse_args(calls[2][1:])
-    assert (bench.device, bench.task, bench.mode, bench.batch, bench.shape, bench.amp) == \
-        ('cuda', 'classifier', 'infer', 64, [224, 224], 'bf16')
-    assert bench.models == ['PPMA', 'RMT'] and bench.impl == ['auto', 'torch'] and bench.release_dir == str(tmp_path)
-    assert (tmp_path / 'out' / 'gpu_check.log').exists() and (tmp_path / 'out' / 'benchmark_model.log').exists()
+    benches = [benchmark_model.parse_args(call[1:]) for call in calls[3:]]
+    assert all(call[0] == 'tools/benchmark_model.py' for call in calls[3:])
+    cls = [b for b in benches if b.task == 'classifier']
+    assert sorted((b.mode, b.batch, b.optimizer) for b in cls) == [
+        ('infer', 64, False), ('infer', 128, False), ('train', 64, True), ('train', 128, True)]
+    for b in cls:
+        assert (b.device, b.shape, b.amp, b.models, b.impl, b.compile, b.release_dir) == (
+            'cuda', [224, 224], 'bf16', ['PPMA', 'RMT'], ['auto', 'torch'], ['none', 'reduce-overhead'], str(tmp_path))
+    # the backbone step timed out before its interpreter ran: its command as the step's header line gives it
+    line = re.search(r'^== backbone_800x1344 \(timeout \d+ s\): \S+ (.*)$', done.stdout, re.M).group(1)
+    assert 'backbone' not in {b.task for b in benches} and line.split()[0] == 'tools/benchmark_model.py'
+    backbone = benchmark_model.parse_args(line.split()[1:])
+    assert (backbone.device, backbone.shape, backbone.batch, backbone.mode, backbone.models) == (
+        'cuda', [800, 1344], 2, 'train', ['PPMA', 'RMT'])
+    summary = (out / 'summary.txt').read_text()
+    assert re.search(r'^gpu_check +FAILED .*exit 3', summary, re.M), summary
+    assert re.search(r'^backbone_800x1344 +TIMED OUT', summary, re.M), summary
+    assert len(re.findall(r'^\w+ +ok ', summary, re.M)) == 5, summary
+    assert (out / 'gpu_check.log').exists() and (out / 'cls_train_b128.log').exists()
+
+
+@pytest.mark.parametrize('args, message', [(['--frobnicate'], "unknown option '--frobnicate'"), ([], 'usage'),
+                                           (['--release-dir'], '--release-dir needs a folder')])
+def test_gpu_report_refuses_bad_arguments(tmp_path, args, message):
+    done, calls = _gpu_report(tmp_path, *([tmp_path / 'out'] if args[:1] != [] else []), *args)
+    assert done.returncode != 0 and message in done.stderr and calls == [], done.stderr

@@ -32,10 +32,10 @@ def test_benchmark_ops_prints_a_table(run_python):
     assert 'whole_196' in out and 'torch' in out and 'reference' in out, out
 
 
-def test_benchmark_compile_arguments(run_python):
-    assert '--train-shape' in run_python([TOOLS / 'benchmark_compile.py', '--help']).stdout
-    bad = run_python([TOOLS / 'benchmark_compile.py', '--arch', 'huge'], check=False)
-    assert bad.returncode == 2 and "invalid choice: 'huge'" in bad.stderr
+def test_benchmark_compile_names_the_tool_it_is_folded_into(run_python):
+    for args in ([], ['--models', 'PPMA', '--modes', 'train']):
+        out = run_python([TOOLS / 'benchmark_compile.py', *args], check=False)
+        assert out.returncode == 2 and 'tools/benchmark_model.py --compile none default' in out.stderr
 
 
 def test_slurm_train_starts_one_task_per_gpu(tmp_path):

@@ -1,15 +1,28 @@
 #!/usr/bin/env python
-"""PPMA vs RMT: training-step (or inference) time and peak memory, every model and impl in one run.
+"""PPMA vs RMT (and PPMLA, MLLA): training-step (or inference) time and peak memory, eager or compiled, every
+model, impl and compile mode in one run.
 
     python tools/benchmark_model.py [--arch tiny] [--shape 512 768] [--batch 1] [--iters 3] [--device cpu]
-                                    [--impl auto [torch reference ...]] [--models PPMA RMT]
+                                    [--impl auto [torch reference ...]] [--models PPMA RMT [PPMLA MLLA]]
                                     [--task backbone|classifier|mask_rcnn] [--mode train|infer] [--amp fp16|bf16]
+                                    [--compile none [default reduce-overhead]] [--optimizer]
                                     [--rounds 1] [--profile] [--release-dir DIR]
 
 The inference table of docs/benchmarks.md (PPMA-T and RMT-T against the release's models)::
 
     PYTHONPATH=<timm and einops> python tools/benchmark_model.py --mode infer --task classifier \\
         --shape 224 224 --batch 8 --rounds 3 --release-dir <folder with the release's PPMA.py and RMT.py>
+
+``--models``: PPMA, RMT, PPMLA (MLLA with ``mask='polyline'``) and MLLA, each from its config where the task
+has one (``configs/{ppma,rmt,ppmla,mlla}_t_*``; PPMLA only in tiny).
+
+``--compile`` takes one or more of ``none`` (eager), ``default`` (``torch.compile(step)``, as mmengine's
+``compile=True``) and ``reduce-overhead`` (``torch.compile(step, mode='reduce-overhead')``: inductor and, on a
+GPU, CUDA graphs; on a CPU it runs as ``default``); every model and impl runs once per mode. Compiled, the
+step's forward and loss are what is compiled (the backward follows from it), and the warm-up is three steps
+instead of one: the first compiles, the second records the CUDA graphs, the third replays them; the table
+gives the first step's time (``compile (s)``: trace, compile and run). ``--optimizer`` adds an AdamW step
+(lr 1e-3, weight decay 0.05) to the training step, outside what is compiled, as mmengine runs it.
 
 ``--task backbone`` (default) times the backbone alone (out_indices 0-3, release dense layout; the loss is the
 sum of its outputs). ``--task classifier`` times the classification trunk of our ImageNet configs
@@ -40,12 +53,14 @@ einops) through their ``forward_features`` (the classification trunk up to the p
 Each (model, impl) runs in its own fresh subprocess, one after the other, so that none sees another's
 allocations or caches. Per run: build the model, make the input, then run the step ``1 + iters`` times.
 
-* time: median wall time of the ``iters`` runs after the first (the first includes one-off costs).
+* time: median wall time of the ``iters`` runs after the warm-up (which includes one-off costs).
 * peak memory on CPU: the increase of the process's peak resident set size (``getrusage(RUSAGE_SELF)
-  .ru_maxrss``) from just before the first step to just after it. This is the extra resident
-  memory the step needed (activations, saved tensors, gradients, temporaries) on top of the model and input;
-  allocator reuse can only make it smaller than the sum of all allocations, never larger. On CUDA:
-  ``torch.cuda.max_memory_allocated`` over the same step, minus the memory allocated before it.
+  .ru_maxrss``) from just before the first step to just after the warm-up (compiled: compilation included).
+  This is the extra resident memory the step needed (activations, saved tensors, gradients, temporaries) on
+  top of the model and input; allocator reuse can only make it smaller than the sum of all allocations, never
+  larger. On CUDA:
+  ``torch.cuda.max_memory_allocated`` over the same steps, minus the memory allocated before them (with CUDA
+  graphs: their memory pool included).
 """
 import argparse
 import json
@@ -58,6 +73,9 @@ import sys
 import time
 
 IMPLS = ['auto', 'torch', 'triton', 'reference']
+MODELS = ['PPMA', 'RMT', 'PPMLA', 'MLLA']
+#: --compile -> torch.compile's mode (None: eager)
+COMPILE_MODES = {'none': None, 'default': 'default', 'reduce-overhead': 'reduce-overhead'}
 ROOT = osp.join(osp.dirname(osp.abspath(__file__)), '..')
 RELEASE = 'release'  # the impl column of the release's models
 RELEASE_FACTORIES = {'PPMA': 'PPMAViT_', 'RMT': 'RMT_'}  # + T | S | B, in the release's PPMA.py / RMT.py
@@ -67,8 +85,10 @@ def build_backbone(args, device):
     """The backbone alone; the step's loss is the sum of its four outputs."""
     import torch
 
-    from mmppma.models import PPMA, RMT
-    model = {'PPMA': PPMA, 'RMT': RMT}[args.worker](args.arch, impl=args.impl).to(device)
+    from mmppma.models import MLLA, PPMA, RMT
+    build = dict(PPMA=PPMA, RMT=RMT, PPMLA=lambda arch, impl: MLLA(arch, mask='polyline', impl=impl),
+                 MLLA=lambda arch, impl: MLLA(arch, mask='none', impl=impl))[args.worker]
+    model = build(args.arch, impl=args.impl).to(device)
     x = torch.randn(args.batch, 3, *args.shape, device=device)
 
     def loss(train: bool):
@@ -177,30 +197,45 @@ def worker(args: argparse.Namespace) -> dict:
     model, x, loss = build(args, device)
     model.train(train)
     amp_dtype = {None: None, 'fp16': torch.float16, 'bf16': torch.bfloat16}[args.amp]
+    mode = COMPILE_MODES[args.worker_compile]
+    run = loss if mode is None else torch.compile(loss, mode=mode)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05) if args.optimizer else None
 
     def step():
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             if train:
-                loss(True).backward()
+                run(True).backward()
+                if optimizer is not None:
+                    optimizer.step()
                 model.zero_grad(set_to_none=True)
             else:
                 with torch.inference_mode():
-                    loss(False)
+                    run(False)
         if device.type == 'cuda':
             torch.cuda.synchronize()
+
+    clock = {'wall': time.perf_counter, 'cpu': time.process_time}[args.clock]
+    warmup = 1 if mode is None else 3  # compiled: compile, record the CUDA graphs, replay them
+
+    def warm_up():
+        start = clock()
+        step()
+        first = clock() - start
+        for _ in range(warmup - 1):
+            step()
+        return first
 
     if device.type == 'cuda':
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        step()
+        first = warm_up()
         peak = torch.cuda.max_memory_allocated() - base
     else:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        step()
+        first = warm_up()
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
     times = []
-    clock = {'wall': time.perf_counter, 'cpu': time.process_time}[args.clock]
     for _ in range(args.iters):
         start = clock()
         step()
@@ -208,18 +243,19 @@ def worker(args: argparse.Namespace) -> dict:
     profile = op_profile(step) if args.profile else ''
     amp_error = None
     if amp_dtype is not None and not train and args.task != 'mask_rcnn':
-        amp_error = amp_errors(model, loss, amp_dtype)
+        amp_error = amp_errors(model, run, amp_dtype)
+    common = dict(model=args.worker, compile=args.worker_compile, first_s=first, time_s=statistics.median(times),
+                  times_s=times, peak_bytes=peak, profile=profile, amp_error=amp_error,
+                  threads=torch.get_num_threads(), torch=torch.__version__, device=device_name(device))
     if args.impl == RELEASE:
-        return dict(model=args.worker, impl=RELEASE, resolved=RELEASE, time_s=statistics.median(times),
-                    times_s=times, peak_bytes=peak, stage_s=[], profile=profile, amp_error=amp_error,
-                    threads=torch.get_num_threads(), torch=torch.__version__, device=device_name(device))
+        return dict(common, impl=RELEASE, resolved=RELEASE, stage_s=[])
     backbone = model if args.task == 'backbone' else model.backbone
-    stages = stage_times(backbone, x, device, max(1, args.iters)) if train and args.stages else []
+    stages = stage_times(backbone, x, device, max(1, args.iters)) if (train and args.stages and mode is None
+                                                                 and args.worker in ('PPMA', 'RMT')) else []
     from mmppma.ops.dispatch import resolve_impl
-    resolved = resolve_impl(args.impl, 'ppma_attention', [torch.empty(0, device=device)])
-    return dict(model=args.worker, impl=args.impl, resolved=resolved, time_s=statistics.median(times),
-                times_s=times, peak_bytes=peak, stage_s=stages, profile=profile, amp_error=amp_error,
-                threads=torch.get_num_threads(), torch=torch.__version__, device=device_name(device))
+    op = 'ppma_linear_attention' if args.worker in ('PPMLA', 'MLLA') else 'ppma_attention'
+    resolved = resolve_impl(args.impl, op, [torch.empty(0, device=device)])
+    return dict(common, impl=args.impl, resolved=resolved, stage_s=stages)
 
 
 def amp_errors(model, infer, amp_dtype=None) -> list:
@@ -281,7 +317,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--impl', '--impls', dest='impl', nargs='+', default=['auto'], choices=IMPLS,
                         help='attention implementation(s) passed to the ops; each model runs once per impl')
-    parser.add_argument('--models', nargs='+', default=['PPMA', 'RMT'], choices=['PPMA', 'RMT'])
+    parser.add_argument('--models', nargs='+', default=['PPMA', 'RMT'], choices=MODELS,
+                        help="the backbones; PPMLA is MLLA with mask='polyline'")
     parser.add_argument('--task', default='backbone', choices=['backbone', 'classifier', 'mask_rcnn'],
                         help='time the backbone alone, the classification trunk (configs/*_8xb128_in1k.py: '
                         'backbone and head up to the pooled features) or a whole Mask R-CNN step '
@@ -289,8 +326,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--mode', default='train', choices=['train', 'infer'],
                         help='time a training step (forward + backward) or inference')
     parser.add_argument('--amp', choices=['fp16', 'bf16'], help='run under torch.autocast with this dtype')
+    parser.add_argument('--compile', nargs='+', default=['none'], choices=list(COMPILE_MODES),
+                        help='eager (none) and / or torch.compile modes; every model and impl runs once per mode')
+    parser.add_argument('--optimizer', action='store_true',
+                        help='add an AdamW step to the training step (forward, backward, optimizer)')
     parser.add_argument('--no-stages', dest='stages', action='store_false',
-                        help='skip the per-stage breakdown of the backbone (train mode)')
+                        help='skip the per-stage breakdown of the backbone (PPMA, RMT; eager train mode)')
     parser.add_argument('--rounds', type=int, default=1,
                         help='measure every run this many times, alternating the runs; report the best round')
     parser.add_argument('--profile', action='store_true', help="print each run's per-op profile (last round)")
@@ -299,41 +340,55 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'with OMP_NUM_THREADS=1 a measure that other jobs on the machine barely disturb)')
     parser.add_argument('--release-dir', metavar='DIR',
                         help="also time the release's models from DIR/PPMA.py and DIR/RMT.py (with --task classifier)")
-    parser.add_argument('--worker', choices=['PPMA', 'RMT'], help=argparse.SUPPRESS)
+    parser.add_argument('--worker', choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument('--worker-impl', choices=IMPLS + [RELEASE], help=argparse.SUPPRESS)
+    parser.add_argument('--worker-compile', choices=list(COMPILE_MODES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         args.impl = args.worker_impl
         return args
-    if len(set(args.impl)) != len(args.impl):
-        parser.error(f'--impl lists an implementation twice: {args.impl}')
+    for name, values in (('--impl', args.impl), ('--models', args.models), ('--compile', args.compile)):
+        if len(set(values)) != len(values):
+            parser.error(f'{name} lists a value twice: {values}')
+    if args.optimizer and args.mode != 'train':
+        parser.error('--optimizer adds an AdamW step to the training step: use it with --mode train')
     if args.rounds < 1:
         parser.error(f'--rounds must be at least 1; got {args.rounds}')
     if args.release_dir:
         if args.task != 'classifier':
             parser.error("--release-dir times the release's forward_features against our classification trunk: "
                          'use it with --task classifier')
-        missing = [f'{name}.py' for name in args.models if not osp.isfile(osp.join(args.release_dir, f'{name}.py'))]
+        released = [name for name in args.models if name in RELEASE_FACTORIES]
+        if not released:
+            parser.error(f"--release-dir times the release's {' and '.join(RELEASE_FACTORIES)}: name one of them in "
+                         '--models')
+        missing = [f'{name}.py' for name in released if not osp.isfile(osp.join(args.release_dir, f'{name}.py'))]
         if missing:
             parser.error(f'--release-dir {args.release_dir}: no {", ".join(missing)} there; put the release\'s '
                          'classification/models/PPMA.py and RMT.py in it')
     return args
 
 
-def run_worker(args: argparse.Namespace, name: str, impl: str, profile: bool = False) -> dict:
-    cmd = [sys.executable, osp.abspath(__file__), '--worker', name, '--worker-impl', impl, '--arch', args.arch,
+def run_worker(args: argparse.Namespace, name: str, impl: str, mode: str, profile: bool = False) -> dict:
+    cmd = [sys.executable, osp.abspath(__file__), '--worker', name, '--worker-impl', impl, '--worker-compile', mode,
+           '--arch', args.arch,
            '--shape', *map(str, args.shape), '--batch', str(args.batch), '--iters', str(args.iters),
            '--device', args.device, '--task', args.task, '--mode', args.mode]
     cmd += (['--amp', args.amp] if args.amp else []) + ([] if args.stages else ['--no-stages'])
-    cmd += ['--clock', args.clock] + (['--profile'] if profile else [])
+    cmd += ['--clock', args.clock] + (['--profile'] if profile else []) + (['--optimizer'] if args.optimizer else [])
     cmd += ['--release-dir', args.release_dir] if impl == RELEASE else []
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if out.returncode:
         sys.stderr.write(out.stderr)
-        print(f'FAIL: {name} (impl={impl}) benchmark failed (exit {out.returncode}); the other runs go on',
+        print(f'FAIL: {name} ({label(impl, mode)}) benchmark failed (exit {out.returncode}); the other runs go on',
               file=sys.stderr, flush=True)
         return None
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def label(impl: str, mode: str) -> str:
+    """``impl=auto`` for an eager run, ``impl=auto compile=default`` for a compiled one: how the summary names a run."""
+    return f'impl={impl}' + ('' if mode == 'none' else f' compile={mode}')
 
 
 def main(argv=None) -> int:
@@ -341,17 +396,18 @@ def main(argv=None) -> int:
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-    runs = [(name, impl) for impl in args.impl for name in args.models]
-    runs += [(name, RELEASE) for name in args.models] if args.release_dir else []
+    runs = [(name, impl, mode) for mode in args.compile for impl in args.impl for name in args.models]
+    runs += [(name, RELEASE, mode) for mode in args.compile for name in args.models
+             if args.release_dir and name in RELEASE_FACTORIES]
     rounds = {run: [] for run in runs}
     for r in range(args.rounds):
-        for name, impl in runs:
-            res = run_worker(args, name, impl, profile=args.profile and r == args.rounds - 1)  # a profile is slow
+        for name, impl, mode in runs:
+            res = run_worker(args, name, impl, mode, profile=args.profile and r == args.rounds - 1)  # a profile is slow
             if res is None:
                 continue
-            rounds[name, impl].append(res)
-            print(f'round {r + 1}: {name} impl={impl}: {res["time_s"]:.3f} s, {res["peak_bytes"] / 2**20:.1f} MiB',
-                  flush=True)
+            rounds[name, impl, mode].append(res)
+            print(f'round {r + 1}: {name} {label(impl, mode)}: {res["time_s"]:.3f} s, '
+                  f'{res["peak_bytes"] / 2**20:.1f} MiB', flush=True)
     # each run's best round; its peak memory is the largest of all rounds
     failed = [run for run, rs in rounds.items() if not rs]
     rounds = {run: rs for run, rs in rounds.items() if rs}
@@ -361,46 +417,56 @@ def main(argv=None) -> int:
                for run, rs in rounds.items()}
     first = next(iter(results.values()))
     h, w = args.shape
-    what = 'training step' if args.mode == 'train' else 'inference'
+    what = ('training step' + (' with AdamW' if args.optimizer else '')) if args.mode == 'train' else 'inference'
     print(f'\n{args.task} ({args.arch}), input {args.batch}x3x{h}x{w}, {what}, device {first["device"]}, '
           f'{first["threads"]} threads, torch {first["torch"]}, amp={args.amp or "off"}, '
           f'{args.clock} clock, best of {args.rounds} round(s)')
-    print(f'{"model":6s} {"impl":14s} {"median time (ms)":>16s} {"images/s":>10s} {"peak memory (MiB)":>18s}')
-    for (name, impl), res in results.items():
+    print(f'{"model":6s} {"impl":14s} {"compile":16s} {"median time (ms)":>16s} {"images/s":>10s} '
+          f'{"peak memory (MiB)":>18s} {"first step (s)":>14s}')
+    for (name, impl, mode), res in results.items():
         shown = impl if res['resolved'] == impl else f'{impl}->{res["resolved"]}'
-        print(f'{name:6s} {shown:14s} {1000 * res["time_s"]:16.3f} {args.batch / res["time_s"]:10.1f} '
-              f'{res["peak_bytes"] / 2**20:18.1f}')
+        print(f'{name:6s} {shown:14s} {mode:16s} {1000 * res["time_s"]:16.3f} {args.batch / res["time_s"]:10.1f} '
+              f'{res["peak_bytes"] / 2**20:18.1f} {res["first_s"]:14.2f}')
         if res['amp_error'] is not None:
             print(f'    {args.amp} outputs against float32: max abs error {res["amp_error"][0]:.3g}, '
                   f'relative (norm) error {res["amp_error"][1]:.3g}')
         if args.rounds > 1:
-            print('    rounds, images/s: ' + ' / '.join(f'{args.batch / r["time_s"]:.1f}' for r in rounds[name, impl]))
+            print('    rounds, images/s: ' + ' / '.join(f'{args.batch / r["time_s"]:.1f}'
+                                                       for r in rounds[name, impl, mode]))
         for i, t in enumerate(res['stage_s']):
             print(f'    stage {i + 1}: {t:.3f} s (fwd+bwd of the stage alone)')
-    for impl in args.impl:
-        if ('PPMA', impl) in results and ('RMT', impl) in results:
-            p, r = results['PPMA', impl], results['RMT', impl]
-            print(f'PPMA / RMT, impl={impl}: time {p["time_s"] / r["time_s"]:.2f}x, peak memory '
-                  f'{p["peak_bytes"] / max(r["peak_bytes"], 1):.2f}x')
-    if ('PPMA', 'reference') in results:
-        ref = results['PPMA', 'reference']
+
+    def ratio(a, b, what='time'):
+        """``time 1.20x, peak memory 0.90x`` of run a against run b (``what='images/s'``: b's time over a's)."""
+        p, q = results[a], results[b]
+        speed = q['time_s'] / p['time_s'] if what == 'images/s' else p['time_s'] / q['time_s']
+        return f'{what} {speed:.2f}x, peak memory {p["peak_bytes"] / max(q["peak_bytes"], 1):.2f}x'
+
+    for mode in args.compile:
         for impl in args.impl:
-            if impl != 'reference' and ('PPMA', impl) in results:
-                p = results['PPMA', impl]
-                print(f'PPMA impl={impl} / impl=reference: time {p["time_s"] / ref["time_s"]:.2f}x, '
-                      f'peak memory {p["peak_bytes"] / max(ref["peak_bytes"], 1):.2f}x')
-    for impl in args.impl:
-        for name in args.models:
-            for theirs in args.models if args.release_dir else []:
-                if (name, impl) not in results or (theirs, RELEASE) not in results:
-                    continue
-                ours, rel = results[name, impl], results[theirs, RELEASE]
-                print(f'{name} impl={impl} / release {theirs}: images/s {rel["time_s"] / ours["time_s"]:.2f}x, '
-                      f'peak memory {ours["peak_bytes"] / max(rel["peak_bytes"], 1):.2f}x')
-    for (name, impl), rs in rounds.items() if args.profile else ():
-        print(f'\nper-op profile, {name} impl={impl} (two steps, last round):\n{rs[-1]["profile"]}')
+            if ('PPMA', impl, mode) in results and ('RMT', impl, mode) in results:
+                print(f'PPMA / RMT, {label(impl, mode).replace(" ", ", ")}: '
+                      f'{ratio(("PPMA", impl, mode), ("RMT", impl, mode))}')
+        if ('PPMA', 'reference', mode) in results:
+            for impl in args.impl:
+                if impl != 'reference' and ('PPMA', impl, mode) in results:
+                    print(f'PPMA {label(impl, mode)} / impl=reference: '
+                          f'{ratio(("PPMA", impl, mode), ("PPMA", "reference", mode))}')
+        for impl in args.impl:
+            for name in args.models:
+                for theirs in RELEASE_FACTORIES if args.release_dir else ():
+                    if (name, impl, mode) in results and (theirs, RELEASE, mode) in results:
+                        print(f'{name} {label(impl, mode)} / release {theirs}: '
+                              f'{ratio((name, impl, mode), (theirs, RELEASE, mode), "images/s")}')
+    for mode in args.compile[1:] if args.compile[0] == 'none' else ():
+        for name, impl in dict.fromkeys((name, impl) for name, impl, _ in results):
+            if (name, impl, mode) in results and (name, impl, 'none') in results:
+                print(f'{name} impl={impl}: compile={mode} / eager: '
+                      f'{ratio((name, impl, mode), (name, impl, "none"), "images/s")}')
+    for (name, impl, mode), rs in rounds.items() if args.profile else ():
+        print(f'\nper-op profile, {name} {label(impl, mode)} (two steps, last round):\n{rs[-1]["profile"]}')
     if failed:
-        print('FAILED runs (no row above): ' + ', '.join(f'{name} impl={impl}' for name, impl in failed))
+        print('FAILED runs (no row above): ' + ', '.join(f'{name} {label(impl, mode)}' for name, impl, mode in failed))
     return 1 if failed else 0
 
 

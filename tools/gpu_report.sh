@@ -1,32 +1,101 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks.md in one run, each step's output also written to DIR:
+# The GPU figures of docs/benchmarks.md in one call of at most 8 minutes: each step runs under its own timeout (their
+# sum is at most BUDGET_SECONDS) and writes its output to DIR; a summary of every step ends the run (summary.txt),
+# also when a step fails or runs out of time. The steps, in order:
 #   card.txt             the GPU, driver, torch and triton
-#   gpu_check.log/.json  python tools/gpu_check.py --quick (every op and dtype against float64, then speed)
-#   benchmark_model.log  PPMA-T and RMT-T classification trunks, 224 x 224, batch 64, bf16 inference
-#                        (impl auto and torch; with RELEASE_DIR also the release's models from that folder)
-#   bash tools/gpu_report.sh DIR     # PYTHON (default python3), GPU_CHECK_SECONDS (240), BENCHMARK_SECONDS (400)
-# The classification benchmark reads configs/*_in1k.py, whose bases are mmpretrain's: install mmpretrain (not mmcv).
+#   gpu_check.log/.json  python tools/gpu_check.py --quick: every op and dtype against float64, outputs and the
+#                        gradients of the current backward, then speed
+#   cls_{infer,train}_b{64,128}.log  the classification trunks (configs/*_8xb128_in1k.py), 224 x 224, bf16,
+#                        inference and a training step (forward, backward, AdamW): PPMA-T and RMT-T with impl auto
+#                        and torch, eager and reduce-overhead, with --release-dir also the release's PPMA-T and
+#                        RMT-T, each step in one run of tools/benchmark_model.py (batch 128 after the backbones)
+#   backbone_800x1344.log  the backbones alone at 800 x 1344, batch 2, a training step: PPMA-T vs RMT-T (no mmcv)
+#
+#   bash tools/gpu_report.sh DIR [--release-dir RELEASE]   # RELEASE: the release's PPMA.py and RMT.py; PYTHON
+#                                                          # (default python3) runs the tools
+# On a machine with only torch and triton the classification steps need mmengine and mmpretrain (not mmcv): the
+# script prints the pip line for them first.
 set -uo pipefail
-OUTDIR="${1:?usage: bash tools/gpu_report.sh DIR}"
+usage='usage: bash tools/gpu_report.sh DIR [--release-dir RELEASE]'
+OUTDIR=""
+RELEASE_DIR=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --release-dir) RELEASE_DIR="${2:?--release-dir needs a folder: the release PPMA.py and RMT.py}"
+                       shift 2 ;;
+        -h|--help) echo "$usage"; exit 0 ;;
+        -*) echo "gpu_report.sh: unknown option '$1'; $usage" >&2; exit 2 ;;
+        *) if [[ -n "$OUTDIR" ]]; then echo "gpu_report.sh: one DIR only; $usage" >&2; exit 2; fi
+           OUTDIR="$1"; shift ;;
+    esac
+done
+if [[ -z "$OUTDIR" ]]; then echo "$usage" >&2; exit 2; fi
 PY="${PYTHON:-python3}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
-status=0
+BUDGET_SECONDS=480
+
 CARD='import sys, torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "python", '\
 'sys.version.split()[0], torch.cuda.get_device_name(), torch.cuda.get_device_capability())'
-{
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-    "$PY" -c "$CARD"
-} 2>&1 | tee "$OUTDIR/card.txt" || status=1
-echo "== python tools/gpu_check.py --quick"
-timeout "${GPU_CHECK_SECONDS:-240}" "$PY" tools/gpu_check.py --quick --json "$OUTDIR/gpu_check.json" 2>&1 \
-    | tee "$OUTDIR/gpu_check.log" || status=1
-BENCH=(tools/benchmark_model.py --device cuda --task classifier --mode infer --shape 224 224 --batch 64 --amp bf16
-       --models PPMA RMT --impl auto torch --iters 20 --rounds 2)
-if [[ -n "${RELEASE_DIR:-}" ]]; then
-    BENCH+=(--release-dir "$RELEASE_DIR")
+CLS=(tools/benchmark_model.py --device cuda --task classifier --shape 224 224 --amp bf16 --models PPMA RMT
+     --impl auto torch --compile none reduce-overhead --iters 20)
+if [[ -n "$RELEASE_DIR" ]]; then
+    CLS+=(--release-dir "$RELEASE_DIR")
 fi
-echo "== python ${BENCH[*]}"
-timeout "${BENCHMARK_SECONDS:-400}" "$PY" "${BENCH[@]}" 2>&1 | tee "$OUTDIR/benchmark_model.log" || status=1
+BACKBONE=(tools/benchmark_model.py --device cuda --task backbone --shape 800 1344 --batch 2 --mode train --amp bf16
+          --models PPMA RMT --impl auto --no-stages --iters 5)
+# the steps in the order they run, and each one's timeout in seconds
+NAMES=(card gpu_check cls_infer_b64 cls_train_b64 backbone_800x1344 cls_infer_b128 cls_train_b128)
+declare -A SECONDS_OF=([card]=15 [gpu_check]=105 [cls_infer_b64]=70 [cls_train_b64]=90 [backbone_800x1344]=60
+                       [cls_infer_b128]=60 [cls_train_b128]=80)
+total=0
+for name in "${NAMES[@]}"; do total=$((total + SECONDS_OF[$name])); done
+if (( total > BUDGET_SECONDS )); then
+    echo "gpu_report.sh: the steps' timeouts sum to ${total} s, over the budget of ${BUDGET_SECONDS} s" >&2
+    exit 2
+fi
+
+run_step() {  # run_step NAME COMMAND...: under the step's timeout, output to DIR/NAME.log (card: card.txt)
+    local name="$1"; shift
+    local seconds="${SECONDS_OF[$name]}" log="$OUTDIR/$name.log" start rc
+    [[ "$name" == card ]] && log="$OUTDIR/card.txt"
+    echo "== $name (timeout ${seconds} s): $*"
+    start=$(date +%s)
+    timeout "$seconds" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    local took=$(( $(date +%s) - start ))
+    if [[ $rc -eq 0 ]]; then
+        RESULTS+=("$(printf '%-18s ok         %4d s' "$name" "$took")")
+    elif [[ $rc -eq 124 || $rc -eq 137 ]]; then
+        RESULTS+=("$(printf '%-18s TIMED OUT  %4d s (limit %d s; the rows printed before it are in %s)' \
+                          "$name" "$took" "$seconds" "$log" )")
+        status=1
+    else
+        RESULTS+=("$(printf '%-18s FAILED     %4d s (exit %d; see %s)' "$name" "$took" "$rc" "$log")")
+        status=1
+    fi
+}
+
+status=0
+RESULTS=()
+PIP_LINE="pip install $(grep -E '^(mmengine|mmpretrain)==' requirements.txt | tr '\n' ' ' | sed 's/ $//')"
+echo "The classification steps need mmengine and mmpretrain (not mmcv); on a machine with only torch and triton:"
+echo "    $PIP_LINE"
+if ! "$PY" -c 'import mmengine, mmpretrain' >/dev/null 2>&1; then
+    echo "mmengine or mmpretrain is missing here: the classification steps will fail until: $PIP_LINE"
+fi
+run_step card bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; "$0" -c "$1"' \
+    "$PY" "$CARD"
+run_step gpu_check "$PY" tools/gpu_check.py --quick --json "$OUTDIR/gpu_check.json"
+run_step cls_infer_b64 "$PY" "${CLS[@]}" --mode infer --batch 64
+run_step cls_train_b64 "$PY" "${CLS[@]}" --mode train --optimizer --batch 64
+run_step backbone_800x1344 "$PY" "${BACKBONE[@]}"
+run_step cls_infer_b128 "$PY" "${CLS[@]}" --mode infer --batch 128
+run_step cls_train_b128 "$PY" "${CLS[@]}" --mode train --optimizer --batch 128
+
+{
+    echo "== summary (step timeouts sum to ${total} s of ${BUDGET_SECONDS} s)"
+    printf '%s\n' "${RESULTS[@]}"
+} | tee "$OUTDIR/summary.txt"
 exit $status

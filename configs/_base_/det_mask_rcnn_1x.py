@@ -36,3 +36,6 @@ optim_wrapper = dict(
 
 # lr is for 16 images per step; `--cfg-options auto_scale_lr.enable=True` rescales it to other batch sizes.
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# compile=dict(mode='reduce-overhead') (CUDA graphs) gains little here: the images vary in size and the proposals in
+# number, so most steps bring a new shape, which compiles and records its own graphs (README "torch.compile").

@@ -44,3 +44,8 @@ train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
 custom_hooks = [dict(type='EMAHook', momentum=1e-4, priority='ABOVE_NORMAL')]
 
 auto_scale_lr = dict(base_batch_size=1024)
+
+# CUDA graphs: `compile = dict(mode='reduce-overhead')` here (or `--cfg-options compile.mode=reduce-overhead`)
+# compiles train_step with inductor and replays its launches as CUDA graphs. The first steps compile and record,
+# the graphs keep a memory pool of their own, and each new input shape (a smaller last batch) records again;
+# Mixup / CutMix draw numbers on the host and split the step into several graphs. README "torch.compile".

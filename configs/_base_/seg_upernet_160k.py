@@ -52,3 +52,7 @@ train_cfg = dict(max_iters=max_iters)
 
 # lr is for 16 images per step; `--cfg-options auto_scale_lr.enable=True` rescales it to other batch sizes.
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# compile=dict(mode='reduce-overhead') (CUDA graphs) records one graph for the fixed 512 x 512 training crops, but
+# mmengine compiles only train_step: evaluation, on whole images of varying size, runs eager. Each new shape would
+# compile and record its own graphs (README "torch.compile").

@@ -76,3 +76,8 @@ test_cfg = dict()
 
 # `--auto-scale-lr` rescales lr from the release's total batch 768 to the actual one
 auto_scale_lr = dict(base_batch_size=768)
+
+# CUDA graphs: `compile = dict(mode='reduce-overhead')` here (or `--cfg-options compile.mode=reduce-overhead`)
+# compiles train_step with inductor and replays its launches as CUDA graphs. The first steps compile and record,
+# the graphs keep a memory pool of their own, and each new input shape (a smaller last batch) records again;
+# Mixup / CutMix draw numbers on the host and split the step into several graphs. README "torch.compile".

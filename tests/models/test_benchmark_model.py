@@ -5,11 +5,14 @@ import re
 
 import pytest
 
-ROW = re.compile(r'^(PPMA|RMT)\s+([\w>-]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$', re.M)
+ROW = re.compile(r'^(PPMA|RMT|PPMLA|MLLA)\s+([\w>-]+)\s+(none|default|reduce-overhead)\s+([\d.]+)\s+([\d.]+)\s+'
+                 r'([\d.]+)\s+([\d.]+)$', re.M)
 
 
-def _rows(stdout):
-    rows = {(m, impl): (float(t), float(mem)) for m, impl, t, _, mem in ROW.findall(stdout)}
+def _rows(stdout, mode='none'):
+    """(model, impl) -> (time, peak memory) of the rows of compile mode ``mode``."""
+    rows = {(m, impl): (float(t), float(mem)) for m, impl, compiled, t, _, mem, _ in ROW.findall(stdout)
+            if compiled == mode}
     assert rows, stdout
     for t, mem in rows.values():
         assert t > 0 and math.isfinite(t) and mem >= 0, stdout
@@ -35,6 +38,31 @@ def test_benchmark_model_backbone_every_model_and_impl(run_python):
                                                                         rel=0.02, abs=0.01)
     assert _ratio(out, 'PPMA impl=auto / impl=reference') == pytest.approx(
         rows['PPMA', 'auto->torch'][0] / rows['PPMA', 'reference'][0], rel=0.02, abs=0.01)
+
+
+def test_benchmark_model_linear_attention_models_with_an_optimizer_step(run_python):
+    """PPMLA and MLLA run as the others do; --optimizer adds AdamW to the training step."""
+    out = run_python(['tools/benchmark_model.py', '--models', 'PPMLA', 'MLLA', '--shape', '32', '32', '--batch', '2',
+                      '--iters', '1', '--impl', 'torch', '--optimizer'], timeout=600).stdout
+    assert set(_rows(out)) == {('PPMLA', 'torch'), ('MLLA', 'torch')}
+    assert 'training step with AdamW' in out and 'stage' not in out.split('backbone (tiny)')[1]
+
+
+@pytest.mark.heavy
+@pytest.mark.slow(minutes=10)
+def test_benchmark_model_compile_modes_in_one_run(run_python):
+    """--compile none default: every model in each mode, the compiled rows' first step (the compile) longer than a
+    step, and each model's compiled against eager ratio the quotient of its rows."""
+    out = run_python(['tools/benchmark_model.py', '--models', 'PPMA', 'RMT', '--compile', 'none', 'default',
+                      '--shape', '32', '32', '--batch', '2', '--iters', '1', '--impl', 'torch', '--no-stages'],
+                     timeout=3000).stdout
+    eager, compiled = _rows(out), _rows(out, 'default')
+    assert set(eager) == set(compiled) == {('PPMA', 'torch'), ('RMT', 'torch')}
+    for name in ('PPMA', 'RMT'):
+        want = eager[name, 'torch'][0] / compiled[name, 'torch'][0]
+        assert _ratio(out, f'{name} impl=torch: compile=default / eager') == pytest.approx(want, rel=0.02, abs=0.01)
+    first = {m: float(f) for m, _, mode, *_, f in ROW.findall(out) if mode == 'default'}
+    assert all(first[name] > compiled[name, 'torch'][0] for name in ('PPMA', 'RMT')), out
 
 
 def test_benchmark_model_mask_rcnn_step(run_python, mmdet_ready):
@@ -105,9 +133,14 @@ def test_benchmark_model_training_step_against_a_release_model(run_python, tmp_p
 
 
 @pytest.mark.parametrize('args, messages', [
-    (['--impl', 'torch', 'torch'], ['twice']), (['--release-dir', 'DIR'], ['--task classifier']),
+    (['--impl', 'torch', 'torch'], ['twice']), (['--compile', 'none', 'none'], ['--compile', 'twice']),
+    (['--compile', 'max-autotune'], ["invalid choice: 'max-autotune'"]),
+    (['--mode', 'infer', '--optimizer'], ['--mode train']),
+    (['--task', 'classifier', '--models', 'MLLA', '--release-dir', 'DIR'], ['PPMA and RMT']),
+    (['--release-dir', 'DIR'], ['--task classifier']),
     (['--mode', 'infer', '--task', 'classifier', '--release-dir', 'DIR'], ['PPMA.py', 'RMT.py'])])
 def test_benchmark_model_argument_errors(args, messages, run_python, tmp_path):
-    """A repeated impl; --release-dir needs the classifier task and DIR/PPMA.py, DIR/RMT.py."""
+    """A repeated impl or compile mode, an unknown compile mode, --optimizer outside training; --release-dir needs the
+    classifier task, PPMA or RMT, and DIR/PPMA.py, DIR/RMT.py."""
     proc = run_python(['tools/benchmark_model.py'] + [str(tmp_path) if a == 'DIR' else a for a in args], check=False)
     assert proc.returncode == 2 and all(m in proc.stderr for m in messages), proc.stderr

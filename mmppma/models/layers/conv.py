@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmppma.ops.dispatch import exporting
+from mmppma.ops.dispatch import exporting, on_gpu
 
 from .inplace import add_into
 
@@ -93,15 +93,16 @@ def _conv2d_backward(ctx, grad):
 conv2d_op.register_autograd(_conv2d_backward, setup_context=_conv2d_setup_context)
 
 
-def _as_own_ops() -> bool:
-    """Whether the convs and their input copies run as the ops above: while torch.compile traces, not in an
-    export (:func:`mmppma.ops.dispatch.exporting`), which needs ops that ONNX translates."""
-    return torch.compiler.is_compiling() and not exporting()
+def _as_own_ops(x: torch.Tensor) -> bool:
+    """Whether the convs on ``x`` and their input copies run as the ops above: while torch.compile traces for the
+    CPU (not for a GPU, :func:`mmppma.ops.dispatch.on_gpu`, where inductor's own conv and layout handling
+    apply), not in an export (:func:`mmppma.ops.dispatch.exporting`), which needs ops that ONNX translates."""
+    return torch.compiler.is_compiling() and not exporting() and not on_gpu(x)
 
 
 class Conv2d(nn.Conv2d):
-    """``nn.Conv2d`` (same parameters and keys); while torch.compile traces, the conv is one op of its own
-    (:func:`conv2d_op`, its backward :func:`conv2d_backward_op`) instead of ``aten.convolution``.
+    """``nn.Conv2d`` (same parameters and keys); while torch.compile traces for the CPU, the conv is one op of its
+    own (:func:`conv2d_op`, its backward :func:`conv2d_backward_op`) instead of ``aten.convolution``.
 
     Why: on CPU with oneDNN, inductor turns on its conv layout optimization for every graph that holds an
     ``aten.convolution``, dynamic shapes or not. It then gives each 4-D activation saved for the backward
@@ -109,13 +110,14 @@ class Conv2d(nn.Conv2d):
     backward with those strides as concrete numbers of the first dynamic compile: the backward's stride
     arithmetic then guards the stage sizes to those numbers (``Eq((H - 1) // 8 + 1, 12)``), so every new input
     size would compile again. Without an ``aten.convolution`` in the graph the layout optimization stays off, every
-    saved activation keeps the strides it was traced with, and one dynamic graph serves all sizes. An export
-    (:func:`mmppma.ops.dispatch.exporting`) takes the plain conv.
+    saved activation keeps the strides it was traced with, and one dynamic graph serves all sizes. A GPU graph
+    (CUDA tensors, or the simulated device's) and an export (:func:`mmppma.ops.dispatch.exporting`) take the
+    plain conv.
     """
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: Optional[torch.Tensor]) -> torch.Tensor:
-        if _as_own_ops() and self.padding_mode == 'zeros' and not isinstance(self.padding, str):
+        if _as_own_ops(input) and self.padding_mode == 'zeros' and not isinstance(self.padding, str):
             return conv2d_op(input, weight, bias, list(self.stride), list(self.padding), list(self.dilation),
                              self.groups)
         return super()._conv_forward(input, weight, bias)
@@ -123,10 +125,10 @@ class Conv2d(nn.Conv2d):
 
 def nchw(x: torch.Tensor) -> torch.Tensor:
     """Channels-last tokens (B, H, W, C) as the (B, C, H, W) input of an NCHW conv: a permuted view (channels-last
-    memory format). While torch.compile traces, a copy made by an op of its own (:func:`tokens_to_nchw`): the conv
-    saves its input for the backward, and inductor cannot order the strides of a saved view whose sizes are
-    symbolic quotients (a copy by a plain clone would be recomputed from that view)."""
-    return tokens_to_nchw(x) if _as_own_ops() else x.permute(0, 3, 1, 2)
+    memory format). While torch.compile traces for the CPU, a copy made by an op of its own (:func:`tokens_to_nchw`):
+    the conv saves its input for the backward, and inductor cannot order the strides of a saved view whose sizes
+    are symbolic quotients (a copy by a plain clone would be recomputed from that view)."""
+    return tokens_to_nchw(x) if _as_own_ops(x) else x.permute(0, 3, 1, 2)
 
 
 def conv_tokens(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
