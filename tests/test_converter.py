@@ -18,8 +18,8 @@ from mmpretrain.registry import MODELS
 
 from mmppma.models import MLLA, PPMA, RMT, VMINet
 from mmppma.models.layers.mlla import mlla_rope_tables
-from mmppma.models.utils import checkpoint_convert as cc
-from mmppma.models.utils.checkpoint_convert import (
+from mmppma.models.conversion import checkpoint_convert as cc
+from mmppma.models.conversion.checkpoint_convert import (
     CheckpointMismatchError,
     extract_state_dict,
     mmppma_to_release,
@@ -557,7 +557,8 @@ def task(request) -> str:
 def test_whole_release_model_converts_loads_strictly_and_names_wrong_keys(task, tmp_path, converter_main):
     """The command line: every key of the release file in the config's model, loaded strictly into the model mmdet 3
     / mmseg 1 build, each tensor the release's; a missing (det) or unexpected (seg) head key is named."""
-    from mmppma.models.utils.whole_model_convert import build_config_model, convert_whole_release
+    from mmppma.models.conversion.whole_model_convert import convert_whole_release
+    from mmppma.utils.configs import build_config_model
     release, config = release_checkpoint(task), str(REPO_ROOT / TASKS[task]['config'])
     src, dst = tmp_path / 'release.pth', tmp_path / 'converted.pth'
     torch.save(release, src)

@@ -13,9 +13,9 @@ import torch.nn as nn
 import yaml
 
 from mmppma.models import MLLA, PPMA, PPMAClsHead, VMINet
-from mmppma.models.backbones import release_format
+from mmppma.models.backbones import release
 from mmppma.models.backbones.vminet_release import RELEASE_REVISIONS
-from mmppma.models.utils import CheckpointMismatchError, release_to_mmppma
+from mmppma.models.conversion import CheckpointMismatchError, release_to_mmppma
 from mmppma.utils import model_zoo
 
 from .conftest import fixture_shapes, random_tensors
@@ -55,7 +55,7 @@ def test_init_cfg_converts_a_release_checkpoint(family, tmp_path, monkeypatch):
     """A dense backbone with the det/seg configs' ``init_cfg`` (prefix 'backbone.') given a release classification
     checkpoint: every backbone tensor is the converter's, only the output norms the release lacks are left."""
     reports = []
-    monkeypatch.setattr(release_format, '_log', reports.append)  # the report mmengine's logger receives
+    monkeypatch.setattr(release, '_log', reports.append)  # the report mmengine's logger receives
     state = release_state(family)
     path = save_release(tmp_path / 'best.pth', state)
     backbone = BACKBONES[family](out_indices=(0, 1, 2, 3),

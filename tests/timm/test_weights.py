@@ -14,7 +14,7 @@ from mmengine.config import Config
 
 import mmppma.timm_models as tm
 from mmppma.models import PPMA, PPMAClsHead
-from mmppma.models.utils import CheckpointMismatchError, release_to_mmppma
+from mmppma.models.conversion import CheckpointMismatchError, release_to_mmppma
 from mmppma.registry import MODELS
 
 from ..test_model_zoo import release_state, save_release, served  # noqa: F401  (served: a pytest fixture)

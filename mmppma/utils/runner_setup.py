@@ -1,12 +1,9 @@
-"""Shared pieces of ``tools/train.py`` and ``tools/test.py``: one launcher for every OpenMMLab library.
-
-The config's ``default_scope`` (``mmdet``, ``mmseg``, ``mmpretrain``, ...) decides which library's
-modules get registered; mmppma itself is always imported. Downstream libraries are imported here only
-when a config asks for them, so ``import mmppma`` stays free of them.
+"""The runner set-up ``tools/train.py`` and ``tools/test.py`` share, for every OpenMMLab library: arguments, the
+config (its ``default_scope``'s modules registered, :func:`~mmppma.utils.configs.register_scope_modules`), the work
+dir, CPU distributed runs, the data check and the runner. ``import mmppma`` does not import it.
 """
 import argparse
 import datetime
-import importlib
 import os
 import os.path as osp
 from typing import Iterator, List, Optional, Sequence, Tuple
@@ -15,42 +12,11 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import print_log
 
+from .configs import load_config, register_scope_modules
+
 __all__ = ['register_scope_modules', 'build_runner', 'setup_work_dir', 'setup_cpu_distributed',
            'set_local_rank', 'launcher_parser', 'parse_launcher_args', 'load_launch_config', 'missing_data',
            'check_data', 'apply_test_amp']
-
-# default_scope -> the package that owns it (the scope and package names differ only for mmseg).
-_SCOPE_PACKAGES = {'mmdet': 'mmdet', 'mmseg': 'mmseg', 'mmpretrain': 'mmpretrain', 'mmdet3d': 'mmdet3d'}
-_PIP_NAMES = {'mmseg': 'mmsegmentation'}
-
-
-def register_scope_modules(default_scope: Optional[str]) -> None:
-    """Import mmppma and register the modules of the library named by ``default_scope``.
-
-    ``None`` or ``'mmengine'`` registers nothing beyond mmppma. A library without
-    ``utils.register_all_modules`` is imported as a plain package (its registries' ``locations`` do
-    the rest).
-    """
-    import mmppma  # noqa: F401  (registers mmppma's modules and the checkpoint allowlist)
-    if default_scope in (None, 'mmengine', 'mmppma'):
-        return
-    package = _SCOPE_PACKAGES.get(default_scope, default_scope)
-    try:
-        importlib.import_module(package)
-    except ImportError as err:
-        pip_name = _PIP_NAMES.get(package, package)
-        raise ImportError(f"the config's default_scope='{default_scope}' needs the package '{package}', "
-                          f'which failed to import ({err}). Install it (pip install {pip_name}, '
-                          'or run bash tools/setup_env.sh) or fix default_scope in the config.') from err
-    try:
-        utils = importlib.import_module(f'{package}.utils')
-    except ModuleNotFoundError as err:
-        if err.name != f'{package}.utils':
-            raise  # a real missing dependency, not a library without a utils module
-        return
-    register = getattr(utils, 'register_all_modules', None)
-    if register is not None:
-        register(init_default_scope=False)
 
 
 def setup_work_dir(cfg: Config, work_dir: Optional[str], config_path: str) -> None:
@@ -151,9 +117,7 @@ def parse_launcher_args(parser: argparse.ArgumentParser, argv=None) -> argparse.
 def load_launch_config(args: argparse.Namespace) -> Config:
     """The config with ``--cfg-options`` merged, the launcher set, its scope's modules registered and the
     work dir decided."""
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
+    cfg = load_config(args.config, args.cfg_options)
     cfg.launcher = args.launcher
     register_scope_modules(cfg.get('default_scope', None))
     setup_work_dir(cfg, args.work_dir, args.config)

@@ -1,9 +1,9 @@
 """Release checkpoints as data: each backbone family's sibling module (``ppma_release``, ``mlla_release``,
-``vminet_release``) holds its key map and revision rules; :func:`from_release` applies one of them, and the
-loader below applies it where a user points a model at a release file.
+``vminet_release``) holds its key map and revision rules; :func:`from_release` applies one of them, and
+:func:`convert_and_check` - the one route of a release state dict into a model - converts, checks and logs.
 
 A family module provides ``FAMILY``, ``ROOTS`` (the backbone's key prefixes in a classification release),
-``inspect(backbone)`` (settings visible in shapes), ``map_backbone(backbone, measured, downstream, info)``,
+``measure(backbone)`` (settings visible in shapes), ``map_backbone(backbone, measured, downstream, info)``,
 ``map_head(rest, last)``, ``release_only(state)`` (keys only the release has) and ``to_release(state, ...)``.
 A backbone class names its family module as ``release_format``.
 
@@ -19,15 +19,16 @@ Loading (no conversion command needed):
   The parent is a class of mmpretrain (or the user's), built by their code, so mmppma's first chance to
   reach it is the moment the backbone is registered as its child.
 
-Either way the converted keys are checked against the module that receives them (:class:`CheckpointMismatchError`
-names the missing, unexpected and mis-shaped ones). Loading a classification release into a dense backbone
+Either way, as for timm's pretrained filter and the converter (:mod:`mmppma.models.conversion`), the state goes
+through :func:`convert_and_check`: the converted keys are checked against the module that receives them
+(:class:`CheckpointMismatchError` names the missing, unexpected and mis-shaped ones) and one line is logged. Loading a classification release into a dense backbone
 leaves the output norms the release has no weights for at their initialization, and says so in the log.
 """
 import functools
 import re
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -64,14 +65,8 @@ def extract_state_dict(checkpoint: Mapping, key: Optional[str] = None) -> Tuple[
 
 
 def check_state_against(state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], what: str) -> None:
-    """Raise :class:`CheckpointMismatchError` listing missing, unexpected and mis-shaped keys."""
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    shapes = sorted(f'{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}'
-                    for k in set(state) & set(expected) if tuple(state[k].shape) != tuple(expected[k].shape))
-    if missing or unexpected or shapes:
-        raise CheckpointMismatchError(f'{what}: {len(missing)} missing keys {missing}, {len(unexpected)} unexpected '
-                                      f'keys {unexpected}, {len(shapes)} shape mismatches {shapes}')
+    """Raise :class:`CheckpointMismatchError` listing missing, unexpected and mis-shaped keys (:func:`check_keys`)."""
+    check_keys(state, expected, what)
 
 
 def prefixed(state: Mapping[str, torch.Tensor], prefix: str) -> Dict[str, torch.Tensor]:
@@ -131,6 +126,7 @@ class Conversion:
     rest: dict
     measured: dict
     info: dict = field(default_factory=dict)
+    fmt: Optional[ModuleType] = None
 
     def state(self, backbone_only: bool = False) -> Dict[str, torch.Tensor]:
         """The converted state dict: ``backbone.*``, then the head (classification) or the downstream model's
@@ -163,7 +159,7 @@ def from_release(state: Mapping[str, torch.Tensor], fmt: ModuleType, backbone_on
         article = 'an' if fmt.FAMILY == 'MLLA' else 'a'
         raise CheckpointMismatchError(f'not {article} {fmt.FAMILY} backbone: no {"backbone." if downstream else ""}'
                                       f'{"* / ".join(fmt.ROOTS)}* keys; keys start with {sorted(state)[:5]}')
-    measured = fmt.inspect(backbone)
+    measured = fmt.measure(backbone)
     info = dict(family=measured.get('variant', fmt.FAMILY), downstream=downstream, backbone_overrides={},
                 dropped=[], passthrough=[], out_indices=measured['out_norms'], notes=[], revision=None, release=None)
     if 'mask' in measured:
@@ -173,11 +169,11 @@ def from_release(state: Mapping[str, torch.Tensor], fmt: ModuleType, backbone_on
     to_backbone, head = ({}, {}) if skip_head else fmt.map_head(rest, len(measured['depths']) - 1)
     if downstream and not backbone_only:
         info['passthrough'] = sorted(rest)
-    return Conversion(backbone, head, to_backbone, rest, measured, info)
+    return Conversion(backbone, head, to_backbone, rest, measured, info, fmt)
 
 
-# ---------------------------------------------------------------- loading where a user points at a release
-def release_format(backbone: nn.Module) -> ModuleType:
+# ---------------------------------------------------------------- the one route of a release state dict
+def family_format(backbone: nn.Module) -> ModuleType:
     """The family module of an mmppma backbone (its class's ``release_format``)."""
     fmt = getattr(type(backbone), 'release_format', None)
     if fmt is None:
@@ -194,17 +190,6 @@ def is_release_layout(state: Mapping[str, torch.Tensor], fmt: ModuleType) -> boo
     if not any(k.startswith(fmt.ROOTS) for k in state):
         return False
     return 'head.weight' in state or fmt.release_only(state)
-
-
-def convert_release_state(state: Mapping[str, torch.Tensor], fmt: ModuleType) -> Conversion:
-    """A classification release state dict converted for loading; keys outside its backbone and head are an
-    error."""
-    conversion = from_release(dict(state), fmt)
-    stray = sorted(k for k in conversion.head if not k.startswith('head.'))
-    if stray:
-        raise CheckpointMismatchError(f'{fmt.FAMILY} release checkpoint: {len(stray)} unexpected keys outside its '
-                                      f'backbone and head: {stray}')
-    return conversion
 
 
 def unwrap_state(checkpoint: Mapping) -> Mapping:
@@ -228,22 +213,90 @@ def match_arch_name(zoo: Mapping[str, dict], names, measured: dict, implied: Opt
     return None
 
 
-def _report(what: str, backbone: nn.Module, conversion: Conversion, loaded: int, left: List[str],
-            skipped: List[str]) -> str:
-    info, fmt = conversion.info, release_format(backbone)
-    arch = match_arch_name(type(backbone).arch_zoo, fmt.ARCH_NAMES, conversion.measured, fmt.IMPLIED) or 'custom'
-    parts = [f'{what}: converted on load ({info["family"]}-{arch}), {loaded} tensors loaded']
+KeyRule = Optional[Callable[[str], bool]]
+
+
+def check_keys(state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], where: str, *,
+               keep: KeyRule = None, drop: KeyRule = None,
+               loose_shapes: KeyRule = None) -> Tuple[Dict[str, torch.Tensor], List[str], List[str]]:
+    """``state`` against the keys and shapes of ``expected`` (the receiving module's state dict): returns
+    (``state`` without the keys ``expected`` lacks, the expected keys it lacks that ``keep`` allows, its keys
+    ``expected`` lacks that ``drop`` allows). Any other missing, unexpected or (unless ``loose_shapes``) mis-shaped
+    key raises :class:`CheckpointMismatchError` naming them all."""
+    kept = sorted(k for k in expected if k not in state and keep is not None and keep(k))
+    dropped = sorted(k for k in state if k not in expected and drop is not None and drop(k))
+    missing = sorted(set(expected) - set(state) - set(kept))
+    unexpected = sorted(set(state) - set(expected) - set(dropped))
+    shapes = sorted(f'{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}'
+                    for k in set(state) & set(expected)
+                    if tuple(state[k].shape) != tuple(expected[k].shape) and not (loose_shapes and loose_shapes(k)))
+    if missing or unexpected or shapes:
+        raise CheckpointMismatchError(f'{where}: {len(missing)} missing keys {missing}, {len(unexpected)} unexpected '
+                                      f'keys {unexpected}, {len(shapes)} shape mismatches {shapes}')
+    return {k: v for k, v in state.items() if k in expected}, kept, dropped
+
+
+def load_report(where: str, conversion: Conversion, tensors: int, arch_zoo: Optional[Mapping] = None) -> str:
+    """The one log line of :func:`convert_and_check`."""
+    info, fmt = conversion.info, conversion.fmt
+    arch = match_arch_name(arch_zoo, fmt.ARCH_NAMES, conversion.measured, fmt.IMPLIED) if arch_zoo else None
+    parts = [f'{where}: converted from the {info["family"]}{"-" + arch if arch else ""} release, {tensors} tensors']
     if info.get('release'):
         parts.append(f'release revision {info["release"]["revision"]}')
     if info['dropped']:
         parts.append(f'{len(info["dropped"])} release buffers dropped (recomputed by mmppma)')
-    if skipped:
-        parts.append(f'{len(skipped)} classifier tensors (head, final norm) not used by a backbone')
-    if left:
-        parts.append(f'output norms the classification release has no weights for, left at their '
-                     f'initialization: {sorted(left)}')
-    parts += info['notes']
-    return '; '.join(parts)
+    if info['unused']:
+        parts.append(f'{len(info["unused"])} tensors this model does not take: {info["unused"]}')
+    if info['kept']:
+        parts.append(f'{len(info["kept"])} tensors the checkpoint has no weights for keep their initialization: '
+                     f'{info["kept"]}')
+    return '; '.join(parts + info['notes'])
+
+
+def convert_and_check(state: Mapping[str, torch.Tensor], fmt: ModuleType,
+                      target: Union[None, Mapping[str, torch.Tensor], Callable[[Conversion], Optional[Mapping]]],
+                      where: str, *, backbone_only: bool = False, rename: Optional[Callable[[str], str]] = None,
+                      keep: KeyRule = None, drop: KeyRule = None, loose_shapes: KeyRule = None,
+                      check_record: Optional[Callable[[dict], None]] = None, arch_zoo: Optional[Mapping] = None,
+                      hint: str = '', log: bool = True) -> Tuple[Dict[str, torch.Tensor], Conversion]:
+    """The one route of a release state dict (classification, or ``backbone.``-prefixed downstream) of the
+    family ``fmt`` into a model, for every caller (a backbone's ``init_cfg``, the load hook of its parent, timm's
+    pretrained filter, the converter):
+
+    1. detect and convert (:func:`from_release`: the layout, the settings in the shapes, the revision); keys
+       outside a classification release's backbone and head are an error;
+    2. ``check_record(info)``: the release revision's options against the model's (raises naming them);
+    3. check against ``target``, the receiving module's state dict (or a function of the conversion giving it;
+       None: no check), key for key and shape for shape (:func:`check_keys`: ``keep``, ``drop``,
+       ``loose_shapes``), after ``rename`` maps the converted keys to the target's;
+    4. one log line (:func:`load_report`; ``arch_zoo``: the arch table whose name it reports).
+
+    Returns (the converted state dict, only the target's keys; the :class:`Conversion`, whose ``info`` adds
+    ``kept`` and ``unused``). Every error ends with ``hint``."""
+    try:
+        conversion = from_release(dict(state), fmt, backbone_only)
+        stray = sorted(k for k in conversion.head if not k.startswith('head.'))
+        if stray:
+            raise CheckpointMismatchError(f'{fmt.FAMILY} release checkpoint: {len(stray)} unexpected keys {stray} '
+                                          'outside its backbone and head')
+        converted = conversion.state(backbone_only)
+        if rename is not None:
+            converted = {rename(k): v for k, v in converted.items()}
+        if check_record is not None and conversion.info.get('release'):
+            check_record(conversion.info['release'])
+        expected = target(conversion) if callable(target) else target
+        kept, unused = [], []
+        if expected is not None:
+            converted, kept, unused = check_keys(converted, expected, where, keep=keep, drop=drop,
+                                                 loose_shapes=loose_shapes)
+    except ValueError as err:  # CheckpointMismatchError and the record check's
+        if hint:
+            raise type(err)(f'{err}. {hint}') from err
+        raise
+    conversion.info.update(kept=kept, unused=unused)
+    if log:
+        _log(load_report(where, conversion, len(converted), arch_zoo))
+    return converted, conversion
 
 
 def _log(message: str) -> None:
@@ -251,40 +304,25 @@ def _log(message: str) -> None:
     print_log(message, logger='current')
 
 
-def _check_release_record(backbone: nn.Module, info: dict) -> None:
-    if info.get('release') and hasattr(backbone, 'check_release_record'):
-        backbone.check_release_record(info['release'])
+def _record_check(backbone: nn.Module) -> Optional[Callable[[dict], None]]:
+    return getattr(backbone, 'check_release_record', None)
 
 
 def load_release_into_backbone(backbone: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> dict:
-    """Convert a classification release state dict and load its backbone part into ``backbone``.
-
-    Every backbone key of the conversion must be one of the backbone's and every backbone tensor must come
-    from it, except the output norms of a dense backbone (``out_indices`` of several stages) the release has
-    no weights for; those stay at their initialization and are named in the log. Returns the conversion's info.
-    """
-    fmt = release_format(backbone)
-    conversion = convert_release_state(state, fmt)
-    expected = backbone.state_dict()
-    # MLLA / VMINet: the release's final norm becomes backbone.norm{last}, which a dense backbone with
-    # LayerNorm outputs (outnorm{i}) does not have: like the head, it then belongs to the classifier only
+    """Convert a classification release state dict and load its backbone part into ``backbone``
+    (:func:`convert_and_check`). The output norms of a dense backbone (``out_indices`` of several stages) the
+    release has no weights for keep their initialization; the classifier's head (and, for a backbone with
+    LayerNorm outputs, the release's final norm) is not used. Returns the conversion's info."""
+    fmt = family_format(backbone)
     final = f'norm{len(backbone.depths) - 1}.'
-    keep_final = any(k.startswith(final) for k in expected)
-    weights, skipped = {}, []
-    for key, value in conversion.state().items():
-        name = key[len('backbone.'):] if key.startswith('backbone.') else None
-        if name is None or (name.startswith(final) and not keep_final):
-            skipped.append(key)
-        else:
-            weights[name] = value
-    norms = {f'{backbone.out_norm_name(i)}.' for i in backbone.out_indices if backbone.out_norm_module(i) is not None}
-    left = [k for k in expected if k not in weights and k.startswith(tuple(norms))]
-    _check_release_record(backbone, conversion.info)  # first: its error names the options to set
-    check_state_against(weights, {k: v for k, v in expected.items() if k not in left},
-                        f'{fmt.FAMILY} release checkpoint {source} -> {type(backbone).__name__} backbone')
+    norms = tuple(f'{backbone.out_norm_name(i)}.' for i in backbone.out_indices
+                  if backbone.out_norm_module(i) is not None)
+    weights, conversion = convert_and_check(
+        state, fmt, backbone.state_dict(), f'{fmt.FAMILY} release checkpoint {source} -> '
+        f'{type(backbone).__name__} init_cfg', rename=lambda k: k[len('backbone.'):] if k.startswith('backbone.') else k,
+        keep=lambda k: k.startswith(norms) if norms else False, drop=lambda k: k.startswith(('head.', final)),
+        check_record=_record_check(backbone), arch_zoo=type(backbone).arch_zoo)
     backbone.load_state_dict(weights, strict=False)
-    _log(_report(f'{fmt.FAMILY} release checkpoint {source} -> {type(backbone).__name__} init_cfg', backbone,
-                 conversion, len(weights), left, skipped))
     return conversion.info
 
 
@@ -301,33 +339,31 @@ def read_checkpoint_state(filename: str) -> Dict[str, torch.Tensor]:
 def _release_pre_hook(module: nn.Module, state_dict: dict, prefix: str, local_metadata, strict, missing_keys,
                       unexpected_keys, error_msgs, child: str) -> None:
     """Load-state-dict pre-hook of a module whose child ``child`` is an mmppma backbone: a classification
-    release state dict under ``prefix`` is replaced, in place, by its conversion, checked against ``module``."""
+    release state dict under ``prefix`` is replaced, in place, by its conversion, checked against ``module``
+    (:func:`convert_and_check`). Any other state dict is left as it is."""
     backbone = module._modules.get(child)
     if backbone is None:
         return
-    fmt = release_format(backbone)
+    fmt = family_format(backbone)
     local = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     release = unwrap_state(local)
     if not is_release_layout(release, fmt):
         return
-    conversion = convert_release_state(release, fmt)
-    converted = conversion.state()
-    if child != 'backbone':
-        converted = {(child + k[len('backbone'):] if k.startswith('backbone.') else k): v for k, v in converted.items()}
     expected = module.state_dict()
     where = f'{fmt.FAMILY} release checkpoint -> {type(module).__name__}'
-    if any(not k.startswith((f'{child}.', 'head.')) for k in expected if k not in converted):
-        others = sorted({k.split('.')[0] for k in expected if not k.startswith((f'{child}.', 'head.'))})
+    others = sorted({k.split('.')[0] for k in expected if not k.startswith((f'{child}.', 'head.'))})
+    if others:
         raise CheckpointMismatchError(
             f'{where}: a classification release checkpoint holds only a backbone and a classification head, '
             f'this model also has {others}. Give it to the backbone instead: model.backbone.init_cfg='
             "dict(type='Pretrained', checkpoint=...) (no prefix needed; it is converted on load)")
-    _check_release_record(backbone, conversion.info)  # first: its error names the options to set
-    check_state_against(converted, expected, where)
+    converted, _ = convert_and_check(
+        release, fmt, expected, where,
+        rename=lambda k: child + k[len('backbone'):] if k.startswith('backbone.') else k,
+        check_record=_record_check(backbone), arch_zoo=type(backbone).arch_zoo)
     for k in local:
         del state_dict[prefix + k]
     state_dict.update({prefix + k: v for k, v in converted.items()})
-    _log(_report(where, backbone, conversion, len(converted), [], []))
 
 
 def install_parent_hook(parent: nn.Module, name: str, child: nn.Module) -> None:
