@@ -224,7 +224,7 @@ def test_mismatches_are_errors_listing_the_keys(family):
     extra, missing, (key, shape, message) = MISMATCH[family]
     size, arch = SMALLEST[family]
     state = family_state(family, size)
-    prefix = '' if family == 'PPMA' else r'backbone\.'  # PPMA's backbone is checked under the release's names
+    prefix = r'backbone\.'
     with pytest.raises(CheckpointMismatchError, match=rf"1 unexpected keys \['{prefix}{extra}'\]"):
         release_to_mmppma(dict(state, **{extra: torch.zeros(3)}), family)
     with pytest.raises(CheckpointMismatchError, match=rf"1 missing keys \['{prefix}{missing}'\]"):
