@@ -77,14 +77,14 @@ class Family:
 
 PPMA_SIZES = dict(tiny='t', small='s', base='b')
 TIMM_FAMILIES: Dict[str, Family] = {
-    'ppma': Family(PPMA, ppma_release, PPMA_SIZES, 'ppma', classifier_options=dict(out_norm=False), dense_options=dict(out_norm=True),
-                   metafile='ppma', paper='arXiv:2506.15940', code='https://github.com/zhongchenzhao/PPMA'),
-    'rmt': Family(RMT, ppma_release, PPMA_SIZES, 'ppma', classifier_options=dict(out_norm=False), dense_options=dict(out_norm=True),
-                  paper='arXiv:2309.11523', code='https://github.com/qhfan/RMT',
+    'ppma': Family(PPMA, ppma_release, PPMA_SIZES, 'ppma', classifier_options=dict(out_norm=False),
+                   dense_options=dict(out_norm=True), metafile='ppma', paper='arXiv:2506.15940', code='https://github.com/zhongchenzhao/PPMA'),
+    'rmt': Family(RMT, ppma_release, PPMA_SIZES, 'ppma', classifier_options=dict(out_norm=False),
+                  dense_options=dict(out_norm=True), paper='arXiv:2309.11523', code='https://github.com/qhfan/RMT',
                   no_weights='the RMT release (github.com/qhfan/RMT) links its ImageNet weights only as a Baidu '
                   'Netdisk share, and the PPMA release publishes no RMT file: there is no direct download'),
-    'mlla': Family(MLLA, mlla_release, PPMA_SIZES, 'linear', classifier_options=dict(out_norm=True), dense_options=dict(out_norm=True),
-                   metafile='mlla', paper='arXiv:2405.16605', code='https://github.com/LeapLabTHU/MLLA'),
+    'mlla': Family(MLLA, mlla_release, PPMA_SIZES, 'linear', classifier_options=dict(out_norm=True),
+                   dense_options=dict(out_norm=True), metafile='mlla', paper='arXiv:2405.16605', code='https://github.com/LeapLabTHU/MLLA'),
     'ppmla': Family(MLLA, mlla_release, PPMA_SIZES, 'linear', options=dict(mask='polyline'),
                     classifier_options=dict(out_norm=True), dense_options=dict(out_norm=True), paper='arXiv:2506.15940',
                     code='https://github.com/zhongchenzhao/PPMA',
@@ -350,7 +350,8 @@ def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor], model: MMPPMACl
         raise CheckpointMismatchError(
             f'{name} weights: the state dict is neither a {fmt.FAMILY} release classification checkpoint (backbone '
             f'keys at the root and head.weight) nor an mmppma one (backbone.* keys); its keys start with '
-            f'{sorted(state)[:5]}. Pass a release file or an mmppma checkpoint as pretrained_cfg_overlay=dict(file=PATH)')
+            f'{sorted(state)[:5]}. Pass a release file or an mmppma checkpoint as '
+            'pretrained_cfg_overlay=dict(file=PATH)')
     return {**converted, **{k: expected[k] for k in kept}}
 
 
@@ -413,8 +414,9 @@ def _entrypoint(name: str):
     family, size = MODEL_NAMES[name]
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    create.__doc__ = (f'{TIMM_FAMILIES[family].backbone.__name__} ({family}, arch {TIMM_FAMILIES[family].sizes[size]!r}) '
-                      'classifier; see mmppma.timm_models.')
+    entry = TIMM_FAMILIES[family]
+    create.__doc__ = (f'{entry.backbone.__name__} ({family}, arch {entry.sizes[size]!r}) classifier; '
+                      'see mmppma.timm_models.')
     return create
 
 

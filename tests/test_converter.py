@@ -17,7 +17,6 @@ from mmengine.registry import DefaultScope
 from mmpretrain.registry import MODELS
 
 from mmppma.models import MLLA, PPMA, RMT, VMINet
-from mmppma.models.layers.mlla import mlla_rope_tables
 from mmppma.models.conversion import checkpoint_convert as cc
 from mmppma.models.conversion.checkpoint_convert import (
     CheckpointMismatchError,
@@ -25,6 +24,7 @@ from mmppma.models.conversion.checkpoint_convert import (
     mmppma_to_release,
     release_to_mmppma,
 )
+from mmppma.models.layers.mlla import mlla_rope_tables
 
 from .conftest import REPO_ROOT, fixture_shapes, random_tensors, release_state
 

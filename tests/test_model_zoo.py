@@ -72,7 +72,8 @@ def test_init_cfg_converts_a_release_checkpoint(family, tmp_path, monkeypatch):
     fresh = sorted(set(got) - set(want))
     norms = tuple(f'{backbone.out_norm_name(i)}.' for i in range(4))
     assert fresh and all(k.startswith(norms) for k in fresh), fresh
-    assert len(reports) == 1 and f'converted from the {family}-{KEY_LISTS[family].split("_")[1].lower()} release' in reports[0]
+    name = f'{family}-{KEY_LISTS[family].split("_")[1].lower()}'
+    assert len(reports) == 1 and f'converted from the {name} release' in reports[0]
     assert all(repr(k) in reports[0] for k in fresh)  # what was left at its initialization is named
     if family == 'PPMA':  # the release's own backbone names, unchanged (docs/checkpoints.md)
         for key in want:

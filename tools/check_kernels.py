@@ -50,8 +50,8 @@ import sass_cost  # noqa: E402
 import triton  # noqa: E402
 
 import mmppma.ops as ops  # noqa: E402
-from mmppma.ops import dispatch  # noqa: E402
 from mmppma.models.backbones.stages import IMAGES, SHIPPED, STRIDES, attention_stages, model_shapes  # noqa: E402,F401
+from mmppma.ops import dispatch  # noqa: E402
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 # 'tf32': float32 inputs with torch's TF32 setting on (the kernels' dot products on TF32 tensor cores)
@@ -194,7 +194,8 @@ def compile_one(desc: dict, sass: bool = False) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS), choices=TARGETS)
-    parser.add_argument('--dtype', nargs='+', choices=list(DTYPES), help=f'default: all; with --quick: {" ".join(QUICK_DTYPES)}')
+    parser.add_argument('--dtype', nargs='+', choices=list(DTYPES),
+                        help=f'default: all; with --quick: {" ".join(QUICK_DTYPES)}')
     parser.add_argument('--shapes', nargs='+', choices=list(IMAGES), help='input sizes (default: all)')
     parser.add_argument('--models', nargs='+', choices=list(MODELS), help='backbones (default: all)')
     parser.add_argument('--quick', action='store_true',

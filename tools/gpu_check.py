@@ -8,13 +8,13 @@ reference, a determinism check, and a speed table against ``scaled_dot_product_a
     python tools/gpu_check.py --simulate 90                    # no GPU: the CUDA code path on CPU, tiny shapes
 
 Shapes are the attention stages of the shipped backbones at the shipped input sizes (read from the arch tables,
-``mmppma.models.backbones.stages``). The reference is the op's dense ``impl='reference'`` in float64 up to ``--dense-tokens`` tokens and its
-``impl='torch'`` path in float64 above (itself tested against the dense one), on the same (rounded) inputs. Each
-row checks the output and the gradient of every input: float32 (TF32 off) within 1e-4 of the reference's largest
-entry; float16 within 1e-2 and bfloat16 within 3e-2 in relative norm (bfloat16 rounds 8 times as coarsely: a
-gradient that sums or cancels over the whole map, as RMT's per-head decay or normalized linear attention's dq,
-loses about 1e-2 in bfloat16, the torch path included); then two runs must be bitwise equal. Every row catches its own
-error and prints ``FAIL`` with it (the run goes on); exit status 1 if any row fails.
+``mmppma.models.backbones.stages``). The reference is the op's dense ``impl='reference'`` in float64 up to
+``--dense-tokens`` tokens and its ``impl='torch'`` path in float64 above (itself tested against the dense one), on the
+same (rounded) inputs. Each row checks the output and the gradient of every input: float32 (TF32 off) within 1e-4 of the
+reference's largest entry; float16 within 1e-2 and bfloat16 within 3e-2 in relative norm (bfloat16 rounds 8 times as
+coarsely: a gradient that sums or cancels over the whole map, as RMT's per-head decay or normalized linear attention's
+dq, loses about 1e-2 in bfloat16, the torch path included); then two runs must be bitwise equal. Every row catches its
+own error and prints ``FAIL`` with it (the run goes on); exit status 1 if any row fails.
 
 ``--quick`` checks the stages of PPMA-T, RMT-T and MLLA-T at 224 x 224 (one image; every op, every dtype) and times
 them at the configs' 64 images per GPU, 10 runs per row.
@@ -38,7 +38,8 @@ sys.path.insert(0, os.path.dirname(TOOLS))
 DTYPES = ('fp32', 'fp16', 'bf16')
 #: largest error per dtype: float32 of the reference's largest entry, half precision in relative norm
 LIMITS = {'fp32': 1e-4, 'fp16': 1e-2, 'bf16': 3e-2}
-# the ops of each attention kind of the shipped backbones (mmppma.models.backbones.stages) (the linear stages also run the scans)
+# the ops of each attention kind of the shipped backbones (mmppma.models.backbones.stages); the linear stages also
+# run the scans
 KIND_OPS = {
     'whole': ('ppma_attention', ),
     'cc': ('criss_cross_attention', ),
@@ -61,8 +62,10 @@ QUICK_REPEATS = 10
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--shapes', nargs='+', help='input sizes of mmppma.models.backbones.stages.IMAGES (default: all)')
-    parser.add_argument('--models', nargs='+', help='backbones of mmppma.models.backbones.stages.SHIPPED (default: all)')
+    parser.add_argument('--shapes', nargs='+',
+                        help='input sizes of mmppma.models.backbones.stages.IMAGES (default: all)')
+    parser.add_argument('--models', nargs='+',
+                        help='backbones of mmppma.models.backbones.stages.SHIPPED (default: all)')
     parser.add_argument('--dtype', nargs='+', choices=DTYPES, default=list(DTYPES))
     parser.add_argument('--batch', type=int, default=1, help='images per shape (default 1)')
     parser.add_argument('--speed-batch', type=int,

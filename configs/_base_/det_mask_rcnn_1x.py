@@ -3,7 +3,8 @@
 # single-scale training with flip, warmup 500 iters, steps at epochs 8 and 11, CocoMetric bbox + segm).
 # Per-arch configs (configs/mask_rcnn_{ppma,rmt}_{t,s,b}_{1x,3x}_coco.py) set only the backbone type (RMT)
 # and arch, drop_path_rate, the ImageNet-1K weights (top-level `pretrained`: an mmppma classification
-# checkpoint or a release one, converted on load) and the FPN's in_channels. To train from scratch: --cfg-options model.backbone.init_cfg=None.
+# checkpoint or a release one, converted on load) and the FPN's in_channels.
+# To train from scratch: --cfg-options model.backbone.init_cfg=None.
 _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', './dense_optim.py']
 
 model = dict(

@@ -107,12 +107,12 @@ def traced_input(x: torch.Tensor) -> torch.Tensor:
 
 def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = False, opset: int = 18,
                 optimize: bool = True) -> None:
-    """Export ``module`` (one tensor in) at input ``x`` to the ONNX file ``path`` (weights inside), tracing
-    its plain PyTorch paths (:func:`mmppma.ops.export_mode`), fixed-grid pools in their run-time form
-    (:func:`~mmppma.deploy.pools.runtime_pools`). ``dynamic``: batch, height and width are dynamic wherever the model allows
-    (``torch.export.Dim.AUTO``: an axis the model fixes stays static; see :func:`dynamic_axes`). ``optimize``:
-    run onnxscript's graph optimizer on the result (constant folding, fusions). Raises :class:`ExportError`
-    naming the op the exporter failed on.
+    """Export ``module`` (one tensor in) at input ``x`` to the ONNX file ``path`` (weights inside), tracing its plain
+    PyTorch paths (:func:`mmppma.ops.export_mode`), fixed-grid pools in their run-time form
+    (:func:`~mmppma.deploy.pools.runtime_pools`). ``dynamic``: batch, height and width are dynamic wherever the model
+    allows (``torch.export.Dim.AUTO``: an axis the model fixes stays static; see :func:`dynamic_axes`). ``optimize``:
+    run onnxscript's graph optimizer on the result (constant folding, fusions). Raises :class:`ExportError` naming the
+    op the exporter failed on.
 
     A dynamic export is traced at a batch of at least 2 (:func:`traced_input`): traced at 1, ``torch.export``
     specializes the axis ("0/1 specialization") in part of the graph, whose broadcasts and reshapes then hold a

@@ -19,10 +19,11 @@ Loading (no conversion command needed):
   The parent is a class of mmpretrain (or the user's), built by their code, so mmppma's first chance to
   reach it is the moment the backbone is registered as its child.
 
-Either way, as for timm's pretrained filter and the converter (:mod:`mmppma.models.conversion`), the state goes
-through :func:`convert_and_check`: the converted keys are checked against the module that receives them
-(:class:`CheckpointMismatchError` names the missing, unexpected and mis-shaped ones) and one line is logged. Loading a classification release into a dense backbone
-leaves the output norms the release has no weights for at their initialization, and says so in the log.
+Either way, as for timm's pretrained filter and the converter (:mod:`mmppma.models.conversion`), the state goes through
+:func:`convert_and_check`: the converted keys are checked against the module that receives them
+(:class:`CheckpointMismatchError` names the missing, unexpected and mis-shaped ones) and one line is logged. Loading a
+classification release into a dense backbone leaves the output norms the release has no weights for at their
+initialization, and says so in the log.
 """
 import functools
 import re
@@ -319,7 +320,8 @@ def load_release_into_backbone(backbone: nn.Module, state: Mapping[str, torch.Te
                   if backbone.out_norm_module(i) is not None)
     weights, conversion = convert_and_check(
         state, fmt, backbone.state_dict(), f'{fmt.FAMILY} release checkpoint {source} -> '
-        f'{type(backbone).__name__} init_cfg', rename=lambda k: k[len('backbone.'):] if k.startswith('backbone.') else k,
+        f'{type(backbone).__name__} init_cfg',
+        rename=lambda k: k[len('backbone.'):] if k.startswith('backbone.') else k,
         keep=lambda k: k.startswith(norms) if norms else False, drop=lambda k: k.startswith(('head.', final)),
         check_record=_record_check(backbone), arch_zoo=type(backbone).arch_zoo)
     backbone.load_state_dict(weights, strict=False)

@@ -13,8 +13,6 @@ the result against the model the config builds (on the meta device: no memory) a
 from pathlib import Path
 from typing import Dict, Mapping, Tuple, Union
 
-import torch
-
 from ..backbones.release import CheckpointMismatchError, check_state_against, extract_state_dict
 from .checkpoint_convert import release_to_mmppma
 
