@@ -55,6 +55,7 @@ from .models.backbones.release import (
     unwrap_state,
 )
 from .models.heads import PPMAClsHead
+from .utils.checks import renamed_attributes
 
 METAFILES = Path(__file__).resolve().parent / '.mim' / 'metafiles'
 
@@ -73,6 +74,11 @@ class Family:
     paper: str = ''
     code: str = ''
     no_weights: str = ''  # where the weights are published when there is no direct download
+
+    def __getattr__(self, name: str):
+        new = {'classify': 'classifier_options', 'dense': 'dense_options'}.get(name)
+        raise AttributeError(f'Family.{name} is now Family.{new}' if new else
+                             f'{type(self).__name__!r} object has no attribute {name!r}')
 
 
 PPMA_SIZES = dict(tiny='t', small='s', base='b')
@@ -423,12 +429,7 @@ def _entrypoint(name: str):
 #: the pretrained cfgs timm's register_model reads (``default_cfgs`` of this module)
 default_cfgs = _default_cfgs()
 __all__ = ['MMPPMAClassifier', 'checkpoint_filter_fn', 'release_url', 'TIMM_FAMILIES', 'MODEL_NAMES']
-
-
-def __getattr__(name: str):
-    if name == 'FAMILIES':
-        raise AttributeError('mmppma.timm_models.FAMILIES is now TIMM_FAMILIES (the timm model families)')
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+__getattr__ = renamed_attributes(__name__, FAMILIES='TIMM_FAMILIES (the timm model families)')
 for _name in MODEL_NAMES:
     globals()[_name] = register_model(_entrypoint(_name))
 

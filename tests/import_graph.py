@@ -9,6 +9,8 @@ SHIMS = {
     'mmppma.deploy_mask_rcnn': 'mmppma.deploy.mask_rcnn',
     'mmppma.models.layers.adaptive_pool': 'mmppma.deploy.pools',
     'mmppma.models.utils': 'mmppma.models.conversion',
+    'mmppma.models.backbones.release_format': 'mmppma.models.backbones.release',
+    'mmppma.utils.launch': 'mmppma.utils.runner_setup',
 }
 
 

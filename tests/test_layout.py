@@ -49,3 +49,28 @@ def test_the_layer_rule_sees_an_upward_import():
 def test_an_old_import_path_names_the_new_one(old, new):
     with pytest.raises(ImportError, match=new.replace('.', r'\.')):
         importlib.import_module(old)
+
+
+@pytest.mark.parametrize('module, old, new', [
+    ('mmppma.timm_models', 'FAMILIES', 'TIMM_FAMILIES'),
+    ('mmppma.models.conversion', 'FAMILIES', 'RELEASE_FAMILIES'),
+    ('mmppma.models.conversion.checkpoint_convert', 'FAMILIES', 'RELEASE_FAMILIES'),
+    ('mmppma.models.backbones.ppma_release', 'inspect', 'measure'),
+    ('mmppma.models.backbones.mlla_release', 'inspect', 'measure'),
+    ('mmppma.models.backbones.vminet_release', 'inspect', 'measure'),
+])
+def test_an_old_attribute_name_names_the_new_one(module, old, new):
+    with pytest.raises(ImportError, match=rf'{old} is now {new}\b'):
+        exec(f'from {module} import {old}', {})
+    assert hasattr(importlib.import_module(module), new)
+    with pytest.raises(AttributeError, match='no attribute'):  # other missing names keep the usual error
+        getattr(importlib.import_module(module), 'no_such_name')
+
+
+@pytest.mark.parametrize('old, new', [('classify', 'classifier_options'), ('dense', 'dense_options')])
+def test_an_old_family_field_names_the_new_one(old, new):
+    from mmppma.timm_models import TIMM_FAMILIES
+    family = TIMM_FAMILIES['ppma']
+    with pytest.raises(AttributeError, match=f'Family.{old} is now Family.{new}'):
+        getattr(family, old)
+    assert getattr(family, new) == dict(out_norm=old == 'dense')

@@ -11,6 +11,7 @@ from typing import Dict, Mapping
 
 import torch
 
+from ...utils.checks import renamed_attributes
 from ..layers.mlla import mlla_rope_tables
 from . import release
 from .release import CheckpointMismatchError, block_indices, out_norm_indices, stage_count
@@ -95,3 +96,6 @@ def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
     if downstream:
         return {**release.prefixed(backbone, 'backbone.'), **others}
     return release.linear_head_to_release(backbone, others, stages)
+
+
+__getattr__ = renamed_attributes(__name__, inspect='measure')

@@ -9,6 +9,7 @@ from typing import Dict, Mapping, Tuple
 
 import torch
 
+from ...utils.checks import renamed_attributes
 from . import release
 from .release import CheckpointMismatchError, block_indices, out_norm_indices, stage_count
 
@@ -96,3 +97,6 @@ def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False) -> D
         prefix = None if downstream else next((p for p in inverse if k.startswith(p)), None)
         out[inverse[prefix] + k[len(prefix):] if prefix else k] = v
     return out
+
+
+__getattr__ = renamed_attributes(__name__, inspect='measure')

@@ -13,6 +13,7 @@ from typing import Dict, Mapping, Optional
 
 import torch
 
+from ...utils.checks import renamed_attributes
 from . import release
 from .release import (
     CheckpointMismatchError,
@@ -166,3 +167,6 @@ def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
     if downstream:
         return {**prefixed(backbone, 'backbone.'), **others}
     return linear_head_to_release(backbone, others, stage_count(backbone, 'stages'))
+
+
+__getattr__ = renamed_attributes(__name__, inspect='measure')

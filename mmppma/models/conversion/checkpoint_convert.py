@@ -17,6 +17,7 @@ from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
 
+from ...utils.checks import renamed_attributes
 from ..backbones import mlla_release, ppma_release, vminet_release
 from ..backbones.mlla import MLLA, MLLA_ARCH_ZOO
 from ..backbones.ppma import ARCH_ZOO as PPMA_ARCH_ZOO
@@ -31,6 +32,7 @@ __all__ = ['RELEASE_FAMILIES', 'CheckpointMismatchError', 'check_family', 'canon
 
 #: the release layouts converted; 'RMT' is PPMA's fixed-decay baseline in the same layout (family 'PPMA')
 RELEASE_FAMILIES = ('PPMA', 'MLLA', 'VMINet')
+__getattr__ = renamed_attributes(__name__, FAMILIES='RELEASE_FAMILIES')
 FORMATS = {'PPMA': ppma_release, 'MLLA': mlla_release, 'VMINet': vminet_release}
 ZOOS = {'PPMA': PPMA_ARCH_ZOO, 'MLLA': MLLA_ARCH_ZOO, 'VMINet': VMINET_ARCH_ZOO}
 with_release_record = vminet_release.with_release_record
