@@ -21,12 +21,12 @@ Weights: ``pretrained=True`` reads the release file the pretrained cfg's ``url``
 whose release publishes no direct download have no ``url``; ``pretrained=True`` then raises an error that
 says where the weights are published and how to pass a file. timm's ``checkpoint_path=`` and the model's
 ``load_state_dict`` take a release state dict too (converted by the load hook ``import mmppma`` gives every
-parent of an mmppma backbone, :mod:`mmppma.models.backbones.release_format`).
+parent of an mmppma backbone, :mod:`mmppma.models.backbones.release`).
 
 Eval settings (``pretrained_cfg``): 224 x 224, resize the short side to 256 (crop 0.875) bicubic, center crop,
 ImageNet mean and std: the test pipeline of the configs (mmpretrain's ``imagenet_bs64_swin_224``).
 """
-import logging
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,16 +45,18 @@ from timm.models._pretrained import PretrainedCfg
 from timm.models._registry import get_pretrained_cfg
 
 from .models.backbones import MLLA, PPMA, RMT, VMINet, mlla_release, ppma_release, vminet_release
-from .models.backbones.release_format import (
+from .models.backbones.release import (
     CheckpointMismatchError,
-    convert_release_state,
+    _log,
+    check_keys,
+    convert_and_check,
     is_release_layout,
     read_checkpoint_state,
     unwrap_state,
 )
 from .models.heads import PPMAClsHead
+from .utils.checks import renamed_attributes
 
-_logger = logging.getLogger(__name__)
 METAFILES = Path(__file__).resolve().parent / '.mim' / 'metafiles'
 
 
@@ -66,48 +68,59 @@ class Family:
     sizes: Dict[str, str]  # timm size name -> the backbone's arch name
     head: str  # 'ppma' (PPMAClsHead) or 'linear' (average pool, head.fc)
     options: dict = field(default_factory=dict)  # backbone options of every model of the family
-    classify: dict = field(default_factory=dict)  # the classifier's output norm
-    dense: dict = field(default_factory=dict)  # the mmdet / mmseg backbone's output norms
+    classifier_options: dict = field(default_factory=dict)  # the classifier's output norm
+    dense_options: dict = field(default_factory=dict)  # the mmdet / mmseg backbone's output norms
     metafile: Optional[str] = None  # the model index's family (mmppma/.mim/metafiles/<family>)
     paper: str = ''
     code: str = ''
     no_weights: str = ''  # where the weights are published when there is no direct download
 
+    def __getattr__(self, name: str):
+        new = {'classify': 'classifier_options', 'dense': 'dense_options'}.get(name)
+        raise AttributeError(f'Family.{name} is now Family.{new}' if new else
+                             f'{type(self).__name__!r} object has no attribute {name!r}')
+
 
 PPMA_SIZES = dict(tiny='t', small='s', base='b')
-FAMILIES: Dict[str, Family] = {
-    'ppma': Family(PPMA, ppma_release, PPMA_SIZES, 'ppma', classify=dict(out_norm=False), dense=dict(out_norm=True),
-                   metafile='ppma', paper='arXiv:2506.15940', code='https://github.com/zhongchenzhao/PPMA'),
-    'rmt': Family(RMT, ppma_release, PPMA_SIZES, 'ppma', classify=dict(out_norm=False), dense=dict(out_norm=True),
-                  paper='arXiv:2309.11523', code='https://github.com/qhfan/RMT',
+TIMM_FAMILIES: Dict[str, Family] = {
+    'ppma': Family(PPMA, ppma_release, PPMA_SIZES, 'ppma', classifier_options=dict(out_norm=False),
+                   dense_options=dict(out_norm=True), metafile='ppma', paper='arXiv:2506.15940', code='https://github.com/zhongchenzhao/PPMA'),
+    'rmt': Family(RMT, ppma_release, PPMA_SIZES, 'ppma', classifier_options=dict(out_norm=False),
+                  dense_options=dict(out_norm=True), paper='arXiv:2309.11523', code='https://github.com/qhfan/RMT',
                   no_weights='the RMT release (github.com/qhfan/RMT) links its ImageNet weights only as a Baidu '
                   'Netdisk share, and the PPMA release publishes no RMT file: there is no direct download'),
-    'mlla': Family(MLLA, mlla_release, PPMA_SIZES, 'linear', classify=dict(out_norm=True), dense=dict(out_norm=True),
-                   metafile='mlla', paper='arXiv:2405.16605', code='https://github.com/LeapLabTHU/MLLA'),
+    'mlla': Family(MLLA, mlla_release, PPMA_SIZES, 'linear', classifier_options=dict(out_norm=True),
+                   dense_options=dict(out_norm=True), metafile='mlla', paper='arXiv:2405.16605', code='https://github.com/LeapLabTHU/MLLA'),
     'ppmla': Family(MLLA, mlla_release, PPMA_SIZES, 'linear', options=dict(mask='polyline'),
-                    classify=dict(out_norm=True), dense=dict(out_norm=True), paper='arXiv:2506.15940',
+                    classifier_options=dict(out_norm=True), dense_options=dict(out_norm=True), paper='arXiv:2506.15940',
                     code='https://github.com/zhongchenzhao/PPMA',
                     no_weights='no PPMLA weights are published (the PPMA release has none)'),
     'vminet': Family(VMINet, vminet_release, dict(tiny='ti', xsmall='xs', small='s', base='b'), 'linear',
-                     options=dict(vminet_release.RELEASE_REVISIONS['7c2632c']), classify=dict(out_norm='BN'),
-                     dense=dict(out_norm='LN'), metafile='vminet', code='https://github.com/yws-wxs/VMINet',
+                     options=dict(vminet_release.RELEASE_REVISIONS['7c2632c']), classifier_options=dict(out_norm='BN'),
+                     dense_options=dict(out_norm='LN'), metafile='vminet', code='https://github.com/yws-wxs/VMINet',
                      no_weights='the VMINet release publishes no VMINet-B weights (its README says "retraining")'),
 }
 #: the head's projection width (PPMAClsHead, the release's 1024)
 PPMA_HEAD_HIDDEN = 1024
 #: timm name -> (family, size), e.g. 'vminet_xsmall' -> ('vminet', 'xsmall')
-MODEL_NAMES = {f'{family}_{size}': (family, size) for family, spec in FAMILIES.items() for size in spec.sizes}
+MODEL_NAMES = {f'{family}_{size}': (family, size) for family, spec in TIMM_FAMILIES.items() for size in spec.sizes}
 NUM_STAGES = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _metafile_models(family: str) -> list:
+    """The ``Models`` of a family's metafile, parsed once."""
+    return yaml.safe_load((METAFILES / family / 'metafile.yml').read_text())['Models']
 
 
 def _index_entry(family: str, size: str) -> Optional[dict]:
     """The model index's classification entry of a named size (``mmppma_<family>-<arch>_3rdparty_in1k`` or,
     without release weights, ``..._in1k``), or None."""
-    spec = FAMILIES[family]
+    spec = TIMM_FAMILIES[family]
     if spec.metafile is None:
         return None
     arch = spec.sizes[size]
-    models = yaml.safe_load((METAFILES / spec.metafile / 'metafile.yml').read_text())['Models']
+    models = _metafile_models(spec.metafile)
     names = (f'mmppma_{spec.metafile}-{arch}_3rdparty_in1k', f'mmppma_{spec.metafile}-{arch}_in1k')
     return next((m for m in models if m['Name'] in names), None)
 
@@ -120,7 +133,7 @@ def release_url(name: str) -> Optional[str]:
 
 def _eval_cfg(name: str) -> dict:
     family, size = MODEL_NAMES[name]
-    spec = FAMILIES[family]
+    spec = TIMM_FAMILIES[family]
     stem = {PPMA: 'backbone.patch_embed.proj.0', RMT: 'backbone.patch_embed.proj.0',
             MLLA: 'backbone.patch_embed.conv1.conv', VMINet: 'backbone.stem.0.conv'}[spec.backbone]
     cfg = dict(num_classes=1000, input_size=(3, 224, 224), pool_size=(7, 7), crop_pct=0.875, crop_mode='center',
@@ -160,7 +173,7 @@ class MMPPMAClassifier(nn.Module):
     """An mmppma backbone and the release classification head, with timm's model interface.
 
     Args:
-        family: a key of :data:`FAMILIES` ('ppma', 'rmt', 'mlla', 'ppmla', 'vminet').
+        family: a key of :data:`TIMM_FAMILIES` ('ppma', 'rmt', 'mlla', 'ppmla', 'vminet').
         arch: the backbone's arch: a name of its arch table or a custom dict (see the backbone class).
         num_classes: classes; 0 gives the pooled pre-logits features.
         global_pool: 'avg' or '' (no pooling: ``forward`` gives maps).
@@ -174,15 +187,15 @@ class MMPPMAClassifier(nn.Module):
     def __init__(self, family: str, arch: Union[str, dict], num_classes: int = 1000, global_pool: str = 'avg',
                  in_chans: int = 3, *, dense_outputs: bool = False, **kwargs) -> None:
         super().__init__()
-        if family not in FAMILIES:
-            raise ValueError(f'family={family!r}; choose one of {", ".join(FAMILIES)}')
-        spec = FAMILIES[family]
+        if family not in TIMM_FAMILIES:
+            raise ValueError(f'family={family!r}; choose one of {", ".join(TIMM_FAMILIES)}')
+        spec = TIMM_FAMILIES[family]
         for name in ('out_indices', 'out_norm'):
             if name in kwargs:
                 raise TypeError(f'{name} is set by the timm model: features_only=True gives the dense backbone '
                                 f'(every stage, with its output norm), and timm\'s out_indices picks stages of it')
-        outputs = dict(out_indices=tuple(range(NUM_STAGES)), **spec.dense) if dense_outputs else \
-            dict(out_indices=(-1, ), **spec.classify)
+        outputs = dict(out_indices=tuple(range(NUM_STAGES)), **spec.dense_options) if dense_outputs else \
+            dict(out_indices=(-1, ), **spec.classifier_options)
         self.family, self.dense_outputs = family, dense_outputs
         self.backbone = spec.backbone(arch, in_chans, **{**spec.options, **kwargs}, **outputs)
         self.num_stages = len(self.backbone.depths)
@@ -307,78 +320,50 @@ def _fillable(key: str) -> bool:
     return bool(_OUT_NORM.match(key)) or key.startswith('head.')
 
 
-def _check_vminet_revision(model: MMPPMAClassifier, record: Optional[Mapping]) -> None:
-    backbone = model.backbone
-    if not record or not isinstance(backbone, VMINet):
-        return
-    need = {k: record[k] for k in ('context_mask', 'proj_norm') if record[k] != getattr(backbone, k)}
-    if need:
-        args = ', '.join(f'{k}={v!r}' for k, v in need.items())
-        raise ValueError(f'this VMINet checkpoint is release revision {record["revision"]}, whose blocks need '
-                         f'{args}; the model has {", ".join(f"{k}={getattr(backbone, k)!r}" for k in need)}. Pass '
-                         f'them to timm: timm.create_model(name, pretrained=True, {args}, pretrained_cfg_overlay=...)')
-
-
 def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor], model: MMPPMAClassifier) -> Dict[str, torch.Tensor]:
-    """timm's ``pretrained_filter_fn``: a release classification state dict (converted with the family's
-    release format, :func:`~mmppma.models.backbones.release_format.from_release`) or an mmppma one
+    """timm's ``pretrained_filter_fn``: a release classification state dict (converted and checked by
+    :func:`~mmppma.models.backbones.release.convert_and_check`, the family's release format) or an mmppma one
     (``backbone.*`` / ``head.*``: an mmpretrain classifier, or an mmdet / mmseg model, whose other modules are
     left out) -> ``model``'s state dict.
 
     The output norms and head a checkpoint of the other layout has no weights for (a classification release
     into the dense ``features_only`` backbone, a dense backbone into a classifier) keep the model's
     initialization, and the log names them; every other key must match in name and shape
-    (:class:`~mmppma.models.backbones.release_format.CheckpointMismatchError` names those that do not).
+    (:class:`~mmppma.models.backbones.release.CheckpointMismatchError` names those that do not).
     """
-    fmt = type(model.backbone).release_format
+    backbone = model.backbone
+    fmt, name = type(backbone).release_format, type(backbone).__name__
     state = dict(unwrap_state(state_dict))
+    expected = model.state_dict()
+    # head.fc: timm drops it when the model's num_classes differs from the checkpoint's
+    rules = dict(keep=_fillable, drop=_fillable, loose_shapes=lambda k: k.startswith('head.fc.'))
     if is_release_layout(state, fmt):
-        try:
-            conversion = convert_release_state(state, fmt)
-        except CheckpointMismatchError as e:
-            raise CheckpointMismatchError(f'{e}. The timm {type(model.backbone).__name__} model takes a {fmt.FAMILY} '
-                                          'release or mmppma checkpoint of its own family and size') from e
-        _check_vminet_revision(model, conversion.info.get('release'))
-        converted, what = conversion.state(), f'{fmt.FAMILY} release checkpoint'
+        where = f'{fmt.FAMILY} release checkpoint -> timm {name} classifier'
+        hint = (f'The timm {name} model takes a {fmt.FAMILY} release or mmppma checkpoint of its own family and '
+                'size; backbone options go to timm: timm.create_model(name, pretrained=True, OPTION=VALUE, '
+                'pretrained_cfg_overlay=...)')
+        converted, conversion = convert_and_check(state, fmt, expected, where, check_record=getattr(
+            backbone, 'check_release_record', None), arch_zoo=type(backbone).arch_zoo, hint=hint, **rules)
+        kept = conversion.info['kept']
     elif any(k.startswith('backbone.') for k in state):
         others = sorted({k.split('.')[0] for k in state if not k.startswith(('backbone.', 'head.'))})
-        if others:
-            _logger.info(f'mmppma checkpoint: the timm model takes its backbone and head; left out: {others}')
-        converted, what = {k: v for k, v in state.items() if k.startswith(('backbone.', 'head.'))}, 'mmppma checkpoint'
+        where = f'mmppma checkpoint -> timm {name} classifier'
+        converted, kept, unused = check_keys({k: v for k, v in state.items() if k.startswith(('backbone.', 'head.'))},
+                                             expected, where, **rules)
+        _log(f'{where}: {len(converted)} tensors; left out: {others + unused}; {len(kept)} tensors the checkpoint '
+             f'has no weights for keep their initialization: {kept}')
     else:
         raise CheckpointMismatchError(
-            f'{type(model.backbone).__name__} weights: the state dict is neither a {fmt.FAMILY} release '
-            "classification checkpoint (backbone keys at the root and head.weight) nor an mmppma one (backbone.* "
-            f'keys); its keys start with {sorted(state)[:5]}. Pass a release file or an mmppma checkpoint as '
+            f'{name} weights: the state dict is neither a {fmt.FAMILY} release classification checkpoint (backbone '
+            f'keys at the root and head.weight) nor an mmppma one (backbone.* keys); its keys start with '
+            f'{sorted(state)[:5]}. Pass a release file or an mmppma checkpoint as '
             'pretrained_cfg_overlay=dict(file=PATH)')
-    expected = model.state_dict()
-    out, kept = {}, []
-    for key, value in expected.items():
-        if key in converted:
-            out[key] = converted[key]
-        elif _fillable(key):
-            out[key] = value
-            kept.append(key)
-    missing = sorted(k for k in expected if k not in out)
-    dropped = sorted(k for k in converted if k not in expected and _fillable(k))
-    unexpected = sorted(k for k in converted if k not in expected and not _fillable(k))
-    # head.fc: timm drops it when the model's num_classes differs from the checkpoint's
-    shapes = sorted(f'{k}: checkpoint {tuple(out[k].shape)} vs model {tuple(expected[k].shape)}' for k in out
-                    if not k.startswith('head.fc.') and out[k].shape != expected[k].shape)
-    if missing or unexpected or shapes:
-        raise CheckpointMismatchError(
-            f'{what} -> timm {type(model.backbone).__name__} classifier: {len(missing)} missing keys {missing}, '
-            f'{len(unexpected)} unexpected keys {unexpected}, {len(shapes)} shape mismatches {shapes}. Is it the '
-            'same family and size as the model name?')
-    if kept or dropped:
-        _logger.warning(f'{what}: the model\'s {kept} keep their initialization (not in the checkpoint); the '
-                        f'checkpoint\'s {dropped} are not used by this model')
-    return out
+    return {**converted, **{k: expected[k] for k in kept}}
 
 
 def _no_weights_message(name: str, cfg: PretrainedCfg) -> str:
     family, _ = MODEL_NAMES[name]
-    return (f'{name}: {FAMILIES[family].no_weights or "no direct download of its weights"}. Pass a file you '
+    return (f'{name}: {TIMM_FAMILIES[family].no_weights or "no direct download of its weights"}. Pass a file you '
             f"have (the release's, or an mmppma checkpoint): timm.create_model('{name}', pretrained=True, "
             "pretrained_cfg_overlay=dict(file='/path/to/checkpoint.pth'))")
 
@@ -416,7 +401,7 @@ def _create(name: str, pretrained: bool = False, **kwargs) -> nn.Module:
     if pretrained:
         kwargs['pretrained_cfg_overlay'] = _resolve_pretrained(name, kwargs.get('pretrained_cfg'),
                                                                kwargs.get('pretrained_cfg_overlay'))
-    kwargs.setdefault('arch', FAMILIES[family].sizes[size])
+    kwargs.setdefault('arch', TIMM_FAMILIES[family].sizes[size])
     model = build_model_with_cfg(MMPPMAClassifier, name, pretrained, family=family,
                                  pretrained_filter_fn=checkpoint_filter_fn,
                                  feature_cfg=dict(feature_cls='getter', out_indices=tuple(range(NUM_STAGES))),
@@ -435,14 +420,16 @@ def _entrypoint(name: str):
     family, size = MODEL_NAMES[name]
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    create.__doc__ = (f'{FAMILIES[family].backbone.__name__} ({family}, arch {FAMILIES[family].sizes[size]!r}) '
-                      'classifier; see mmppma.timm_models.')
+    entry = TIMM_FAMILIES[family]
+    create.__doc__ = (f'{entry.backbone.__name__} ({family}, arch {entry.sizes[size]!r}) classifier; '
+                      'see mmppma.timm_models.')
     return create
 
 
 #: the pretrained cfgs timm's register_model reads (``default_cfgs`` of this module)
 default_cfgs = _default_cfgs()
-__all__ = ['MMPPMAClassifier', 'checkpoint_filter_fn', 'release_url', 'FAMILIES', 'MODEL_NAMES']
+__all__ = ['MMPPMAClassifier', 'checkpoint_filter_fn', 'release_url', 'TIMM_FAMILIES', 'MODEL_NAMES']
+__getattr__ = renamed_attributes(__name__, FAMILIES='TIMM_FAMILIES (the timm model families)')
 for _name in MODEL_NAMES:
     globals()[_name] = register_model(_entrypoint(_name))
 

@@ -4,13 +4,22 @@ import ast
 from pathlib import Path
 
 MMPPMA = Path(__file__).resolve().parents[1] / 'mmppma'
+#: modules kept at an old import path, which raise an ImportError naming the new one
+SHIMS = {
+    'mmppma.deploy_mask_rcnn': 'mmppma.deploy.mask_rcnn',
+    'mmppma.models.layers.adaptive_pool': 'mmppma.deploy.pools',
+    'mmppma.models.utils': 'mmppma.models.conversion',
+    'mmppma.models.backbones.release_format': 'mmppma.models.backbones.release',
+    'mmppma.utils.launch': 'mmppma.utils.runner_setup',
+}
 
 
 def module_files(root: Path):
     """Dotted module name -> file, for every module and package under ``root`` (a folder of mmppma)."""
     base = tuple(root.relative_to(MMPPMA.parent).parts)
-    return {'.'.join((*base, *p.relative_to(root).with_suffix('').parts)).removesuffix('.__init__'): p
-            for p in sorted(root.rglob('*.py'))}
+    files = {'.'.join((*base, *p.relative_to(root).with_suffix('').parts)).removesuffix('.__init__'): p
+             for p in sorted(root.rglob('*.py'))}
+    return {name: path for name, path in files.items() if name not in SHIMS}
 
 
 def imports(module: str, files: dict, scope: str):

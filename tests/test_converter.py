@@ -17,14 +17,14 @@ from mmengine.registry import DefaultScope
 from mmpretrain.registry import MODELS
 
 from mmppma.models import MLLA, PPMA, RMT, VMINet
-from mmppma.models.layers.mlla import mlla_rope_tables
-from mmppma.models.utils import checkpoint_convert as cc
-from mmppma.models.utils.checkpoint_convert import (
+from mmppma.models.conversion import checkpoint_convert as cc
+from mmppma.models.conversion.checkpoint_convert import (
     CheckpointMismatchError,
     extract_state_dict,
     mmppma_to_release,
     release_to_mmppma,
 )
+from mmppma.models.layers.mlla import mlla_rope_tables
 
 from .conftest import REPO_ROOT, fixture_shapes, random_tensors, release_state
 
@@ -224,7 +224,7 @@ def test_mismatches_are_errors_listing_the_keys(family):
     extra, missing, (key, shape, message) = MISMATCH[family]
     size, arch = SMALLEST[family]
     state = family_state(family, size)
-    prefix = '' if family == 'PPMA' else r'backbone\.'  # PPMA's backbone is checked under the release's names
+    prefix = r'backbone\.'
     with pytest.raises(CheckpointMismatchError, match=rf"1 unexpected keys \['{prefix}{extra}'\]"):
         release_to_mmppma(dict(state, **{extra: torch.zeros(3)}), family)
     with pytest.raises(CheckpointMismatchError, match=rf"1 missing keys \['{prefix}{missing}'\]"):
@@ -557,7 +557,8 @@ def task(request) -> str:
 def test_whole_release_model_converts_loads_strictly_and_names_wrong_keys(task, tmp_path, converter_main):
     """The command line: every key of the release file in the config's model, loaded strictly into the model mmdet 3
     / mmseg 1 build, each tensor the release's; a missing (det) or unexpected (seg) head key is named."""
-    from mmppma.models.utils.whole_model_convert import build_config_model, convert_whole_release
+    from mmppma.models.conversion.whole_model_convert import convert_whole_release
+    from mmppma.utils.configs import build_config_model
     release, config = release_checkpoint(task), str(REPO_ROOT / TASKS[task]['config'])
     src, dst = tmp_path / 'release.pth', tmp_path / 'converted.pth'
     torch.save(release, src)

@@ -49,7 +49,7 @@ def test_gpu_shape_options_are_refused_on_the_simulated_gpu(gpu_check):
 
 
 def test_quick_checks_the_tiny_models_stages_and_times_them_at_the_configs_batch(gpu_check):
-    from check_kernels import IMAGES, model_shapes
+    from mmppma.models.backbones.stages import IMAGES, model_shapes
     args = gpu_check.parse_args(['--quick'])
     assert args.repeats == gpu_check.QUICK_REPEATS and args.dtype == ['fp32', 'fp16', 'bf16']
     want = model_shapes(['cls_224'], ['ppma_t', 'rmt_t', 'mlla_t'])

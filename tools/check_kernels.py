@@ -50,6 +50,7 @@ import sass_cost  # noqa: E402
 import triton  # noqa: E402
 
 import mmppma.ops as ops  # noqa: E402
+from mmppma.models.backbones.stages import IMAGES, SHIPPED, STRIDES, attention_stages, model_shapes  # noqa: E402,F401
 from mmppma.ops import dispatch  # noqa: E402
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
@@ -66,31 +67,11 @@ GENERATED = os.path.join('docs', 'generated', 'check_kernels.md')  # --write's d
 CACHE = os.path.join(os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')), 'mmppma',
                      'check_kernels.json')
 
-# Attention stages of the shipped backbones: (name, stage attention per stage, heads, head dims). 'whole' /
-# 'cc' are PPMA's polyline whole and criss-cross attention, 'manhattan' / 'rmt_cc' RMT's, 'linear' MLLA's
-# polyline-masked linear attention (the decay-scan kernel).
-MODELS = {
-    'ppma_t': (('cc', 'cc', 'whole', 'whole'), (4, 4, 8, 16), (16, 32, 32, 32)),
-    'ppma_s': (('cc', 'cc', 'cc', 'whole'), (4, 4, 8, 16), (16, 32, 32, 32)),
-    'ppma_b': (('cc', 'cc', 'cc', 'whole'), (5, 5, 10, 16), (16, 32, 32, 32)),
-    'rmt_t': (('rmt_cc', 'rmt_cc', 'manhattan', 'manhattan'), (4, 4, 8, 16), (16, 32, 32, 32)),
-    'rmt_s': (('rmt_cc', 'rmt_cc', 'rmt_cc', 'manhattan'), (4, 4, 8, 16), (16, 32, 32, 32)),
-    'rmt_b': (('rmt_cc', 'rmt_cc', 'rmt_cc', 'manhattan'), (5, 5, 10, 16), (16, 32, 32, 32)),
-    'mlla_t': (('linear', ) * 4, (2, 4, 8, 16), (32, 32, 32, 32)),
-    'mlla_b': (('linear', ) * 4, (3, 6, 12, 24), (32, 32, 32, 32)),
-}
-# Input sizes (H, W) of the shipped configs, padded to a multiple of 32 as their data pipelines do.
-IMAGES = {
-    'cls_224': ((224, 224), 64),  # (size, images per GPU as the configs batch them)
-    'det_800x1344': ((800, 1344), 2),  # Mask R-CNN 1333 x 800, landscape
-    'det_1344x800': ((1344, 800), 2),  # portrait
-    'upernet_512': ((512, 512), 2),
-    'cityscapes_1024x2048': ((1024, 2048), 1),
-}
+# The attention stages of the shipped backbones (from their arch tables) at the shipped configs' input sizes
+MODELS = {label: attention_stages(label) for label in SHIPPED}
 QUICK_IMAGES = ('upernet_512', )
 QUICK_MODELS = ('ppma_t', 'mlla_t')
 QUICK_DTYPES = ('fp32', 'tf32', 'fp16')  # bf16 compiles like fp16 but for the operand conversions
-STRIDES = (4, 8, 16, 32)
 # Grid check: every input is also recorded at this batch (the same specializations as at the configs' batch), so
 # that every row sees grids as large as the largest batches make them (against lp.GRID_LIMITS)
 GRID_BATCH = 1024
@@ -101,24 +82,6 @@ ASYNC_COPY = r'\b(?:ttg\.async_copy_global_to_local|ttng\.async_tma_copy_global_
 # plain flash kernel's at the same tiles, warps and stages
 SASS_LIMITS = {'_whole_fwd': 2.0, '_line_fwd': 2.0, '_whole_bwd': 2.5, '_line_bwd': 2.5}
 SASS_LIMITED_DTYPES = ('fp16', 'bf16')
-
-
-def model_shapes(images, models, batch=None) -> List[Tuple[str, str, tuple]]:
-    """(label, attention, (B, heads, H, W, d)) for every attention stage, duplicates removed; ``batch``: instead
-    of the configs' images per GPU."""
-    seen, shapes = set(), []
-    for image in images:
-        (h, w), per_gpu = IMAGES[image]
-        batch_ = batch or per_gpu
-        for model in models:
-            kinds, heads, dims = MODELS[model]
-            for stage, (kind, nh, d) in enumerate(zip(kinds, heads, dims)):
-                key = (kind, batch_, nh, h // STRIDES[stage], w // STRIDES[stage], d)
-                if key not in seen:
-                    seen.add(key)
-                    shapes.append((f'{image}{f"@{batch}" if batch else ""}/{model}/stage{stage + 1}', kind,
-                                   key[1:]))
-    return shapes
 
 
 def _meta(*shape, dtype=torch.float32):
@@ -231,7 +194,8 @@ def compile_one(desc: dict, sass: bool = False) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS), choices=TARGETS)
-    parser.add_argument('--dtype', nargs='+', choices=list(DTYPES), help='default: all; with --quick: fp32 fp16')
+    parser.add_argument('--dtype', nargs='+', choices=list(DTYPES),
+                        help=f'default: all; with --quick: {" ".join(QUICK_DTYPES)}')
     parser.add_argument('--shapes', nargs='+', choices=list(IMAGES), help='input sizes (default: all)')
     parser.add_argument('--models', nargs='+', choices=list(MODELS), help='backbones (default: all)')
     parser.add_argument('--quick', action='store_true',

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""FLOPs and parameters with mmengine's counter, attention included (mmppma.models.utils.flops).
+"""FLOPs and parameters with mmengine's counter, attention included (mmppma.models.flops).
 
     # a PPMA/RMT classifier (backbone + release head, 1000 classes), no downstream library needed
     python tools/get_flops.py --model PPMA --arch tiny [--mask polyline] [--form release] [--shape 224 224]
@@ -19,7 +19,7 @@ import torch.nn as nn
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))  # run from a checkout
 
 from mmppma.models import PPMA, RMT, PPMAClsHead  # noqa: E402
-from mmppma.models.utils import count_flops  # noqa: E402
+from mmppma.models.flops import count_flops  # noqa: E402
 
 
 class Classifier(nn.Module):
@@ -67,12 +67,8 @@ def build(args: argparse.Namespace) -> Tuple[nn.Module, str]:
                     if args.model == 'PPMA' else RMT(args.arch, out_indices=(3, ), out_norm=False))
         name = f'{args.model}-{args.arch}' + (f' ({args.mask} mask, form {args.form})' if args.model == 'PPMA' else '')
         return (backbone if args.backbone_only else Classifier(backbone)), name
-    from mmengine.config import Config
-    from mmengine.registry import MODELS, DefaultScope, init_default_scope
-    cfg = Config.fromfile(args.config)
-    init_default_scope(cfg.get('default_scope', 'mmengine'))
-    with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmengine')):
-        model = MODELS.build(cfg.model)
+    from mmppma.utils.configs import build_config_model
+    model = build_config_model(args.config)
     return (model.backbone if args.backbone_only else TensorMode(model)), osp.basename(args.config)
 
 

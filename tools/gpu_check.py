@@ -7,14 +7,14 @@ reference, a determinism check, and a speed table against ``scaled_dot_product_a
     python tools/gpu_check.py --quick                          # a few minutes: cls_224 of PPMA-T, RMT-T, MLLA-T
     python tools/gpu_check.py --simulate 90                    # no GPU: the CUDA code path on CPU, tiny shapes
 
-Shapes are the attention stages of the shipped backbones at the shipped input sizes (``tools/check_kernels.py``'s
-tables). The reference is the op's dense ``impl='reference'`` in float64 up to ``--dense-tokens`` tokens and its
-``impl='torch'`` path in float64 above (itself tested against the dense one), on the same (rounded) inputs. Each
-row checks the output and the gradient of every input: float32 (TF32 off) within 1e-4 of the reference's largest
-entry; float16 within 1e-2 and bfloat16 within 3e-2 in relative norm (bfloat16 rounds 8 times as coarsely: a
-gradient that sums or cancels over the whole map, as RMT's per-head decay or normalized linear attention's dq,
-loses about 1e-2 in bfloat16, the torch path included); then two runs must be bitwise equal. Every row catches its own
-error and prints ``FAIL`` with it (the run goes on); exit status 1 if any row fails.
+Shapes are the attention stages of the shipped backbones at the shipped input sizes (read from the arch tables,
+``mmppma.models.backbones.stages``). The reference is the op's dense ``impl='reference'`` in float64 up to
+``--dense-tokens`` tokens and its ``impl='torch'`` path in float64 above (itself tested against the dense one), on the
+same (rounded) inputs. Each row checks the output and the gradient of every input: float32 (TF32 off) within 1e-4 of the
+reference's largest entry; float16 within 1e-2 and bfloat16 within 3e-2 in relative norm (bfloat16 rounds 8 times as
+coarsely: a gradient that sums or cancels over the whole map, as RMT's per-head decay or normalized linear attention's
+dq, loses about 1e-2 in bfloat16, the torch path included); then two runs must be bitwise equal. Every row catches its
+own error and prints ``FAIL`` with it (the run goes on); exit status 1 if any row fails.
 
 ``--quick`` checks the stages of PPMA-T, RMT-T and MLLA-T at 224 x 224 (one image; every op, every dtype) and times
 them at the configs' 64 images per GPU, 10 runs per row.
@@ -38,7 +38,8 @@ sys.path.insert(0, os.path.dirname(TOOLS))
 DTYPES = ('fp32', 'fp16', 'bf16')
 #: largest error per dtype: float32 of the reference's largest entry, half precision in relative norm
 LIMITS = {'fp32': 1e-4, 'fp16': 1e-2, 'bf16': 3e-2}
-# the ops of each attention kind of tools/check_kernels.py's MODELS (the linear stages also run the scans)
+# the ops of each attention kind of the shipped backbones (mmppma.models.backbones.stages); the linear stages also
+# run the scans
 KIND_OPS = {
     'whole': ('ppma_attention', ),
     'cc': ('criss_cross_attention', ),
@@ -53,7 +54,7 @@ TINY = {'whole': (1, 2, 4, 5, 16), 'cc': (1, 2, 5, 6, 16), 'manhattan': (1, 2, 4
 # the 3-D mask's matvec: no shipped backbone uses it; (B, heads, D, H, W, C): at a GPU's and at the tiny shapes
 MATVEC_3D = (1, 2, 3, 8, 10, 16)
 MATVEC_3D_TINY = (1, 1, 3, 4, 5, 8)
-# --quick: these input sizes and backbones of tools/check_kernels.py
+# --quick: these input sizes and backbones of mmppma.models.backbones.stages
 QUICK_SHAPES = ('cls_224', )
 QUICK_MODELS = ('ppma_t', 'rmt_t', 'mlla_t')
 QUICK_REPEATS = 10
@@ -61,8 +62,10 @@ QUICK_REPEATS = 10
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--shapes', nargs='+', help='input sizes of tools/check_kernels.py (default: all)')
-    parser.add_argument('--models', nargs='+', help='backbones of tools/check_kernels.py (default: all)')
+    parser.add_argument('--shapes', nargs='+',
+                        help='input sizes of mmppma.models.backbones.stages.IMAGES (default: all)')
+    parser.add_argument('--models', nargs='+',
+                        help='backbones of mmppma.models.backbones.stages.SHIPPED (default: all)')
     parser.add_argument('--dtype', nargs='+', choices=DTYPES, default=list(DTYPES))
     parser.add_argument('--batch', type=int, default=1, help='images per shape (default 1)')
     parser.add_argument('--speed-batch', type=int,
@@ -94,16 +97,12 @@ def shapes_to_check(args, speed: bool = False) -> List[Tuple[str, str, tuple]]:
             raise SystemExit('gpu_check: --simulate runs tiny shapes on the CPU; --shapes, --models, --batch and '
                              '--speed-batch choose the shapes on a GPU: leave them out, or leave out --simulate')
         return [(f'tiny/{kind}', kind, shape) for kind, shape in TINY.items()]
-    if TOOLS not in sys.path:
-        sys.path.insert(0, TOOLS)
-    import check_kernels
-    unknown = sorted(set(args.shapes or ()) - set(check_kernels.IMAGES)) + \
-        sorted(set(args.models or ()) - set(check_kernels.MODELS))
+    from mmppma.models.backbones.stages import IMAGES, SHIPPED, model_shapes
+    unknown = sorted(set(args.shapes or ()) - set(IMAGES)) + sorted(set(args.models or ()) - set(SHIPPED))
     if unknown:
         raise SystemExit(f'gpu_check: unknown shape or model {unknown}; the shapes are '
-                         f'{", ".join(check_kernels.IMAGES)}, the models {", ".join(check_kernels.MODELS)}')
-    rows = check_kernels.model_shapes(args.shapes or list(check_kernels.IMAGES),
-                                      args.models or list(check_kernels.MODELS))
+                         f'{", ".join(IMAGES)}, the models {", ".join(SHIPPED)}')
+    rows = model_shapes(args.shapes or list(IMAGES), args.models or list(SHIPPED))
     batch = args.batch
     if speed:
         batch = args.speed_batch or (None if args.quick else args.batch)

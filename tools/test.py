@@ -12,7 +12,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.config import Config  # noqa: E402
 
-from mmppma.utils import (  # noqa: E402
+from mmppma.utils.runner_setup import (  # noqa: E402
     apply_test_amp,
     build_runner,
     check_data,

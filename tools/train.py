@@ -16,7 +16,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from mmengine.config import Config  # noqa: E402
 from mmengine.logging import print_log  # noqa: E402
 
-from mmppma.utils import (  # noqa: E402
+from mmppma.utils.runner_setup import (  # noqa: E402
     build_runner,
     check_data,
     launcher_parser,

@@ -49,15 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_backbone(config: str, checkpoint: str) -> Tuple[torch.nn.Module, Tuple[tuple, tuple]]:
     """The config's backbone (eval mode, weights from ``checkpoint`` unless 'none') and its (mean, std)."""
-    from mmengine.config import Config
-    from mmengine.registry import MODELS, DefaultScope
-
-    from mmppma.utils import register_scope_modules
-    cfg = Config.fromfile(config)
-    scope = cfg.get('default_scope', None)
-    register_scope_modules(scope)
-    with DefaultScope.overwrite_default_scope(scope):
-        model = MODELS.build(cfg.model)
+    from mmppma.utils.configs import build_config_model, load_config
+    cfg = load_config(config)
+    model = build_config_model(cfg)
     if checkpoint.lower() != 'none':
         from mmengine.runner import load_checkpoint
         if not osp.isfile(checkpoint) and '://' not in checkpoint:

@@ -3,9 +3,9 @@
 # single-scale training with flip, warmup 500 iters, steps at epochs 8 and 11, CocoMetric bbox + segm).
 # Per-arch configs (configs/mask_rcnn_{ppma,rmt}_{t,s,b}_{1x,3x}_coco.py) set only the backbone type (RMT)
 # and arch, drop_path_rate, the ImageNet-1K weights (top-level `pretrained`: an mmppma classification
-# checkpoint, or a release one converted with tools/model_converters/release_to_mmppma.py) and the FPN's
-# in_channels. To train from scratch: --cfg-options model.backbone.init_cfg=None.
-_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
+# checkpoint or a release one, converted on load) and the FPN's in_channels.
+# To train from scratch: --cfg-options model.backbone.init_cfg=None.
+_base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', './dense_optim.py']
 
 model = dict(
     backbone=dict(
@@ -19,20 +19,10 @@ model = dict(
     neck=dict(in_channels=[64, 128, 256, 512]))
 
 # 12 epochs (inherited), batch 16 = 8 GPUs x 2 images (inherited batch_size=2).
-# AdamW 1e-4, wd 0.05, no weight decay on normalization layers (norm_decay_mult) nor on the learned decay
-# parameters A_log / dt_bias (custom_keys); mixed precision as in the release (fp16 = dict()). On CPU
-# use --cfg-options optim_wrapper.type=OptimWrapper (AMP needs CUDA).
-optim_wrapper = dict(
-    _delete_=True,
-    type='AmpOptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
-    # mmengine's default constructor with plain-dict param groups, which compile=True can trace
-    constructor='mmppma.ParamwiseOptimWrapperConstructor',
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0, custom_keys={
-            '.A_log': dict(decay_mult=0.0),
-            '.dt_bias': dict(decay_mult=0.0)
-        }))
+# AdamW 1e-4, wd 0.05 (./dense_optim.py).
+optim_wrapper = dict(_delete_=True, type='AmpOptimWrapper', constructor='mmppma.ParamwiseOptimWrapperConstructor',
+                     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+                     paramwise_cfg={{_base_.no_decay_paramwise_cfg}})
 
 # lr is for 16 images per step; `--cfg-options auto_scale_lr.enable=True` rescales it to other batch sizes.
 auto_scale_lr = dict(enable=False, base_batch_size=16)

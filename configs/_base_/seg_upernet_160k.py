@@ -3,10 +3,10 @@
 # UPerNet R50 160k config (UPerHead + auxiliary FCNHead on stage 3, SyncBN in the heads, ADE20K pipeline
 # with 0.5-2.0 random resize, crop 512, flip, photometric distortion; mIoU). Per-arch configs
 # (configs/upernet_{ppma,rmt}_{t,s,b}_512x512_160k_ade20k.py) set only the backbone type (RMT) and arch,
-# drop_path_rate, the ImageNet-1K weights (top-level `pretrained`: an mmppma classification checkpoint, or a
-# release one converted with tools/model_converters/release_to_mmppma.py) and the heads' in_channels. To train
+# drop_path_rate, the ImageNet-1K weights (top-level `pretrained`: an mmppma classification checkpoint or a
+# release one, converted on load) and the heads' in_channels. To train
 # from scratch: --cfg-options model.backbone.init_cfg=None.
-_base_ = 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py'
+_base_ = ['mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py', './dense_optim.py']
 
 model = dict(
     pretrained=None,  # the base's ResNet weights (open-mmlab://) do not fit; PPMA weights come through init_cfg
@@ -26,20 +26,10 @@ train_dataloader = dict(batch_size=2)
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
 
-# AdamW 6e-5, wd 0.05, no weight decay on normalization layers (norm_decay_mult) nor on the learned decay
-# parameters A_log / dt_bias (custom_keys); mixed precision as in the release. On CPU use
-# --cfg-options optim_wrapper.type=OptimWrapper (AMP needs CUDA).
-optim_wrapper = dict(
-    _delete_=True,
-    type='AmpOptimWrapper',
-    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.05),
-    # mmengine's default constructor with plain-dict param groups, which compile=True can trace
-    constructor='mmppma.ParamwiseOptimWrapperConstructor',
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0, custom_keys={
-            '.A_log': dict(decay_mult=0.0),
-            '.dt_bias': dict(decay_mult=0.0)
-        }))
+# AdamW 6e-5, wd 0.05 (./dense_optim.py).
+optim_wrapper = dict(_delete_=True, type='AmpOptimWrapper', constructor='mmppma.ParamwiseOptimWrapperConstructor',
+                     optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.05),
+                     paramwise_cfg={{_base_.no_decay_paramwise_cfg}})
 
 # 1500 iterations of linear warmup from 1e-6 x lr, then poly (power 1) to 0 at 160k (as the release / RMT).
 max_iters = 160000

@@ -1,5 +1,5 @@
 """The one path encoding: a ``form`` names the path(s) a polyline mask takes, from the public ops down to the
-Triton kernels (their ``FORM`` constexpr is the one-path form a launch computes).
+Triton launches (the kernels compute V2H; an H2V path runs them on the transposed map, :func:`transposed`).
 
 * ``'v2h'``: the mask M (along the query's row, then the key's column); ``'h2v'``: its transpose M^T;
 * ``'release'`` (softmax attentions): the mean of the two one-path softmaxes, as the released checkpoints;

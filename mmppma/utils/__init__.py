@@ -1,22 +1,28 @@
-"""Utilities: the weights_only checkpoint allowlist and the launcher helpers of tools/train.py and test.py
-(plus :mod:`.checks`, imported by its users)."""
-from .checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
-from .launch import (
-                     apply_test_amp,
-    build_runner,
-    check_data,
-    launcher_parser,
-    load_launch_config,
-    missing_data,
-    parse_launcher_args,
-    register_scope_modules,
-    set_local_rank,
-    setup_cpu_distributed,
-    setup_work_dir,
-)
+"""What mmppma's layers share outside the models: the argument checks (:mod:`.checks`), the weights_only
+allowlist of mmengine checkpoints (:mod:`.checkpoint`), the release models' index (:mod:`.model_zoo`), building the
+model of a config (:mod:`.configs`) and the runner set-up of tools/train.py and tools/test.py
+(:mod:`.runner_setup`).
 
-__all__ = [
-    'allow_mmengine_checkpoint_globals', 'mmengine_checkpoint_globals', 'build_runner', 'register_scope_modules',
-    'set_local_rank', 'setup_cpu_distributed', 'setup_work_dir', 'launcher_parser', 'load_launch_config',
-    'parse_launcher_args', 'check_data', 'missing_data', 'apply_test_amp'
-]
+Importing this package imports none of them; ``from mmppma.utils import NAME`` imports the module that holds NAME.
+"""
+import importlib
+
+#: name -> the module of this package that holds it
+_HOMES = {
+    'allow_mmengine_checkpoint_globals': 'checkpoint',
+    'mmengine_checkpoint_globals': 'checkpoint',
+    'register_scope_modules': 'configs',
+    'build_config_model': 'configs',
+    'load_config': 'configs',
+    **{name: 'runner_setup' for name in ('build_runner', 'set_local_rank', 'setup_cpu_distributed', 'setup_work_dir',
+                                         'launcher_parser', 'load_launch_config', 'parse_launcher_args', 'check_data',
+                                         'missing_data', 'apply_test_amp')},
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f'{__name__}.{_HOMES[name]}'), name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmppma import deploy
-from mmppma.models.layers.adaptive_pool import AdaptiveAvgPool2d, AdaptiveMaxPool2d, adaptive_pool2d
+from mmppma.deploy.pools import AdaptiveAvgPool2d, AdaptiveMaxPool2d, adaptive_pool2d
 from mmppma.ops import decay_scan_1d, export_mode
 
 from ..conftest import REPO_ROOT, load_tool
@@ -31,7 +31,7 @@ def test_adaptive_pool2d_matches_torch(mode, reference):
 
 def test_runtime_pool_modules_take_their_form_under_export_only(monkeypatch):
     """Outside an export the modules are torch's pools (not the run-time form); inside, the run-time form."""
-    import mmppma.models.layers.adaptive_pool as pool_module
+    import mmppma.deploy.pools as pool_module
     calls = []
     monkeypatch.setattr(pool_module, 'adaptive_pool2d', lambda *a: calls.append(a[2]) or adaptive_pool2d(*a))
     x = torch.randn(1, 2, 9, 7)

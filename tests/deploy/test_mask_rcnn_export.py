@@ -1,4 +1,4 @@
-"""The whole Mask R-CNN in ONNX (mmppma/deploy_mask_rcnn.py, tools/deployment/pytorch2onnx.py): the NMS op and
+"""The whole Mask R-CNN in ONNX (mmppma/deploy/mask_rcnn.py, tools/deployment/pytorch2onnx.py): the NMS op and
 RoIAlign as exported against mmcv's, and the tiny COCO config (the shipped PPMA-T config in the full tier) with
 seeded weights, exported by the tool and run in onnxruntime, against mmdet's ``model.predict``, RPN head and box
 head."""
@@ -48,7 +48,7 @@ def random_boxes(n, size, gen):
 class Nms(torch.nn.Module):
 
     def forward(self, boxes, scores):
-        from mmppma.deploy_mask_rcnn import nms_padded
+        from mmppma.deploy.mask_rcnn import nms_padded
         return nms_padded(boxes, scores, 0.5, 0.3, 40)
 
 
@@ -59,7 +59,7 @@ def test_nms_exports_as_onnx_nonmaxsuppression(tmp_path):
     import onnxruntime
     from mmcv.ops import nms
 
-    from mmppma.deploy_mask_rcnn import TRANSLATIONS
+    from mmppma.deploy.mask_rcnn import TRANSLATIONS
     gen = torch.Generator().manual_seed(0)
     boxes, scores = random_boxes(200, 64.0, gen), torch.rand(200, generator=gen)
     path = str(tmp_path / 'nms.onnx')

@@ -41,8 +41,8 @@ def test_no_import_circles(run_python):
     assert not cycles(graph), f'import circles: {cycles(graph)}'
     # the release formats sit beside the backbones, below the converter that checks them against models
     assert graph['mmppma.models.backbones.ppma'] >= {'mmppma.models.backbones.ppma_release'}
-    assert 'mmppma.models.backbones.release_format' in graph['mmppma.models.backbones.base']
-    assert 'mmppma.models.backbones.ppma_release' in graph['mmppma.models.utils.checkpoint_convert']
+    assert 'mmppma.models.backbones.release' in graph['mmppma.models.backbones.base']
+    assert 'mmppma.models.backbones.ppma_release' in graph['mmppma.models.conversion.checkpoint_convert']
 
 
 @pytest.mark.parametrize('family', ['ppma', 'mlla', 'vminet'])

@@ -30,7 +30,7 @@ def test_param_counts_with_head(arch):
 
 def test_tiny_flops_match_release():
     """4.2 GFLOPs at 224x224 (README; mmengine's counter, one multiply-add = one FLOP), within 5%."""
-    from mmppma.models.utils import count_flops
+    from mmppma.models.flops import count_flops
     total, _ = count_flops(Classifier(MLLA('tiny', out_indices=(3, ))).eval(), torch.randn(1, 3, 224, 224))
     assert total == pytest.approx(4.2e9, rel=0.05)
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 from mmppma.models import PPMA, RMT, PPMAClsHead
-from mmppma.models.utils import count_flops
+from mmppma.models.flops import count_flops
 
 from ..conftest import fixture_shapes
 from .conftest import SMALL_ARCH, Classifier, num_params

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 from mmppma.models import VMINet
 from mmppma.models.backbones import resolve_vminet_arch
+from mmppma.models.flops import count_flops
 from mmppma.models.layers.vminet import TokenWeights, VMISABlock
-from mmppma.models.utils import count_flops
 
 from .conftest import VMINET_ARCH, Classifier, num_params, out_size
 

@@ -30,7 +30,7 @@ sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 
 from pytorch2onnx import build_model  # noqa: E402
 
-from mmppma.deploy import compare_onnx, export_module, export_onnx  # noqa: E402
+from mmppma.deploy import compare_onnx, export_module, export_onnx, onnx_session  # noqa: E402
 
 ROOT = osp.join(osp.dirname(osp.abspath(__file__)), '..', '..')
 DEFAULT_CASES = [
@@ -69,7 +69,6 @@ def load() -> str:
 
 
 def bench(case, args: argparse.Namespace, workdir: str) -> dict:
-    import onnxruntime
     config, batch, height, width = case
     torch.manual_seed(0)
     model = build_model(config)
@@ -78,16 +77,13 @@ def bench(case, args: argparse.Namespace, workdir: str) -> dict:
     path = osp.join(workdir, f'{osp.splitext(osp.basename(config))[0]}_{batch}x{height}x{width}.onnx')
     export_onnx(module, x, path)
     if kind == 'detector':  # checked against, and timed as, mmdet's inference (diff: the outputs before NMS)
-        from mmppma.deploy_mask_rcnn import compare_with_predict, data_samples
+        from mmppma.deploy.mask_rcnn import compare_with_predict, data_samples
         diff = max(max(c.rpn, c.roi) for c in compare_with_predict(path, model, x))
         samples = data_samples(batch, height, width)
         module = functools.partial(model.predict, batch_data_samples=samples)
     else:
         [(_, diff)] = compare_onnx(path, module, [x])
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = args.threads
-    options.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+    session = onnx_session(path, threads=args.threads)
     feed = {session.get_inputs()[0].name: x.numpy()}
 
     def run_torch():

@@ -5,7 +5,7 @@
                                             [--out FILE] [--backbone-only] [--cfg-options k=v ...] [--debug]
 
 What is exported, by the config's model: an mmpretrain classifier -> logits; an mmseg encoder-decoder ->
-segmentation logits at the input size; an mmdet Mask R-CNN -> the whole detector (mmppma/deploy_mask_rcnn.py):
+segmentation logits at the input size; an mmdet Mask R-CNN -> the whole detector (mmppma/deploy/mask_rcnn.py):
 its detections after NMS (boxes, scores, labels, masks, padded, with their count) and its RPN and box head
 outputs before NMS, at a fixed batch and size; a bare backbone (a config whose ``model`` is e.g.
 ``type='mmppma.PPMA'``, or ``--backbone-only``) -> its multi-scale features. The input is the normalized
@@ -90,19 +90,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def build_model(config: str, checkpoint=None, backbone_only: bool = False, cfg_options=None) -> torch.nn.Module:
     """The config's model (or its backbone) on CPU in eval mode, SyncBN reverted to BatchNorm, with the
     checkpoint's weights if given."""
-    from mmengine.config import Config
     from mmengine.model import revert_sync_batchnorm
-    from mmengine.registry import MODELS, DefaultScope
     from mmengine.runner import load_checkpoint
 
-    from mmppma.utils import register_scope_modules
-    cfg = Config.fromfile(config)
-    cfg.merge_from_dict(cfg_options or {})
-    scope = cfg.get('default_scope', 'mmengine')
-    register_scope_modules(scope)
-    model_cfg = cfg.model.backbone if backbone_only else cfg.model
-    with DefaultScope.overwrite_default_scope(scope):
-        model = MODELS.build(model_cfg)
+    from mmppma.utils.configs import build_config_model
+    model = build_config_model(config, backbone_only=backbone_only, cfg_options=cfg_options)
     if checkpoint:
         load_checkpoint(model, checkpoint, map_location='cpu', revise_keys=[(r'^backbone\.', '')] if backbone_only
                         else [(r'^module\.', '')])
@@ -187,8 +179,9 @@ def checking(mismatch: type, torch_failed: str):
 
 def check_detector(out: str, model: torch.nn.Module, x: torch.Tensor) -> int:
     """Check the whole-detector file against ``model.predict``
-    (:func:`mmppma.deploy_mask_rcnn.compare_with_predict`)."""
-    from mmppma.deploy_mask_rcnn import DetectionMismatch, compare_with_predict
+    (:func:`mmppma.deploy.mask_rcnn.compare_with_predict`)."""
+    from mmppma.deploy import DetectionMismatch
+    from mmppma.deploy.mask_rcnn import compare_with_predict
     with checking(DetectionMismatch, 'torch eager failed'):  # model.predict or the heads in torch
         comparisons = compare_with_predict(out, model, x)
     for b, c in enumerate(comparisons):

@@ -36,7 +36,7 @@ Whole release detectors and segmentors (the PPMA release's Mask R-CNN, mmdet 2.x
 ``--model-config CONFIG`` (e.g. ``configs/mask_rcnn_ppma_t_1x_coco.py``,
 ``configs/upernet_ppma_t_512x512_160k_ade20k.py``) checks every key and shape of the converted checkpoint
 against the whole model that config builds under mmdet 3 / mmseg 1 and writes the class names as
-``meta['dataset_meta']`` (``mmppma.models.utils.whole_model_convert``); ``tools/test.py CONFIG DST`` then loads
+``meta['dataset_meta']`` (``mmppma.models.conversion.whole_model_convert``); ``tools/test.py CONFIG DST`` then loads
 it strictly.
 """
 import argparse
@@ -52,8 +52,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run from a checkout
 
 from mmppma.models.backbones.vminet_release import RELEASE_RECORD  # noqa: E402
-from mmppma.models.utils.checkpoint_convert import (  # noqa: E402
-    FAMILIES,
+from mmppma.models.conversion.checkpoint_convert import (  # noqa: E402
+    RELEASE_FAMILIES,
     CheckpointMismatchError,
     check_family,
     extract_state_dict,
@@ -65,7 +65,7 @@ from mmppma.models.utils.checkpoint_convert import (  # noqa: E402
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--family', required=True, type=check_family, metavar='{PPMA,RMT,MLLA,VMINet}',
-                        help=f'the release: {", ".join(FAMILIES)} (RMT: PPMA)')
+                        help=f'the release: {", ".join(RELEASE_FAMILIES)} (RMT: PPMA)')
     parser.add_argument('src', help='release checkpoint (.pth / .pth.tar)')
     parser.add_argument('dst', help='output mmppma checkpoint (.pth)')
     parser.add_argument('--arch', type=str.lower, help='arch name (e.g. tiny, t, ti, xs); default: detected from '
@@ -116,7 +116,7 @@ def shown_config(info: dict, given: Optional[str]) -> Optional[str]:
 
 def convert_whole_model(args: argparse.Namespace, checkpoint: dict) -> int:
     """--model-config: the whole release detector / segmentor, checked against the config's model."""
-    from mmppma.models.utils.whole_model_convert import convert_whole_release
+    from mmppma.models.conversion.whole_model_convert import convert_whole_release
     try:
         converted, info = convert_whole_release(checkpoint, args.family, args.model_config)
     except (CheckpointMismatchError, ValueError) as e:

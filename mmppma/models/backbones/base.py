@@ -17,7 +17,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmppma.utils.checks import check_choice  # noqa: F401  (the backbones' choice check)
 
-from .release_format import is_release_layout, load_release_into_backbone, read_checkpoint_state, release_format
+from .release import family_format, is_release_layout, load_release_into_backbone, read_checkpoint_state
 
 
 def resolve_arch_settings(arch: Union[str, dict],
@@ -237,13 +237,13 @@ class StagedBackbone(BaseModule):
     def init_weights(self) -> None:
         """Apply ``init_cfg`` (e.g. Pretrained with a prefix); without one, keep the release init done at
         construction. A Pretrained checkpoint in a release's own classification layout is converted on load
-        (:mod:`.release_format`; its ``prefix``, meant for mmppma checkpoints, does not apply)."""
+        (:mod:`.release`; its ``prefix``, meant for mmppma checkpoints, does not apply)."""
         if self.init_cfg is None:
             return
         pretrained = self._pretrained_checkpoint()
         if pretrained is not None and not self._is_init:
             state = read_checkpoint_state(pretrained)
-            if is_release_layout(state, release_format(self)):
+            if is_release_layout(state, family_format(self)):
                 load_release_into_backbone(self, state, pretrained)
                 self._is_init = True
                 return

@@ -1,5 +1,5 @@
 """The MLLA release's checkpoint format (LeapLabTHU/MLLA), as data for
-:func:`~mmppma.models.backbones.release_format.from_release`.
+:func:`~mmppma.models.backbones.release.from_release`.
 
 The backbone keeps the release's module names; a classifier's ``norm`` is ``backbone.norm{last}`` and its
 ``head`` mmpretrain's ``LinearClsHead.fc``. The classification release's RoPE buffers
@@ -11,9 +11,10 @@ from typing import Dict, Mapping
 
 import torch
 
+from ...utils.checks import renamed_attributes
 from ..layers.mlla import mlla_rope_tables
-from . import release_format
-from .release_format import CheckpointMismatchError, block_indices, out_norm_indices, stage_count
+from . import release
+from .release import CheckpointMismatchError, block_indices, out_norm_indices, stage_count
 
 FAMILY = 'MLLA'
 ROOTS = ('patch_embed.', 'layers.')
@@ -23,7 +24,7 @@ HEAD_IN_BACKBONE = True  # the release's final norm is the backbone's norm{last}
 ROPE_SUFFIX = '.attn.rope.rotations'
 
 
-def inspect(backbone: Mapping[str, torch.Tensor]) -> dict:
+def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
     """The settings visible in an MLLA backbone state dict's shapes (num_heads is not: the named archs use head
     dim 32): embed_dims, depths, mlp_ratio, and the dense output norms ``out_norms`` (``norm{i}``)."""
     if 'patch_embed.conv1.conv.weight' not in backbone:
@@ -59,7 +60,7 @@ def map_backbone(backbone: dict, measured: dict, downstream: bool, info: dict) -
     return out
 
 
-map_head = release_format.linear_head
+map_head = release.linear_head
 
 
 def release_only(state: Mapping[str, torch.Tensor]) -> bool:
@@ -77,7 +78,7 @@ def rope_rotations(height: int, width: int, dim: int, base: float = 10000.0) -> 
 
 def from_release(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """A release state dict (classification or downstream) -> mmppma's keys, unchecked."""
-    return release_format.from_release(state, sys.modules[__name__]).state()
+    return release.from_release(state, sys.modules[__name__]).state()
 
 
 def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
@@ -93,5 +94,8 @@ def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
         for b in block_indices(backbone, rf'layers\.{s}\.blocks\.(\d+)\.'):
             backbone[f'layers.{s}.blocks.{b}{ROPE_SUFFIX}'] = table
     if downstream:
-        return {**release_format.prefixed(backbone, 'backbone.'), **others}
-    return release_format.linear_head_to_release(backbone, others, stages)
+        return {**release.prefixed(backbone, 'backbone.'), **others}
+    return release.linear_head_to_release(backbone, others, stages)
+
+
+__getattr__ = renamed_attributes(__name__, inspect='measure')

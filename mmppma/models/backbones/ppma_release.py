@@ -1,5 +1,5 @@
 """The PPMA / RMT release's checkpoint format (layout: docs/method.md §8, docs/checkpoints.md), as data for
-:func:`~mmppma.models.backbones.release_format.from_release`.
+:func:`~mmppma.models.backbones.release.from_release`.
 
 The backbone keeps the release's module names, so its key map is the identity; the classifier head's
 ``proj``, ``norm``, ``head`` are :class:`~mmppma.models.heads.PPMAClsHead`'s ``head.{proj,norm,fc}``.
@@ -9,8 +9,9 @@ from typing import Dict, Mapping, Tuple
 
 import torch
 
-from . import release_format
-from .release_format import CheckpointMismatchError, block_indices, out_norm_indices, stage_count
+from ...utils.checks import renamed_attributes
+from . import release
+from .release import CheckpointMismatchError, block_indices, out_norm_indices, stage_count
 
 FAMILY = 'PPMA'
 ROOTS = ('patch_embed.', 'layers.', 'outnorm')
@@ -33,7 +34,7 @@ def detect_mask(backbone: Mapping[str, torch.Tensor]) -> str:
     return 'shared' if rows == {1} else 'polyline'
 
 
-def inspect(backbone: Mapping[str, torch.Tensor]) -> dict:
+def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
     """PPMA/RMT settings visible in shapes: embed_dims, depths, num_heads, mlp_ratios, layer_scales, and
     ``variant`` ('PPMA' | 'RMT'), ``mask`` (:func:`detect_mask`), ``out_norms`` (``outnorm{i}``). The
     attention type per stage is not visible in weights."""
@@ -82,7 +83,7 @@ def release_only(state: Mapping[str, torch.Tensor]) -> bool:
 
 def from_release(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """A release state dict (classification or downstream) -> mmppma's keys, unchecked."""
-    return release_format.from_release(state, sys.modules[__name__]).state()
+    return release.from_release(state, sys.modules[__name__]).state()
 
 
 def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False) -> Dict[str, torch.Tensor]:
@@ -96,3 +97,6 @@ def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False) -> D
         prefix = None if downstream else next((p for p in inverse if k.startswith(p)), None)
         out[inverse[prefix] + k[len(prefix):] if prefix else k] = v
     return out
+
+
+__getattr__ = renamed_attributes(__name__, inspect='measure')

@@ -1,5 +1,5 @@
 """The VMINet release's checkpoint format (github.com/yws-wxs/VMINet) and its revisions, as data for
-:func:`~mmppma.models.backbones.release_format.from_release`.
+:func:`~mmppma.models.backbones.release.from_release`.
 
 The backbone keeps the release's module names; a classifier's ``norm`` is ``backbone.norm{last}`` and its
 ``head`` mmpretrain's ``LinearClsHead.fc``. Revision 7c2632c names the blocks' 7x7 ConvBN ``conv`` (ours:
@@ -13,8 +13,9 @@ from typing import Dict, Mapping, Optional
 
 import torch
 
-from . import release_format
-from .release_format import (
+from ...utils.checks import renamed_attributes
+from . import release
+from .release import (
     CheckpointMismatchError,
     block_indices,
     linear_head,
@@ -43,7 +44,7 @@ RELEASE_REVISIONS: Dict[str, dict] = {
 RELEASE_RECORD = 'mmppma_vminet_release'
 
 
-def inspect(backbone: Mapping[str, torch.Tensor]) -> dict:
+def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
     """The settings visible in a VMINet backbone state dict: embed_dims, depths, mlp_ratios, stem_channels,
     kernel_size, the name of the blocks' 7x7 ConvBN (``block_conv``: 'dwconv', or 'conv' as the release revision
     7c2632c), ``proj_norm`` (``g.bn`` present), the stage-0 token table side ``base_size`` and the dense output
@@ -145,9 +146,9 @@ def read_release_record(filename: str, prefix: str = '') -> Optional[dict]:
 def from_release(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """A release state dict (classification or downstream) -> mmppma's keys, unchecked, carrying the release
     record (:func:`with_release_record`)."""
-    conversion = release_format.from_release(state, sys.modules[__name__])
-    release = conversion.info['release']
-    return with_release_record(conversion.state(), release) if release else conversion.state()
+    conversion = release.from_release(state, sys.modules[__name__])
+    record = conversion.info['release']
+    return with_release_record(conversion.state(), record) if record else conversion.state()
 
 
 def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
@@ -166,3 +167,6 @@ def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
     if downstream:
         return {**prefixed(backbone, 'backbone.'), **others}
     return linear_head_to_release(backbone, others, stage_count(backbone, 'stages'))
+
+
+__getattr__ = renamed_attributes(__name__, inspect='measure')

@@ -208,7 +208,7 @@ class PolylinePathAttention(nn.Module):
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *decays: torch.Tensor) -> torch.Tensor:
         """This layer's op: q, k, v (B, n, H, W, d) -> (B, n, H, W, d), ``decays`` as :meth:`_decays` gives
         them. Every tensor it reads is an argument, so a FLOP counter can trace it as one node
-        (:func:`mmppma.models.utils.flops.count_flops`)."""
+        (:func:`mmppma.models.flops.count_flops`)."""
         return self._op(q, k, v, *decays)
 
     def log_decays(self, x: torch.Tensor, pos: PositionTables) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -154,7 +154,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
 
 #: the families whose images narrower than NARROW take the narrow tiles (whole attention's backward)
 NARROW_FAMILIES = ('whole_bwd_q', 'whole_bwd_kv')
-FAMILIES = tuple(dict.fromkeys(family for family, _, _ in _TABLE))
+KERNEL_FAMILIES = tuple(dict.fromkeys(family for family, _, _ in _TABLE))
 
 
 def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = LARGE) -> Config:
@@ -174,7 +174,7 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
 def table_configs(cap: int) -> FrozenSet[Config]:
     """Every distinct configuration :func:`config` can return for capability ``cap``: per family, short and long
     sequences, each dtype, and the narrow images' tiles."""
-    return frozenset(config(family, length, dtype, cap, width) for family in FAMILIES for length in (1, LARGE)
+    return frozenset(config(family, length, dtype, cap, width) for family in KERNEL_FAMILIES for length in (1, LARGE)
                      for dtype in (torch.float32, torch.float16, torch.bfloat16)
                      for width in ((NARROW - 1, LARGE) if family in NARROW_FAMILIES else (LARGE, )))
 

@@ -10,30 +10,14 @@ UPerHead ``decode_head.{psp_modules,bottleneck,lateral_convs,fpn_convs,fpn_bottl
 ``meta['dataset_meta']``. :func:`convert_whole_release` converts the backbone, checks every key and shape of
 the result against the model the config builds (on the meta device: no memory) and rewrites the meta.
 """
-import copy
 from pathlib import Path
 from typing import Dict, Mapping, Tuple, Union
 
-import torch
-
-from ..backbones.release_format import CheckpointMismatchError, check_state_against, extract_state_dict
+from ..backbones.release import CheckpointMismatchError, check_state_against, extract_state_dict
 from .checkpoint_convert import release_to_mmppma
 
 #: release meta keys -> ``dataset_meta`` keys of mmdet 3 / mmseg 1
 META_KEYS = {'CLASSES': 'classes', 'PALETTE': 'palette'}
-
-
-def build_config_model(config: Union[str, Path], device: Union[str, torch.device] = 'meta') -> torch.nn.Module:
-    """The model of an OpenMMLab 2.0 config (mmdet, mmseg, mmpretrain), built with its ``default_scope``'s
-    registry on ``device``, without initializing weights (the backbone's ``init_cfg`` is not applied)."""
-    from mmengine.config import Config
-    from mmengine.registry import MODELS, DefaultScope, init_default_scope
-
-    cfg = Config.fromfile(str(config))
-    scope = cfg.get('default_scope', 'mmengine')
-    init_default_scope(scope)
-    with DefaultScope.overwrite_default_scope(scope), torch.device(device):
-        return MODELS.build(copy.deepcopy(cfg.model))
 
 
 def dataset_meta(meta: Mapping) -> Dict[str, object]:
@@ -57,7 +41,8 @@ def convert_whole_release(checkpoint: Mapping, family: str, config: Union[str, P
     if not info['downstream']:
         raise CheckpointMismatchError(f'not a detector / segmentor checkpoint: no backbone.* keys (a {family} '
                                       f'classification checkpoint converts without --model-config)')
-    model = build_config_model(config)
+    from mmppma.utils.configs import build_config_model
+    model = build_config_model(config, device='meta')
     expected = model.state_dict()
     check_state_against(converted, expected, f'{info["family"]} release model -> {type(model).__name__} of {config}')
     meta = dataset_meta(checkpoint.get('meta') or {})

@@ -3,14 +3,13 @@
 MLLA and VMINet (layout: docs/method.md §8, docs/checkpoints.md).
 
 Each family's key map and revision rules are data beside its backbone (``mmppma/models/backbones/
-<family>_release.py``, applied by :func:`~mmppma.models.backbones.release_format.from_release`). This module adds
+<family>_release.py``, applied by :func:`~mmppma.models.backbones.release.from_release`). This module adds
 what needs the models: the arch detected from the shapes, and a check of every key and shape against a reference
 model built on the meta device from the backbone's arch table (or from a given config); anything missing,
 unexpected or mis-shaped raises :class:`CheckpointMismatchError` listing the keys. The default config to load a
 converted classifier with is named in ``info['config']`` relative to the mmppma repository (``configs/...``);
 no file is read here unless a config is given.
 """
-import copy
 import functools
 import inspect
 from pathlib import Path
@@ -18,26 +17,22 @@ from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
 
+from ...utils.checks import renamed_attributes
 from ..backbones import mlla_release, ppma_release, vminet_release
 from ..backbones.mlla import MLLA, MLLA_ARCH_ZOO
 from ..backbones.ppma import ARCH_ZOO as PPMA_ARCH_ZOO
 from ..backbones.ppma import PPMA, RMT
-from ..backbones.release_format import (
-    CheckpointMismatchError,
-    check_state_against,
-    extract_state_dict,
-    from_release,
-    match_arch_name,
-)
-from ..backbones.release_format import prefixed as _prefixed
+from ..backbones.release import CheckpointMismatchError, convert_and_check, extract_state_dict, match_arch_name
+from ..backbones.release import prefixed as _prefixed
 from ..backbones.vminet import ARCH_ZOO as VMINET_ARCH_ZOO
 from ..backbones.vminet import VMINet
 
-__all__ = ['FAMILIES', 'CheckpointMismatchError', 'check_family', 'canonical_arch', 'extract_state_dict',
+__all__ = ['RELEASE_FAMILIES', 'CheckpointMismatchError', 'check_family', 'canonical_arch', 'extract_state_dict',
            'match_arch', 'release_to_mmppma', 'mmppma_to_release', 'with_release_record', 'mlla_rope_rotations']
 
 #: the release layouts converted; 'RMT' is PPMA's fixed-decay baseline in the same layout (family 'PPMA')
-FAMILIES = ('PPMA', 'MLLA', 'VMINet')
+RELEASE_FAMILIES = ('PPMA', 'MLLA', 'VMINet')
+__getattr__ = renamed_attributes(__name__, FAMILIES='RELEASE_FAMILIES')
 FORMATS = {'PPMA': ppma_release, 'MLLA': mlla_release, 'VMINet': vminet_release}
 ZOOS = {'PPMA': PPMA_ARCH_ZOO, 'MLLA': MLLA_ARCH_ZOO, 'VMINet': VMINET_ARCH_ZOO}
 with_release_record = vminet_release.with_release_record
@@ -45,13 +40,13 @@ mlla_rope_rotations = mlla_release.rope_rotations
 
 
 def check_family(family: str) -> str:
-    """'ppma' / 'RMT' / 'mlla' / ... -> the family name in :data:`FAMILIES` ('RMT' is 'PPMA')."""
+    """'ppma' / 'RMT' / 'mlla' / ... -> the family name in :data:`RELEASE_FAMILIES` ('RMT' is 'PPMA')."""
     if isinstance(family, str) and family.lower() == 'rmt':
         return 'PPMA'
-    for f in FAMILIES:
+    for f in RELEASE_FAMILIES:
         if isinstance(family, str) and family.lower() == f.lower():
             return f
-    raise ValueError(f'family={family!r}; choose one of {", ".join(FAMILIES)} (RMT: PPMA)')
+    raise ValueError(f'family={family!r}; choose one of {", ".join(RELEASE_FAMILIES)} (RMT: PPMA)')
 
 
 def canonical_arch(family: str, arch: str) -> str:
@@ -87,17 +82,12 @@ def build_reference_backbone(family: str, arch: Union[str, dict], **kwargs) -> t
 
 def build_model_from_config(config: Union[str, Path], backbone_overrides: Optional[dict] = None,
                             backbone_only: bool = False, device: Union[str, torch.device] = 'meta'):
-    """The config's mmpretrain model (or only its backbone), with ``backbone_overrides`` applied, built with
-    mmpretrain's registry on ``device`` ('meta': shapes only, no memory)."""
-    from mmengine.config import Config
-    from mmengine.registry import DefaultScope
-    from mmpretrain.registry import MODELS
-
-    model_cfg = copy.deepcopy(Config.fromfile(str(config)).model)
-    model_cfg['backbone'].update(backbone_overrides or {})
-    model_cfg.pop('train_cfg', None)  # batch augments: no state, only a log line
-    with DefaultScope.overwrite_default_scope('mmpretrain'), torch.device(device):
-        return MODELS.build(model_cfg['backbone'] if backbone_only else model_cfg)
+    """The config's mmpretrain model (or only its backbone), with ``backbone_overrides`` applied, on ``device``
+    ('meta': shapes only, no memory; :func:`mmppma.utils.configs.build_config_model`)."""
+    from mmppma.utils.configs import build_config_model, load_config
+    cfg = load_config(config)
+    cfg.model.pop('train_cfg', None)  # batch augments: no state, only a log line
+    return build_config_model(cfg, backbone_only=backbone_only, backbone_overrides=backbone_overrides, device=device)
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,8 +114,8 @@ def default_config(family: str, arch: str, revision: Optional[str] = None, varia
 
 def check_config_options(config: Union[str, Path], revision: str) -> None:
     """The config's backbone must have the VMINet release revision's options (:data:`RELEASE_REVISIONS`)."""
-    from mmengine.config import Config
-    backbone = Config.fromfile(str(config)).model.backbone
+    from mmppma.utils.configs import load_config
+    backbone = load_config(config).model.backbone
     defaults = inspect.signature(VMINet.__init__).parameters
     needed = vminet_release.RELEASE_REVISIONS[revision]
     wrong = {k: v for k, v in needed.items() if backbone.get(k, defaults[k].default) != v}
@@ -156,7 +146,7 @@ def _reference_backbone_state(family: str, arch: Union[str, dict], measured: dic
     return build_reference_backbone('VMINet', arch, **dense, **options, **overrides).state_dict()
 
 
-def _check_classifier_head(family: str, head: dict, backbone_dims: int, info: dict) -> Dict[str, torch.Tensor]:
+def _classifier_head(family: str, head: dict, backbone_dims: int, info: dict) -> Dict[str, torch.Tensor]:
     """The head the converted state must fit, from the checkpoint's class count: PPMAClsHead, or mmpretrain's
     LinearClsHead (``head.fc``) on the last stage's channels."""
     if 'head.fc.weight' not in head:
@@ -177,27 +167,23 @@ def _check_classifier_head(family: str, head: dict, backbone_dims: int, info: di
             'head.fc.bias': torch.empty(num_classes, device='meta')}
 
 
-def _check_against_config(family: str, out: dict, head: dict, config, info: dict, measured: dict,
-                          downstream: bool, backbone_only: bool) -> None:
-    """The converted state against the model of a given mmpretrain config (classification) or its backbone
-    with the checkpoint's output norms (downstream)."""
+def _config_reference(family: str, conversion, config, backbone_only: bool) -> Dict[str, torch.Tensor]:
+    """The keys and shapes of the model of a given mmpretrain config (classification: the classifier, its head
+    for the checkpoint's class count; downstream: its backbone with the checkpoint's output norms)."""
+    info, measured, head = conversion.info, conversion.measured, conversion.head
     if info['release']:
         check_config_options(config, info['release']['revision'])
-    overrides, arch, last = info['backbone_overrides'], info['arch'], len(measured['depths']) - 1
-    if downstream:
+    overrides, last = info['backbone_overrides'], len(measured['depths']) - 1
+    if info['downstream']:
         if family == 'VMINet':
             dense = dict(out_indices=measured['out_norms'] or tuple(range(last + 1)),
                          out_norm=measured['out_norm_type'])
         else:
             dense = dict(out_indices=measured['out_norms'] or (last, ), out_norm=bool(measured['out_norms']))
-        ref = config_reference_state(config, dict(overrides, **dense), backbone_only=True)
-        check_state_against(out, _prefixed(ref, 'backbone.'), f'{family} backbone ({arch}, {dense})')
-        return
+        return _prefixed(config_reference_state(config, dict(overrides, **dense), backbone_only=True), 'backbone.')
     ref = config_reference_state(config, overrides)
     if backbone_only:
-        check_state_against(out, {k: v for k, v in ref.items() if k.startswith('backbone.')},
-                            f'{family} backbone ({arch}) of {config}')
-        return
+        return {k: v for k, v in ref.items() if k.startswith('backbone.')}
     if 'head.fc.weight' not in head:
         raise CheckpointMismatchError('classification checkpoint without head (no head.weight); convert with '
                                       'backbone_only=True (--backbone-only)')
@@ -206,8 +192,8 @@ def _check_against_config(family: str, out: dict, head: dict, config, info: dict
         ref['head.fc.weight'] = torch.empty(num_classes, ref['head.fc.weight'].shape[1], device='meta')
         ref['head.fc.bias'] = torch.empty(num_classes, device='meta')
         info['notes'].append(f'{num_classes} classes: set model.head.num_classes={num_classes}')
-    check_state_against({**out, **head}, ref, f'{family}-{arch} classifier of {config}')
     info['num_classes'] = num_classes
+    return ref
 
 
 # ---------------------------------------------------------------- the API
@@ -218,7 +204,8 @@ def release_to_mmppma(state: Mapping[str, torch.Tensor],
                       config: Optional[Union[str, Path]] = None,
                       check: bool = True) -> Tuple[Dict[str, torch.Tensor], dict]:
     """Convert a release state dict (classification, or ``backbone.``-prefixed downstream) of ``family``
-    ('PPMA' / 'RMT', 'MLLA', 'VMINet') to mmppma keys.
+    ('PPMA' / 'RMT', 'MLLA', 'VMINet') to mmppma keys, through
+    :func:`~mmppma.models.backbones.release.convert_and_check` against a reference model.
 
     Returns (state dict, info). Classification: ``backbone.*`` + the head (PPMA: ``head.{proj,norm,fc}.*`` of
     PPMAClsHead; MLLA / VMINet: the release's final ``norm`` as ``backbone.norm{last}`` and ``head.fc.*`` of
@@ -239,45 +226,42 @@ def release_to_mmppma(state: Mapping[str, torch.Tensor],
     release state comes back carrying the record (:func:`with_release_record`).
     """
     family = check_family(family)
-    conversion = from_release(state, FORMATS[family], backbone_only)
-    measured, info, head = conversion.measured, conversion.info, conversion.head
-    downstream, release = info['downstream'], info['release']
-    if isinstance(arch, str):
-        arch = canonical_arch(family, arch)
-    elif arch is None:
-        try:
-            arch = match_arch(family, measured)
-        except CheckpointMismatchError:
-            if check and config is None:
-                raise
-    info['arch'] = arch
-    out = {**_prefixed(conversion.backbone, 'backbone.'), **conversion.to_backbone}
-    if config is not None:
-        info['config'] = str(config)
-    elif isinstance(arch, str) and (family != 'PPMA' or measured['mask'] in ('polyline', 'rmt')):
-        info['config'] = default_config(family, arch, info['revision'], info['family'])
-    else:
-        info['config'] = None
-    if check and config is not None:
-        _check_against_config(family, out, head, config, info, measured, downstream, backbone_only)
-    elif check:
-        ref = _reference_backbone_state(family, arch, measured, info['backbone_overrides'], downstream, release)
-        what = f'{info["family"]} backbone ({arch})' if family == 'PPMA' else \
-            f'{family} backbone ({arch}{", dense" if downstream else ""})'
-        if family == 'PPMA':  # keys as in the release
-            check_state_against(conversion.backbone, ref, what)
-        elif downstream or backbone_only:
-            check_state_against(out, _prefixed(ref, 'backbone.'), what)
+
+    def reference(conversion) -> Optional[Dict[str, torch.Tensor]]:
+        measured, info = conversion.measured, conversion.info
+        chosen = arch
+        if isinstance(chosen, str):
+            chosen = canonical_arch(family, chosen)
+        elif chosen is None:
+            try:
+                chosen = match_arch(family, measured)
+            except CheckpointMismatchError:
+                if check and config is None:
+                    raise
+        info['arch'] = chosen
+        if config is not None:
+            info['config'] = str(config)
+        elif isinstance(chosen, str) and (family != 'PPMA' or measured['mask'] in ('polyline', 'rmt')):
+            info['config'] = default_config(family, chosen, info['revision'], info['family'])
+        else:
+            info['config'] = None
+        if not check:
+            return None
+        downstream = info['downstream']
+        passthrough = conversion.rest if downstream and not backbone_only else {}
+        if config is not None:
+            return {**_config_reference(family, conversion, config, backbone_only), **passthrough}
+        ref = _reference_backbone_state(family, chosen, measured, info['backbone_overrides'], downstream,
+                                        info['release'])
+        expected = {**_prefixed(ref, 'backbone.'), **passthrough}
         if not downstream and not backbone_only:
-            last_dims = measured['embed_dims'][-1]
-            ref_head = _check_classifier_head(family, head, last_dims, info)
-            if family == 'PPMA':
-                check_state_against(head, ref_head, 'PPMAClsHead')
-            else:
-                check_state_against({**out, **head}, {**_prefixed(ref, 'backbone.'), **ref_head},
-                                    f'{family}-{arch} classifier')
-    out = conversion.state(backbone_only)
-    return (with_release_record(out, release) if release else out), info
+            expected.update(_classifier_head(family, conversion.head, measured['embed_dims'][-1], info))
+        return expected
+
+    out, conversion = convert_and_check(state, FORMATS[family], reference, f'{family} release checkpoint',
+                                        backbone_only=backbone_only, arch_zoo=ZOOS[family])
+    release = conversion.info['release']
+    return (with_release_record(out, release) if release else out), conversion.info
 
 
 def mmppma_to_release(state: Mapping[str, torch.Tensor],

@@ -43,7 +43,7 @@ def whole_attention_as_one_op(model: nn.Module) -> Iterator[None]:
     """While active, the :meth:`~mmppma.models.layers.attention.PolylinePathAttention.attention` of every
     whole-attention layer in ``model`` runs inside :class:`WholeAttentionForFlops`, so a jit trace records it as one
     node however the op computes it internally (blockwise, dense, ...)."""
-    from ..layers.attention import PolylinePathAttention
+    from .layers.attention import PolylinePathAttention
     layers = [m for m in model.modules() if isinstance(m, PolylinePathAttention) and m.attn_type == 'whole']
     for layer in layers:  # an instance attribute shadows the method
         layer.attention = functools.partial(_as_one_op, layer.attention)

@@ -1,0 +1,34 @@
+"""Deployment: ONNX export of mmppma's models and the check of the exported file against torch (tools/deployment).
+
+Layered, each module importing only those before it (and the models, never the reverse):
+
+* :mod:`.runtime` - the onnxruntime session, the errors, :func:`relative_difference`, :func:`first_line`;
+* :mod:`.pools` - adaptive pools with bins taken from the input size at run time (the export's form);
+* :mod:`.export` - the part of a model that is exported, and :func:`export_onnx`;
+* :mod:`.mask_rcnn` - the whole Mask R-CNN as one graph, checked against ``model.predict`` (imported on use:
+  it needs mmdet and registers an NMS op with torch.library);
+* :mod:`.check` - :func:`compare_onnx`, the file in onnxruntime against the torch module.
+
+Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime).
+"""
+from .check import Comparison, compare_onnx
+from .export import OUTPUTS, dynamic_axes, export_module, export_onnx, model_kind, traced_input
+from .pools import fixed_grid_pools, runtime_pools
+from .runtime import (
+    TOLERANCE,
+    DetectionMismatch,
+    ExportError,
+    OnnxRuntimeFailure,
+    OutputMismatch,
+    UnsupportedDetector,
+    first_line,
+    onnx_session,
+    relative_difference,
+)
+
+__all__ = [
+    'Comparison', 'compare_onnx', 'OUTPUTS', 'dynamic_axes', 'export_module', 'export_onnx', 'model_kind',
+    'traced_input', 'fixed_grid_pools', 'runtime_pools', 'TOLERANCE', 'DetectionMismatch', 'ExportError',
+    'OnnxRuntimeFailure', 'OutputMismatch', 'UnsupportedDetector', 'first_line', 'onnx_session',
+    'relative_difference'
+]

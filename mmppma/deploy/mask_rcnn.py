@@ -1,0 +1,402 @@
+"""The whole Mask R-CNN (mmdet's two-stage detector with RPNHead and StandardRoIHead) as one ONNX graph.
+
+:class:`MaskRCNNExport` runs backbone, neck, RPN, RoI heads, both NMS stages and the mask pasting of
+``model.predict`` in ops that ``torch.onnx.export(dynamo=True)`` translates: NMS through :func:`nms_padded`
+(a torch.library op translated to ONNX NonMaxSuppression, :data:`TRANSLATIONS`), RoIAlign through
+``torchvision.ops.roi_align`` (ONNX RoiAlign, ``half_pixel``), and every shape fixed by the input size, so
+data-dependent counts become outputs padded to a fixed size (:data:`OUTPUT_NAMES`). :func:`export_mask_rcnn`
+writes the file; :func:`compare_with_predict` checks it in onnxruntime against ``model.predict``.
+"""
+from typing import Dict, List, NamedTuple, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision  # imported before an export traces its ops, or the exporter does not translate them
+from torch import Tensor
+
+from .runtime import (
+    DetectionMismatch,
+    OnnxRuntimeFailure,
+    UnsupportedDetector,
+    first_line,
+    onnx_session,
+    relative_difference,
+)
+
+#: the outputs of the exported graph, in order (B images, K = test_cfg.rcnn.max_per_img detections,
+#: A anchors, P = test_cfg.rpn.max_per_img proposals, C classes); rows past a count are padding
+OUTPUT_NAMES = ('num_dets', 'boxes', 'scores', 'labels', 'masks',
+                'rpn_scores', 'rpn_deltas', 'num_proposals', 'proposals', 'roi_scores', 'roi_deltas')
+OUTPUT_SHAPES = {
+    'num_dets': '(B,) int64: detections per image',
+    'boxes': '(B, K, 4) float32: x1, y1, x2, y2 in input pixels, by score; padding 0',
+    'scores': '(B, K) float32; padding 0',
+    'labels': '(B, K) int64: class index; padding -1',
+    'masks': '(B, K, H, W) bool: the masks pasted at the input size; padding False',
+    'rpn_scores': '(B, A) float32: RPN objectness (sigmoid) of every anchor, before top-k and NMS',
+    'rpn_deltas': '(B, A, 4) float32: RPN box deltas of every anchor',
+    'num_proposals': '(B,) int64: proposals after the RPN NMS',
+    'proposals': '(B, P, 4) float32: the proposals, by score; padding 0',
+    'roi_scores': '(B, P, C + 1) float32: class scores (softmax, background last) of each proposal, before NMS',
+    'roi_deltas': '(B, P, 4C) float32: box deltas of each proposal',
+}
+#: the boxes' scale factor in the bounds of :func:`compare_with_predict` (relative to the input size)
+BOX_TOLERANCE = 1e-3
+MASK_IOU = 0.99
+#: a mask pixel may differ from mmdet's where mmdet's pasted probability is this close to the threshold
+MASK_PROB_TOLERANCE = 1e-3
+
+
+@torch.library.custom_op('mmppma::nms_padded', mutates_args=())
+def nms_padded(boxes: Tensor, scores: Tensor, iou_threshold: float, score_threshold: float,
+               max_output: int) -> Tensor:
+    """Greedy NMS of ``boxes`` (N, 4: x1, y1, x2, y2) over the candidates with ``scores > score_threshold``,
+    by descending score: the indices of the first ``max_output`` kept, padded with -1 to ``max_output``. A box
+    suppresses the later ones whose IoU with it exceeds ``iou_threshold``. Exports as ONNX NonMaxSuppression
+    (:data:`TRANSLATIONS`)."""
+    candidates = torch.nonzero(scores > score_threshold).squeeze(1)
+    keep = torchvision.ops.nms(boxes[candidates], scores[candidates], iou_threshold)[:max_output]
+    out = torch.full((max_output, ), -1, dtype=torch.int64, device=boxes.device)
+    out[:keep.numel()] = candidates[keep]
+    return out
+
+
+@nms_padded.register_fake
+def _nms_padded_fake(boxes, scores, iou_threshold, score_threshold, max_output):
+    return boxes.new_empty((max_output, ), dtype=torch.int64)
+
+
+def _nms_padded_onnx(boxes, scores, iou_threshold: float, score_threshold: float, max_output: int):
+    from onnxscript import opset18 as op
+    selected = op.NonMaxSuppression(
+        op.Unsqueeze(boxes, [0]), op.Unsqueeze(scores, [0, 1]), op.Constant(value_ints=[max_output]),
+        op.Constant(value_floats=[iou_threshold]), op.Constant(value_floats=[score_threshold]))
+    indices = op.Reshape(op.Slice(selected, [2], [3], [1]), [-1])  # (selected, 3): batch, class, box
+    padding = op.Constant(value_ints=[-1] * max_output)
+    return op.Slice(op.Concat(indices, padding, axis=0), [0], [max_output], [0])
+
+
+#: the ONNX translations of this module's ops (``torch.onnx.export(custom_translation_table=...)``)
+TRANSLATIONS = {torch.ops.mmppma.nms_padded.default: _nms_padded_onnx}
+
+
+def _offset_nms(boxes: Tensor, scores: Tensor, groups: Tensor, valid: Tensor, iou_threshold: float,
+                score_threshold: float, max_output: int) -> Tensor:
+    """mmcv's ``batched_nms`` over the ``valid`` candidates: NMS within each group, by shifting each group's
+    boxes by ``group * (largest coordinate + 1)`` and running one NMS; :func:`nms_padded`'s indices."""
+    largest = torch.where(valid[:, None], boxes, torch.full_like(boxes, float('-inf'))).max()
+    largest = torch.where(torch.isfinite(largest), largest, torch.zeros_like(largest))
+    shifted = boxes + (groups.to(boxes.dtype) * (largest + 1))[:, None]
+    below = torch.full_like(scores, score_threshold - 1.0)
+    return nms_padded(shifted, torch.where(valid, scores, below), iou_threshold, score_threshold, max_output)
+
+
+def _paste_masks(masks: Tensor, boxes: Tensor, height: int, width: int) -> Tensor:
+    """Masks (K, 1, h, w) resampled into boxes (K, 4) of an image of ``height`` x ``width``: mmdet's
+    ``_do_paste_mask`` over the whole image (bilinear, ``align_corners=False``, zeros outside the mask)."""
+    x0, y0, x1, y1 = boxes.split(1, dim=1)
+    ys = (torch.arange(height, device=boxes.device, dtype=torch.float32) + 0.5 - y0) / (y1 - y0) * 2 - 1
+    xs = (torch.arange(width, device=boxes.device, dtype=torch.float32) + 0.5 - x0) / (x1 - x0) * 2 - 1
+    ys = torch.where(torch.isinf(ys), torch.zeros_like(ys), ys)
+    xs = torch.where(torch.isinf(xs), torch.zeros_like(xs), xs)
+    k = masks.shape[0]
+    grid = torch.stack([xs[:, None, :].expand(k, height, width), ys[:, :, None].expand(k, height, width)], dim=3)
+    return F.grid_sample(masks.float(), grid, align_corners=False)[:, 0]
+
+
+def check_supported(model: nn.Module) -> None:
+    """Raise :class:`UnsupportedDetector` unless ``model`` is a two-stage detector of the parts
+    :class:`MaskRCNNExport` reproduces."""
+    from mmcv.ops import RoIAlign
+    from mmdet.models.dense_heads import RPNHead
+    from mmdet.models.detectors import TwoStageDetector
+    from mmdet.models.roi_heads import StandardRoIHead
+    from mmdet.models.roi_heads.mask_heads import FCNMaskHead
+    from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
+    from mmdet.models.task_modules.coders import DeltaXYWHBBoxCoder
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise UnsupportedDetector(f'{type(model).__name__}: {what} (the whole-detector export covers '
+                                      'Mask R-CNN: RPNHead, StandardRoIHead with RoIAlign and FCNMaskHead)')
+
+    need(isinstance(model, TwoStageDetector), 'not a two-stage detector')
+    rpn, roi = model.rpn_head, model.roi_head
+    need(type(rpn) is RPNHead and rpn.use_sigmoid_cls, 'the RPN is not an RPNHead with sigmoid scores')
+    need(type(roi) is StandardRoIHead and roi.with_mask and type(roi.mask_head) is FCNMaskHead,
+         'the RoI head is not a StandardRoIHead with an FCNMaskHead')
+    need(not roi.with_shared_head and not roi.mask_head.class_agnostic, 'a shared head or a class-agnostic mask')
+    need(not getattr(roi.bbox_head, 'custom_cls_channels', False), 'a custom classifier')
+    for coder in (rpn.bbox_coder, roi.bbox_head.bbox_coder):
+        need(type(coder) is DeltaXYWHBBoxCoder and not coder.add_ctr_clamp, 'a box coder other than delta_xywh')
+    for extractor in (roi.bbox_roi_extractor, roi.mask_roi_extractor):
+        need(type(extractor) is SingleRoIExtractor, 'a RoI extractor other than SingleRoIExtractor')
+        for layer in extractor.roi_layers:
+            need(type(layer) is RoIAlign and layer.aligned and layer.pool_mode == 'avg',
+                 'a RoI layer other than RoIAlign(aligned=True, pool_mode="avg")')
+    for cfg in (rpn.test_cfg, roi.test_cfg):
+        nms = dict(cfg.nms)
+        need(nms.pop('type', 'nms') == 'nms' and set(nms) <= {'iou_threshold'}, f'an NMS other than plain nms: {nms}')
+    need(roi.test_cfg.mask_thr_binary >= 0 and roi.test_cfg.max_per_img > 0 and rpn.test_cfg.max_per_img > 0,
+         'a test_cfg without max_per_img or a binary mask threshold')
+
+
+class MaskRCNNExport(nn.Module):
+    """``model.predict`` of a Mask R-CNN for a fixed input size, in ops the ONNX exporter translates:
+    images (B, 3, H, W), normalized as after the data preprocessor, -> the tensors of :data:`OUTPUT_NAMES`.
+
+    Per image (a loop unrolled at export): the RPN's objectness and deltas at every anchor, the top
+    ``nms_pre`` of each level, decoded and clipped, boxes of zero width or height dropped, NMS per level
+    (``max_per_img`` proposals); RoIAlign of each proposal at its FPN level (all levels computed, the
+    proposal's selected), the box head, decoding per class, the candidates above ``score_thr``, NMS per
+    class (``max_per_img`` detections); the mask head on the detections' boxes, its class's mask pasted
+    into the image and thresholded at ``mask_thr_binary``. Counts are outputs and rows past them padding."""
+
+    output_names = OUTPUT_NAMES
+    onnx_translations = TRANSLATIONS
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        check_supported(model)
+        self.model = model.eval()
+
+    def _roi_features(self, extractor: nn.Module, feats: Sequence[Tensor], boxes: Tensor) -> Tensor:
+        """RoIAlign of ``boxes`` (R, 4, one image) on the level ``extractor.map_roi_levels`` assigns each."""
+        rois = torch.cat([boxes.new_zeros(boxes.shape[0], 1), boxes], dim=1)
+        feats = feats[:extractor.num_inputs]
+        levels = extractor.map_roi_levels(rois, len(feats))
+        out = None
+        for i, (feat, layer) in enumerate(zip(feats, extractor.roi_layers)):
+            pooled = torchvision.ops.roi_align(feat, rois, layer.output_size, layer.spatial_scale,
+                                               layer.sampling_ratio, aligned=True)
+            out = pooled if out is None else torch.where((levels == i)[:, None, None, None], pooled, out)
+        return out
+
+    def forward(self, images: Tensor) -> Tuple[Tensor, ...]:
+        model = self.model
+        rpn, roi = model.rpn_head, model.roi_head
+        rpn_cfg, rcnn_cfg = rpn.test_cfg, roi.test_cfg
+        height, width = images.shape[2:]
+        feats = model.extract_feat(images)
+        cls_maps, delta_maps = rpn(feats)
+        anchors = rpn.prior_generator.grid_priors([m.shape[-2:] for m in cls_maps], dtype=images.dtype,
+                                                  device=images.device)
+        outputs: Dict[str, List[Tensor]] = {name: [] for name in OUTPUT_NAMES}
+        for b in range(images.shape[0]):
+            image_feats = [f[b:b + 1] for f in feats]
+            for name, value in zip(OUTPUT_NAMES, self._one_image(image_feats, [m[b] for m in cls_maps],
+                                                                 [m[b] for m in delta_maps], anchors,
+                                                                 rpn_cfg, rcnn_cfg, height, width)):
+                outputs[name].append(value)
+        return tuple(torch.stack(outputs[name]) for name in OUTPUT_NAMES)
+
+    def _one_image(self, feats, cls_maps, delta_maps, anchors, rpn_cfg, rcnn_cfg, height, width):
+        from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
+        rpn, roi = self.model.rpn_head, self.model.roi_head
+        # RPN: the top nms_pre anchors of each level, decoded, NMS per level
+        all_scores, all_deltas, scores, deltas, priors, levels = [], [], [], [], [], []
+        for level, (cls_map, delta_map, level_anchors) in enumerate(zip(cls_maps, delta_maps, anchors)):
+            level_scores = cls_map.permute(1, 2, 0).reshape(-1).sigmoid()
+            level_deltas = delta_map.permute(1, 2, 0).reshape(-1, 4)
+            all_scores.append(level_scores)
+            all_deltas.append(level_deltas)
+            nms_pre = rpn_cfg.get('nms_pre', -1)
+            if 0 < nms_pre < level_scores.shape[0]:
+                level_scores, top = level_scores.topk(nms_pre)
+                level_deltas, level_anchors = level_deltas[top], level_anchors[top]
+            scores.append(level_scores)
+            deltas.append(level_deltas)
+            priors.append(level_anchors)
+            levels.append(torch.full_like(level_scores, level, dtype=torch.int64))
+        scores, levels = torch.cat(scores), torch.cat(levels)
+        coder = rpn.bbox_coder
+        boxes = delta2bbox(torch.cat(priors), torch.cat(deltas), coder.means, coder.stds, (height, width),
+                           clip_border=coder.clip_border)
+        valid = torch.ones_like(scores, dtype=torch.bool)
+        min_size = rpn_cfg.get('min_bbox_size', -1)
+        if min_size >= 0:
+            valid = ((boxes[:, 2] - boxes[:, 0]) > min_size) & ((boxes[:, 3] - boxes[:, 1]) > min_size)
+        keep = _offset_nms(boxes, scores, levels, valid, rpn_cfg.nms.iou_threshold, -1.0, rpn_cfg.max_per_img)
+        proposal_valid = keep >= 0
+        num_proposals = proposal_valid.sum()
+        keep = keep.clamp(min=0)
+        proposals = boxes[keep] * proposal_valid[:, None]
+
+        # box head on the proposals, decoding per class, NMS per class
+        cls_score, bbox_pred = roi.bbox_head(self._roi_features(roi.bbox_roi_extractor, feats, proposals))
+        roi_scores = F.softmax(cls_score, dim=-1)
+        num_classes = roi.bbox_head.num_classes
+        coder = roi.bbox_head.bbox_coder
+        per_class = 1 if roi.bbox_head.reg_class_agnostic else num_classes
+        class_boxes = delta2bbox(proposals.repeat_interleave(per_class, dim=0), bbox_pred.reshape(-1, 4),
+                                 coder.means, coder.stds, (height, width), clip_border=coder.clip_border)
+        class_boxes = class_boxes.reshape(-1, per_class, 4).expand(-1, num_classes, 4).reshape(-1, 4)
+        candidate_scores = roi_scores[:, :-1].reshape(-1)
+        labels = torch.arange(num_classes, device=proposals.device).repeat(proposals.shape[0])
+        candidates = (candidate_scores > rcnn_cfg.score_thr) & proposal_valid.repeat_interleave(num_classes)
+        keep = _offset_nms(class_boxes, candidate_scores, labels, candidates, rcnn_cfg.nms.iou_threshold,
+                           rcnn_cfg.score_thr, rcnn_cfg.max_per_img)
+        det_valid = keep >= 0
+        num_dets = det_valid.sum()
+        keep = keep.clamp(min=0)
+        det_boxes = class_boxes[keep] * det_valid[:, None]
+        det_scores = candidate_scores[keep] * det_valid
+        det_labels = torch.where(det_valid, labels[keep], torch.full_like(labels[keep], -1))
+
+        # mask head on the detections, the label's mask pasted into the image
+        mask_logits = roi.mask_head(self._roi_features(roi.mask_roi_extractor, feats, det_boxes))
+        mask_probs = mask_logits.sigmoid().gather(
+            1, det_labels.clamp(min=0)[:, None, None, None].expand(-1, 1, *mask_logits.shape[2:]))
+        masks = _paste_masks(mask_probs, det_boxes, height, width) >= rcnn_cfg.mask_thr_binary
+        masks = masks & det_valid[:, None, None]
+        roi_scores = roi_scores * proposal_valid[:, None]
+        roi_deltas = bbox_pred * proposal_valid[:, None]
+        return (num_dets, det_boxes, det_scores, det_labels, masks, torch.cat(all_scores), torch.cat(all_deltas),
+                num_proposals, proposals, roi_scores, roi_deltas)
+
+
+def data_samples(batch: int, height: int, width: int) -> list:
+    """mmdet data samples for ``model.predict`` on a preprocessed batch of ``height`` x ``width`` images,
+    unscaled (``ori_shape`` = ``img_shape``, scale factor 1), so its results are in input pixels."""
+    from mmdet.structures import DetDataSample
+    meta = dict(img_shape=(height, width), ori_shape=(height, width), pad_shape=(height, width),
+                batch_input_shape=(height, width), scale_factor=(1.0, 1.0))
+    return [DetDataSample(metainfo=dict(meta)) for _ in range(batch)]
+
+
+class DetectionComparison(NamedTuple):
+    """:func:`compare_with_predict` for one image: the largest relative differences of the outputs before
+    NMS (``rpn``: objectness and deltas of every anchor; ``roi``: class scores and deltas of the file's
+    proposals, against mmdet's box head on them), of the proposals' and detections' boxes (matched), the largest
+    score difference of the detections, the smallest mask IoU, the masks below the IoU bound whose pixels
+    differ only where mmdet's probability is within :data:`MASK_PROB_TOLERANCE` of the threshold, the
+    detections (ONNX, reference), and the smallest gap between the reference's consecutive scores (how far
+    its order is from a tie)."""
+    rpn: float
+    roi: float
+    proposals: float
+    boxes: float
+    scores: float
+    mask_iou: float
+    near_threshold: int
+    detections: Tuple[int, int]
+    score_gap: float
+
+
+def _match(got: Tensor, want: Tensor) -> Tensor:
+    """For each box of ``want`` (N, 4), the index of the box of ``got`` (M, 4) nearest to it (largest
+    coordinate difference), each used once, taken greedily in ``want``'s order."""
+    distance = (want[:, None, :] - got[None, :, :]).abs().amax(-1)
+    picked = []
+    for row in distance:
+        if picked:
+            row = row.clone()
+            row[picked] = float('inf')
+        picked.append(int(row.argmin()))
+    return torch.tensor(picked, dtype=torch.int64)
+
+
+def mask_iou(got: Tensor, want: Tensor) -> Tensor:
+    """IoU of boolean masks (N, H, W), pairwise by row; 1 where both are empty."""
+    inter = (got & want).flatten(1).sum(1).double()
+    union = (got | want).flatten(1).sum(1).double()
+    return torch.where(union > 0, inter / union.clamp_min(1), torch.ones_like(union))
+
+
+def pasted_probabilities(model: nn.Module, feats: Sequence[Tensor], instances, height: int,
+                         width: int) -> Tensor:
+    """mmdet's mask probabilities of ``instances`` (boxes and labels of one image, ``feats`` its features)
+    pasted into the image before the threshold (N, H, W): its mask head and ``_do_paste_mask``."""
+    from mmdet.models.roi_heads.mask_heads.fcn_mask_head import _do_paste_mask
+    from mmdet.structures.bbox import bbox2roi
+    with torch.no_grad():
+        logits = model.roi_head._mask_forward(feats, bbox2roi([instances.bboxes]))['mask_preds']
+        probs = logits.sigmoid()[torch.arange(len(instances)), instances.labels][:, None]
+        return _do_paste_mask(probs, instances.bboxes, height, width, skip_empty=False)[0]
+
+
+def run_onnx(path: str, images: Tensor) -> Dict[str, Tensor]:
+    """The ONNX file's outputs (:data:`OUTPUT_NAMES`) on ``images`` in onnxruntime (CPU). Raises
+    :class:`~mmppma.deploy.runtime.OnnxRuntimeFailure` when it cannot load or run the file."""
+    session = onnx_session(path)
+    names = [o.name for o in session.get_outputs()]
+    try:
+        got = session.run(None, {session.get_inputs()[0].name: images.numpy()})
+    except Exception as err:  # onnxruntime's own exception types, all reported alike
+        raise OnnxRuntimeFailure(f'at input {tuple(images.shape)}: {first_line(err)}') from err
+    return {name: torch.from_numpy(value) for name, value in zip(names, got)}
+
+
+def compare_with_predict(path: str, model: nn.Module, images: Tensor, tolerance: float = 1e-4,
+                         box_tolerance: float = BOX_TOLERANCE,
+                         min_mask_iou: float = MASK_IOU) -> List[DetectionComparison]:
+    """Run the ONNX file of :class:`MaskRCNNExport` in onnxruntime (CPU) on ``images`` and compare it, per
+    image, with mmdet: ``model.predict`` for the detections, ``rpn_head.predict`` for the proposals, and for
+    the outputs before NMS the RPN head's outputs and the box head's on the file's proposals. Raises
+    :class:`DetectionMismatch` when the outputs before NMS differ by more than ``tolerance`` (relative), the
+    proposals or detections differ in number, their boxes by more than ``box_tolerance`` (relative, after
+    matching), the detections' scores by more than ``tolerance`` or their labels at all, or a mask's IoU is
+    below ``min_mask_iou`` with a pixel differing where mmdet's probability is farther than
+    :data:`MASK_PROB_TOLERANCE` from the threshold."""
+    from mmdet.structures.bbox import bbox2roi
+    got = run_onnx(path, images)
+    samples = data_samples(*images.shape[:1], *images.shape[2:])
+    with torch.no_grad():
+        results = model.predict(images, samples)
+        feats = model.extract_feat(images)
+        cls_maps, delta_maps = model.rpn_head(feats)
+        proposals = model.rpn_head.predict(feats, data_samples(*images.shape[:1], *images.shape[2:]),
+                                           rescale=False)
+    comparisons = []
+    for b, (result, proposal) in enumerate(zip(results, proposals)):
+        where = f'image {b}'
+        rpn_scores = torch.cat([m[b].permute(1, 2, 0).reshape(-1) for m in cls_maps]).sigmoid()
+        rpn_deltas = torch.cat([m[b].permute(1, 2, 0).reshape(-1, 4) for m in delta_maps])
+        rpn = max(relative_difference(got['rpn_scores'][b], rpn_scores),
+                  relative_difference(got['rpn_deltas'][b], rpn_deltas))
+        n = int(got['num_proposals'][b])
+        if n != len(proposal):
+            raise DetectionMismatch(f'{where}: {n} proposals, mmdet {len(proposal)}')
+        matched = _match(got['proposals'][b, :n], proposal.bboxes)
+        proposal_diff = relative_difference(got['proposals'][b, matched], proposal.bboxes)
+        with torch.no_grad():  # mmdet's box head on the file's proposals
+            head = model.roi_head._bbox_forward([f[b:b + 1] for f in feats], bbox2roi([got['proposals'][b, :n]]))
+        roi = max(relative_difference(got['roi_scores'][b, :n], F.softmax(head['cls_score'], dim=-1)),
+                  relative_difference(got['roi_deltas'][b, :n], head['bbox_pred']))
+        want = result.pred_instances
+        n = int(got['num_dets'][b])
+        gaps = (want.scores[:-1] - want.scores[1:]).abs()
+        gap = float(gaps.min()) if len(gaps) else float('inf')
+        if n != len(want):
+            raise DetectionMismatch(f'{where}: {n} detections, mmdet {len(want)} (smallest gap between '
+                                    f'its scores {gap:.1e})')
+        matched = _match(got['boxes'][b, :n], want.bboxes) if n else torch.zeros(0, dtype=torch.int64)
+        boxes = relative_difference(got['boxes'][b, matched], want.bboxes) if n else 0.0
+        scores = float((got['scores'][b, matched] - want.scores).abs().max()) if n else 0.0
+        ious = mask_iou(got['masks'][b, matched], want.masks.bool()) if n else torch.ones(1)
+        low = (ious < min_mask_iou).nonzero().squeeze(1)
+        near = 0
+        if len(low):  # the pixels that differ, against mmdet's probabilities there
+            probs = pasted_probabilities(model, [f[b:b + 1] for f in feats], want[low], *images.shape[2:])
+            differ = got['masks'][b, matched[low]] != want.masks[low].bool()
+            margin = (probs - model.roi_head.test_cfg.mask_thr_binary).abs()
+            near = int(((margin <= MASK_PROB_TOLERANCE) | ~differ).flatten(1).all(1).sum())
+        comparison = DetectionComparison(rpn, roi, proposal_diff, boxes, scores, float(ious.min()), near,
+                                         (n, len(want)), gap)
+        comparisons.append(comparison)
+        if not rpn <= tolerance or not roi <= tolerance:
+            raise DetectionMismatch(f'{where}: the outputs before NMS differ by {max(rpn, roi):.3e} (relative) '
+                                    f'> {tolerance:g}')
+        if not (proposal_diff <= box_tolerance and boxes <= box_tolerance):
+            raise DetectionMismatch(f'{where}: the boxes differ by {max(proposal_diff, boxes):.3e} (relative, '
+                                    f'matched) > {box_tolerance:g}')
+        if n and not torch.equal(got['labels'][b, matched], want.labels):
+            raise DetectionMismatch(f'{where}: the labels differ')
+        if not scores <= tolerance:
+            raise DetectionMismatch(f'{where}: the scores differ by {scores:.3e} > {tolerance:g}')
+        if near < len(low):
+            raise DetectionMismatch(f'{where}: {len(low) - near} mask(s) with an IoU below {min_mask_iou:g} (smallest '
+                                    f'{comparison.mask_iou:.4f}) differ where mmdet\'s probability is more than '
+                                    f'{MASK_PROB_TOLERANCE:g} from the threshold')
+    return comparisons
