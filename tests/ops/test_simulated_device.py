@@ -267,7 +267,6 @@ def test_a_gpu_outside_the_tables_takes_the_torch_path_with_one_message(monkeypa
 def test_the_preflight_runs_in_any_grad_mode_and_outside_inference_mode(mode, monkeypatch):
     """Under no_grad and inference_mode the kernels run (no fallback, no warning) and equal the reference; the
     preflight records its launches with autograd on, outside the caller's inference mode."""
-    from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
     forget_preflight(monkeypatch)
     modes, recording = [], lp.recording

@@ -36,7 +36,8 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
 
 
 def _plan(q, k, v, la, lb, scale: float, form: str, impl: str, traced=None):
-    """The call that runs :func:`criss_cross_attention` on inputs like these (checked here); ``traced`` goes to the Triton path."""
+    """The call that runs :func:`criss_cross_attention` on inputs like these (checked here); ``traced`` goes to
+    the Triton path."""
     check_choice('form', form, CRISS_CROSS_FORMS)
     check_qkv(q, k, v, la, lb)
     requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v), form)

@@ -8,7 +8,8 @@ def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: s
                                  traced=None):
     """Criss-cross attention of ``form`` (:func:`~mmppma.ops.criss_cross_attention`) on the line kernels.
     q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca (row), cb (column) decay tables: (B, heads, H, W);
-    ``op`` names the public op in errors; ``traced`` as :func:`line_attention`'s. The kernels read q, k and v in the caller's layout."""
+    ``op`` names the public op in errors; ``traced`` as :func:`line_attention`'s. The kernels read q, k
+    and v in the caller's layout."""
 
     def rows(x):
         return line_attention(q, k, x, ca, scale, False, op, traced)

@@ -27,7 +27,8 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
 
 
 def _plan(q, k, v, log_decay, scale: float, impl: str, traced=None):
-    """The call that runs :func:`manhattan_attention` on inputs like these (checked here); ``traced`` goes to the Triton path."""
+    """The call that runs :func:`manhattan_attention` on inputs like these (checked here); ``traced`` goes to
+    the Triton path."""
     check_qkv(q, k, v)
     check_log_decay(log_decay, q)
     b, heads, h, w, _ = q.shape

@@ -9,7 +9,6 @@ import dataclasses
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 import torch
-import triton
 
 from ..dispatch import device_capability, tf32_matmul
 from .interpreter import exact_bf16_dots

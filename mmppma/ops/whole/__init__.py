@@ -41,7 +41,8 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
 
 
 def _plan(q, k, v, la, lb, scale: float, form: str, impl: str, traced=None):
-    """The call that runs :func:`ppma_attention` on inputs like these (checked here); ``traced`` goes to the Triton path."""
+    """The call that runs :func:`ppma_attention` on inputs like these (checked here); ``traced`` goes to
+    the Triton path."""
     check_choice('form', form, WHOLE_FORMS)
     check_qkv(q, k, v, la, lb)
     requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v), form)
