@@ -30,7 +30,8 @@ backward; no optimizer), in float32 or under ``torch.autocast`` bfloat16; each i
 ``--release-dir DIR`` counts the release's own models (``zhongchenzhao/PPMA``'s ``classification/models/
 {PPMA,RMT}.py`` placed in DIR; plain PyTorch, not part of this project; they import timm and einops) through
 their ``forward_features``. ``--check`` exits with 1 when a bound of :data:`BOUNDS` fails (:data:`TARGETS` are
-reported); ``--quick`` is the test tier's form: PPMA-T's inference step in float32 at batch 1, 30 repeats of the op timings.
+reported); ``--quick`` is the test tier's form: PPMA-T's inference step in float32 at batch 1, 30 repeats of the op
+timings.
 """
 import argparse
 import bisect
@@ -56,8 +57,8 @@ BOUNDS = dict(launches={'infer-fp32': 475}, python_calls=3300, host_forward=6.0)
 TARGETS = dict(launches={'train-fp32': 1878}, against_rmt=1.1, host_forward_backward=5.0)
 #: aten ops that launch nothing: allocations and metadata (views are told by their schema)
 NO_KERNEL = {'_unsafe_view', 'empty', 'empty_strided', 'empty_like', 'new_empty', 'new_empty_strided', 'lift_fresh',
-             'detach', 'is_same_size', 'sym_size', 'sym_stride', 'sym_numel', 'sym_storage_offset', 'is_nonzero_', 'set_',
-             'resize_', 'record_stream', '_has_compatible_shallow_copy_type'}
+             'detach', 'is_same_size', 'sym_size', 'sym_stride', 'sym_numel', 'sym_storage_offset', 'is_nonzero_',
+             'set_', 'resize_', 'record_stream', '_has_compatible_shallow_copy_type'}
 SYNC_OPS = {'_local_scalar_dense', 'is_nonzero', 'equal'}
 
 
