@@ -30,9 +30,7 @@ from ..forms import paths, transposed
 from ..triton_support import launch as lp
 from ..triton_support.preflight import raise_named
 from ..triton_support.tiles import (
-    bwd_operands,
     load_rows,
-    load_tile,
     online_softmax_start,
     online_softmax_step,
     slice_offset,
@@ -42,13 +40,6 @@ from ..triton_support.tiles import (
 LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
 LOG2E_ = tl.constexpr(LOG2E)
-
-
-@triton.jit
-def _slices(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, N, D, DV):
-    """Pointers to slice ``bh`` (batch * head) of q, k (N, D), v (N, DV) and the tables (N)."""
-    return (q_ptr + slice_offset(bh, N, D), k_ptr + slice_offset(bh, N, D), v_ptr + slice_offset(bh, N, DV),
-            ca_ptr + slice_offset(bh, N, 1), cb_ptr + slice_offset(bh, N, 1))
 
 
 @triton.jit
@@ -133,45 +124,51 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, head
 
 
 @triton.jit
-def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr, c1_ptr,
-               c2_ptr, scale, scale2, weight, N, D, DV, W: tl.constexpr, KEYS: tl.constexpr,
-               BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-               COLS: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per own tile: BLOCK_OWN columns of one image row of a map W tokens wide, keys (KEYS) or
-    queries, against every other token, in tiles of (BLOCK_OTHER // COLS image rows x COLS columns), column chunk
-    by column chunk. The path's corners lie in the own row: the map is the one on which the path puts the corner
-    at (own row, other column) - for queries the forward's map, for keys its transpose (see the module's doc).
+def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr, c1_ptr,
+             c2_ptr, scale, scale2, weight, pid, N, D, DV, x_r, x_c, v_r, v_c, o_r, o_c, t_r, t_c, slot_stride,
+             W: tl.constexpr, KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, PRECISION: tl.constexpr):
+    """Own tile ``pid`` of one slice: BLOCK_OWN columns of one row of a map W tokens wide, keys (KEYS) or queries,
+    against every other token, in tiles of (BLOCK_OTHER // COLS map rows x COLS columns), column chunk by column
+    chunk. The path's corners lie in the own row: the map is the one on which the path puts the corner at (own
+    row, other column) - for queries the forward's map, for keys its transpose (see the module's doc). Map token
+    (r, c) lies at ``r * x_r + c * x_c`` in q and k (``v_r``, ``v_c`` in v, ``o_r``, ``o_c`` in the output
+    gradient, ``t_r``, ``t_c`` in the tables, lse, delta and every gradient buffer, which are in the image's
+    order).
 
-    Log2 units, as the forward: x = scale2 s - lse + m, with the log-mask m = -|T1[own] - T1[c]| - |T2[c] -
-    T2[other]| at the corner c, T1 the map's row table and T2 its column table. Per score that is one difference
-    and one absolute value: the corner entries and the other tokens' column segments are per-other vectors.
+    Log2 units, as the forward: x = scale2 s - lse2 + m, with the log-mask m = -|T1[own] - T1[c]| - |T2[c] -
+    T2[other]| at the corner c, T1 the map's row table and T2 its column table (scaled per loaded vector). Per score
+    that is one difference and one absolute value: the corner entries and the other tokens' column segments are
+    per-other vectors.
 
-    g1 = dk, g2 = dv (KEYS) or g1 = dq, and ``self_ptr``: T1's gradient at the own tokens. The queries' programs
-    also store T1's and T2's gradients at the corners (own row, every column), summed over the own tokens and the
-    other rows, into the program's own slot (its column chunk) of the (H, SLOTS, W) buffers ``c1_ptr``,
-    ``c2_ptr``: one writer per entry, no atomics. Both come from the score gradient summed per (own token, column
-    of the chunk) over the chunk's tiles, by products with a (other tokens x COLS) column spreader, and the signs
-    applied once per chunk. Signs follow the segment sums' index order (exact at ties): the row segment runs from
-    the own column j to the other column l, the column segment from the own row i to the other row k."""
+    g1 = dk, g2 = dv (KEYS) or g1 = dq (float32, image order), and ``self_ptr``: T1's gradient at the own tokens.
+    The queries' programs also store T1's and T2's gradients at the corners (own row, every column), summed over
+    the own tokens and the other rows, at ``c1_ptr`` / ``c2_ptr`` plus the slot of the program's column chunk
+    (``slot_stride`` apart): one writer per entry, no atomics. Both come from the score gradient summed per (own
+    token, column of the chunk) over the chunk's tiles, by products with a (other tokens x COLS) column spreader,
+    and the signs applied once per chunk. Signs follow the segment sums' index order (exact at ties): the row
+    segment runs from the own column j to the other column l, the column segment from the own row i to the other
+    row k."""
     chunks: tl.constexpr = (W + BLOCK_OWN - 1) // BLOCK_OWN
     H = N // W
-    tiles = H * chunks
-    bh = tl.program_id(0) // tiles
-    row = tl.program_id(0) % tiles // chunks
-    chunk = tl.program_id(0) % chunks
+    row = pid // chunks
+    chunk = pid % chunks
     cols_own = chunk * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
-    q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr = _slices(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, bh, N, D, DV)
-    do_ptr += slice_offset(bh, N, DV)
-    lse_ptr += slice_offset(bh, N, 1)
-    delta_ptr += slice_offset(bh, N, 1)
     mask_own = cols_own < W
-    offs_own = row * W + cols_own
+    tok_own = row * t_r + cols_own * t_c
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    a, da, b_ptr, db_ptr = bwd_operands(q_ptr, k_ptr, v_ptr, do_ptr, offs_own, mask_own, offs_d, D, offs_dv, DV,
-                                        KEYS)
+    if KEYS:
+        a = load_rows(k_ptr, row * x_r + cols_own * x_c, mask_own, offs_d, D)
+        da = load_rows(v_ptr, row * v_r + cols_own * v_c, mask_own, offs_dv, DV)
+        b_ptr, db_ptr, b_r, b_c, db_r, db_c = q_ptr, do_ptr, x_r, x_c, o_r, o_c
+    else:
+        a = load_rows(q_ptr, row * x_r + cols_own * x_c, mask_own, offs_d, D)
+        da = load_rows(do_ptr, row * o_r + cols_own * o_c, mask_own, offs_dv, DV)
+        b_ptr, db_ptr, b_r, b_c, db_r, db_c = k_ptr, v_ptr, x_r, x_c, v_r, v_c
     da = (da.to(tl.float32) * weight).to(da.dtype)  # the path's weight (1 or 1/2: exact) in dP once, not per score
-    t1_own = tl.load(t1_ptr + offs_own, mask=mask_own, other=float('inf'))  # own tokens past the row: P = 0
+    # own tokens past the row: P = 0
+    t1_own = tl.load(t1_ptr + tok_own, mask=mask_own, other=float('inf')) * LOG2E_
     g1 = tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32)
     g2 = tl.zeros([BLOCK_OWN, BLOCK_DV], tl.float32)
     self_own = tl.zeros([BLOCK_OWN], tl.float32)
@@ -184,29 +181,30 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, 
             per_column_signed = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # the same, signed by row
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
         in_row = cols < W
-        corner = row * W + cols
-        t1c = tl.load(t1_ptr + corner, mask=in_row, other=0.0)
-        t2c = tl.load(t2_ptr + corner, mask=in_row, other=0.0)
+        corner = row * t_r + cols * t_c
+        t1c = tl.load(t1_ptr + corner, mask=in_row, other=0.0) * LOG2E_
+        t2c = tl.load(t2_ptr + corner, mask=in_row, other=0.0) * LOG2E_
         for r0 in range(0, H, ROWS):
             rows = r0 + tl.arange(0, BLOCK_OTHER) // COLS
             mask = (rows < H) & in_row
-            offs = rows * W + cols
-            per_other = -tl.abs(t2c - tl.load(t2_ptr + offs, mask=mask, other=float('inf')))  # -inf past the map
-            b = load_tile(b_ptr, offs, mask, offs_d, D)
-            db = load_tile(db_ptr, offs, mask, offs_dv, DV)
-            # the queries' log-normaliser and delta enter the products as initial values, loaded per tile (not
-            # hoisted: a loop-invariant tile would hold registers throughout)
+            tok = rows * t_r + cols * t_c
+            # -inf past the map
+            per_other = -tl.abs(t2c - tl.load(t2_ptr + tok, mask=mask, other=float('inf')) * LOG2E_)
+            b = load_rows(b_ptr, rows * b_r + cols * b_c, mask, offs_d, D)
+            db = load_rows(db_ptr, rows * db_r + cols * db_c, mask, offs_dv, DV)
+            # the queries' log-normaliser (over the scale) and delta enter the products as initial values, loaded
+            # per tile (not hoisted: a loop-invariant tile would hold registers throughout)
             if KEYS:
-                lse = tl.broadcast_to(tl.load(lse_ptr + offs, mask=mask, other=0.0)[None, :],
+                lse = tl.broadcast_to(tl.load(lse_ptr + tok, mask=mask, other=0.0)[None, :],
                                       (BLOCK_OWN, BLOCK_OTHER))
-                delta = tl.broadcast_to(tl.load(delta_ptr + offs, mask=mask, other=0.0)[None, :],
+                delta = tl.broadcast_to((tl.load(delta_ptr + tok, mask=mask, other=0.0) * weight)[None, :],
                                         (BLOCK_OWN, BLOCK_OTHER))
             else:
-                lse = tl.broadcast_to(tl.load(lse_ptr + offs_own, mask=mask_own, other=0.0)[:, None],
+                lse = tl.broadcast_to(tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0)[:, None],
                                       (BLOCK_OWN, BLOCK_OTHER))
-                delta = tl.broadcast_to(tl.load(delta_ptr + offs_own, mask=mask_own, other=0.0)[:, None],
+                delta = tl.broadcast_to((tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight)[:, None],
                                         (BLOCK_OWN, BLOCK_OTHER))
-            s = tl.dot(a, tl.trans(b), -lse / scale2, input_precision=PRECISION)
+            s = tl.dot(a, tl.trans(b), -lse / scale, input_precision=PRECISION)
             p = tl.math.exp2(s * scale2 + per_other[None, :] - tl.abs(t1_own[:, None] - t1c[None, :]))
             if KEYS:
                 g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
@@ -219,15 +217,102 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, 
         # the row segment's sign, own column j against the chunk's column l: d m / d T1[own] = -d m / d T1[c]
         signed = per_column * tl.where(cols_own[:, None] >= c0 + tl.arange(0, COLS)[None, :], 1.0, -1.0)
         self_own += tl.sum(signed, 1)
-        if not KEYS:  # the corners, into the program's slot of the own row
-            at = (row * chunks + chunk) * W + c0 + tl.arange(0, COLS)
+        if not KEYS:  # the corners, into the slot of the program's column chunk
+            at = row * t_r + (c0 + tl.arange(0, COLS)) * t_c + chunk * slot_stride
             keep = c0 + tl.arange(0, COLS) < W
-            tl.store(c1_ptr + slice_offset(bh, H * chunks, W) + at, -tl.sum(signed, 0), mask=keep)
-            tl.store(c2_ptr + slice_offset(bh, H * chunks, W) + at, tl.sum(per_column_signed, 0), mask=keep)
-    store_tile(g1_ptr + slice_offset(bh, N, D), offs_own, mask_own, offs_d, D, g1 * scale)
+            tl.store(c1_ptr + at, -tl.sum(signed, 0), mask=keep)
+            tl.store(c2_ptr + at, tl.sum(per_column_signed, 0), mask=keep)
+    store_tile(g1_ptr, tok_own, mask_own, offs_d, D, g1 * scale)
     if KEYS:
-        store_tile(g2_ptr + slice_offset(bh, N, DV), offs_own, mask_own, offs_dv, DV, g2 * weight)
-    tl.store(self_ptr + slice_offset(bh, N, 1) + offs_own, self_own, mask=mask_own)
+        store_tile(g2_ptr, tok_own, mask_own, offs_dv, DV, g2 * weight)
+    tl.store(self_ptr + tok_own, self_own, mask=mask_own)
+
+
+@triton.jit
+def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gt_ptr, scale,
+               scale2, weight, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b, v_n, v_h, v_w, o_b, o_n, o_h, o_w, TILES, BH,
+               SLOT_V, SLOT_H, HH: tl.constexpr, WW: tl.constexpr, KEYS: tl.constexpr, V2H: tl.constexpr,
+               H2V: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, COLS_V: tl.constexpr,
+               COLS_H: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """Whole attention's backward: the queries' programs (or, KEYS, the keys') of every path of the form in one
+    launch. Axis 1 is the path (V2H, then H2V), axis 0 the (slice, own tile) programs, slice-major, TILES per slice
+    (the larger map's count; the rest idle). A path's queries run on its forward map, its keys on the transpose:
+    :func:`_bwd_map` on the image (map width WW, own tiles of BLOCK_V, column chunks of COLS_V; row table Ca) or on
+    its transpose (HH, BLOCK_H, COLS_H; row table Cb). q, k, v and the output gradient are read by strides ((B,
+    heads, H, W, .) with strides (x_b, x_n, x_h, x_w, 1)); the tables (BH, H, W), lse and delta (paths, BH, H, W)
+    are contiguous. Every buffer written is float32 in the image's order: g1, g2 (paths, BH, H, W, .) - dq, or dk
+    and dv - and the table gradients ``gt`` (slots, 2, BH, H, W), Ca's plane then Cb's per slot: slot 0 (queries)
+    or 1 (keys) the own tokens' row-table gradient, slots ``2 + SLOT_V + chunk`` (V2H) and ``2 + SLOT_H + chunk``
+    (H2V) the queries' corner sums."""
+    bh = tl.program_id(0) // TILES
+    tile = tl.program_id(0) % TILES
+    b = (bh // heads).to(tl.int64)
+    h = (bh % heads).to(tl.int64)
+    q_ptr += b * q_b + h * q_n
+    k_ptr += b * q_b + h * q_n
+    v_ptr += b * v_b + h * v_n
+    do_ptr += b * o_b + h * o_n
+    ca_ptr += slice_offset(bh, N, 1)
+    cb_ptr += slice_offset(bh, N, 1)
+    path = tl.program_id(1)
+    lse_ptr += slice_offset(path * BH + bh, N, 1)
+    delta_ptr += slice_offset(path * BH + bh, N, 1)
+    g1_ptr += slice_offset(path * BH + bh, N, D)
+    g2_ptr += slice_offset(path * BH + bh, N, DV)
+    plane = slice_offset(BH, N, 1)  # one table's gradient, every slice
+    ga_ptr = gt_ptr + (2 * KEYS) * plane + slice_offset(bh, N, 1)  # slot 0 or 1: Ca's plane
+    gb_ptr = ga_ptr + plane
+    corners = gt_ptr + 4 * plane + slice_offset(bh, N, 1)  # Ca's plane of slot 2
+    h2v_index: tl.constexpr = 1 if V2H else 0
+    # a path's queries run on its forward map, its keys on the transpose
+    if V2H:
+        if path == 0:
+            if KEYS:
+                _bwd_transpose(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr,
+                               gb_ptr, corners + SLOT_V * 2 * plane, plane, scale, scale2, weight, tile, N, D, DV, q_h,
+                               q_w, v_h, v_w, o_h, o_w, HH, KEYS, BLOCK_H, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_H,
+                               PRECISION)
+            else:
+                _bwd_image(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr,
+                           gb_ptr, corners + SLOT_V * 2 * plane, plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w,
+                           v_h, v_w, o_h, o_w, WW, KEYS, BLOCK_V, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_V, PRECISION)
+    if H2V:
+        if path == h2v_index:
+            if KEYS:
+                _bwd_image(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr,
+                           gb_ptr, corners + SLOT_H * 2 * plane, plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w,
+                           v_h, v_w, o_h, o_w, WW, KEYS, BLOCK_V, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_V, PRECISION)
+            else:
+                _bwd_transpose(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr,
+                               gb_ptr, corners + SLOT_H * 2 * plane, plane, scale, scale2, weight, tile, N, D, DV, q_h,
+                               q_w, v_h, v_w, o_h, o_w, HH, KEYS, BLOCK_H, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_H,
+                               PRECISION)
+
+
+@triton.jit
+def _bwd_image(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr, gb_ptr,
+               at_ptr, plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w, v_h, v_w, o_h, o_w, W: tl.constexpr,
+               KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_DV: tl.constexpr, COLS: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_bwd_map` on the image (W = its width): rows along H, row table Ca."""
+    if tile < N // W * ((W + BLOCK_OWN - 1) // BLOCK_OWN):
+        _bwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr, at_ptr,
+                 at_ptr + plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w, v_h, v_w, o_h, o_w, W, 1, 2 * plane,
+                 W, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS, PRECISION)
+
+
+@triton.jit
+def _bwd_transpose(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr, gb_ptr,
+                   at_ptr, plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w, v_h, v_w, o_h, o_w,
+                   W: tl.constexpr, KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_bwd_map` on the image's transpose (W = the image's height): its rows are the image's columns, its
+    row table Cb, its column table Ca."""
+    if tile < N // W * ((W + BLOCK_OWN - 1) // BLOCK_OWN):
+        _bwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gb_ptr,
+                 at_ptr + plane, at_ptr, scale, scale2, weight, tile, N, D, DV, q_w, q_h, v_w, v_h, o_w, o_h, 1, N // W,
+                 2 * plane, W, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS, PRECISION)
 
 
 def query_block(width: int, block_m: int) -> int:
@@ -235,14 +320,6 @@ def query_block(width: int, block_m: int) -> int:
     least (the larger on ties); the tile holds one image row."""
     return min((block for block in (16, 32, 64, 128) if block <= max(16, block_m)),
                key=lambda block: (triton.cdiv(width, block) * block, -block))
-
-
-def _map(x: torch.Tensor, path: str, hh: int, ww: int) -> torch.Tensor:
-    """Per-token tensor ``x`` (BH, N, ...) in the order of the map the forward runs ``path`` on: the image's
-    ('v2h'), its transpose's ('h2v': V2H of the transposed map is the H2V path of the image)."""
-    if path == 'v2h':
-        return x
-    return x.reshape(x.shape[0], hh, ww, -1).transpose(1, 2).reshape(x.shape).contiguous()
 
 
 def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
@@ -284,55 +361,77 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     return [launch], o, lse
 
 
-def _tables(ca: torch.Tensor, cb: torch.Tensor, orient: str, hh: int, ww: int):
-    """The row and column tables (T1, T2) of the map ``orient`` ('v2h': the image; 'h2v': its transpose, whose
-    rows are the image's columns), from the image's (BH, N) tables Ca (rows) and Cb (columns)."""
-    if orient == 'v2h':
-        return ca, cb
-    return _map(cb, orient, hh, ww), _map(ca, orient, hh, ww)
-
-
-def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, cap: int):
-    """The backward's launches, two per path: the queries' on the path's forward map (with the corner sums) and the
-    keys' on its transpose, so that in each the corners lie in the own tokens' row (:func:`_whole_bwd`). Returns
-    them and, per launch target, (map, keys, g1, g2, self, corners): float32 buffers in that map's token order -
-    g1 = dq or dk, g2 = dv (keys), self = the map's row-table gradient at the own tokens (BH, N), corners = the
-    (T1, T2) corner slots (2, BH, rows, SLOTS, width) or None."""
-    bh, n, d = q.shape
-    dv = v.shape[-1]
-    hh, ww = ca.shape[-2:]
+def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
+    """Per kind (queries, keys): (grid, constexprs, config, tiles per slice, first path) of the backward's launches,
+    cached per call site, and the corner slots per path (the column chunks of its forward map's own tiles). A
+    kind's paths share one launch when their maps take the same configuration, else one each."""
+    key = (q.shape, v.shape[-1], q.dtype, cap, form, lp.precision(q.dtype))
+    plans = _BWD_PLANS.get(key)
+    if plans is not None:
+        return plans
+    bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
     names = paths(form)
-    weight = 1.0 / len(names)
-    # delta_p = rowsum(dP_p * P_p) = weight * (dout . o_p)
-    delta = weight * (dout.float().unsqueeze(0) * o).sum(-1)
-    f32 = dict(device=q.device, dtype=torch.float32)
-    ca2, cb2, lse2 = ca.reshape(bh, n) * LOG2E, cb.reshape(bh, n) * LOG2E, lse * LOG2E  # log2 units, as the forward
-    maps = {orient: ([_map(x, orient, hh, ww) for x in (q, k, v, dout)], _tables(ca2, cb2, orient, hh, ww),
-                     (hh, ww) if orient == 'v2h' else (ww, hh)) for orient in ('v2h', 'h2v')}
-    launches, targets = [], []
-    for i, path in enumerate(names):
-        for keys in (False, True):
-            orient = transposed(path) if keys else path
-            (q2, k2, v2, do2), (t1, t2), (height, width) = maps[orient]
-            cfg = lp.config('whole_bwd_kv' if keys else 'whole_bwd_q', n, q.dtype, cap, width)
+    launches, chunks = [], {}
+    for keys in (False, True):
+        family = 'whole_bwd_kv' if keys else 'whole_bwd_q'
+        tiles = {}
+        for path in names:
+            # a path's queries run on its forward map, its keys on the transpose: the image (width W) or not (H)
+            image = (path == 'v2h') != keys
+            width = ww if image else hh
+            cfg = lp.config(family, n, q.dtype, cap, width)
             own = query_block(width, cfg.block_m)
             if q.dtype != torch.float32 and width >= lp.NARROW:  # tensor-core tiles: 16 own rows per warp at least
                 own = max(own, 16 * cfg.num_warps)
-            chunks = triton.cdiv(width, own)
-            g1 = torch.empty(bh, n, d, **f32)
-            g2 = torch.empty(bh, n, dv, **f32) if keys else g1
-            self_ = torch.empty(bh, n, **f32)
-            corners = None if keys else torch.empty(2, bh, height, chunks, width, **f32)
-            sums = (g1, g1) if keys else corners
-            launches.append(lp.Launch(
-                _whole_bwd, (chunks * height * bh, ),
-                (q2, k2, v2, t1, t2, do2, _map(lse2[i], orient, hh, ww), _map(delta[i], orient, hh, ww), g1, g2,
-                 self_, sums[0], sums[1], float(scale), float(scale) * LOG2E, weight, n, d, dv),
-                dict(W=width, KEYS=keys, BLOCK_OWN=own, BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d),
-                     BLOCK_DV=lp.pow2(dv), COLS=min(cfg.block_n, lp.pow2(width)), PRECISION=lp.precision(q.dtype)),
-                cfg))
-            targets.append((orient, keys, g1, g2, self_, corners))
-    return launches, targets
+            tiles[path] = (cfg, image, own, min(cfg.block_n, lp.pow2(width)), n // width * lp.cdiv(width, own))
+            if not keys:
+                chunks[path] = lp.cdiv(width, own)
+        groups = [names] if len({tiles[p][0] for p in names}) == 1 else [(p, ) for p in names]
+        for group in groups:
+            cfg = tiles[group[0]][0]
+            on_image = [tiles[p] for p in group if tiles[p][1]]
+            on_transpose = [tiles[p] for p in group if not tiles[p][1]]
+            block_v, cols_v = on_image[0][2:4] if on_image else (16, 16)
+            block_h, cols_h = on_transpose[0][2:4] if on_transpose else (16, 16)
+            count = max(tiles[p][4] for p in group)
+            constexprs = dict(HH=hh, WW=ww, KEYS=keys, V2H='v2h' in group, H2V='h2v' in group, BLOCK_V=block_v,
+                              BLOCK_H=block_h, COLS_V=cols_v, COLS_H=cols_h, BLOCK_OTHER=cfg.block_n,
+                              BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
+            launches.append(((count * bh, len(group)), constexprs, cfg, count, names.index(group[0])))
+    plans = _BWD_PLANS[key] = (launches, chunks)
+    return plans
+
+
+_BWD_PLANS = {}
+
+
+def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, cap: int):
+    """The backward's launches (:func:`_whole_bwd`: the queries' programs of every path, then the keys') and the
+    float32 buffers they fill, in the image's order: dq (paths, BH, H, W, d), dk (paths, BH, H, W, d), dv (paths,
+    BH, H, W, dv) and the table gradients (slots, 2, BH, H, W), whose sum over the slots is (dCa, dCb). q, k, v,
+    dout: (B, heads, H, W, .) as :func:`forward_launches` takes them; o, lse as it returns them."""
+    b, heads, hh, ww, d = q.shape
+    bh, dv = b * heads, v.shape[-1]
+    plans, chunks = _bwd_plans(q, v, hh, ww, form, cap)
+    count = len(paths(form))
+    weight = 1.0 / count
+    # rowsum(dP_p * P_p) = weight * (dout . o_p): the kernels weigh it
+    delta = (o.view(count, b, heads, hh, ww, dv) * dout).sum(-1)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dq = torch.empty(count, bh, hh, ww, d, **f32)
+    dk = torch.empty(count, bh, hh, ww, d, **f32)
+    dv_ = torch.empty(count, bh, hh, ww, dv, **f32)
+    slot_h = chunks.get('v2h', 0)
+    tables = torch.zeros(2 + slot_h + chunks.get('h2v', 0), 2, bh, hh, ww, **f32)
+    qs, vs, os_ = q.stride(), v.stride(), dout.stride()
+    launches = []
+    for grid, constexprs, cfg, tiles, first in plans:
+        g1, g2 = (dk, dv_) if constexprs['KEYS'] else (dq, dq)
+        launches.append(lp.Launch(_whole_bwd, grid, (
+            q, k, v, ca, cb, dout, lse[first:], delta[first:], g1[first:], g2[first:], tables, scale,
+            scale * LOG2E, weight, heads, hh * ww, d, dv, qs[0], qs[1], qs[2], qs[3], vs[0], vs[1], vs[2], vs[3],
+            os_[0], os_[1], os_[2], os_[3], tiles, bh, 0, slot_h), constexprs, cfg, q.device))
+    return launches, (dq, dk, dv_, tables)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor, cb: torch.Tensor, scale: float,
@@ -359,33 +458,14 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               form: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv in the inputs' dtypes and dCa, dCb (float32), shaped as the inputs, from the output gradient
     ``dout`` (B, heads, H, W, dv)."""
-    b, heads, hh, ww, d = q.shape
-    bh, n = b * heads, hh * ww
-
-    def flat(x):
-        return x.reshape(bh, n, x.shape[-1]).contiguous()
-
-    launches, targets = backward_launches(flat(q), flat(k), flat(v), ca.reshape(bh, hh, ww), cb.reshape(bh, hh, ww),
-                                          o.reshape(o.shape[0], bh, n, -1), lse.reshape(-1, bh, n), flat(dout),
-                                          scale, form, lp.capability(q.device))
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    launches, (dq, dk, dv, tables) = backward_launches(q, k, v, ca, cb, o, lse, dout, scale, form,
+                                                       lp.capability(q.device))
     lp.run(launches)
-    grads = {'dq': 0, 'dk': 0, 'dv': 0}
-    tables = {orient: [ca.new_zeros(bh, hh * ww), ca.new_zeros(bh, hh * ww)] for orient in ('v2h', 'h2v')}  # (T1, T2)
-    for orient, keys, g1, g2, self_, corners in targets:
-        if keys:
-            grads['dk'] = grads['dk'] + _map(g1, orient, ww, hh)
-            grads['dv'] = grads['dv'] + _map(g2, orient, ww, hh)
-        else:
-            grads['dq'] = grads['dq'] + _map(g1, orient, ww, hh)
-        tables[orient][0] = tables[orient][0] + self_
-        if corners is not None:
-            summed = corners.sum(3).reshape(2, bh, -1)
-            tables[orient] = [tables[orient][0] + summed[0], tables[orient][1] + summed[1]]
-    # back to the image: the transpose's row table is Cb, its column table Ca
-    dca = tables['v2h'][0] + _map(tables['h2v'][1], 'h2v', ww, hh)
-    dcb = tables['v2h'][1] + _map(tables['h2v'][0], 'h2v', ww, hh)
-    return (grads['dq'].to(q.dtype).view(q.shape), grads['dk'].to(k.dtype).view(k.shape),
-            grads['dv'].to(v.dtype).view(v.shape), dca.view(ca.shape), dcb.view(cb.shape))
+    grads = [(g[0] if g.shape[0] == 1 else g.sum(0)).view(x.shape).to(x.dtype) for g, x in ((dq, q), (dk, k), (dv, v))]
+    dca, dcb = tables.sum(0)
+    return (*grads, dca.view(ca.shape), dcb.view(cb.shape))
 
 
 def _backward_shapes(dout, q, k, v, ca, cb, o, lse, scale, form):
