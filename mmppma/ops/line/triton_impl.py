@@ -17,7 +17,7 @@ import triton.language as tl
 from ..triton_support import launch as lp
 from ..triton_support import tiles
 from ..triton_support.preflight import raise_named
-from ..triton_support.tiles import bwd_operands, load_rows, load_tile, online_softmax_step, store_tile, token_block
+from ..triton_support.tiles import load_rows, online_softmax_step, store_tile, token_block
 
 LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
@@ -89,45 +89,66 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale2, heads, H, W, L
 
 
 @triton.jit
-def _line_bwd(q_ptr, k_ptr, x_ptr, c2_ptr, do_ptr, lse2_ptr, delta_ptr, g1_ptr, g2_ptr, gc_ptr, scale, scale2,
-              H, W, L, n_lines, D, DX, KEYS: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr,
-              BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
+def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gc_ptr, scale, scale2, heads,
+              H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, o_b, o_n, o_h, o_w,
+              KEYS: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
+              BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
     """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx, gc = gk) or queries (g1 = dq, gc = gq) of
     one line, looping over the line's other tokens; gc is the own tokens' part of the table gradient,
     sum over the other tokens of sgn(query >= key) dS (the segment-sum convention). Tiles are (own x other
-    tokens). The probabilities are recomputed as the forward computes them, in log2 units (``c2``, ``lse2`` and
-    ``scale2`` times log2(e); the bias minus an absolute difference; other tokens past the line at -inf through
-    the table). Own tokens past the line compute rows that are never stored."""
+    tokens). The probabilities are recomputed as the forward computes them, in log2 units (``scale2`` times
+    log2(e), the table scaled per loaded vector; the bias minus an absolute difference; other tokens past the line
+    at -inf through the table). Own tokens past the line compute rows that are never stored. q, k, x and the output
+    gradient are read by strides ((B, heads, H, W, .), strides (x_b, x_n, x_h, x_w, 1)); the table, lse, delta and
+    the gradients (float32) are contiguous."""
     blocks = tl.cdiv(L, BLOCK_OWN)
-    first, base, step = _line_offsets(tl.program_id(0) // blocks, n_lines, H, W, COLUMNS)
-    q_ptr, k_ptr, x_ptr, c2_ptr = _on_line(first, q_ptr, k_ptr, x_ptr, c2_ptr, D, DX)
+    line = tl.program_id(0) // blocks
+    first, c_base, c_step = _line_offsets(line, n_lines, H, W, COLUMNS)
+    bh = line // n_lines
+    a_ = line % n_lines
+    b_ = (bh // heads).to(tl.int64)
+    h_ = (bh % heads).to(tl.int64)
+    q_ptr += b_ * q_b + h_ * q_n
+    k_ptr += b_ * q_b + h_ * q_n
+    x_ptr += b_ * x_b + h_ * x_n
+    do_ptr += b_ * o_b + h_ * o_n
+    if COLUMNS:
+        q_base, q_step, x_base, x_step, o_base, o_step = a_ * q_w, q_h, a_ * x_w, x_h, a_ * o_w, o_h
+    else:
+        q_base, q_step, x_base, x_step, o_base, o_step = a_ * q_h, q_w, a_ * x_h, x_w, a_ * o_h, o_w
+    c_ptr += first
     g1_ptr += first * D
-    do_ptr += first * DX
     g2_ptr += first * DX
-    lse2_ptr += first
+    lse_ptr += first
     delta_ptr += first
     gc_ptr += first
-    offs, mask, tok = token_block(tl.program_id(0) % blocks * BLOCK_OWN, BLOCK_OWN, L, base, step)
+    offs, mask, tok = token_block(tl.program_id(0) % blocks * BLOCK_OWN, BLOCK_OWN, L, c_base, c_step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
-    c_own = tl.load(c2_ptr + tok, mask=mask, other=0.0)
-    a, da, b_ptr, db_ptr = bwd_operands(q_ptr, k_ptr, x_ptr, do_ptr, tok, mask, offs_d, D, offs_x, DX, KEYS)
-    if not KEYS:
-        lse = tl.load(lse2_ptr + tok, mask=mask, other=0.0)
+    c_own = tl.load(c_ptr + tok, mask=mask, other=0.0) * LOG2E_
+    if KEYS:
+        a = load_rows(k_ptr, q_base + offs * q_step, mask, offs_d, D)
+        da = load_rows(x_ptr, x_base + offs * x_step, mask, offs_x, DX)
+        b_ptr, db_ptr, b_base, b_step, db_base, db_step = q_ptr, do_ptr, q_base, q_step, o_base, o_step
+    else:
+        a = load_rows(q_ptr, q_base + offs * q_step, mask, offs_d, D)
+        da = load_rows(do_ptr, o_base + offs * o_step, mask, offs_x, DX)
+        b_ptr, db_ptr, b_base, b_step, db_base, db_step = k_ptr, x_ptr, q_base, q_step, x_base, x_step
+        lse = tl.load(lse_ptr + tok, mask=mask, other=0.0) * LOG2E_
         delta = tl.load(delta_ptr + tok, mask=mask, other=0.0)
     g1 = tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32)
     g2 = tl.zeros([BLOCK_OWN, BLOCK_X], tl.float32)
     gc = tl.zeros([BLOCK_OWN], tl.float32)
     for start in range(0, L, BLOCK_OTHER):
-        offs_o, mask_o, tok_o = token_block(start, BLOCK_OTHER, L, base, step)
-        b = load_tile(b_ptr, tok_o, mask_o, offs_d, D)
-        db = load_tile(db_ptr, tok_o, mask_o, offs_x, DX)
-        c_o = tl.load(c2_ptr + tok_o, mask=mask_o, other=float('inf'))
+        offs_o, mask_o, tok_o = token_block(start, BLOCK_OTHER, L, c_base, c_step)
+        b = load_rows(b_ptr, b_base + offs_o * b_step, mask_o, offs_d, D)
+        db = load_rows(db_ptr, db_base + offs_o * db_step, mask_o, offs_x, DX)
+        c_o = tl.load(c_ptr + tok_o, mask=mask_o, other=float('inf')) * LOG2E_
         s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
         bias = -tl.abs(c_own[:, None] - c_o[None, :])
         if KEYS:
             ge = offs_o[None, :] >= offs[:, None]  # query >= key
-            lse_o = tl.load(lse2_ptr + tok_o, mask=mask_o, other=0.0)
+            lse_o = tl.load(lse_ptr + tok_o, mask=mask_o, other=0.0) * LOG2E_
             delta_o = tl.load(delta_ptr + tok_o, mask=mask_o, other=0.0)
             p = tl.math.exp2(s * scale2 - lse_o[None, :] + bias)
             g2 = tl.dot(p.to(db.dtype), db, g2, input_precision=PRECISION)
@@ -176,28 +197,29 @@ def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dty
 
 
 def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int):
-    """The backward's launches and the buffers they fill: dq, dk, dx (float32) and the table-gradient parts
-    gq, gk (BH, H, W) (dc = gq - gk)."""
-    bh, hh, ww, d = q.shape
+    """The backward's launches and the buffers they fill: dq, dk, dx (float32, shaped as q, k, x, contiguous) and
+    the table-gradient parts g (2, B, heads, H, W) (dc = g[0] - g[1]: the queries' part less the keys'). q, k, x,
+    c, dout as :func:`forward_launches` takes q, k, x, c; out, lse as it returns them."""
+    b, heads, hh, ww, d = q.shape
     dx_dim = x.shape[-1]
     length, n_lines = (hh, ww) if columns else (ww, hh)
-    delta = (dout.float() * out).sum(-1).contiguous()
-    dq = torch.empty_like(q, dtype=torch.float32)
-    dk = torch.empty_like(k, dtype=torch.float32)
-    dx = torch.empty_like(x, dtype=torch.float32)
-    gq = torch.empty_like(c)
-    gk = torch.empty_like(c)
+    delta = (dout * out).sum(-1)
+    dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    dk = torch.empty(k.shape, device=q.device, dtype=torch.float32)
+    dx = torch.empty(x.shape, device=q.device, dtype=torch.float32)
+    g = torch.empty(2, *c.shape, device=q.device, dtype=torch.float32)
     cfg = lp.config('line_bwd', length, q.dtype, cap)
-    args = (float(scale), float(scale) * LOG2E, hh, ww, length, n_lines, d, dx_dim)
-    c2, lse2 = c * LOG2E, lse * LOG2E  # log2 units, as the forward
+    qs, xs, os_ = q.stride(), x.stride(), dout.stride()
+    args = (scale, scale * LOG2E, heads, hh, ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0],
+            xs[1], xs[2], xs[3], os_[0], os_[1], os_[2], os_[3])
     launches = []
-    for keys, own, other, grads in ((True, cfg.block_n, cfg.block_m, (dk, dx, gk)), (False, cfg.block_m, cfg.block_n,
-                                                                                    (dq, dq, gq))):
-        launches.append(lp.Launch(_line_bwd, (triton.cdiv(length, own) * bh * n_lines, ),
-                                  (q, k, x, c2, dout, lse2, delta, *grads, *args),
+    for keys, own, other, grads in ((True, cfg.block_n, cfg.block_m, (dk, dx, g[1])),
+                                    (False, cfg.block_m, cfg.block_n, (dq, dq, g[0]))):
+        launches.append(lp.Launch(_line_bwd, (lp.cdiv(length, own) * b * heads * n_lines, ),
+                                  (q, k, x, c, dout, lse, delta, *grads, *args),
                                   dict(KEYS=keys, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
-                                       BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype)), cfg))
-    return launches, (dq, dk, dx, gq, gk)
+                                       BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype)), cfg, q.device))
+    return launches, (dq, dk, dx, g)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, c: torch.Tensor, scale: float,
@@ -218,16 +240,11 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, x: torch.Ten
               columns: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dx in the inputs' dtypes and dc (float32), shaped as the inputs, from the output gradient ``dout``
     (x's dtype)."""
-    b, heads, hh, ww, _ = q.shape
-
-    def flat(t):
-        return t.reshape(b * heads, hh, ww, *t.shape[4:]).contiguous()
-
-    launches, (dq, dk, dx, gq, gk) = backward_launches(flat(q), flat(k), flat(x), flat(c), flat(out), flat(lse),
-                                                       flat(dout), scale, columns, lp.capability(q.device))
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()
+    launches, (dq, dk, dx, g) = backward_launches(q, k, x, c, out, lse, dout, scale, columns, lp.capability(q.device))
     lp.run(launches)
-    return (dq.to(q.dtype).view(q.shape), dk.to(k.dtype).view(k.shape), dx.to(x.dtype).view(x.shape),
-            (gq - gk).view(c.shape))
+    return dq.to(q.dtype), dk.to(k.dtype), dx.to(x.dtype), g[0] - g[1]
 
 
 def _backward_shapes(dout, q, k, x, c, out, lse, scale, columns):
