@@ -146,7 +146,8 @@ def sass_ratio(spec: dict, result: dict) -> float:
 def per_score(spec: dict, count: int) -> float:
     """Warp instructions per score of ``count`` instructions per warp per key-loop iteration."""
     c, options = spec['desc']['constexprs'], spec['desc']['options']
-    scores = c.get('BLOCK_M', c.get('BLOCK_OWN')) * c.get('BLOCK_N', c.get('BLOCK_OTHER'))
+    own, other = flash_reference.tiles(c)
+    scores = own * other
     return count * options['num_warps'] / scores
 
 
@@ -436,8 +437,10 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
 
 
 def tile_text(c: dict) -> str:
-    text = [f'{c.get("BLOCK_M", c.get("BLOCK_OWN"))}x{c.get("BLOCK_N", c.get("BLOCK_OTHER"))}']
-    text += [f'{name}={c[name]}' for name in ('W', 'COLS') if name in c]
+    text = ['x'.join(map(str, flash_reference.tiles(c)))]
+    text += [f'{name}={c[name]}' for name in ('W', 'WW', 'HH', 'COLS', 'COLS_V', 'COLS_H', 'BLOCK_V', 'BLOCK_H')
+             if name in c]
+    text += [name.lower() for name in ('V2H', 'H2V') if c.get(name)]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     text += ['keys'] * bool(c.get('KEYS'))
     text += [name.lower() for name in ('COLUMNS', 'SIGNED') if c.get(name)]

@@ -101,6 +101,17 @@ def _flash_bwd(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, 
                  mask=own_mask[:, None] & (dims_v[None, :] < DV))
 
 
+def tiles(c: dict):
+    """(own tokens, other tokens) per tile of a kernel with constexprs ``c``: a forward's query and key blocks, a
+    backward's own and other blocks. Whole attention's kernels carry a tile per map (the image: BLOCK_V, its
+    transpose: BLOCK_H); the first map the launch runs on gives the row's tile."""
+    if 'BLOCK_V' in c:
+        on_image = (c['V2H'] and not c.get('KEYS')) or (not c['V2H'] and c.get('KEYS'))
+        own = c['BLOCK_V'] if on_image else c['BLOCK_H']
+        return own, c.get('BLOCK_N', c.get('BLOCK_OTHER'))
+    return c.get('BLOCK_M', c.get('BLOCK_OWN')), c.get('BLOCK_N', c.get('BLOCK_OTHER'))
+
+
 def reference_desc(desc: dict) -> dict:
     """The compile description (as ``check_kernels.spec_key`` makes them) of the plain kernel to compare
     ``desc``'s kernel with: the backward with the same own / other blocks and role (keys or queries) for backward
@@ -117,12 +128,12 @@ def reference_desc(desc: dict) -> dict:
     if 'KEYS' not in c:
         kernel = '_flash_fwd'
         signature = dict(pointers, o_ptr='*fp32', lse_ptr='*fp32', **scalars)
-        constexprs = dict(BLOCK_M=c['BLOCK_M'], BLOCK_N=c['BLOCK_N'])
+        constexprs = dict(zip(('BLOCK_M', 'BLOCK_N'), tiles(c)))
     else:
         kernel = '_flash_bwd'
         signature = dict(pointers, do_ptr='*' + dtype, lse_ptr='*fp32', delta_ptr='*fp32', g1_ptr='*fp32',
                          g2_ptr='*fp32', **scalars)
-        constexprs = dict(KEYS=bool(c['KEYS']), BLOCK_OWN=c['BLOCK_OWN'], BLOCK_OTHER=c['BLOCK_OTHER'])
+        constexprs = dict(KEYS=bool(c['KEYS']), **dict(zip(('BLOCK_OWN', 'BLOCK_OTHER'), tiles(c))))
     constexprs.update(BLOCK_D=block_d, BLOCK_DV=block_dv, PRECISION=c['PRECISION'])
     signature.update({name: 'constexpr' for name in constexprs})
     # pointers 16-byte aligned; the sizes divisible by 16 where the kernel's were (N: its token or line count)
