@@ -167,15 +167,28 @@ class PolylinePathAttention(nn.Module):
         d^-0.5, both rotated by the RoPE tables ``pos``."""
         q = self.q_proj(x)
         k = self.k_proj(x)
-        if records_grad(k) or torch.compiler.is_compiling():
+        compiling = torch.compiler.is_compiling()
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+        if q.dtype in (torch.float32, torch.float64) and not compiling:
+            if grad:
+                # one complex product per channel pair each way, forward and backward, k's scale in its table
+                return (self._rotated_pairs(q, pos.rotation(q.dtype)),
+                        self._rotated_pairs(k, pos.rotation(k.dtype, self.scaling)))
+            if q.is_contiguous() and k.is_contiguous():
+                # inference: the same products in the tokens' own storage
+                return (self._rotated_in_place(q, pos.rotation(q.dtype)),
+                        self._rotated_in_place(k, pos.rotation(k.dtype, self.scaling)))
+        if grad or compiling:
             sin, cos = pos.cast(q.dtype)
             return self._rotated_heads(q, sin, cos), self._rotated_heads(k * self.scaling, sin, cos)
-        if q.dtype in (torch.float32, torch.float64) and q.is_contiguous() and k.is_contiguous():
-            # inference: one complex product per channel pair in the tokens' own storage, k's scale in its table
-            return (self._rotated_in_place(q, pos.rotation(q.dtype)),
-                    self._rotated_in_place(k, pos.rotation(k.dtype, self.scaling)))
         sin, cos = pos.cast(q.dtype)
         return self._rotated_heads(q, sin, cos), self._rotated_heads(k.mul_(self.scaling), sin, cos)
+
+    def _rotated_pairs(self, t: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        """Projected tokens t (B, H, W, C) as heads (B, n, H, W, d), each channel pair times the complex
+        ``rotation`` (H, W, d / 2): a new tensor in t's layout, differentiable."""
+        pairs = torch.view_as_complex(self._heads(t).unflatten(-1, (-1, 2)))
+        return torch.view_as_real(pairs * rotation).flatten(-2)
 
     def _rotated_in_place(self, t: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         """Projected tokens t (B, H, W, C), contiguous, rotated in place by the complex ``rotation`` (H, W, d / 2),
