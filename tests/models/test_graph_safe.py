@@ -162,13 +162,7 @@ class HostDataBuilt(AssertionError):
     """A tensor built from host data in a step (the sites listed)."""
 
 
-@pytest.mark.parametrize('name', [
-    'PPMA-T', 'RMT-T',
-    pytest.param('PPMLA-T', marks=pytest.mark.xfail(
-        strict=True, raises=HostDataBuilt,
-        reason="mmppma/models/layers/rope.py apply_rope's inference branch: sign[0] = -1.0 wraps a host scalar "
-        "(aten.lift_fresh) and copies it into the device tensor; a device-side sign (e.g. fill_) keeps it off the "
-        "host"))])
+@pytest.mark.parametrize('name', ['PPMA-T', 'RMT-T', 'PPMLA-T'])
 def test_an_eager_step_makes_no_host_sync(name, kernels, monkeypatch):
     """A training step then an eval step on the kernel path: no sync op, no call that moves data between host and
     device from mmppma's code; every tensor a kernel gets was allocated by torch in the step or is the model's or

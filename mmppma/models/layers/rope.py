@@ -48,8 +48,7 @@ def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, inplace: b
         turn = torch.complex(cos[..., 0::2], sin[..., 0::2]) if rotation is None else rotation
         torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(turn)
         return x
-    sign = torch.ones(2, dtype=sin.dtype, device=sin.device)
-    sign[0] = -1.0
+    sign = torch.arange(-1, 2, 2, dtype=sin.dtype, device=sin.device)  # (-1, 1), made on the device
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
     swapped.mul_((sin.unflatten(-1, (-1, 2)) * sign).flatten(-2))
     return (x.mul_(cos) if inplace else x * cos).add_(swapped)
