@@ -480,7 +480,14 @@ def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Ten
 
 
 whole_attention_op = lp.library_op('whole_attention_triton', _op_forward, _forward_shapes)
-whole_attention_backward_op = lp.library_op('whole_attention_triton_backward', _backward, _backward_shapes)
+def _op_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor,
+                 cb: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, scale: float,
+                 form: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, dca, dcb = _backward(dout, q, k, v, ca, cb, o, lse, scale, form)
+    return dq, dk, dv, dca, dcb.clone()  # a library op's outputs may not share storage: dca and dcb are one sum's
+
+
+whole_attention_backward_op = lp.library_op('whole_attention_triton_backward', _op_backward, _backward_shapes)
 
 
 def _save(ctx, inputs, output):
