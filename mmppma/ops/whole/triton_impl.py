@@ -1,22 +1,23 @@
 """Whole attention, Triton kernels: the softmax forms of PPMVA (and RMT's Manhattan attention), forward and
 backward, no N x N tensor.
 
-One launch per path: scores ``S = scale * q k^T`` per tile plus the path's bias (``'v2h'``: M, ``'h2v'``: M^T),
-built in registers from the O(N) cumsum tables Ca (rows) and Cb (columns), under an online softmax. A bias reads
-each table at a token's own entry and at a "corner" (the query's row and the key's column for V2H, the reverse for
-H2V).
+Scores ``S = scale * q k^T`` per tile plus the path's bias (``'v2h'``: M, ``'h2v'``: M^T), built in registers
+from the O(N) cumsum tables Ca (rows) and Cb (columns), under an online softmax. A bias reads each table at a
+token's own entry and at a "corner" (the query's row and the key's column for V2H, the reverse for H2V).
 
-The forward runs every path as V2H (H2V is V2H on the transposed map, with the two tables swapped: the host
-transposes q, k, v and the tables for it) on query tiles of one image row, so that the corner entries are per-key
-vectors (see :func:`_whole_fwd`).
+The forward runs every path of the form in one launch, each as V2H (H2V is V2H on the transposed map, with the two
+tables swapped: the kernel reads the same tensors with the row and column strides swapped) on query tiles of one
+map row, so that the corner entries are per-key vectors (see :func:`_whole_fwd`). q, k and v are read by strides in
+the caller's layout; o and lse are written in the image's order.
 
-The backward has one kernel form too (:func:`_whole_bwd`): own tiles of one image row, the corners in the own row.
+The backward has one kernel form too (:func:`_bwd_map`): own tiles of one map row, the corners in the own row.
 The queries' programs run on the path's forward map; the keys' programs on its transpose, where the same path
 puts the corner in the key's row (V2H's corner, the query's row and the key's column, is the transpose's row of
-the key). Each program recomputes its tiles and reduces the bias gradient onto the tables from one (own token x
-column) sum of the score gradient per column chunk, a tensor-core product with a column spreader: the own tokens'
-row-table entries and (queries' programs) the corner entries, stored into the program's own slot of a (H, SLOTS,
-W) buffer. The host sums the slots and maps the transposes back: no atomics, deterministic, extra memory O(N).
+the key). One launch holds the queries' programs of every path, another the keys' (:func:`_whole_bwd`). Each
+program recomputes its tiles and reduces the bias gradient onto the tables from one (own token x column) sum of the
+score gradient per column chunk, a tensor-core product with a column spreader: the own tokens' row-table entries
+and (queries' programs) the corner entries, stored into the program's own slot of one (slots, 2, BH, H, W) buffer
+in the image's order. The host sums the slots once: no atomics, deterministic, extra memory O(N) per slot.
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
