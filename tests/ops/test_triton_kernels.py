@@ -106,9 +106,10 @@ def test_narrow_tall_image_runs_transposed(monkeypatch):
     q, k, v, la, lb = make(1, 2, 21, 3, 16)
     assert_same(lambda *a, impl: ops.manhattan_attention(*a, LOG_DECAY[:2], scale=0.25, impl=impl), [q, k, v])
     ops.ppma_attention(q, k, v, la, lb, impl='triton').sum().backward()
-    # the transpose's map (3 rows of 21) and its own transpose (21 rows of 3), forward and backward
-    assert {x.constexprs[c] for x in ran if x.name == '_whole_fwd' for c in ('WW', 'HH')} - {0} == {21, 3}
-    assert {x.constexprs['W'] for x in ran if x.name == '_whole_bwd'} == {21, 3}
+    # the image the launches see is 3 x 21 (its map widths: 21, and 3 for its own transpose), forward and backward;
+    # a forward's width is 0 for a path it does not run
+    widths = {(x.constexprs['HH'], x.constexprs['WW']) for x in ran if x.name in ('_whole_fwd', '_whole_bwd')}
+    assert widths <= {(3, 21), (3, 0), (0, 21)} and (3, 21) in widths, widths
 
 
 def test_extreme_decays_in_kernels_stay_finite():
