@@ -1,10 +1,12 @@
 """Argument checks shared by the ops: shapes are validated up front so that a mistake surfaces as a
 ``ValueError`` naming the expected layout instead of a broadcasting error deep inside a matmul."""
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
-from mmppma.utils.checks import check_choice  # noqa: F401  (the ops' choice check)
+from mmppma.utils.checks import check_choice
+
+from .dispatch import resolve_impl
 
 QKV_LAYOUT = ('q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); '
               'la (horizontal), lb (vertical) log-decays: (B, heads, H, W)')
@@ -60,3 +62,12 @@ def table_dtype(*tensors: torch.Tensor) -> torch.dtype:
     for t in tensors:
         dtype = torch.promote_types(dtype, t.dtype)
     return dtype
+
+
+def checked_impl(op: str, forms: Sequence[str], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
+                 lb: torch.Tensor, form: str, impl: str) -> str:
+    """The implementation ``impl`` resolves to for softmax attention ``op`` of (q, k, v, la, lb) in ``form`` (one of
+    ``forms``), after the arguments' checks."""
+    check_choice('form', form, forms)
+    check_qkv(q, k, v, la, lb)
+    return resolve_impl(impl, op, (q, k, v), form)

@@ -43,12 +43,16 @@ def key(op: str, options: tuple, *tensors: torch.Tensor) -> tuple:
     return tuple(parts)
 
 
-def planned(plan_key: tuple, build: Callable[[], Callable]) -> Callable:
-    """The plan of ``plan_key``, built by ``build()`` on the first call."""
-    plan = _PLANS.get(plan_key)
-    if plan is None:
-        plan = _PLANS[plan_key] = build()
-    return plan
+def run(op: str, build: Callable[..., Callable], options: tuple, *tensors: torch.Tensor) -> torch.Tensor:
+    """``op`` on ``tensors``: in eager mode through its plan, ``build(*tensors, *options, traced=False)`` on the
+    first call of a key; otherwise through a plan built for this call (``traced=None``: the Triton path asks)."""
+    if eager():
+        plan_key = key(op, options, *tensors)
+        plan = _PLANS.get(plan_key)
+        if plan is None:
+            plan = _PLANS[plan_key] = build(*tensors, *options, traced=False)
+        return plan(*tensors)
+    return build(*tensors, *options, traced=None)(*tensors)
 
 
 def clear() -> None:

@@ -5,12 +5,12 @@ import functools
 
 import torch
 
-from ..checks import check_choice, check_log_decay, check_qkv, table_dtype
+from ..checks import check_log_decay, check_qkv, checked_impl, table_dtype
 from ..dispatch import exporting, resolve_impl
 from ..forms import CRISS_CROSS_FORMS
 from ..line.torch_impl import SegmentMaskedSoftmax, padded_segment_bias, segment_softmax
 from ..masks import decay_tables, head_decay_map, head_decay_tables, manhattan_segment_sums
-from ..plan import eager, key, planned
+from ..plan import run
 from ..torch_support import eager_inference, pad_last, padded
 from .reference import criss_cross_reference
 from .torch_impl import SegmentCrissCrossRelease, criss_cross_core, criss_cross_slices
@@ -29,26 +29,20 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     query down its column, then along the query's row, the V2H path); ``'h2v'``: Ah(Aw v) (rows first, RMT).
     Shapes as :func:`~mmppma.ops.ppma_attention`. Never forms an N x N tensor (torch path).
     """
-    if eager():
-        return planned(key('criss_cross_attention', (scale, form, impl), q, k, v, la, lb),
-                       lambda: _plan(q, k, v, la, lb, scale, form, impl, traced=False))(q, k, v, la, lb)
-    return _plan(q, k, v, la, lb, scale, form, impl, traced=None)(q, k, v, la, lb)
+    return run('criss_cross_attention', _plan, (scale, form, impl), q, k, v, la, lb)
 
 
 def _plan(q, k, v, la, lb, scale: float, form: str, impl: str, traced=None):
     """The call that runs :func:`criss_cross_attention` on inputs like these (checked here); ``traced`` goes to
     the Triton path."""
-    check_choice('form', form, CRISS_CROSS_FORMS)
-    check_qkv(q, k, v, la, lb)
-    requested, impl = impl, resolve_impl(impl, 'criss_cross_attention', (q, k, v), form)
-    if impl == 'triton':
-        from ..triton_support.preflight import triton_plan
-        from .triton_impl import criss_cross_attention_triton
-        return triton_plan('criss_cross_attention', lambda q, k, v, la, lb: criss_cross_attention_triton(
-            q, k, v, *decay_tables(la, lb), scale, form, 'criss_cross_attention', traced), (q, k, v, la, lb), requested,
-            lambda *t: criss_cross_attention(*t, scale=scale, form=form, impl='torch'))
+    requested, impl = impl, checked_impl('criss_cross_attention', CRISS_CROSS_FORMS, q, k, v, la, lb, form, impl)
     if impl == 'reference':
         return lambda q, k, v, la, lb: criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype)
+    if impl == 'triton':
+        from ..triton_support.preflight import plan_with_tables
+        from .triton_impl import criss_cross_attention_triton
+        return plan_with_tables('criss_cross_attention', criss_cross_attention_triton, (q, k, v, la, lb), scale,
+                                form, requested, criss_cross_attention, traced)
     return functools.partial(_criss_cross_torch, scale=scale, form=form)
 
 

@@ -16,8 +16,8 @@ import triton.language as tl
 
 from ..triton_support import launch as lp
 from ..triton_support import tiles
-from ..triton_support.preflight import raise_named
-from ..triton_support.tiles import load_rows, online_softmax_step, store_tile, token_block
+from ..triton_support.preflight import KernelFunction, raise_named
+from ..triton_support.tiles import head_offset, load_rows, online_softmax_step, store_tile, token_block
 
 LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
@@ -44,6 +44,29 @@ def _on_line(first, q_ptr, k_ptr, x_ptr, c2_ptr, D, DX):
 
 
 @triton.jit
+def _strided_line(line, n_lines, heads, s_b, s_n, s_h, s_w, COLUMNS: tl.constexpr):
+    """(slice offset in int64, the line's first element, the step between its tokens) of a line of a (B, heads, H,
+    W, .) tensor with strides (s_b, s_n, s_h, s_w)."""
+    offset = head_offset(line // n_lines, heads, s_b, s_n)
+    if COLUMNS:
+        return offset, line % n_lines * s_w, s_h
+    return offset, line % n_lines * s_h, s_w
+
+
+@triton.jit
+def _on_strided_line(line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w,
+                     COLUMNS: tl.constexpr):
+    """q, k, x (strided, :func:`_strided_line`) and the contiguous table moved to ``line``'s slice: the pointers, the
+    slice's first token of the contiguous tensors, and (first element, step) of the line's tokens in the table, in
+    q and k, in x."""
+    first, c_base, c_step = _line_offsets(line, n_lines, H, W, COLUMNS)
+    q_off, q_base, q_step = _strided_line(line, n_lines, heads, q_b, q_n, q_h, q_w, COLUMNS)
+    x_off, x_base, x_step = _strided_line(line, n_lines, heads, x_b, x_n, x_h, x_w, COLUMNS)
+    return (q_ptr + q_off, k_ptr + q_off, x_ptr + x_off, c_ptr + first, first, c_base, c_step, q_base, q_step, x_base,
+            x_step)
+
+
+@triton.jit
 def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale2, heads, H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w,
               x_b, x_n, x_h, x_w, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
@@ -55,19 +78,8 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale2, heads, H, W, L
     contiguous (BH, H, W, .)."""
     blocks = tl.cdiv(L, BLOCK_M)
     line = tl.program_id(0) // blocks
-    first, c_base, c_step = _line_offsets(line, n_lines, H, W, COLUMNS)
-    bh = line // n_lines
-    a = line % n_lines
-    b = (bh // heads).to(tl.int64)
-    h = (bh % heads).to(tl.int64)
-    q_ptr += b * q_b + h * q_n
-    k_ptr += b * q_b + h * q_n
-    x_ptr += b * x_b + h * x_n
-    if COLUMNS:
-        q_base, q_step, x_base, x_step = a * q_w, q_h, a * x_w, x_h
-    else:
-        q_base, q_step, x_base, x_step = a * q_h, q_w, a * x_h, x_w
-    c_ptr += first
+    q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
+        line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, COLUMNS)
     o_ptr += first * DX
     lse_ptr += first
     offs_m, mask_m, tok_m = token_block(tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, L, c_base, c_step)
@@ -103,20 +115,10 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     the gradients (float32) are contiguous."""
     blocks = tl.cdiv(L, BLOCK_OWN)
     line = tl.program_id(0) // blocks
-    first, c_base, c_step = _line_offsets(line, n_lines, H, W, COLUMNS)
-    bh = line // n_lines
-    a_ = line % n_lines
-    b_ = (bh // heads).to(tl.int64)
-    h_ = (bh % heads).to(tl.int64)
-    q_ptr += b_ * q_b + h_ * q_n
-    k_ptr += b_ * q_b + h_ * q_n
-    x_ptr += b_ * x_b + h_ * x_n
-    do_ptr += b_ * o_b + h_ * o_n
-    if COLUMNS:
-        q_base, q_step, x_base, x_step, o_base, o_step = a_ * q_w, q_h, a_ * x_w, x_h, a_ * o_w, o_h
-    else:
-        q_base, q_step, x_base, x_step, o_base, o_step = a_ * q_h, q_w, a_ * x_h, x_w, a_ * o_h, o_w
-    c_ptr += first
+    q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
+        line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, COLUMNS)
+    o_off, o_base, o_step = _strided_line(line, n_lines, heads, o_b, o_n, o_h, o_w, COLUMNS)
+    do_ptr += o_off
     g1_ptr += first * D
     g2_ptr += first * DX
     lse_ptr += first
@@ -239,7 +241,8 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, x: torch.Ten
               out: torch.Tensor, lse: torch.Tensor, scale: float,
               columns: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dx in the inputs' dtypes and dc (float32), shaped as the inputs, from the output gradient ``dout``
-    (x's dtype)."""
+    (read in x's dtype)."""
+    dout = dout.to(x.dtype)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
     launches, (dq, dk, dx, g) = backward_launches(q, k, x, c, out, lse, dout, scale, columns, lp.capability(q.device))
@@ -251,7 +254,7 @@ def _backward_shapes(dout, q, k, x, c, out, lse, scale, columns):
     return q.new_empty(q.shape), k.new_empty(k.shape), x.new_empty(x.shape), c.new_empty(c.shape)
 
 
-# the ops as torch.compile sees them (one node each); eager calls take LineAttention below
+# the ops as torch.compile sees them (one node each); eager calls take LINE_KERNELS below
 line_attention_op = lp.library_op('line_attention_triton', _forward, _forward_shapes)
 line_attention_backward_op = lp.library_op('line_attention_triton_backward', _backward, _backward_shapes)
 
@@ -273,32 +276,13 @@ def _gradients(ctx, dout, dlse):
 line_attention_op.register_autograd(_gradients, setup_context=_save)
 
 
-class LineAttention(torch.autograd.Function):
-    """The eager path of :data:`line_attention_op`: the same forward and backward without the library op's
-    dispatch; lse is saved, not returned, and a missing output gradient is no work."""
+def _forward_saving_out(q, k, x, c, scale: float, columns: bool):
+    out, lse = _forward(q, k, x, c, scale, columns)
+    return out, out, lse
 
-    @staticmethod
-    def forward(ctx, q, k, x, c, scale, columns, op):
-        ctx.set_materialize_grads(False)
-        try:
-            out, lse = _forward(q, k, x, c, scale, columns)
-        except Exception as e:
-            raise_named(op, q, 'while running', e)
-        ctx.save_for_backward(q, k, x, c, out, lse)
-        ctx.args = (scale, columns, op)
-        return out
 
-    @staticmethod
-    def backward(ctx, dout):
-        if dout is None:
-            return (None, ) * 7
-        scale, columns, op = ctx.args
-        q, k, x, c, out, lse = ctx.saved_tensors
-        try:
-            grads = _backward(dout.to(x.dtype), q, k, x, c, out, lse, scale, columns)
-        except Exception as e:
-            raise_named(op, q, 'in the backward', e)
-        return (*grads, None, None, None)
+#: the eager path of :data:`line_attention_op` (:class:`KernelFunction`): out and lse saved, lse not returned
+LINE_KERNELS = (_forward_saving_out, _backward, 4)
 
 
 def line_attention(q, k, x, c, scale: float, columns: bool, op: str = 'criss_cross_attention',
@@ -311,7 +295,7 @@ def line_attention(q, k, x, c, scale: float, columns: bool, op: str = 'criss_cro
     if torch.compiler.is_compiling() if traced is None else traced:
         out = line_attention_op(q, k, x, c, float(scale), columns)[0]
     elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or x.requires_grad or c.requires_grad):
-        out = LineAttention.apply(q, k, x, c, float(scale), columns, op)
+        out = KernelFunction.apply(LINE_KERNELS, op, q, k, x, c, float(scale), columns)
     else:
         try:
             out = _forward(q, k, x, c, float(scale), columns)[0]

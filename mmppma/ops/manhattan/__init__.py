@@ -7,7 +7,7 @@ import torch
 from ..checks import check_log_decay, check_qkv, table_dtype
 from ..dispatch import resolve_impl
 from ..masks import head_decay_tables, manhattan_decay_mask, manhattan_segment_sums
-from ..plan import eager, key, planned
+from ..plan import run
 from ..whole.reference import whole_reference
 from ..whole.torch_impl import whole_torch
 
@@ -20,10 +20,7 @@ def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_d
 
     q, k: (B, heads, H, W, d); v: (B, heads, H, W, d_v); log_decay: (heads,) or (B, heads), <= 0.
     """
-    if eager():
-        return planned(key('manhattan_attention', (scale, impl), q, k, v, log_decay),
-                       lambda: _plan(q, k, v, log_decay, scale, impl, traced=False))(q, k, v, log_decay)
-    return _plan(q, k, v, log_decay, scale, impl, traced=None)(q, k, v, log_decay)
+    return run('manhattan_attention', _plan, (scale, impl), q, k, v, log_decay)
 
 
 def _plan(q, k, v, log_decay, scale: float, impl: str, traced=None):

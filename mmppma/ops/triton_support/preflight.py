@@ -96,6 +96,38 @@ def raise_named(op: str, q: torch.Tensor, where: str, error: Exception) -> None:
     raise named from error
 
 
+class KernelFunction(torch.autograd.Function):
+    """A Triton path's forward and backward as one autograd node, for eager calls (no library op's dispatch):
+    ``KernelFunction.apply((forward, backward, count), op, *inputs)``. The first ``count`` inputs are tensors, the
+    rest plain arguments. ``forward(*inputs)`` returns (output, *extra) and the node saves the tensors and the
+    extra; ``backward(grad, *tensors, *extra, *arguments)`` returns the tensors' gradients. A missing output
+    gradient is no work; failures raise as :func:`raise_named` names them, for the public ``op``."""
+
+    @staticmethod
+    def forward(ctx, kernels, op, *inputs):
+        forward, _, count = kernels
+        ctx.set_materialize_grads(False)
+        try:
+            out, *extra = forward(*inputs)
+        except Exception as e:
+            raise_named(op, inputs[0], 'while running', e)
+        ctx.save_for_backward(*inputs[:count], *extra)
+        ctx.kernels, ctx.op, ctx.arguments = kernels, op, inputs[count:]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        nothing = (None, ) * len(ctx.arguments)
+        if grad is None:
+            return (None, None, *(None, ) * ctx.kernels[2], *nothing)
+        tensors = ctx.saved_tensors
+        try:
+            grads = ctx.kernels[1](grad, *tensors, *ctx.arguments)
+        except Exception as e:
+            raise_named(ctx.op, tensors[0], 'in the backward', e)
+        return (None, None, *grads, *nothing)
+
+
 @contextlib.contextmanager
 def failures_named(op: str, inputs: Sequence[torch.Tensor], where: str) -> Iterator[None]:
     """Within the block, a failure of the Triton path raises :func:`kernel_failure`'s error."""
@@ -173,11 +205,11 @@ def triton_plan(op: str, run: Callable[..., torch.Tensor], inputs, impl: str,
     return run if kernels_fit(op, run, inputs, fallback) else fallback
 
 
-def run_with_tables(op: str, kernel: Callable[..., torch.Tensor], inputs, scale: float, form: str, impl: str,
-                    torch_op: Callable[..., torch.Tensor]) -> torch.Tensor:
-    """:func:`run_or_fall_back` for an op of (q, k, v, la, lb) whose Triton path is ``kernel(q, k, v, Ca, Cb,
-    scale, form)`` on the decay tables of la, lb (whole and criss-cross attention); ``torch_op`` is the op itself,
-    called with ``impl='torch'`` for the fallback."""
+def plan_with_tables(op: str, kernel: Callable[..., torch.Tensor], inputs, scale: float, form: str, impl: str,
+                     torch_op: Callable[..., torch.Tensor], traced: Optional[bool]) -> Callable[..., torch.Tensor]:
+    """:func:`triton_plan` for an op of (q, k, v, la, lb) whose Triton path is ``kernel(q, k, v, Ca, Cb, scale,
+    form, op, traced)`` on the decay tables of la, lb (whole and criss-cross attention); ``torch_op`` is the op
+    itself, called with ``impl='torch'`` for the fallback."""
     from ..masks import decay_tables
-    return run_or_fall_back(op, lambda q, k, v, la, lb: kernel(q, k, v, *decay_tables(la, lb), scale, form), inputs,
-                            impl, lambda *t: torch_op(*t, scale=scale, form=form, impl='torch'))
+    return triton_plan(op, lambda q, k, v, la, lb: kernel(q, k, v, *decay_tables(la, lb), scale, form, op, traced),
+                       inputs, impl, lambda *t: torch_op(*t, scale=scale, form=form, impl='torch'))

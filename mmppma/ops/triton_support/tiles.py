@@ -40,6 +40,13 @@ def slice_offset(index, n, d):
 
 
 @triton.jit
+def head_offset(bh, heads, s_b, s_n):
+    """Element offset, in int64, of slice ``bh`` (image * heads + head) of a (B, heads, ...) tensor with strides
+    (s_b, s_n, ...)."""
+    return (bh // heads).to(tl.int64) * s_b + (bh % heads).to(tl.int64) * s_n
+
+
+@triton.jit
 def online_softmax_start(BLOCK_M: tl.constexpr, BLOCK_X: tl.constexpr):
     """The online softmax's running row maximum, normaliser and unnormalised output, before the first key block."""
     return (tl.full([BLOCK_M], float('-inf'), tl.float32), tl.zeros([BLOCK_M], tl.float32),

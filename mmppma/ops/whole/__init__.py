@@ -7,11 +7,10 @@ All scores, biases and softmaxes are float32 (float64 for float64 inputs); outpu
 """
 import torch
 
-from ..checks import check_choice, check_qkv
-from ..dispatch import resolve_impl
+from ..checks import checked_impl
 from ..forms import WHOLE_FORMS
-from ..masks import column_segment_sums, decay_tables, polyline_mask, row_segment_sums
-from ..plan import eager, key, planned
+from ..masks import column_segment_sums, polyline_mask, row_segment_sums
+from ..plan import run
 from .reference import whole_reference
 from .torch_impl import whole_attention_branch, whole_torch
 
@@ -34,24 +33,18 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     ``'autograd'`` (keeps the N x N probabilities) while B * heads * N^2 <= ``SMALL_ELEMENTS`` (2^22),
     ``'blockwise'`` (recomputes them, memory O(N^1.5)) above.
     """
-    if eager():
-        return planned(key('ppma_attention', (scale, form, impl), q, k, v, la, lb),
-                       lambda: _plan(q, k, v, la, lb, scale, form, impl, traced=False))(q, k, v, la, lb)
-    return _plan(q, k, v, la, lb, scale, form, impl, traced=None)(q, k, v, la, lb)
+    return run('ppma_attention', _plan, (scale, form, impl), q, k, v, la, lb)
 
 
 def _plan(q, k, v, la, lb, scale: float, form: str, impl: str, traced=None):
     """The call that runs :func:`ppma_attention` on inputs like these (checked here); ``traced`` goes to
     the Triton path."""
-    check_choice('form', form, WHOLE_FORMS)
-    check_qkv(q, k, v, la, lb)
-    requested, impl = impl, resolve_impl(impl, 'ppma_attention', (q, k, v), form)
+    requested, impl = impl, checked_impl('ppma_attention', WHOLE_FORMS, q, k, v, la, lb, form, impl)
     if impl == 'triton':
-        from ..triton_support.preflight import triton_plan
+        from ..triton_support.preflight import plan_with_tables
         from .triton_impl import whole_attention_triton
-        return triton_plan('ppma_attention', lambda q, k, v, la, lb: whole_attention_triton(
-            q, k, v, *decay_tables(la, lb), scale, form, 'ppma_attention', traced), (q, k, v, la, lb), requested,
-            lambda *t: ppma_attention(*t, scale=scale, form=form, impl='torch'))
+        return plan_with_tables('ppma_attention', whole_attention_triton, (q, k, v, la, lb), scale, form, requested,
+                                ppma_attention, traced)
     if impl == 'reference' or form == 'paper':
         # the paper form multiplies probabilities by the mask after the softmax: no blockwise
         # log-sum-exp trick applies, so its torch path is the dense one

@@ -29,8 +29,9 @@ import triton.language as tl
 
 from ..forms import paths, transposed
 from ..triton_support import launch as lp
-from ..triton_support.preflight import raise_named
+from ..triton_support.preflight import KernelFunction, raise_named
 from ..triton_support.tiles import (
+    head_offset,
     load_rows,
     online_softmax_start,
     online_softmax_step,
@@ -41,6 +42,14 @@ from ..triton_support.tiles import (
 LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
 LOG2E_ = tl.constexpr(LOG2E)
+
+
+@triton.jit
+def _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b, v_n):
+    """q, k, v (strides (q_b, q_n, ...), v's (v_b, v_n, ...)) and the contiguous tables moved to slice ``bh``."""
+    q_off = head_offset(bh, heads, q_b, q_n)
+    return (q_ptr + q_off, k_ptr + q_off, v_ptr + head_offset(bh, heads, v_b, v_n), ca_ptr + slice_offset(bh, N, 1),
+            cb_ptr + slice_offset(bh, N, 1))
 
 
 @triton.jit
@@ -101,14 +110,9 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, head
     width HH, tiles of BLOCK_H; its row table is the image's column table)."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
-    b = (bh // heads).to(tl.int64)
-    h = (bh % heads).to(tl.int64)
-    q_ptr += b * q_b + h * q_n
-    k_ptr += b * q_b + h * q_n
-    v_ptr += b * v_b + h * v_n
-    ca_ptr += slice_offset(bh, N, 1)
-    cb_ptr += slice_offset(bh, N, 1)
     path = tl.program_id(1)
+    q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b,
+                                                    v_n)
     o_ptr += slice_offset(path * BH + bh, N, DV)
     lse_ptr += slice_offset(path * BH + bh, N, 1)
     if V2H:
@@ -248,15 +252,10 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
     (H2V) the queries' corner sums."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
-    b = (bh // heads).to(tl.int64)
-    h = (bh % heads).to(tl.int64)
-    q_ptr += b * q_b + h * q_n
-    k_ptr += b * q_b + h * q_n
-    v_ptr += b * v_b + h * v_n
-    do_ptr += b * o_b + h * o_n
-    ca_ptr += slice_offset(bh, N, 1)
-    cb_ptr += slice_offset(bh, N, 1)
     path = tl.program_id(1)
+    q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b,
+                                                    v_n)
+    do_ptr += head_offset(bh, heads, o_b, o_n)
     lse_ptr += slice_offset(path * BH + bh, N, 1)
     delta_ptr += slice_offset(path * BH + bh, N, 1)
     g1_ptr += slice_offset(path * BH + bh, N, D)
@@ -474,7 +473,7 @@ def _backward_shapes(dout, q, k, v, ca, cb, o, lse, scale, form):
             cb.new_empty(cb.shape))
 
 
-# the ops as torch.compile sees them (one node each); eager calls take WholeAttention below
+# the ops as torch.compile sees them (one node each); eager calls take WHOLE_KERNELS below
 def _op_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca: torch.Tensor, cb: torch.Tensor, scale: float,
                 form: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _forward(q, k, v, ca, cb, scale, form)
@@ -505,32 +504,8 @@ def _gradients(ctx, dout, do, dlse):
 whole_attention_op.register_autograd(_gradients, setup_context=_save)
 
 
-class WholeAttention(torch.autograd.Function):
-    """The eager path of :data:`whole_attention_op`: the same forward and backward without the library op's
-    dispatch; o and lse are saved, not returned, and a missing output gradient is no work."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, ca, cb, scale, form, op):
-        ctx.set_materialize_grads(False)
-        try:
-            out, o, lse = _forward(q, k, v, ca, cb, scale, form)
-        except Exception as e:
-            raise_named(op, q, 'while running', e)
-        ctx.save_for_backward(q, k, v, ca, cb, o, lse)
-        ctx.args = (scale, form, op)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        if dout is None:
-            return (None, ) * 8
-        scale, form, op = ctx.args
-        q = ctx.saved_tensors[0]
-        try:
-            grads = _backward(dout, *ctx.saved_tensors, scale, form)
-        except Exception as e:
-            raise_named(op, q, 'in the backward', e)
-        return (*grads, None, None, None)
+#: the eager path of :data:`whole_attention_op` (:class:`KernelFunction`): o and lse saved, not returned
+WHOLE_KERNELS = (_forward, _backward, 5)
 
 
 def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = 'ppma_attention',
@@ -553,7 +528,7 @@ def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = '
         return whole_attention_op(q, k, v, ca, cb, float(scale), form)[0]
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or ca.requires_grad
                                     or cb.requires_grad):
-        return WholeAttention.apply(q, k, v, ca, cb, float(scale), form, op)
+        return KernelFunction.apply(WHOLE_KERNELS, op, q, k, v, ca, cb, float(scale), form)
     try:
         return _forward(q, k, v, ca, cb, float(scale), form, keep=False)[0]
     except Exception as e:
