@@ -72,23 +72,35 @@ def rmt_criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     log_decay: (heads,) or (B, heads). The bias is built once per head, (heads, W, W) and (heads, H, H).
     """
+    return run('rmt_criss_cross_attention', _rmt_plan, (scale, impl), q, k, v, log_decay)
+
+
+def _rmt_plan(q, k, v, log_decay, scale: float, impl: str, traced=None):
+    """The call that runs :func:`rmt_criss_cross_attention` on inputs like these (checked here); ``traced`` goes to
+    the Triton path."""
     check_qkv(q, k, v)
     check_log_decay(log_decay, q)
-    b, heads, h, w, _ = q.shape
-    dtype = table_dtype(q, k, v, log_decay)
     requested, impl = impl, resolve_impl(impl, 'rmt_criss_cross_attention', (q, k, v))
     if impl == 'triton':
-        from ..triton_support.preflight import run_or_fall_back
+        from ..triton_support.preflight import triton_plan
         from .triton_impl import criss_cross_attention_triton
-        return run_or_fall_back(
+        return triton_plan(
             'rmt_criss_cross_attention',
             lambda q, k, v, log_decay: criss_cross_attention_triton(
-                q, k, v, *head_decay_tables(log_decay, q.shape[:-1]), scale, 'h2v'),
-            (q, k, v, log_decay), requested,
-            lambda *t: rmt_criss_cross_attention(*t, scale=scale, impl='torch'))
+                q, k, v, *head_decay_tables(log_decay, q.shape[:-1]), scale, 'h2v', 'rmt_criss_cross_attention',
+                traced),
+            (q, k, v, log_decay), requested, lambda *t: rmt_criss_cross_attention(*t, scale=scale, impl='torch'))
     if impl == 'reference':
-        decay = head_decay_map(log_decay.to(dtype), q.shape[:-1])
-        return criss_cross_attention(q, k, v, decay, decay, scale=scale, form='h2v', impl='reference')
+        def reference(q, k, v, log_decay):
+            decay = head_decay_map(log_decay.to(table_dtype(q, k, v, log_decay)), q.shape[:-1])
+            return criss_cross_attention(q, k, v, decay, decay, scale=scale, form='h2v', impl='reference')
+        return reference
+    return functools.partial(_rmt_torch, scale=scale)
+
+
+def _rmt_torch(q, k, v, log_decay, scale: float):
+    b, heads, h, w, _ = q.shape
+    dtype = table_dtype(q, k, v, log_decay)
     sa, sb = manhattan_segment_sums(log_decay, h, w, dtype)
     sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
     q, k, v_in = q.to(dtype), k.to(dtype), v.to(dtype)
