@@ -27,10 +27,6 @@ def eager() -> bool:
     return not torch.compiler.is_compiling() and not exporting()
 
 
-def tensor_key(t: torch.Tensor) -> tuple:
-    return t.shape, t.stride(), t.dtype, t.device, t.requires_grad
-
-
 def key(op: str, options: tuple, *tensors: torch.Tensor) -> tuple:
     """The cache key of a call of ``op`` with ``options`` (form, scale, impl, ...) on ``tensors``."""
     parts = [op, options, torch.is_grad_enabled(), environment()]
@@ -53,8 +49,3 @@ def run(op: str, build: Callable[..., Callable], options: tuple, *tensors: torch
             plan = _PLANS[plan_key] = build(*tensors, *options, traced=False)
         return plan(*tensors)
     return build(*tensors, *options, traced=None)(*tensors)
-
-
-def clear() -> None:
-    """Forget every plan (what a test changes behind the ops' back: a patched preflight or launch table)."""
-    _PLANS.clear()

@@ -178,11 +178,9 @@ class PolylinePathAttention(nn.Module):
                 # inference: the same products in the tokens' own storage
                 return (self._rotated_in_place(q, pos.rotation(q.dtype)),
                         self._rotated_in_place(k, pos.rotation(k.dtype, self.scaling)))
-        if grad or compiling:
-            sin, cos = pos.cast(q.dtype)
-            return self._rotated_heads(q, sin, cos), self._rotated_heads(k * self.scaling, sin, cos)
         sin, cos = pos.cast(q.dtype)
-        return self._rotated_heads(q, sin, cos), self._rotated_heads(k.mul_(self.scaling), sin, cos)
+        k = k * self.scaling if grad or compiling else k.mul_(self.scaling)
+        return self._rotated_heads(q, sin, cos), self._rotated_heads(k, sin, cos)
 
     def _rotated_pairs(self, t: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         """Projected tokens t (B, H, W, C) as heads (B, n, H, W, d), each channel pair times the complex

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from ..triton_support import launch as lp
 from ..triton_support import tiles
-from ..triton_support.preflight import KernelFunction, raise_named
+from ..triton_support.preflight import call_kernels
 from ..triton_support.tiles import head_offset, load_rows, online_softmax_step, store_tile, token_block
 
 LOG2E = 1.4426950408889634
@@ -267,10 +267,9 @@ def _save(ctx, inputs, output):
 
 
 def _gradients(ctx, dout, dlse):
-    """``dout`` arrives in float32 (the op's output, before the cast to x's dtype): the kernels read it in x's
-    dtype."""
-    q, k, x, c, out, lse = ctx.saved_tensors
-    return (*line_attention_backward_op(dout.to(x.dtype), q, k, x, c, out, lse, *ctx.args), None, None)
+    """``dout`` arrives in float32 (the op's output, before the cast to x's dtype): :func:`_backward` reads it in
+    x's dtype."""
+    return (*line_attention_backward_op(dout, *ctx.saved_tensors, *ctx.args), None, None)
 
 
 line_attention_op.register_autograd(_gradients, setup_context=_save)
@@ -292,13 +291,5 @@ def line_attention(q, k, x, c, scale: float, columns: bool, op: str = 'criss_cro
     whether torch.compile traces the call (None: ask)."""
     q, k, x = lp.kernel_layout(q, k, x)
     c = c.float().contiguous()
-    if torch.compiler.is_compiling() if traced is None else traced:
-        out = line_attention_op(q, k, x, c, float(scale), columns)[0]
-    elif torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or x.requires_grad or c.requires_grad):
-        out = KernelFunction.apply(LINE_KERNELS, op, q, k, x, c, float(scale), columns)
-    else:
-        try:
-            out = _forward(q, k, x, c, float(scale), columns)[0]
-        except Exception as e:
-            raise_named(op, q, 'while running', e)
+    out = call_kernels(op, line_attention_op, LINE_KERNELS, _forward, traced, q, k, x, c, float(scale), columns)
     return out.to(x.dtype)

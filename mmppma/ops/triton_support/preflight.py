@@ -128,6 +128,23 @@ class KernelFunction(torch.autograd.Function):
         return (None, None, *grads, *nothing)
 
 
+def call_kernels(op: str, library_op: Callable, kernels: tuple, infer: Callable, traced: Optional[bool], *inputs):
+    """A Triton path's output for ``inputs`` (tensors first, ``kernels[2]`` of them, then plain arguments): the
+    ``torch.library`` op while torch.compile traces (``traced``; None: ask), the :class:`KernelFunction` node
+    ``kernels`` while autograd records on an input tensor, else ``infer(*inputs)[0]`` (the forward's outputs, nothing
+    saved), failures named for the public ``op``."""
+    if torch.compiler.is_compiling() if traced is None else traced:
+        return library_op(*inputs)[0]
+    if torch.is_grad_enabled():
+        for t in inputs[:kernels[2]]:
+            if t.requires_grad:
+                return KernelFunction.apply(kernels, op, *inputs)
+    try:
+        return infer(*inputs)[0]
+    except Exception as e:
+        raise_named(op, inputs[0], 'while running', e)
+
+
 @contextlib.contextmanager
 def failures_named(op: str, inputs: Sequence[torch.Tensor], where: str) -> Iterator[None]:
     """Within the block, a failure of the Triton path raises :func:`kernel_failure`'s error."""

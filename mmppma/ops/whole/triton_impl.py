@@ -21,6 +21,7 @@ in the image's order. The host sums the slots once: no atomics, deterministic, e
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -29,7 +30,7 @@ import triton.language as tl
 
 from ..forms import paths, transposed
 from ..triton_support import launch as lp
-from ..triton_support.preflight import KernelFunction, raise_named
+from ..triton_support.preflight import call_kernels
 from ..triton_support.tiles import (
     head_offset,
     load_rows,
@@ -506,6 +507,8 @@ whole_attention_op.register_autograd(_gradients, setup_context=_save)
 
 #: the eager path of :data:`whole_attention_op` (:class:`KernelFunction`): o and lse saved, not returned
 WHOLE_KERNELS = (_forward, _backward, 5)
+#: the inference path: nothing saves o, so a one-path output may be a view of it
+_INFER = functools.partial(_forward, keep=False)
 
 
 def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = 'ppma_attention',
@@ -524,12 +527,4 @@ def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = '
         q, scale = q * 0, 1.0
     q, k, v = lp.kernel_layout(q, k, v)
     ca, cb = ca.float().contiguous(), cb.float().contiguous()
-    if torch.compiler.is_compiling() if traced is None else traced:
-        return whole_attention_op(q, k, v, ca, cb, float(scale), form)[0]
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or ca.requires_grad
-                                    or cb.requires_grad):
-        return KernelFunction.apply(WHOLE_KERNELS, op, q, k, v, ca, cb, float(scale), form)
-    try:
-        return _forward(q, k, v, ca, cb, float(scale), form, keep=False)[0]
-    except Exception as e:
-        raise_named(op, q, 'while running', e)
+    return call_kernels(op, whole_attention_op, WHOLE_KERNELS, _INFER, traced, q, k, v, ca, cb, float(scale), form)
