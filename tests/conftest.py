@@ -108,6 +108,15 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
+def forget_preflight(monkeypatch) -> None:
+    """Forget what the Triton paths' preflight found and the ops' launch plans built on it
+    (:mod:`mmppma.ops.plan`), for the rest of the test."""
+    from mmppma.ops import plan
+    from mmppma.ops.triton_support import preflight
+    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    monkeypatch.setattr(plan, '_PLANS', {})
+
+
 @functools.lru_cache(maxsize=None)
 def load_tool(path: str):
     """``tools/<path>`` imported as a module (tools/ is not a package), e.g. ``load_tool('train.py')``."""

@@ -14,6 +14,13 @@ from mmppma.models import MLLA, PPMA, RMT, VMINet
 from ..ops.oracle import apply_per_head, mask_v2h
 
 #: Small enough for fast CPU forward/backward, with both attention types and four stages.
+#: the Triton kernels of each op family, by name
+LINE_KERNELS = {'_line_fwd', '_line_bwd'}
+WHOLE_KERNELS = {'_whole_fwd', '_whole_bwd'}
+SCAN_KERNELS = {'_scan_kernel'}
+#: a kernel that cannot run falls back to the torch path with a warning: under this mark an error naming the cause
+NO_FALLBACK = pytest.mark.filterwarnings("error:.*impl='auto' falls back:UserWarning")
+
 SMALL_ARCH = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 4], mlp_ratios=[2, 2, 2, 2],
                   attn_types=['criss_cross', 'criss_cross', 'whole', 'whole'])
 MLLA_ARCH = dict(embed_dims=[16, 32, 32, 64], depths=[1, 1, 2, 1], num_heads=[2, 2, 4, 4], mlp_ratio=2.0)

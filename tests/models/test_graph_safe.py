@@ -21,11 +21,15 @@ pytest.importorskip('triton', reason='triton is part of the pinned stack (requir
 if torch.cuda.is_available():
     pytest.skip('the simulated GPU runs CPU tensors (a GPU is here)', allow_module_level=True)
 
-from mmppma.ops.triton_support import launch, preflight  # noqa: E402
+from mmppma.ops.triton_support import launch  # noqa: E402
 
-# a kernel that cannot run falls back to the torch path with a warning: here an error that names the cause
-pytestmark = pytest.mark.filterwarnings("error:.*impl='auto' falls back:UserWarning")
-LINE, WHOLE, SCAN = {'_line_fwd', '_line_bwd'}, {'_whole_fwd', '_whole_bwd'}, {'_scan_kernel'}
+from ..conftest import forget_preflight  # noqa: E402
+from .conftest import LINE_KERNELS as LINE  # noqa: E402
+from .conftest import NO_FALLBACK  # noqa: E402
+from .conftest import SCAN_KERNELS as SCAN  # noqa: E402
+from .conftest import WHOLE_KERNELS as WHOLE  # noqa: E402
+
+pytestmark = NO_FALLBACK
 #: the tiny models and the kernels a training step launches; the library ops their graphs hold
 MODELS = {
     'PPMA-T': (lambda: PPMA('tiny', impl='auto'), LINE | WHOLE,
@@ -53,7 +57,7 @@ def kernels(monkeypatch):
     from now on, recorded instead of run (the preflight's recording on meta tensors goes on as it is); earlier
     preflight verdicts forgotten."""
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
-    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
+    forget_preflight(monkeypatch)
     seen, run = [], launch.run
 
     def record(launches):

@@ -7,21 +7,20 @@ import contextlib
 import pytest
 import torch
 
-from ..conftest import REPO_ROOT
+from ..conftest import REPO_ROOT, forget_preflight
 from ..ops.oracle import tf32
+from .conftest import LINE_KERNELS as LINE
+from .conftest import NO_FALLBACK, TWO_STAGES, TWO_WHOLE_STAGES_ARCH, WHOLE_KERNELS, require
+from .conftest import SCAN_KERNELS as SCAN
 from .conftest import TWO_STAGE_ARCH as ARCH
-from .conftest import TWO_STAGES, TWO_WHOLE_STAGES_ARCH, require
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 if torch.cuda.is_available():
     pytest.skip('the simulated GPU runs CPU tensors on the interpreter (a GPU is here)', allow_module_level=True)
 
-from mmppma.ops import plan  # noqa: E402
-from mmppma.ops.triton_support import launch, preflight  # noqa: E402
+from mmppma.ops.triton_support import launch  # noqa: E402
 
-# a kernel that cannot run falls back to the torch path with a warning: here an error that names the cause
-pytestmark = pytest.mark.filterwarnings("error:.*impl='auto' falls back:UserWarning")
-LINE, WHOLE_KERNELS, SCAN = {'_line_fwd', '_line_bwd'}, {'_whole_fwd', '_whole_bwd'}, {'_scan_kernel'}
+pytestmark = NO_FALLBACK
 #: variant -> (the backbone for an impl, the kernels a training step launches); PPMA's mask 'none' attends in its
 #: whole stage with SDPA, form 'paper' (whole stages only) with the torch path
 MODELS = {
@@ -72,8 +71,7 @@ def run_model(model, mode: str, x):
 @pytest.fixture
 def launched(monkeypatch):
     """The (kernel name, dot precision) of every launch the test runs; earlier preflight verdicts forgotten."""
-    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
-    monkeypatch.setattr(plan, '_PLANS', {})  # the launch plans built on what the preflight found
+    forget_preflight(monkeypatch)
     seen = set()
     call = launch.Launch.__call__
 

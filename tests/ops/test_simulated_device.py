@@ -7,6 +7,7 @@ from mmppma import ops
 from mmppma.ops import dispatch
 from mmppma.ops.dispatch import resolve_impl
 
+from ..conftest import forget_preflight
 from . import oracle
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
@@ -119,14 +120,6 @@ def _inject(kind, monkeypatch):
     if kind in PREFLIGHT_FAILURES:
         monkeypatch.setattr(lp.Launch, 'prepare', fail)
     monkeypatch.setattr(lp.Launch, '__call__', fail)
-
-
-def forget_preflight(monkeypatch):
-    """Forget what the preflight found and the ops' launch plans built on it (:mod:`mmppma.ops.plan`)."""
-    from mmppma.ops import plan
-    from mmppma.ops.triton_support import preflight
-    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
-    monkeypatch.setattr(plan, '_PLANS', {})
 
 
 #: what the preflight finds, and what its warning names
