@@ -41,7 +41,7 @@ LIMITS = {'fp32': 1e-4, 'fp16': 1e-2, 'bf16': 3e-2}
 # the ops of each attention kind of the shipped backbones (mmppma.models.backbones.stages); the linear stages also
 # run the scans
 KIND_OPS = {
-    'whole': ('ppma_attention', ),
+    'whole': ('ppma_attention', 'path_decay_tables'),
     'cc': ('criss_cross_attention', ),
     'manhattan': ('manhattan_attention', ),
     'rmt_cc': ('rmt_criss_cross_attention', ),
@@ -146,6 +146,11 @@ def make_case(op: str, shape: tuple, device, dtype, seed: int = 0) -> Tuple[Call
     if op == 'polyline_mask_matvec':
         return (lambda x, la, lb, impl: ops.polyline_mask_matvec(x, la, lb, form='2d', impl=impl),
                 qkv[:1] + tables)
+    if op == 'path_decay_tables':  # the decay head of a layer of ``heads`` heads of d channels, stacked tables
+        params = [torch.randn(2, d, generator=g).to(device), torch.randn(heads, generator=g).to(device),
+                  torch.rand(heads, generator=g).to(device)]
+        return (lambda x, w_, bias, a_log, impl: torch.stack(ops.path_decay_tables(x, w_, bias, a_log, impl=impl)),
+                [randn(b, h, w, heads * d)] + params)
     if op == 'decay_scan_1d':  # along the image rows, as the linear attention scans them
         return (lambda x, ld, impl: ops.decay_scan_1d(x, ld, impl=impl), qkv[:1] + tables[:1])
     raise KeyError(op)

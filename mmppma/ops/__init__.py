@@ -30,6 +30,7 @@ ppma_decomposed_attention    (s1, s2, v, la, lb, *, form='2d', impl='auto', chun
 polyline_mask_matvec         (x, la, lb, *, form='v2h', impl='auto', chunk=64)
 polyline_mask_matvec_3d      (x, la, lb, lc, *, impl='auto', chunk=64)
 decay_scan_1d                (x, log_decay, *, impl='auto', chunk=64)
+path_decay_tables            (x, weight, dt_bias, a_log, *, impl='auto')  a PPMA layer's decay head -> (Ca, Cb)
 polyline_mask                (la, lb, *, form='v2h', space='log', queries=None)  dense rows of the N x N mask
 polyline_mask_3d             (la, lb, lc, *, space='log')                dense
 manhattan_decay_mask         (log_decay, height, width)                  dense
@@ -38,6 +39,7 @@ manhattan_decay_mask         (log_decay, height, width)                  dense
 plus the table helpers ``decay_tables``, ``segment_sum``, ``row_segment_sums``, ``column_segment_sums``.
 """
 from .criss_cross import criss_cross_attention, rmt_criss_cross_attention
+from .decays import path_decay_tables
 from .dispatch import IMPLEMENTATIONS, IMPLS, export_mode, exporting, resolve_impl
 from .manhattan import manhattan_attention
 from .mask3d import polyline_mask_3d, polyline_mask_matvec_3d
@@ -55,12 +57,12 @@ from .whole import ppma_attention, whole_attention_branch
 #: The public ops, by their stable names.
 OPS = ('ppma_attention', 'criss_cross_attention', 'manhattan_attention', 'rmt_criss_cross_attention',
        'ppma_linear_attention', 'ppma_decomposed_attention', 'polyline_mask_matvec', 'polyline_mask_matvec_3d',
-       'decay_scan_1d', 'polyline_mask', 'polyline_mask_3d', 'manhattan_decay_mask')
+       'decay_scan_1d', 'path_decay_tables', 'polyline_mask', 'polyline_mask_3d', 'manhattan_decay_mask')
 
 __all__ = [
     'OPS', 'IMPLS', 'IMPLEMENTATIONS', 'resolve_impl', 'export_mode', 'exporting', 'decay_tables', 'segment_sum',
     'row_segment_sums', 'column_segment_sums', 'whole_attention_branch', 'ppma_attention', 'criss_cross_attention',
     'manhattan_attention', 'rmt_criss_cross_attention', 'ppma_linear_attention', 'ppma_decomposed_attention',
     'polyline_mask_matvec', 'polyline_mask_matvec_3d', 'decay_scan_1d', 'polyline_mask', 'polyline_mask_3d',
-    'manhattan_decay_mask'
+    'manhattan_decay_mask', 'path_decay_tables'
 ]

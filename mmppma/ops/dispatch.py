@@ -52,6 +52,16 @@ _ENCODED: Dict[str, object] = {}
 _FS_ENCODING = sys.getfilesystemencoding()
 
 
+def environ_values(*names: str) -> tuple:
+    """The raw values of the variables ``names`` (bytes or str; None when unset), in one call: a cache key."""
+    if _ENVIRON is None:
+        return tuple(os.environ.get(name) for name in names)
+    keys = _ENCODED.get(names)
+    if keys is None:
+        keys = _ENCODED[names] = tuple(os.environ.encodekey(name) for name in names)
+    return tuple(map(_ENVIRON.get, keys))
+
+
 def environ(name: str) -> Optional[str]:
     """``os.environ.get(name)``, cheap on the host."""
     if _ENVIRON is None:
@@ -77,7 +87,7 @@ IMPLEMENTATIONS_BY_FORM: Dict[Tuple[str, Optional[str]], Tuple[str, ...]] = {
     **{(op, form): _ALL for op in ('ppma_decomposed_attention', 'ppma_linear_attention', 'polyline_mask_matvec')
        for form in MASK_FORMS},
     **{(op, None): _ALL for op in ('manhattan_attention', 'rmt_criss_cross_attention', 'decay_scan_1d',
-                                   'polyline_mask_matvec_3d')},
+                                   'polyline_mask_matvec_3d', 'path_decay_tables')},
 }
 #: Derived from :data:`IMPLEMENTATIONS_BY_FORM`: the implementations each op has for at least one form.
 IMPLEMENTATIONS: Dict[str, Tuple[str, ...]] = {

@@ -25,6 +25,11 @@ def decay_tables(la: torch.Tensor, lb: torch.Tensor) -> Tuple[torch.Tensor, torc
     return la.to(dtype).cumsum(-1), lb.to(dtype).cumsum(-2)
 
 
+def table_decays(ca: torch.Tensor, cb: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The log-decays (la, lb) whose :func:`decay_tables` are (Ca, Cb): differences along rows and columns."""
+    return torch.diff(ca, dim=-1, prepend=ca[..., :1] * 0), torch.diff(cb, dim=-2, prepend=cb[..., :1, :] * 0)
+
+
 def segment_sum(c: torch.Tensor) -> torch.Tensor:
     """``out[..., t, s] = c[..., max(t,s)] - c[..., min(t,s)]`` for a cumsum ``c`` (..., L) -> (..., L, L)."""
     return (c.unsqueeze(-1) - c.unsqueeze(-2)) * sign_table(c.shape[-1], c.dtype, c.device)

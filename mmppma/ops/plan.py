@@ -11,14 +11,17 @@ from typing import Callable, Dict
 
 import torch
 
-from .dispatch import ENV_VAR, SIMULATE_VAR, environ, exporting, tf32_matmul
+from .dispatch import ENV_VAR, SIMULATE_VAR, environ_values, exporting, tf32_matmul
 
 _PLANS: Dict[tuple, Callable] = {}
 
 
+_STEERING = (ENV_VAR, SIMULATE_VAR, 'TRITON_INTERPRET')
+
+
 def environment() -> tuple:
     """The values of the variables that steer the ops' choices."""
-    return environ(ENV_VAR), environ(SIMULATE_VAR), environ('TRITON_INTERPRET')
+    return environ_values(*_STEERING)
 
 
 def eager() -> bool:
@@ -29,7 +32,7 @@ def eager() -> bool:
 
 def key(op: str, options: tuple, *tensors: torch.Tensor) -> tuple:
     """The cache key of a call of ``op`` with ``options`` (form, scale, impl, ...) on ``tensors``."""
-    parts = [op, options, torch.is_grad_enabled(), environment()]
+    parts = [op, options, torch.is_grad_enabled(), environ_values(*_STEERING)]
     float32 = False
     for t in tensors:
         parts.append((t.shape, t.stride(), t.dtype, t.device, t.requires_grad))

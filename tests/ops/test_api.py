@@ -16,7 +16,8 @@ from .oracle import inputs, qkv
 IMPLS = ('reference', 'torch', 'triton')
 FORMS = {'ppma_attention': WHOLE_FORMS, 'criss_cross_attention': CRISS_CROSS_FORMS, 'polyline_mask_matvec': MASK_FORMS,
          'ppma_decomposed_attention': MASK_FORMS, 'ppma_linear_attention': MASK_FORMS}
-ORDER = ('scale', 'form', 'feature_map', 'normalize', 'normalizer', 'eps', 'space', 'queries', 'impl', 'chunk')
+ORDER = ('scale', 'form', 'tables', 'feature_map', 'normalize', 'normalizer', 'eps', 'space', 'queries', 'impl',
+         'chunk')
 
 
 @pytest.mark.parametrize('name', ops.OPS)

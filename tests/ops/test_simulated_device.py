@@ -94,6 +94,8 @@ def _case(op):
         'ppma_linear_attention': (lambda *t, impl: ops.ppma_linear_attention(*t, feature_map='elu', normalize=True,
                                                                              impl=impl), [q, k, v, la, lb]),
         'ppma_decomposed_attention': (ops.ppma_decomposed_attention, [q, k, v, la, lb]),
+        'path_decay_tables': (lambda *t, impl: torch.stack(ops.path_decay_tables(*t, impl=impl)),
+                              [torch.randn(1, 3, 4, 8), torch.randn(2, 4), torch.randn(2), torch.rand(2)]),
     }[op]
 
 

@@ -66,10 +66,12 @@ def criss_cross_without_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 
 #: (attn_type, 'learned' | 'rmt' | 'none', form) -> the op, called as ``op(q, k, v, *decays, impl=impl)`` with
-#: the decays :meth:`PolylinePathAttention._decays` gives: (la, lb) learned, (log_decay,) for 'rmt', () for 'none'.
+#: the decays :meth:`PolylinePathAttention._decays` gives: the tables (Ca, Cb) learned, (log_decay,) for 'rmt', ()
+#: for 'none'.
 ATTENTION_OPS: Dict[Tuple[str, str, str], Callable[..., torch.Tensor]] = {
-    **{('whole', 'learned', form): functools.partial(ppma_attention, scale=1.0, form=form) for form in PPMA_FORMS},
-    **{('criss_cross', 'learned', form): functools.partial(criss_cross_attention, scale=1.0, form=form)
+    **{('whole', 'learned', form): functools.partial(ppma_attention, scale=1.0, form=form, tables=True)
+       for form in PPMA_FORMS},
+    **{('criss_cross', 'learned', form): functools.partial(criss_cross_attention, scale=1.0, form=form, tables=True)
        for form in ('release', 'v2h')},
     ('whole', 'rmt', 'release'): functools.partial(manhattan_attention, scale=1.0),
     ('criss_cross', 'rmt', 'release'): functools.partial(rmt_criss_cross_attention, scale=1.0),
@@ -206,9 +208,10 @@ class PolylinePathAttention(nn.Module):
         return self._heads(apply_rope(heads, sin.unsqueeze(-2), cos.unsqueeze(-2), inplace=True).flatten(-2))
 
     def _decays(self, x: torch.Tensor, pos: PositionTables) -> Tuple[torch.Tensor, ...]:
-        """What the mask reads: (la, lb) (B, n, H, W) learned from x, (log_decay,) (n,) for 'rmt', () for 'none'."""
+        """What the mask reads: the decay tables (Ca, Cb) (B, n, H, W) learned from x (one op, one kernel on GPUs:
+        :meth:`PathEmbed.tables`), (log_decay,) (n,) for 'rmt', () for 'none'."""
         if self.path_embed is not None:
-            return self.path_embed(x)
+            return self.path_embed.tables(x, self.impl)
         return (pos.log_decay, ) if self.mask == 'rmt' else ()
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
@@ -225,6 +228,8 @@ class PolylinePathAttention(nn.Module):
     def log_decays(self, x: torch.Tensor, pos: PositionTables) -> Tuple[torch.Tensor, torch.Tensor]:
         """The mask's log-decays (la, lb) on x's token grid, (B, n, H, W) float32: learned from x, RMT's fixed
         per-head decay broadcast, or zeros (mask 'none')."""
+        if self.path_embed is not None:
+            return self.path_embed(x)
         decays = self._decays(x, pos)
         if len(decays) == 2:
             return decays

@@ -4,7 +4,9 @@ from typing import Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from mmppma.ops import path_decay_tables
+from mmppma.ops.decays import log_decays
 
 
 class PathEmbed(nn.Module):
@@ -59,13 +61,14 @@ class PathEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """x: (B, H, W, C) -> (la, lb), each (B, heads, H, W) float32, <= 0. ``la is lb`` when shared; otherwise
         both are views of one (B, H, W, heads, 2) tensor (the ops read any strides; their cumsums are contiguous)."""
-        b, h, w, _ = x.shape
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            xh = x.float().view(b, h, w, self.num_heads, self.head_dims)
-            dt = F.linear(xh, self.dt_linear.weight.float())  # (B, H, W, n, directions)
-            log_decay = F.softplus(dt + self.dt_bias.float()[:, None]) * self._rates()[:, None]
+        log_decay = log_decays(x, self.dt_linear.weight, self.dt_bias, self._rates())
         la = log_decay[..., 0].permute(0, 3, 1, 2)
         return la, la if self.directions == 1 else log_decay[..., 1].permute(0, 3, 1, 2)
+
+    def tables(self, x: torch.Tensor, impl: str = 'auto') -> Tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, H, W, C) -> the decay tables (Ca, Cb) of :meth:`forward`'s (la, lb), each (B, heads, H, W) float32:
+        :func:`~mmppma.ops.path_decay_tables` (one kernel each way on GPUs)."""
+        return path_decay_tables(x, self.dt_linear.weight, self.dt_bias, self.A_log, impl=impl)
 
     def _rates(self) -> torch.Tensor:
         """``A = -exp(A_log)`` (n,); with grad mode off and outside torch.compile, computed once per value of

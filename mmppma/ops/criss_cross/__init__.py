@@ -9,7 +9,7 @@ from ..checks import check_log_decay, check_qkv, checked_impl, table_dtype
 from ..dispatch import exporting, resolve_impl
 from ..forms import CRISS_CROSS_FORMS
 from ..line.torch_impl import SegmentMaskedSoftmax, padded_segment_bias, segment_softmax
-from ..masks import decay_tables, head_decay_map, head_decay_tables, manhattan_segment_sums
+from ..masks import decay_tables, head_decay_map, head_decay_tables, manhattan_segment_sums, table_decays
 from ..plan import run
 from ..torch_support import eager_inference, pad_last, padded
 from .reference import criss_cross_reference
@@ -19,7 +19,7 @@ __all__ = ['criss_cross_attention', 'rmt_criss_cross_attention']
 
 
 def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
-                          lb: torch.Tensor, *, scale: float = 1.0, form: str = 'release',
+                          lb: torch.Tensor, *, scale: float = 1.0, form: str = 'release', tables: bool = False,
                           impl: str = 'auto') -> torch.Tensor:
     """Decomposed criss-cross masked attention (PPMCCA).
 
@@ -27,28 +27,32 @@ def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
     ``Ah = softmax(scale * q_col k_col^T + Sb)`` (H x H per column), with the 1D segment-sum biases.
     form ``'release'``: 0.5 Ah(Aw v) + 0.5 Aw(Ah v); ``'v2h'``: Aw(Ah v) (columns first: a key reaches the
     query down its column, then along the query's row, the V2H path); ``'h2v'``: Ah(Aw v) (rows first, RMT).
-    Shapes as :func:`~mmppma.ops.ppma_attention`. Never forms an N x N tensor (torch path).
+    Shapes and ``tables`` as :func:`~mmppma.ops.ppma_attention`. Never forms an N x N tensor (torch path).
     """
-    return run('criss_cross_attention', _plan, (scale, form, impl), q, k, v, la, lb)
+    return run('criss_cross_attention', _plan, (scale, form, tables, impl), q, k, v, la, lb)
 
 
-def _plan(q, k, v, la, lb, scale: float, form: str, impl: str, traced=None):
+def _plan(q, k, v, la, lb, scale: float, form: str, tables: bool, impl: str, traced=None):
     """The call that runs :func:`criss_cross_attention` on inputs like these (checked here); ``traced`` goes to
     the Triton path."""
     requested, impl = impl, checked_impl('criss_cross_attention', CRISS_CROSS_FORMS, q, k, v, la, lb, form, impl)
     if impl == 'reference':
-        return lambda q, k, v, la, lb: criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype)
+        def dense(q, k, v, la, lb):
+            if tables:
+                la, lb = table_decays(la, lb)
+            return criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype)
+        return dense
     if impl == 'triton':
         from ..triton_support.preflight import plan_with_tables
         from .triton_impl import criss_cross_attention_triton
         return plan_with_tables('criss_cross_attention', criss_cross_attention_triton, (q, k, v, la, lb), scale,
-                                form, requested, criss_cross_attention, traced)
-    return functools.partial(_criss_cross_torch, scale=scale, form=form)
+                                form, tables, requested, criss_cross_attention, traced)
+    return functools.partial(_criss_cross_torch, scale=scale, form=form, tables=tables)
 
 
-def _criss_cross_torch(q, k, v, la, lb, scale: float, form: str):
+def _criss_cross_torch(q, k, v, la, lb, scale: float, form: str, tables: bool = False):
     dtype = table_dtype(q, k, v, la, lb)
-    ca, cb = decay_tables(la, lb)
+    ca, cb = (la.to(dtype), lb.to(dtype)) if tables else decay_tables(la, lb)
     q, k, v_in = q.to(dtype), k.to(dtype), v.to(dtype)
     if eager_inference(q, k, v_in, la, lb):
         out = criss_cross_slices(q, k, v_in, padded_segment_bias(ca, dtype),

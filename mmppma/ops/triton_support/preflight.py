@@ -68,8 +68,10 @@ def check_launches(run: Callable[..., torch.Tensor], inputs: Sequence[torch.Tens
         meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='meta',
                                     requires_grad=t.is_floating_point()) for t in inputs]
         with launch.recording(launch.capability(device)) as launches:
-            out = run(*meta)
-            torch.autograd.grad(out, [t for t in meta if t.requires_grad], torch.empty_like(out), allow_unused=True)
+            outs = run(*meta)
+            outs = outs if isinstance(outs, tuple) else (outs, )
+            torch.autograd.grad(outs, [t for t in meta if t.requires_grad], [torch.empty_like(o) for o in outs],
+                                allow_unused=True)
     for item in launches:
         item.check_grid()
     for item in launches:
@@ -222,11 +224,18 @@ def triton_plan(op: str, run: Callable[..., torch.Tensor], inputs, impl: str,
     return run if kernels_fit(op, run, inputs, fallback) else fallback
 
 
-def plan_with_tables(op: str, kernel: Callable[..., torch.Tensor], inputs, scale: float, form: str, impl: str,
-                     torch_op: Callable[..., torch.Tensor], traced: Optional[bool]) -> Callable[..., torch.Tensor]:
+def plan_with_tables(op: str, kernel: Callable[..., torch.Tensor], inputs, scale: float, form: str, tables: bool,
+                     impl: str, torch_op: Callable[..., torch.Tensor],
+                     traced: Optional[bool]) -> Callable[..., torch.Tensor]:
     """:func:`triton_plan` for an op of (q, k, v, la, lb) whose Triton path is ``kernel(q, k, v, Ca, Cb, scale,
-    form, op, traced)`` on the decay tables of la, lb (whole and criss-cross attention); ``torch_op`` is the op
-    itself, called with ``impl='torch'`` for the fallback."""
+    form, op, traced)`` on the decay tables of la, lb, or on la, lb themselves with ``tables`` (whole and criss-cross
+    attention); ``torch_op`` is the op itself, called with ``impl='torch'`` for the fallback."""
     from ..masks import decay_tables
-    return triton_plan(op, lambda q, k, v, la, lb: kernel(q, k, v, *decay_tables(la, lb), scale, form, op, traced),
-                       inputs, impl, lambda *t: torch_op(*t, scale=scale, form=form, impl='torch'))
+    if tables:
+        def run(q, k, v, ca, cb):
+            return kernel(q, k, v, ca, cb, scale, form, op, traced)
+    else:
+        def run(q, k, v, la, lb):
+            return kernel(q, k, v, *decay_tables(la, lb), scale, form, op, traced)
+    return triton_plan(op, run, inputs, impl, lambda *t: torch_op(*t, scale=scale, form=form, tables=tables,
+                                                                  impl='torch'))
