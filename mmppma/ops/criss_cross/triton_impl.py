@@ -1,7 +1,97 @@
 """Criss-cross attention, Triton path: the line kernels (:mod:`mmppma.ops.line.triton_impl`) along rows and
-columns, composed as the torch path composes its maps."""
+columns, composed as the torch path composes its maps. Eager calls under autograd run every pass as one autograd
+node whose backward accumulates the passes' q, k and table gradients in the kernels (one buffer each)."""
+import torch
+
+from ..line import triton_impl as line
 from ..line.triton_impl import line_attention
+from ..triton_support import launch as lp
+from ..triton_support.preflight import call_kernels
 from .torch_impl import compose_criss_cross
+
+
+def _rows_then_cols(form: str):
+    """The passes of a one-path form, in order: whether each runs along columns."""
+    return (False, True) if form == 'h2v' else (True, False)
+
+
+def _pass(q, k, x, c, scale, columns, cap):
+    """One line pass: its float32 output and log-normaliser."""
+    launches, out, lse = line.forward_launches(q, k, x, c, scale, columns, cap)
+    lp.run(launches)
+    return out, lse
+
+
+def _forward(q, k, v, ca, cb, scale: float, form: str):
+    """The output in v's dtype and, per pass, what its backward reads: its input x, its float32 output and lse.
+    Each pass's input is the previous output in v's dtype, as :func:`compose_criss_cross` composes them."""
+    cap, dtype = lp.capability(q.device), v.dtype
+
+    def run(x, columns):
+        out, lse = _pass(q, k, x, cb if columns else ca, scale, columns, cap)
+        saved.extend((x, out, lse))
+        return out.to(dtype)
+
+    saved = []
+    if form == 'release':
+        dv = v.shape[-1]
+        vu = torch.cat([v, run(v, False)], -1)  # [v, Aw v]
+        both = run(vu, True)  # [Ah v, Ah Aw v]
+        # the last row pass also stores (Aw Ah v + Ah Aw v) / 2
+        launches, last, lse, out = line.forward_launches(q, k, both[..., :dv], ca, scale, False, cap, both[..., dv:])
+        lp.run(launches)
+        saved.extend((both[..., :dv], last, lse))
+    else:
+        first, second = _rows_then_cols(form)
+        out = run(run(v, first), second)
+    return (out, *saved)
+
+
+def _infer(q, k, v, ca, cb, scale: float, form: str):
+    return _forward(q, k, v, ca, cb, scale, form)[:1]
+
+
+def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):
+    """dq, dk, dv in the inputs' dtypes and dCa, dCb (float32): the passes' backward launches in reverse, q's, k's
+    and each table's gradient accumulated in one float32 buffer by the kernels."""
+    *saved, scale, form = saved_and_arguments
+    cap, dtype = lp.capability(q.device), v.dtype
+    grads = dict(dq=None, dk=None, rows=None, cols=None)
+
+    def back(index, columns, grad):
+        x, out, lse = saved[3 * index:3 * index + 3]
+        table = 'cols' if columns else 'rows'
+        grad = grad.to(x.dtype)
+        if grad.stride(-1) != 1:
+            grad = grad.contiguous()
+        launches, (dq, dk, dx, dc) = line.backward_launches(
+            q, k, x, cb if columns else ca, out, lse, grad, scale, columns, cap, grads['dq'], grads['dk'],
+            grads[table])
+        lp.run(launches)
+        grads.update(dq=dq, dk=dk, **{table: dc})
+        return dx
+
+    if form == 'release':
+        dv = v.shape[-1]
+        half = dout * 0.5
+        d_both = torch.cat([back(2, False, half).to(dtype), half.to(dtype)], -1)
+        d_vu = back(1, True, d_both)
+        d_v = d_vu[..., :dv] + back(0, False, d_vu[..., dv:])
+    else:
+        first, second = _rows_then_cols(form)
+        d_v = back(0, first, back(1, second, dout))
+    zeros = None
+    tables = []
+    for name in ('rows', 'cols'):
+        if grads[name] is None:  # a one-path form reads both tables; 'release' too
+            zeros = torch.zeros_like(ca) if zeros is None else zeros
+        tables.append(grads[name] if grads[name] is not None else zeros)
+    return grads['dq'].to(q.dtype), grads['dk'].to(k.dtype), d_v.to(v.dtype), *tables
+
+
+#: the eager path under autograd (:class:`~mmppma.ops.triton_support.preflight.KernelFunction`): every pass in one
+#: node, its inputs, outputs and log-normalisers saved
+CRISS_CROSS_KERNELS = (_forward, _backward, 5)
 
 
 def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = 'criss_cross_attention',
@@ -10,11 +100,14 @@ def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: s
     q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca (row), cb (column) decay tables: (B, heads, H, W);
     ``op`` names the public op in errors; ``traced`` as :func:`line_attention`'s. The kernels read q, k
     and v in the caller's layout."""
+    if torch.compiler.is_compiling() if traced is None else traced:
+        def rows(x):
+            return line_attention(q, k, x, ca, scale, False, op, traced)
 
-    def rows(x):
-        return line_attention(q, k, x, ca, scale, False, op, traced)
+        def cols(x):
+            return line_attention(q, k, x, cb, scale, True, op, traced)
 
-    def cols(x):
-        return line_attention(q, k, x, cb, scale, True, op, traced)
-
-    return compose_criss_cross(rows, cols, v, form)
+        return compose_criss_cross(rows, cols, v, form)
+    q, k, v = lp.kernel_layout(q, k, v)
+    ca, cb = ca.float().contiguous(), cb.float().contiguous()
+    return call_kernels(op, None, CRISS_CROSS_KERNELS, _infer, False, q, k, v, ca, cb, float(scale), form)

@@ -17,7 +17,7 @@ import triton.language as tl
 from ..triton_support import launch as lp
 from ..triton_support import tiles
 from ..triton_support.preflight import call_kernels
-from ..triton_support.tiles import head_offset, load_rows, online_softmax_step, store_tile, token_block
+from ..triton_support.tiles import head_offset, load_rows, load_tile, online_softmax_step, store_tile, token_block
 
 LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
@@ -67,15 +67,17 @@ def _on_strided_line(line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b
 
 
 @triton.jit
-def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale2, heads, H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w,
-              x_b, x_n, x_h, x_w, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
+def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale2, heads, H, W, L, n_lines, D, DX, q_b, q_n,
+              q_h, q_w, x_b, x_n, x_h, x_w, r_off, m_b, m_n, m_h, m_w, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr,
+              MEAN: tl.constexpr):
     """One program per (line, query block): the online softmax over the line's key blocks, in log2 units (the
     scale ``scale2`` times log2(e), the table scaled per loaded vector). The log-decays are <= 0 (the ops'
     contract), so the table is monotone along the line and a segment's sum is minus the absolute difference of
     its ends: no per-score compare. Keys past the line read the table as +inf: a bias of -inf, no per-score mask.
     q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), x likewise; the table c, o and lse are
-    contiguous (BH, H, W, .)."""
+    contiguous (BH, H, W, .). With MEAN the program also stores the mean of the output and a residual r, read at
+    x's strides ``r_off`` elements after x, at ``m_ptr`` (strides m_b, m_n, m_h, m_w, 1; its dtype)."""
     blocks = tl.cdiv(L, BLOCK_M)
     line = tl.program_id(0) // blocks
     q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
@@ -96,18 +98,28 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, scale2, heads, H, W, L
         m_i, l_i, acc = online_softmax_step(s * scale2 - tl.abs(c_m[:, None] - c_n[None, :]),
                                              load_rows(x_ptr, x_base + offs_n * x_step, mask_n, offs_x, DX), m_i,
                                              l_i, acc, PRECISION)
-    store_tile(o_ptr, tok_m, mask_m, offs_x, DX, acc / l_i[:, None])
+    o = acc / l_i[:, None]
+    store_tile(o_ptr, tok_m, mask_m, offs_x, DX, o)
     tl.store(lse_ptr + tok_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=mask_m)  # the backward's: natural units
+    if MEAN:
+        r = load_rows(x_ptr + r_off, x_base + offs_m * x_step, mask_m, offs_x, DX)
+        m_off, m_base, m_step = _strided_line(line, n_lines, heads, m_b, m_n, m_h, m_w, COLUMNS)
+        tl.store(m_ptr + m_off + (m_base + offs_m * m_step)[:, None] + offs_x[None, :],
+                 ((o + r.to(tl.float32)) * 0.5).to(m_ptr.dtype.element_ty),
+                 mask=mask_m[:, None] & (offs_x[None, :] < DX))
 
 
 @triton.jit
 def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gc_ptr, scale, scale2, heads,
               H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, o_b, o_n, o_h, o_w,
               KEYS: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
-              BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
-    """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx, gc = gk) or queries (g1 = dq, gc = gq) of
-    one line, looping over the line's other tokens; gc is the own tokens' part of the table gradient,
-    sum over the other tokens of sgn(query >= key) dS (the segment-sum convention). Tiles are (own x other
+              BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr, ACC_G1: tl.constexpr,
+              ACC_GC: tl.constexpr):
+    """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx) or queries (g1 = dq) of one line, looping
+    over the line's other tokens. gc is the table gradient: the own tokens' part, sum over the other tokens of
+    sgn(query >= key) dS (the segment-sum convention), added by the queries' programs and subtracted by the keys'.
+    With ACC_G1 / ACC_GC the program adds g1 / gc to what the buffer holds (an earlier launch's), else stores it:
+    one writer per token in a launch, so the sums are in launch order. Tiles are (own x other
     tokens). The probabilities are recomputed as the forward computes them, in log2 units (``scale2`` times
     log2(e), the table scaled per loaded vector; the bias minus an absolute difference; other tokens past the line
     at -inf through the table). Own tokens past the line compute rows that are never stored. q, k, x and the output
@@ -161,16 +173,23 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
             ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta[:, None])
         gc += tl.sum(tl.where(ge, ds, -ds), 1)
         g1 = tl.dot(ds.to(b.dtype), b, g1, input_precision=PRECISION)
-    store_tile(g1_ptr, tok, mask, offs_d, D, g1 * scale)
+    g1 = g1 * scale
+    if ACC_G1:
+        g1 += load_tile(g1_ptr, tok, mask, offs_d, D)
+    store_tile(g1_ptr, tok, mask, offs_d, D, g1)
     if KEYS:
         store_tile(g2_ptr, tok, mask, offs_x, DX, g2)
+        gc = -gc
+    if ACC_GC:
+        gc += tl.load(gc_ptr + tok, mask=mask, other=0.0)
     tl.store(gc_ptr + tok, gc, mask=mask)
 
 
-def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int):
+def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual=None):
     """The forward's launch and outputs (out: (B, heads, H, W, dx), lse: (B, heads, H, W), float32). q, k: (B,
     heads, H, W, d), k with q's strides; x (B, heads, H, W, dx); channels contiguous; c (B, heads, H, W) float32,
-    contiguous."""
+    contiguous. With a ``residual`` r (x's shape, strides and storage), also (out + r) / 2 in r's dtype, as a (B, H,
+    W, heads, dx) tensor's view (B, heads, H, W, dx)."""
     b, heads, hh, ww, d = q.shape
     dx = x.shape[-1]
     key = (q.shape, dx, q.dtype, cap, columns, lp.precision(q.dtype))
@@ -184,10 +203,19 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int):
     out = torch.empty(b, heads, hh, ww, dx, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, heads, hh, ww, device=q.device, dtype=torch.float32)
     qs, xs = q.stride(), x.stride()
-    launch = lp.Launch(_line_fwd, grid, (q, k, x, c, out, lse, scale * LOG2E, heads, hh, ww, length, n_lines, d, dx,
-                                         qs[0], qs[1], qs[2], qs[3], xs[0], xs[1], xs[2], xs[3]),
-                       constexprs, cfg, q.device)
-    return [launch], out, lse
+    if residual is None:
+        mean, r_off, ms = out, 0, (0, 0, 0, 0)
+    else:
+        if residual.stride() != x.stride() or residual.untyped_storage().data_ptr() != x.untyped_storage().data_ptr():
+            raise ValueError('line attention: the residual must be a view of x\'s storage with x\'s strides')
+        mean = torch.empty(b, hh, ww, heads, dx, device=q.device, dtype=residual.dtype).permute(0, 3, 1, 2, 4)
+        r_off, ms = residual.storage_offset() - x.storage_offset(), mean.stride()
+    launch = lp.Launch(_line_fwd, grid, (q, k, x, c, out, lse, mean, scale * LOG2E, heads, hh, ww, length, n_lines, d,
+                                         dx, qs[0], qs[1], qs[2], qs[3], xs[0], xs[1], xs[2], xs[3], r_off, *ms[:4]),
+                       dict(constexprs, MEAN=residual is not None), cfg, q.device)
+    if residual is None:
+        return [launch], out, lse
+    return [launch], out, lse, mean
 
 
 _FWD_PLANS = {}
@@ -198,30 +226,35 @@ def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dty
                 PRECISION=lp.precision(dtype))
 
 
-def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int):
-    """The backward's launches and the buffers they fill: dq, dk, dx (float32, shaped as q, k, x, contiguous) and
-    the table-gradient parts g (2, B, heads, H, W) (dc = g[0] - g[1]: the queries' part less the keys'). q, k, x,
-    c, dout as :func:`forward_launches` takes q, k, x, c; out, lse as it returns them."""
+def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int, dq=None, dk=None, dc=None):
+    """The backward's launches (the keys' programs, then the queries') and the buffers they fill: dq, dk, dx
+    (float32, shaped as q, k, x, contiguous) and dc (float32, as c). q, k, x, c, dout as :func:`forward_launches`
+    takes q, k, x, c; out, lse as it returns them. A given ``dq``, ``dk`` or ``dc`` (an earlier pass's, of the same
+    q, k or table) is added to, not replaced."""
     b, heads, hh, ww, d = q.shape
     dx_dim = x.shape[-1]
     length, n_lines = (hh, ww) if columns else (ww, hh)
     delta = (dout * out).sum(-1)
-    dq = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    dk = torch.empty(k.shape, device=q.device, dtype=torch.float32)
-    dx = torch.empty(x.shape, device=q.device, dtype=torch.float32)
-    g = torch.empty(2, *c.shape, device=q.device, dtype=torch.float32)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    acc_q, acc_k, acc_c = dq is not None, dk is not None, dc is not None
+    dq = dq if acc_q else torch.empty(q.shape, **f32)
+    dk = dk if acc_k else torch.empty(k.shape, **f32)
+    dc = dc if acc_c else torch.empty(c.shape, **f32)
+    dx = torch.empty(x.shape, **f32)
     cfg = lp.config('line_bwd', length, q.dtype, cap)
     qs, xs, os_ = q.stride(), x.stride(), dout.stride()
     args = (scale, scale * LOG2E, heads, hh, ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0],
             xs[1], xs[2], xs[3], os_[0], os_[1], os_[2], os_[3])
     launches = []
-    for keys, own, other, grads in ((True, cfg.block_n, cfg.block_m, (dk, dx, g[1])),
-                                    (False, cfg.block_m, cfg.block_n, (dq, dq, g[0]))):
+    # the keys' programs first: their table part is stored (or added), the queries' added to it
+    for keys, own, other, grads, acc in ((True, cfg.block_n, cfg.block_m, (dk, dx, dc), (acc_k, acc_c)),
+                                         (False, cfg.block_m, cfg.block_n, (dq, dq, dc), (acc_q, True))):
         launches.append(lp.Launch(_line_bwd, (lp.cdiv(length, own) * b * heads * n_lines, ),
                                   (q, k, x, c, dout, lse, delta, *grads, *args),
                                   dict(KEYS=keys, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
-                                       BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype)), cfg, q.device))
-    return launches, (dq, dk, dx, g)
+                                       BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype), ACC_G1=acc[0],
+                                       ACC_GC=acc[1]), cfg, q.device))
+    return launches, (dq, dk, dx, dc)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, c: torch.Tensor, scale: float,
@@ -245,9 +278,10 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, x: torch.Ten
     dout = dout.to(x.dtype)
     if dout.stride(-1) != 1:
         dout = dout.contiguous()
-    launches, (dq, dk, dx, g) = backward_launches(q, k, x, c, out, lse, dout, scale, columns, lp.capability(q.device))
+    launches, (dq, dk, dx, dc) = backward_launches(q, k, x, c, out, lse, dout, scale, columns,
+                                                   lp.capability(q.device))
     lp.run(launches)
-    return dq.to(q.dtype), dk.to(k.dtype), dx.to(x.dtype), g[0] - g[1]
+    return dq.to(q.dtype), dk.to(k.dtype), dx.to(x.dtype), dc
 
 
 def _backward_shapes(dout, q, k, x, c, out, lse, scale, columns):
