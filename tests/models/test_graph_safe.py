@@ -24,6 +24,7 @@ if torch.cuda.is_available():
 from mmppma.ops.triton_support import launch  # noqa: E402
 
 from ..conftest import forget_preflight  # noqa: E402
+from .conftest import DECAY_KERNELS as DECAYS  # noqa: E402
 from .conftest import LINE_KERNELS as LINE  # noqa: E402
 from .conftest import NO_FALLBACK  # noqa: E402
 from .conftest import SCAN_KERNELS as SCAN  # noqa: E402
@@ -32,7 +33,7 @@ from .conftest import WHOLE_KERNELS as WHOLE  # noqa: E402
 pytestmark = NO_FALLBACK
 #: the tiny models and the kernels a training step launches; the library ops their graphs hold
 MODELS = {
-    'PPMA-T': (lambda: PPMA('tiny', impl='auto'), LINE | WHOLE,
+    'PPMA-T': (lambda: PPMA('tiny', impl='auto'), LINE | WHOLE | DECAYS,
                {'mmppma.line_attention_triton', 'mmppma.whole_attention_triton'}),
     'RMT-T': (lambda: RMT('tiny', impl='auto'), LINE | WHOLE,
               {'mmppma.line_attention_triton', 'mmppma.whole_attention_triton'}),

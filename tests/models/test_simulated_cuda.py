@@ -9,6 +9,7 @@ import torch
 
 from ..conftest import REPO_ROOT, forget_preflight
 from ..ops.oracle import tf32
+from .conftest import DECAY_KERNELS as DECAYS
 from .conftest import LINE_KERNELS as LINE
 from .conftest import NO_FALLBACK, TWO_STAGES, TWO_WHOLE_STAGES_ARCH, WHOLE_KERNELS, require
 from .conftest import SCAN_KERNELS as SCAN
@@ -22,13 +23,13 @@ from mmppma.ops.triton_support import launch  # noqa: E402
 
 pytestmark = NO_FALLBACK
 #: variant -> (the backbone for an impl, the kernels a training step launches); PPMA's mask 'none' attends in its
-#: whole stage with SDPA, form 'paper' (whole stages only) with the torch path
+#: whole stage with SDPA, form 'paper' (whole stages only) with the torch path (its decay tables on the kernels)
 MODELS = {
-    'PPMA': (TWO_STAGES['PPMA'], LINE | WHOLE_KERNELS),
-    'PPMA-paper': (lambda impl: TWO_STAGES['PPMA'](impl, TWO_WHOLE_STAGES_ARCH, form='paper'), set()),
-    'PPMA-v2h': (lambda impl: TWO_STAGES['PPMA'](impl, form='v2h'), LINE | WHOLE_KERNELS),
+    'PPMA': (TWO_STAGES['PPMA'], LINE | WHOLE_KERNELS | DECAYS),
+    'PPMA-paper': (lambda impl: TWO_STAGES['PPMA'](impl, TWO_WHOLE_STAGES_ARCH, form='paper'), DECAYS),
+    'PPMA-v2h': (lambda impl: TWO_STAGES['PPMA'](impl, form='v2h'), LINE | WHOLE_KERNELS | DECAYS),
     **{f'PPMA-{mask}': (lambda impl, mask=mask: TWO_STAGES['PPMA'](impl, mask=mask), kernels)
-       for mask, kernels in (('shared', LINE | WHOLE_KERNELS), ('none', LINE))},
+       for mask, kernels in (('shared', LINE | WHOLE_KERNELS | DECAYS), ('none', LINE))},
     'RMT': (TWO_STAGES['RMT'], LINE | WHOLE_KERNELS),
     'PPMLA': (TWO_STAGES['PPMLA'], SCAN),
     'VMINet': (TWO_STAGES['VMINet'], set()),
@@ -68,6 +69,10 @@ def run_model(model, mode: str, x):
         return [o.detach() for o in outs] + list(torch.autograd.grad(loss, params))
 
 
+#: the precision recorded for a kernel without dot products (the decay tables')
+NO_PRODUCTS = 'no products'
+
+
 @pytest.fixture
 def launched(monkeypatch):
     """The (kernel name, dot precision) of every launch the test runs; earlier preflight verdicts forgotten."""
@@ -76,7 +81,7 @@ def launched(monkeypatch):
     call = launch.Launch.__call__
 
     def record(self):
-        seen.add((self.name, self.constexprs.get('PRECISION')))
+        seen.add((self.name, self.constexprs.get('PRECISION', NO_PRODUCTS)))
         call(self)
 
     monkeypatch.setattr(launch.Launch, '__call__', record)
@@ -101,7 +106,8 @@ def test_model_on_simulated_gpu_equals_torch(name, mode, cap, request, launched,
     assert {c for c, _ in ran} == ({cap} if kernels else set())  # the launch table of the simulated capability
     tf32_on = mode in ('allow_tf32', 'fp32_precision')
     # dot precisions: half inputs take triton's default (None); PPMLA scans float32 under autocast too
-    assert {p for _, p in launched} <= ({'tf32'} if tf32_on else {None, 'ieee'} if dtype else {'ieee'}), launched
+    assert {p for _, p in launched if p != NO_PRODUCTS} <= ({'tf32'} if tf32_on else {None, 'ieee'} if dtype else
+                                                          {'ieee'}), launched
     assert len(got) == len(want), (len(got), len(want))
     # the torch path in float32 (on the CPU it takes no TF32): autocast's rounding is measured against it
     exact = run_model(want_model, 'train' if train else 'no_grad', x)
@@ -136,5 +142,5 @@ def test_tiny_classification_config_evaluates_on_the_simulated_gpu(tmp_path, run
     assert not launched
     monkeypatch.setenv('MMPPMA_SIMULATE_CUDA', '86')
     got = runner.val()
-    assert {name for name, _ in launched} == {'_line_fwd', '_whole_fwd'}
+    assert {name for name, _ in launched} == {'_line_fwd', '_whole_fwd', '_tables_fwd'}
     assert 0 <= got['accuracy/top1'] <= 100 and got == want
