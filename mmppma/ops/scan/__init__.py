@@ -101,6 +101,22 @@ def _check(s1, s2, v, la, lb):
     check_decays(la, lb)
 
 
+def product_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype of the fused kernels' products of input tiles: the inputs' when all are float16 or all bfloat16,
+    else float32."""
+    dtype = tensors[0].dtype
+    if dtype in (torch.float16, torch.bfloat16) and all(t.dtype == dtype for t in tensors):
+        return dtype
+    return torch.float32
+
+
+def _fused(q, k, v, qn, kn, la, lb, form: str, normalize: bool, eps: float, dtype: torch.dtype, op: str):
+    """The fused Triton kernels (:mod:`.linear_triton`) on features q, k (and qn, kn for the normalizer)."""
+    from ..masks import decay_tables
+    from .linear_triton import linear_attention_triton
+    return linear_attention_triton(q, k, v, qn, kn, *decay_tables(la, lb), form, normalize, eps, dtype, op)
+
+
 def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
                               lb: torch.Tensor, *, form: str = '2d', impl: str = 'auto',
                               chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
@@ -123,6 +139,9 @@ def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tenso
 def _decomposed(s1, s2, v, la, lb, *, form: str, impl: str, chunk: int, out_dtype=None) -> torch.Tensor:
     """:func:`ppma_decomposed_attention` with a resolved ``impl``, computed in float32 (float64 for float64 inputs)
     and returned in ``out_dtype`` (default: v's)."""
+    if impl == 'triton':
+        return _fused(s1, s2, v, s1, s2, la, lb, form, False, 0.0, product_dtype(s1, s2, v),
+                      'ppma_decomposed_attention')
     dtype = table_dtype(s1, s2, v, la, lb)
     out_dtype = out_dtype or v.dtype
     s1f, s2f, vf = s1.to(dtype), s2.to(dtype), v.to(dtype)
@@ -169,6 +188,10 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         # output held by eps) is large before the feature map's derivative scales it back down
         dtype = table_dtype(q, k, v, la, lb)
         fq, fk = feature_map(q.to(dtype)), feature_map(k.to(dtype))
+        if impl == 'triton':
+            fqn, fkn = (feature_map(x.to(dtype)) for x in normalizer) if normalizer else (fq, fk)
+            return _fused(fq, fk, v, fqn, fkn, la, lb, form, normalize, eps, product_dtype(q, k, v),
+                          'ppma_linear_attention')
         if not normalize:
             return _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk)
         out = _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk, out_dtype=dtype)
