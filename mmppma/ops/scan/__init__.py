@@ -1,7 +1,8 @@
 """The polyline mask applied without forming it (paper Algorithm 1, Appendix A.7; docs/method.md §4): the 1D
 decay scan :func:`decay_scan_1d`, the mask-vector product :func:`polyline_mask_matvec` and the O(N) linear and
 decomposed attentions built on it, dispatched to :mod:`.reference` (dense), :mod:`.torch_impl` or
-:mod:`.triton_impl`.
+:mod:`.triton_impl`; on the Triton path the linear and decomposed attentions run the fused kernels of
+:mod:`.linear_triton` instead (no field of d x d_v states).
 
 The 2D mask factorizes into 1D structured masks: ``L_v2h x`` is a bidirectional decay scan down every column
 (``lb``), then along every row (``la``); ``L_h2v x`` is the other order. A bidirectional scan is a symmetric

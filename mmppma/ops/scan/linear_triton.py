@@ -1,5 +1,5 @@
 """PPMLA and PPMDA, fused Triton kernels: ``((q k^T) * L) v`` and the normalizer ``((q' k'^T) * L) 1`` with no
-N x N tensor and no per-token d x d_v state in memory (docs/method.md, "PPMLA on a GPU").
+N x N tensor and no per-token d x d_v state in memory (docs/method.md, section 5).
 
 Dense flash-style form: a program holds one tile of an image row (its own tokens) and visits every other token,
 one image row (in column chunks) at a time: scores by a tensor-core product, times the mask built in registers
