@@ -144,3 +144,22 @@ def test_decomposed_half_precision_on_the_simulated_gpu(case, monkeypatch):
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
     check(OPS['ppma_decomposed_attention'], make_inputs((1, 2, 5, 7, 16), case, torch.bfloat16), torch.bfloat16,
           'auto')
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize('normalize', [False, True])
+def test_library_ops(normalize):
+    """mmppma::linear_attention_triton and its backward as torch.library checks them (schema, fake tensors,
+    autograd registration, AOT dispatch)."""
+    from mmppma.ops.masks import decay_tables
+    from mmppma.ops.scan.linear_triton import linear_attention_backward_op, linear_attention_op
+    g = torch.Generator().manual_seed(0)
+    q, k, qn, kn = (torch.rand(1, 2, 3, 5, 4, generator=g).to(DEVICE) for _ in range(4))
+    v = torch.randn(1, 2, 3, 5, 3, generator=g).to(DEVICE)
+    ca, cb = (t.contiguous() for t in decay_tables(*(-torch.rand(2, 1, 2, 3, 5, generator=g).to(DEVICE))))
+    tensors = (q, k, v, qn, kn, ca, cb)
+    options = ('2d', normalize, normalize, 1e-6, 0)
+    torch.library.opcheck(linear_attention_op, (*[t.clone().requires_grad_() for t in tensors], *options))
+    _, o, z = linear_attention_op(*tensors, *options)
+    torch.library.opcheck(linear_attention_backward_op, (torch.randn_like(v), *tensors, o, z, *options),
+                          test_utils=('test_schema', 'test_faketensor', 'test_aot_dispatch_dynamic'))

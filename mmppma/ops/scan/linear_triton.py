@@ -242,7 +242,7 @@ def _ppmla_bwd(q_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr, ca_ptr, cb_ptr, g_ptr, rz_pt
                 corner_b += tl.sum(w1, 0) * row_sign
             if USE2:
                 own_b += tl.sum(grad * e2, 1) * row_sign
-        at = tables_ptr + (1 + chunk) * 2 * plane + r * W + cols2
+        at = tables_ptr + (1 + chunk).to(tl.int64) * 2 * plane + r * W + cols2
         tl.store(at, corner_a, mask=in_row)
         tl.store(at + plane, corner_b, mask=in_row)
     at = tables_ptr + r * W + cols
@@ -371,7 +371,7 @@ def _op_backward(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 def _backward_shapes(g, q, k, v, qn, kn, ca, cb, o, z, form, normalize, separate, eps, half):
     return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            *((qn.new_empty(qn.shape), kn.new_empty(kn.shape)) if separate else (q.new_empty(0), ) * 2),
+            *((qn.new_empty(qn.shape), kn.new_empty(kn.shape)) if separate else (q.new_empty(0), k.new_empty(0))),
             ca.new_empty(ca.shape), cb.new_empty(cb.shape)]
 
 
