@@ -128,7 +128,8 @@ def test_quick_sass_cost_one_shape_per_kernel(tmp_path, compile_env):
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith('_')]
     assert KERNELS <= {row[0] for row in rows}
     # one shape per kernel and arch: a handful of specializations each (criss-cross attention's row and column
-    # passes, whole attention's paths and roles, the scan's signed and plain forms), not every quick-set shape's
+    # passes, whole attention's paths and roles, the fused linear kernels' forward and two backward roles), not
+    # every quick-set shape's
     assert len(rows) <= 2 * 24, len(rows)
     for row in rows:
         per_score, ratio = float(row[-3]), float(row[-2])

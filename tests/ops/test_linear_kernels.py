@@ -132,6 +132,27 @@ def test_half_precision_products_run_on_tensor_cores(dtype):
         (0, lp.precision(torch.float32))}
 
 
+def test_rows_of_17_to_32_tokens_in_half_precision_on_the_simulated_gpu(monkeypatch):
+    """Rows of 20 tokens on the simulated sm_90 in float16: the backward's 32-column own tiles against 16 others
+    (tools/check_kernels.py), output and gradients against float32 as test_half_precision checks them."""
+    from mmppma.ops import dispatch
+
+    from .test_half_precision import OPS, check, make_inputs
+    if torch.cuda.is_available():
+        pytest.skip('the simulated GPU runs CPU tensors on the interpreter (a GPU is here)')
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    inputs = make_inputs((1, 1, 2, 20, 4), 'decay-30', torch.float16)
+    meta = [t.detach().to('meta').requires_grad_() for t in inputs]
+    with lp.recording(90) as recorded:
+        out = OPS['ppma_linear_attention'](*meta, impl='triton')
+        torch.autograd.grad(out, meta, torch.empty_like(out))
+    with lp.executed() as ran:
+        check(OPS['ppma_linear_attention'], inputs, torch.float16, 'auto')
+    assert {c for _, c in ran} == {lp.config('ppmla_fwd', 40, torch.float16, 90),
+                                   lp.config('ppmla_bwd', 40, torch.float16, 90)}
+    assert [(x.constexprs['BLOCK_M'], x.constexprs['BLOCK_N']) for x in recorded] == [(32, 32), (32, 16), (32, 16)]
+
+
 @pytest.mark.parametrize('case', ['decay-30', 'scores-1e5'])
 def test_decomposed_half_precision_on_the_simulated_gpu(case, monkeypatch):
     """PPMDA in bfloat16 on the simulated sm_90 at extreme decays and scores of 1e5 (float16 holds no such
