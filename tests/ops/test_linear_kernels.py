@@ -55,7 +55,8 @@ DECAYS = {
     'zero': lambda la: torch.zeros_like(la),  # ties in every cumulative sum
     'extreme': lambda la: torch.where(la < -0.5, -30.0, 0.0),
 }
-# (form, (B, heads, H, W), normalizer: 'self' | 'separate' | 'none' (decomposed, identity features), decays)
+# (form, (B, heads, H, W), normalizer: 'self' | 'separate' (elu features) | 'identity' (no feature map, positive q,
+# k, separate normalizer, as MLLA calls it) | 'none' (decomposed, identity features), decays)
 CASES = [
     ('2d', (1, 2, 3, 5), 'self', 'random'),
     ('v2h', (2, 1, 4, 3), 'separate', 'random'),
@@ -64,13 +65,16 @@ CASES = [
     ('v2h', (1, 1, 20, 1), 'separate', 'extreme'),  # narrow and tall: runs transposed
     ('2d', (1, 1, 3, 4), 'none', 'extreme'),
     ('h2v', (1, 2, 2, 3), 'none', 'random'),
+    ('2d', (1, 2, 3, 4), 'identity', 'random'),
 ]
 
 
 def _leaves(shape, normalizer, decays, seed):
     q, k, v, la, lb = inputs(*shape, 4, seed, torch.float32, 3)
     la, lb = DECAYS[decays](la), DECAYS[decays](lb)
-    extra = list(inputs(*shape, 4, seed + 7, torch.float32)[:2]) if normalizer == 'separate' else []
+    extra = list(inputs(*shape, 4, seed + 7, torch.float32)[:2]) if normalizer in ('separate', 'identity') else []
+    if normalizer == 'identity':
+        q, k, *extra = (t.abs() for t in (q, k, *extra))
     return [t.to(DEVICE).requires_grad_() for t in (q, k, v, la, lb, *extra)]
 
 
@@ -79,8 +83,8 @@ def _call(form, normalizer):
         if normalizer == 'none':
             return ops.ppma_decomposed_attention(q, k, v, la, lb, form=form, impl=impl)
         extra = dict(normalizer=tuple(rest)) if rest else {}
-        return ops.ppma_linear_attention(q, k, v, la, lb, form=form, feature_map='elu', normalize=True, impl=impl,
-                                         **extra)
+        return ops.ppma_linear_attention(q, k, v, la, lb, form=form, feature_map=None if normalizer == 'identity'
+                                         else 'elu', normalize=True, impl=impl, **extra)
     return call
 
 
@@ -90,7 +94,8 @@ def test_fused_kernels_equal_the_float64_oracle(form, shape, normalizer, decays)
     call = _call(form, normalizer)
     got = out_and_grads(lambda *t: call(*t, impl='triton'), leaves)
     wide = [t.detach().double().requires_grad_() for t in leaves]
-    want = out_and_grads(lambda *t: oracle(*t, form=form, feature='identity' if normalizer == 'none' else 'elu',
+    want = out_and_grads(lambda *t: oracle(*t, form=form, feature='elu' if normalizer in ('self', 'separate')
+                                           else 'identity',
                                            normalize=normalizer != 'none'), wide)
     names = ['out', 'q', 'k', 'v', 'la', 'lb', "q'", "k'"]
     for name, a, b in zip(names, got, want):

@@ -188,11 +188,15 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         # mass can each pass float16's range, and the gradient of a token whose mass is ~0 (features ~0, the
         # output held by eps) is large before the feature map's derivative scales it back down
         dtype = table_dtype(q, k, v, la, lb)
-        fq, fk = feature_map(q.to(dtype)), feature_map(k.to(dtype))
-        if impl == 'triton':
-            fqn, fkn = (feature_map(x.to(dtype)) for x in normalizer) if normalizer else (fq, fk)
+        if impl == 'triton':  # the kernels keep the products' sums, the mass and the division in float32
+            if feature_map is FEATURE_MAPS['identity']:  # the inputs as they are: no float32 copies
+                fq, fk, fqn, fkn = q, k, *(normalizer or (q, k))
+            else:
+                fq, fk = feature_map(q.to(dtype)), feature_map(k.to(dtype))
+                fqn, fkn = (feature_map(x.to(dtype)) for x in normalizer) if normalizer else (fq, fk)
             return _fused(fq, fk, v, fqn, fkn, la, lb, form, normalize, eps, product_dtype(q, k, v),
                           'ppma_linear_attention')
+        fq, fk = feature_map(q.to(dtype)), feature_map(k.to(dtype))
         if not normalize:
             return _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk)
         out = _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk, out_dtype=dtype)

@@ -17,7 +17,8 @@ column), into its own slot of a (slots, 2, BH, H, W) buffer that the host sums: 
 
 Products of two input tiles take the inputs' dtype (tensor cores, float32 accumulation); products with a computed
 float32 tile (scores times mask) take TF32 under half precision, float32's range. Normalizer, division and tables
-stay float32. The features arrive in float32 (the feature map's output) and are rounded to the inputs' dtype here.
+stay float32. The features arrive as the inputs or as a feature map's float32 output, rounded to the products'
+dtype here.
 """
 from typing import List, Optional, Tuple
 
