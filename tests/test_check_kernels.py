@@ -13,6 +13,10 @@ pytest.importorskip('triton', reason='triton is part of the pinned stack (requir
 tool = load_tool('check_kernels.py')
 
 
+#: the kernels the quick check's shapes launch (PPMA-T's and MLLA-T's)
+KERNELS = {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_ppmla_fwd', '_ppmla_bwd'}
+
+
 @pytest.fixture
 def compile_env(tmp_path) -> dict:
     """Compiling for the GPU target (not the interpreter), with no results cached by earlier runs."""
@@ -29,7 +33,7 @@ def test_quick_check_compiles_for_a100_and_h100(tmp_path, compile_env):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith('_')]
     kernels = {line.split()[0] for line in rows}
-    assert {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_scan_kernel'} <= kernels, kernels
+    assert KERNELS <= kernels, kernels
     assert all(line.split()[1] in ('80', '90') and line.rstrip().endswith('ok') for line in rows)
     assert {line.split()[2] for line in rows} == {'fp32', 'tf32', 'fp16'}
     # every forward's key loop is software-pipelined
@@ -122,9 +126,10 @@ def test_quick_sass_cost_one_shape_per_kernel(tmp_path, compile_env):
     run = subprocess.run(command, cwd=REPO_ROOT, env=compile_env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith('_')]
-    assert {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_scan_kernel'} <= {row[0] for row in rows}
+    assert KERNELS <= {row[0] for row in rows}
     # one shape per kernel and arch: a handful of specializations each (criss-cross attention's row and column
-    # passes, whole attention's paths and roles, the scan's signed and plain forms), not every quick-set shape's
+    # passes, whole attention's paths and roles, the fused linear kernels' forward and two backward roles), not
+    # every quick-set shape's
     assert len(rows) <= 2 * 24, len(rows)
     for row in rows:
         per_score, ratio = float(row[-3]), float(row[-2])

@@ -24,8 +24,8 @@ specialization (kernel source, arguments, target, triton version) in ``~/.cache/
 products, :mod:`sass_cost`): SASS instructions per score by class, and the ratio to a plain flash-attention kernel
 (:mod:`flash_reference`: the forward for forward kernels and the scan, the backward in the same role for backward
 kernels) compiled in the same run with the same tiles, warps, stages, dtype and target. ``--sass-limit``: the half
-precision rows of the attention kernels also fail above :data:`SASS_LIMITS` (the scan and float32 rows are
-reported without a limit).
+precision rows of the attention kernels also fail above :data:`SASS_LIMITS` (the scan, PPMLA's fused kernels,
+which have no flash analogue, and float32 rows are reported without a limit).
 """
 import argparse
 import concurrent.futures

@@ -17,9 +17,9 @@ from ..ops.oracle import apply_per_head, mask_v2h
 #: the Triton kernels of each op family, by name
 LINE_KERNELS = {'_line_fwd', '_line_bwd'}
 WHOLE_KERNELS = {'_whole_fwd', '_whole_bwd'}
+LINEAR_KERNELS = {'_ppmla_fwd', '_ppmla_bwd'}
 #: the learned decays' tables (mmppma.ops.path_decay_tables)
 DECAY_KERNELS = {'_tables_fwd', '_tables_bwd'}
-SCAN_KERNELS = {'_scan_kernel'}
 #: a kernel that cannot run falls back to the torch path with a warning: under this mark an error naming the cause
 NO_FALLBACK = pytest.mark.filterwarnings("error:.*impl='auto' falls back:UserWarning")
 

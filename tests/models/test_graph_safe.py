@@ -26,8 +26,8 @@ from mmppma.ops.triton_support import launch  # noqa: E402
 from ..conftest import forget_preflight  # noqa: E402
 from .conftest import DECAY_KERNELS as DECAYS  # noqa: E402
 from .conftest import LINE_KERNELS as LINE  # noqa: E402
+from .conftest import LINEAR_KERNELS as LINEAR  # noqa: E402
 from .conftest import NO_FALLBACK  # noqa: E402
-from .conftest import SCAN_KERNELS as SCAN  # noqa: E402
 from .conftest import WHOLE_KERNELS as WHOLE  # noqa: E402
 
 pytestmark = NO_FALLBACK
@@ -37,7 +37,8 @@ MODELS = {
                {'mmppma.line_attention_triton', 'mmppma.whole_attention_triton'}),
     'RMT-T': (lambda: RMT('tiny', impl='auto'), LINE | WHOLE,
               {'mmppma.line_attention_triton', 'mmppma.whole_attention_triton'}),
-    'PPMLA-T': (lambda: MLLA('tiny', mask='polyline', impl='auto'), SCAN, {'mmppma.decay_scan_triton'}),
+    'PPMLA-T': (lambda: MLLA('tiny', mask='polyline', impl='auto'), LINEAR,
+                {'mmppma.linear_attention_triton'}),
 }
 #: batch 2 (a BatchNorm in training needs two values per channel at the last stage's 1 x 1 map)
 SHAPE = (2, 3, 32, 32)

@@ -11,8 +11,8 @@ from ..conftest import REPO_ROOT, forget_preflight
 from ..ops.oracle import tf32
 from .conftest import DECAY_KERNELS as DECAYS
 from .conftest import LINE_KERNELS as LINE
+from .conftest import LINEAR_KERNELS as LINEAR
 from .conftest import NO_FALLBACK, TWO_STAGES, TWO_WHOLE_STAGES_ARCH, WHOLE_KERNELS, require
-from .conftest import SCAN_KERNELS as SCAN
 from .conftest import TWO_STAGE_ARCH as ARCH
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
@@ -31,7 +31,7 @@ MODELS = {
     **{f'PPMA-{mask}': (lambda impl, mask=mask: TWO_STAGES['PPMA'](impl, mask=mask), kernels)
        for mask, kernels in (('shared', LINE | WHOLE_KERNELS | DECAYS), ('none', LINE))},
     'RMT': (TWO_STAGES['RMT'], LINE | WHOLE_KERNELS),
-    'PPMLA': (TWO_STAGES['PPMLA'], SCAN),
+    'PPMLA': (TWO_STAGES['PPMLA'], LINEAR),
     'VMINet': (TWO_STAGES['VMINet'], set()),
 }
 

@@ -26,7 +26,7 @@ def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
             for _, launch in check_kernels.record(kind, (1024, *shape[1:]), dtype, cap):
                 assert all(n <= limit for n, limit in zip(launch.grid, lp.GRID_LIMITS)), (launch.name, launch.grid)
                 largest[launch.name] = max(largest.get(launch.name, 0), math.prod(launch.grid))
-    assert set(largest) == {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_scan_kernel'}
+    assert set(largest) == {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_ppmla_fwd', '_ppmla_bwd'}
     assert all(n > 65535 for n in largest.values()), largest
 
 
@@ -71,6 +71,7 @@ CASES = {
     'criss_cross 5x37': ('criss_cross_attention', (1, 1, 5, 37, 16)),
     'scan 1024': ('decay_scan_1d', (1, 1024, 8)),
     'scan 70': ('decay_scan_1d', (2, 70, 8)),
+    'linear 5x7': ('ppma_linear_attention', (1, 1, 5, 7, 8)),
 }
 DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 # (capability, case, dtype) of the numeric runs: at each capability, runs that execute every (configuration, dtype)
@@ -93,6 +94,8 @@ def call(case, inputs, impl):
     op, shape = CASES[case]
     if op == 'decay_scan_1d':
         return ops.decay_scan_1d(*inputs, impl=impl)
+    if op == 'ppma_linear_attention':
+        return ops.ppma_linear_attention(*inputs, feature_map='elu', normalize=True, impl=impl)
     form = 'h2v' if op == 'criss_cross_attention' and shape[-2] >= lp.LARGE else 'release'  # one pass per axis
     return getattr(ops, op)(*inputs, scale=shape[-1]**-0.5, form=form, impl=impl)
 

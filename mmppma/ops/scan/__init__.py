@@ -1,7 +1,8 @@
 """The polyline mask applied without forming it (paper Algorithm 1, Appendix A.7; docs/method.md §4): the 1D
 decay scan :func:`decay_scan_1d`, the mask-vector product :func:`polyline_mask_matvec` and the O(N) linear and
 decomposed attentions built on it, dispatched to :mod:`.reference` (dense), :mod:`.torch_impl` or
-:mod:`.triton_impl`.
+:mod:`.triton_impl`; on the Triton path the linear and decomposed attentions run the fused kernels of
+:mod:`.linear_triton` instead (no field of d x d_v states).
 
 The 2D mask factorizes into 1D structured masks: ``L_v2h x`` is a bidirectional decay scan down every column
 (``lb``), then along every row (``la``); ``L_h2v x`` is the other order. A bidirectional scan is a symmetric
@@ -101,6 +102,22 @@ def _check(s1, s2, v, la, lb):
     check_decays(la, lb)
 
 
+def product_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype of the fused kernels' products of input tiles: the inputs' when all are float16 or all bfloat16,
+    else float32."""
+    dtype = tensors[0].dtype
+    if dtype in (torch.float16, torch.bfloat16) and all(t.dtype == dtype for t in tensors):
+        return dtype
+    return torch.float32
+
+
+def _fused(q, k, v, qn, kn, la, lb, form: str, normalize: bool, eps: float, dtype: torch.dtype, op: str):
+    """The fused Triton kernels (:mod:`.linear_triton`) on features q, k (and qn, kn for the normalizer)."""
+    from ..masks import decay_tables
+    from .linear_triton import linear_attention_triton
+    return linear_attention_triton(q, k, v, qn, kn, *decay_tables(la, lb), form, normalize, eps, dtype, op)
+
+
 def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tensor, la: torch.Tensor,
                               lb: torch.Tensor, *, form: str = '2d', impl: str = 'auto',
                               chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
@@ -123,6 +140,9 @@ def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tenso
 def _decomposed(s1, s2, v, la, lb, *, form: str, impl: str, chunk: int, out_dtype=None) -> torch.Tensor:
     """:func:`ppma_decomposed_attention` with a resolved ``impl``, computed in float32 (float64 for float64 inputs)
     and returned in ``out_dtype`` (default: v's)."""
+    if impl == 'triton':
+        return _fused(s1, s2, v, s1, s2, la, lb, form, False, 0.0, product_dtype(s1, s2, v),
+                      'ppma_decomposed_attention')
     dtype = table_dtype(s1, s2, v, la, lb)
     out_dtype = out_dtype or v.dtype
     s1f, s2f, vf = s1.to(dtype), s2.to(dtype), v.to(dtype)
@@ -168,6 +188,14 @@ def ppma_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la:
         # mass can each pass float16's range, and the gradient of a token whose mass is ~0 (features ~0, the
         # output held by eps) is large before the feature map's derivative scales it back down
         dtype = table_dtype(q, k, v, la, lb)
+        if impl == 'triton':  # the kernels keep the products' sums, the mass and the division in float32
+            if feature_map is FEATURE_MAPS['identity']:  # the inputs as they are: no float32 copies
+                fq, fk, fqn, fkn = q, k, *(normalizer or (q, k))
+            else:
+                fq, fk = feature_map(q.to(dtype)), feature_map(k.to(dtype))
+                fqn, fkn = (feature_map(x.to(dtype)) for x in normalizer) if normalizer else (fq, fk)
+            return _fused(fq, fk, v, fqn, fkn, la, lb, form, normalize, eps, product_dtype(q, k, v),
+                          'ppma_linear_attention')
         fq, fk = feature_map(q.to(dtype)), feature_map(k.to(dtype))
         if not normalize:
             return _decomposed(fq, fk, v, la, lb, form=form, impl=impl, chunk=chunk)

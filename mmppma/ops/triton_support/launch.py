@@ -148,6 +148,13 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('scan', False, True): {0: Config(32, 32, 2, 2)},
     ('scan', True, False): {0: Config(64, 32, 8, 2)},
     ('scan', True, True): {0: Config(64, 64, 4, 2)},
+    # PPMLA's fused kernels (scan/linear_triton.py): own tiles of one image row (block_m columns) against other
+    # rows in chunks of block_n columns
+    **{('ppmla_fwd', long, False): {0: Config(32, 32, 8, 2)} for long in (False, True)},
+    **{('ppmla_fwd', long, True): {0: Config(64, 64, 4, 2)} for long in (False, True)},
+    **{('ppmla_bwd', long, False): {0: Config(32, 16, 8, 1)} for long in (False, True)},
+    **{('ppmla_bwd', long, True): {0: Config(64, 32, 4, 1), 86: Config(64, 16, 4, 1), 89: Config(64, 16, 4, 1),
+                                   90: Config(64, 32, 8, 1)} for long in (False, True)},
 }
 
 
