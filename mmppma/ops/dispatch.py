@@ -43,9 +43,9 @@ SIMULATE_VAR = 'MMPPMA_SIMULATE_CUDA'
 SIMULATE_MEMORY_VAR = 'MMPPMA_SIMULATE_CUDA_MEMORY'
 #: the compute capabilities (major * 10 + minor) whose launch tables ``tools/check_kernels.py`` proves (every row
 #: compiles within the target's limits, on tensor cores in half precision): ``impl='auto'`` runs the kernels there
-CAPABILITIES = (80, 86, 89, 90)
-#: the capabilities that can be simulated and compiled for: the table's and GPUs outside it (Turing, Blackwell),
-#: where ``impl='auto'`` takes the torch path
+CAPABILITIES = (80, 86, 89, 90, 100, 120)
+#: the capabilities that can be simulated and compiled for: the tables' and Turing (sm_75), where Triton emits no
+#: tensor-core instruction and ``impl='auto'`` takes the torch path
 TARGET_CAPABILITIES = (75, 80, 86, 89, 90, 100, 120)
 #: the memory (GiB) of the simulated GPU of each capability unless ``MMPPMA_SIMULATE_CUDA_MEMORY`` is set: a common
 #: card of it (T4, A100, RTX 3090, RTX 4090, H100, B200, RTX 5090)

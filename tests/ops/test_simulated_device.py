@@ -9,6 +9,7 @@ from mmppma.ops.dispatch import resolve_impl
 
 from ..conftest import forget_preflight
 from . import oracle
+from .test_launches import DISTINCT_TABLES
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 if torch.cuda.is_available():
@@ -41,15 +42,20 @@ def test_without_the_switch_nothing_changes(monkeypatch):
     assert resolve_impl('auto', 'ppma_attention', [x]) == 'torch'
 
 
-@pytest.mark.parametrize('cap', dispatch.CAPABILITIES)
+def test_every_tabled_capability_resolves_to_the_kernels(monkeypatch):
+    for cap in dispatch.CAPABILITIES:
+        monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
+        x = torch.zeros(1)
+        assert dispatch.on_gpu(x) and lp.capability(x.device) == cap and dispatch.device_capability(x.device) == cap
+        assert resolve_impl('auto', 'ppma_attention', [x]) == 'triton'
+        assert resolve_impl('auto', 'decay_scan_1d', [x]) == 'triton'
+
+
+@pytest.mark.parametrize('cap', DISTINCT_TABLES)
 def test_cpu_tensors_take_the_cuda_path_of_the_capability(cap, monkeypatch):
-    """'auto' resolves to triton, and a call launches what tools/check_kernels.py records (and compiles) for that
-    capability on meta tensors, not the interpreter's one configuration; the result equals the reference."""
+    """A call launches what tools/check_kernels.py records (and compiles) for that capability on meta tensors, not
+    the interpreter's one configuration; the result equals the reference. One capability per distinct table."""
     monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
-    x = torch.zeros(1)
-    assert dispatch.on_gpu(x) and lp.capability(x.device) == cap and dispatch.device_capability(x.device) == cap
-    assert resolve_impl('auto', 'ppma_attention', [x]) == 'triton'
-    assert resolve_impl('auto', 'decay_scan_1d', [x]) == 'triton'
     ran = launched(monkeypatch)
     q, k, v, la, lb = inputs()
     out = ops.ppma_attention(q, k, v, la, lb, impl='auto')
@@ -234,25 +240,25 @@ def test_a_failing_backward_launch_raises_and_is_not_remembered(op, kind, monkey
 
 
 def test_a_gpu_outside_the_tables_takes_the_torch_path_with_one_message(monkeypatch):
-    """A simulated sm_75 (and sm_120): impl='auto' takes the torch path with one warning per capability naming it
-    and the tabled ones, no kernel launched; impl='triton' raises naming impl='auto'."""
+    """A simulated sm_75: impl='auto' takes the torch path with one warning naming it and the tabled capabilities,
+    no kernel launched; impl='triton' raises naming impl='auto'."""
     import warnings
     monkeypatch.setattr(dispatch, '_WARNED_UNTABLED', set())
     ran = launched(monkeypatch)
-    for cap in (75, 120):
-        monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
-        with pytest.warns(UserWarning) as record:
-            for op in ('ppma_attention', 'criss_cross_attention'):
-                call, args = _case(op)
-                torch.testing.assert_close(call(*args, impl='auto'), call(*args, impl='torch'), rtol=0, atol=0)
-        messages = [str(w.message) for w in record if 'launch table' in str(w.message)]
-        assert len(messages) == 1 and f'sm_{cap}' in messages[0] and 'sm_80, sm_86, sm_89, sm_90' in messages[0]
-        assert "impl='auto' takes the torch path" in messages[0], messages
-        with warnings.catch_warnings():
-            warnings.simplefilter('error', UserWarning)
-            call(*args, impl='auto')  # the one message per capability
-        with pytest.raises(RuntimeError, match=rf"sm_{cap}.*impl='auto' or impl='torch'"):
-            call(*args, impl='triton')
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
+    with pytest.warns(UserWarning) as record:
+        for op in ('ppma_attention', 'criss_cross_attention'):
+            call, args = _case(op)
+            torch.testing.assert_close(call(*args, impl='auto'), call(*args, impl='torch'), rtol=0, atol=0)
+    messages = [str(w.message) for w in record if 'launch table' in str(w.message)]
+    assert len(messages) == 1 and 'sm_75' in messages[0], messages
+    assert 'sm_80, sm_86, sm_89, sm_90, sm_100, sm_120 only' in messages[0], messages
+    assert "impl='auto' takes the torch path" in messages[0], messages
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        call(*args, impl='auto')  # the one message per capability
+    with pytest.raises(RuntimeError, match=r"sm_75.*impl='auto' or impl='torch'"):
+        call(*args, impl='triton')
     assert not ran
 
 

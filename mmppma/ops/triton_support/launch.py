@@ -120,7 +120,9 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # families take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current
 # block's math), which holds the prefetched block in registers too; the float32 whole-attention forward takes 8
 # warps on short sequences for it (4 spill on sm_90) and 32 x 16 tiles on sm_90 (64 x 32 spill). The remaining
-# choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py).
+# choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py). sm_100 (B200) and
+# sm_120 (RTX 50) take the default rows: Triton gives both warp-level products (HMMA) with operands in registers, as
+# on sm_80, and the rows fit sm_120's 99 KB of shared memory as they fit sm_86's.
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
