@@ -2,16 +2,17 @@
 with Triton's NVIDIA backend; no GPU needed), its innermost loop that holds matrix-multiply instructions, and that
 loop's instructions by class. Used by ``tools/check_kernels.py --sass``.
 
-A loop is the span from a backward branch's target to the branch (``@P0 BRA 0x..``, or sm_100's
-``BRA.U !UP0, 0x..`` with the predicate as an operand). The key loop is the shortest such span holding an MMA
-(HMMA on sm_80 to sm_120's warp-level products, HGMMA for sm_90's warp-group products): the loop over the other
-tokens' blocks in every attention kernel here. Exact float32 products run on the FMA units, unrolled: a kernel
-without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its corner rows
-in one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues, and ``inner``
-says how many there are. Its instructions are counted as laid out (each once: a predicated-off or branched-over
-instruction counts too), per warp, except sm_100's paired float32 instructions (FADD2, FMUL2, FFMA2), which count
-as the two they stand for: they save issue slots, not float32 work, so that the same arithmetic is priced alike on
-every target.
+A loop is the span from a backward branch's target to the branch (``@P0 BRA 0x..``, or sm_100's ``BRA.U !UP0, 0x..``
+with the predicate as an operand). The key loop is the shortest such span holding an MMA (HMMA for warp-level
+products, sm_80 to sm_120; HGMMA for sm_90's warp-group products; UTCHMMA for sm_100's tensor-memory products, whose
+barrier waits retry in stubs after the kernel's body that branch back into the loop and are not counted): the loop
+over the other tokens' blocks in every attention kernel here. Exact float32 products run on the FMA units, unrolled:
+a kernel without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its
+corner rows in one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues, and
+``inner`` says how many there are. Its instructions are counted as laid out (each once: a predicated-off or
+branched-over instruction counts too), per warp, except sm_100's paired float32 instructions (FADD2, FMUL2, FFMA2),
+which count as the two they stand for: they save issue slots, not float32 work, so that the same arithmetic is
+priced alike on every target.
 """
 import os
 import re
@@ -36,9 +37,9 @@ _RULES = (
     ('fp32', r'FADD|FMUL|FFMA|FMNMX|FSEL|FSET|FSETP|FCHK|FSWZADD|FADD32I|FMUL32I|FFMA32I|HADD2|HMUL2|HFMA2|HMNMX2'
              r'|HSET2|HSETP2|FMNMX3|FADD2|FMUL2|FFMA2|DADD|DMUL|DFMA'),
     ('int', r'IMAD|IADD|IADD3|IADD32I|IMUL|IMUL32I|LOP|LOP3|LOP32I|SHF|SHL|SHR|ISETP|ISET|LEA|LEA_HI|IMNMX|IABS|SEL'
-            r'|POPC|FLO|BREV|BMSK|SGXT|VIADD|VIMNMX|VIMNMX3|IDP|IDP4A|UIMAD|UIADD3|ULOP3|USHF|UISETP|ULEA|USEL|UIMNMX'),
+            r'|POPC|FLO|BREV|BMSK|SGXT|PRMT|VIADD|VIMNMX|VIMNMX3|IDP|IDP4A|UIMAD|UIADD3|ULOP3|USHF|UISETP|ULEA|USEL|UIMNMX'),
     ('mem', r'LDG|STG|LDS|STS|LDSM|STSM|LDGSTS|LDGDEPBAR|LD|ST|LDL|STL|ATOM|ATOMS|ATOMG|RED|LDC|LDCU|ULDC|UTMALDG'
-            r'|UTMASTG|UBLKCP|LDTRAM|CCTL|MATCH'),
+            r'|LDTM|STTM|UTMASTG|UBLKCP|LDTRAM|CCTL|MATCH'),
 )
 _CLASS = {op: cls for cls, ops in _RULES for op in ops.split('|')}
 _LINE = re.compile(r'/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);')
