@@ -168,12 +168,33 @@ def test_key_loop_is_the_innermost_loop_holding_an_mma():
     assert sass_cost.loops(code) == [(4, 8), (2, 10), (11, 12)]
 
 
+def test_sm_100_loops_are_found_and_its_paired_float32_instructions_count_twice(monkeypatch):
+    """sm_100 branches back with a uniform predicate as an operand, and pairs float32 operations (FADD2 / FMUL2 /
+    FFMA2): the loop is found as on the other targets, and a paired instruction costs the two it stands for."""
+    sass_cost = load_tool('sass_cost.py')
+    text = """
+        /*0000*/                   S2R R0, SR_TID.X ;                            /* 0x0000000000007919 */
+        /*0010*/                   HMMA.16816.F32 R4, R8, R12, RZ ;              /* 0x0000000c0804723c */
+        /*0020*/                   FADD2 R4, R4.F32x2.HI_LO, R6.F32x2.HI_LO ;    /* 0x000000060404724b */
+        /*0030*/               @P0 FMUL R1, R1, R2 ;                             /* 0x0000000201010220 */
+        /*0040*/                   BRA.U !UP0, 0x10 ;                            /* 0xfffffffc08707547 */
+        /*0050*/                   EXIT ;                                        /* 0x000000000000794d */
+    """
+    code = sass_cost.parse(text)
+    assert [op for _, op, _ in code] == ['S2R', 'HMMA', 'FADD2', 'FMUL', 'BRA', 'EXIT']
+    assert sass_cost.key_loop(code) == (1, 4)
+    monkeypatch.setattr(sass_cost, 'disassemble', lambda cubin: code)
+    cost = sass_cost.loop_cost(b'')
+    assert (cost['mma'], cost['fp32'], cost['other'], cost['all'], cost['inner']) == (1, 3, 1, 5, 0)
+
+
 @pytest.mark.slow
-def test_gpus_outside_the_tables_are_compiled_and_tensor_cores_required(compile_env):
-    """--arch takes sm_75 and sm_120 (no launch table: impl='auto' takes the torch path there); their half-precision
-    rows fail on sm_75, where Triton emits no tensor-core instruction, and pass on sm_120, where it does."""
+def test_half_precision_rows_need_tensor_cores_which_sm_75_lacks(compile_env):
+    """--arch takes sm_75 (no launch table: impl='auto' takes the torch path there) besides the tabled sm_120;
+    half-precision rows fail on sm_75, where Triton emits no tensor-core instruction, and pass on sm_120, where it
+    does."""
     from mmppma.ops import dispatch
-    assert {75, 120} <= set(tool.TARGETS) and not {75, 120} & set(dispatch.CAPABILITIES)
+    assert 75 in tool.TARGETS and 75 not in dispatch.CAPABILITIES and {100, 120} <= set(dispatch.CAPABILITIES)
     runs = {}
     for arch in (75, 120):
         command = [sys.executable, 'tools/check_kernels.py', '--quick', '--arch', str(arch), '--dtype', 'fp16',

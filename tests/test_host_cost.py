@@ -48,3 +48,28 @@ def test_quick_form_holds_the_bounds(host_cost, capsys):
     assert host_cost.main(['--quick', '--check']) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert '| launches, train-fp32 (torch + triton) |' in out and '| whole (ppma_attention) |' in out
+
+
+#: torch kernels of the release's PPMA-T inference step (``--release-dir``), at batch 2 and at batch 64 alike
+RELEASE_PPMA_T_INFERENCE = 1228
+
+
+def test_torch_path_at_batch_64_launches_no_more_kernels_than_the_release(host_cost, monkeypatch):
+    """PPMA-T inference at batch 64, 224 x 224, ``impl='torch'`` on the simulated T4 (sm_75, 16 GiB, the smallest
+    card of :data:`~mmppma.ops.dispatch.SIMULATED_MEMORY_GIB`): at most the release's torch kernels, as many as at
+    batch 2 (whole and criss-cross attention run in one piece on a GPU, not in blocks sized for a CPU). Counted on
+    fake tensors: shapes only, nothing computed."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mmppma.models import PPMA
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
+    model = PPMA('tiny', impl='torch')
+    counts = {}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for batch in (2, 64):
+            step = host_cost.make_step(model, model, 'infer-fp32', torch.randn(batch, 3, 224, 224))
+            if batch == 2:
+                step()  # lazy tables, shared by both batches
+            counted = host_cost._count_step(step)
+            counts[batch] = sum(counted.torch.values()) + sum(counted.triton.values())
+    assert counts[64] == counts[2] <= RELEASE_PPMA_T_INFERENCE, counts

@@ -9,7 +9,7 @@ set during one forward+backward, measured in a fresh subprocess per (case, impl)
 hide each other's peaks; on CUDA it is ``torch.cuda.max_memory_allocated`` above the inputs.
 Ratios are printed against ``reference`` (dense N x N mask), the slowest, most obviously correct path.
 The ``branch`` column names the branch the torch path of whole attention takes at the case's size
-(:func:`mmppma.ops.whole_attention_branch`: 'autograd' up to ``SMALL_ELEMENTS`` score elements, else
+on the device (:func:`mmppma.ops.whole_attention_branch`: 'autograd' while the score elements fit, else
 'blockwise').
 """
 import argparse
@@ -105,11 +105,13 @@ def make_fn(op, impl, q, k, v, la, lb):
     raise KeyError(op)
 
 
-def branch(case, impl):
-    """The torch path's size-chosen branch for whole attention, '-' for everything else."""
+def branch(case, impl, device):
+    """The torch path's size-chosen branch for whole attention on ``device``, '-' for everything else."""
     from mmppma import ops
     op, b, heads, h, w, _ = CASES[case]
-    return ops.whole_attention_branch(b, heads, h, w) if (op, impl) == ('whole', 'torch') else '-'
+    if (op, impl) != ('whole', 'torch'):
+        return '-'
+    return ops.whole_attention_branch(b, heads, h, w, device=torch.device(device))
 
 
 def rss_bytes():
@@ -198,13 +200,13 @@ def main():
                 if 'error' in res and impl in BASELINES and res['error'].startswith('NotImplementedError'):
                     continue
                 if 'error' in res:
-                    print(f'{device:6} {case:16} {impl:10} {branch(case, impl):10} {res["error"]}')
+                    print(f'{device:6} {case:16} {impl:10} {branch(case, impl, device):10} {res["error"]}')
                     continue
                 if impl == 'reference':
                     ref = res
                 tr = f'{res["time_ms"] / ref["time_ms"]:.2f}' if ref else '-'
                 mr = f'{res["peak_mb"] / max(ref["peak_mb"], 1e-9):.2f}' if ref else '-'
-                print(f'{device:6} {case:16} {impl:10} {branch(case, impl):10} {res["time_ms"]:10.1f} '
+                print(f'{device:6} {case:16} {impl:10} {branch(case, impl, device):10} {res["time_ms"]:10.1f} '
                       f'{res["peak_mb"]:10.1f} {tr:>9} {mr:>8}', flush=True)
 
 

@@ -78,7 +78,7 @@ def parse_args(argv):
                         help='largest H * W checked against the dense reference (default 4096)')
     parser.add_argument('--no-speed', action='store_true', help='skip the speed table')
     parser.add_argument('--repeats', type=int, help='timed runs per speed row (median; default 20, --quick 10)')
-    parser.add_argument('--simulate', type=int, choices=(80, 86, 89, 90),
+    parser.add_argument('--simulate', type=int, choices=(80, 86, 89, 90, 100, 120),
                         help='no GPU: run the CUDA code path of this capability on CPU tensors (interpreted)')
     parser.add_argument('--json', help='also write the rows to this file')
     args = parser.parse_args(argv)

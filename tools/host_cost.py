@@ -213,7 +213,9 @@ def _is_view(func) -> bool:
 
 def _composite(func) -> bool:
     import torch
-    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), 'CompositeImplicitAutograd')
+    # prim ops (``prim::device`` under a FakeTensorMode) have no dispatcher entry
+    return func.namespace != 'prim' and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                                                       'CompositeImplicitAutograd')
 
 
 @contextlib.contextmanager

@@ -2,13 +2,17 @@
 with Triton's NVIDIA backend; no GPU needed), its innermost loop that holds matrix-multiply instructions, and that
 loop's instructions by class. Used by ``tools/check_kernels.py --sass``.
 
-A loop is the span from a backward branch's target to the branch. The key loop is the shortest such span holding
-an MMA (HMMA on sm_80 and sm_90's warp-level products, HGMMA for sm_90's warp-group products): the loop over the
-other tokens' blocks in every attention kernel here. Exact float32 products run on the FMA units, unrolled: a
-kernel without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its
-corner rows in one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues,
-and ``inner`` says how many there are. Its instructions are counted as laid out (each once: a
-predicated-off or branched-over instruction counts too), per warp.
+A loop is the span from a backward branch's target to the branch (``@P0 BRA 0x..``, or sm_100's ``BRA.U !UP0, 0x..``
+with the predicate as an operand). The key loop is the shortest such span holding an MMA (HMMA for warp-level
+products, sm_80 to sm_120; HGMMA for sm_90's warp-group products; UTCHMMA for sm_100's tensor-memory products, whose
+barrier waits retry in stubs after the kernel's body that branch back into the loop and are not counted): the loop
+over the other tokens' blocks in every attention kernel here. Exact float32 products run on the FMA units, unrolled:
+a kernel without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its
+corner rows in one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues, and
+``inner`` says how many there are. Its instructions are counted as laid out (each once: a predicated-off or
+branched-over instruction counts too), per warp, except sm_100's paired float32 instructions (FADD2, FMUL2, FFMA2),
+which count as the two they stand for: they save issue slots, not float32 work, so that the same arithmetic is
+priced alike on every target.
 """
 import os
 import re
@@ -20,6 +24,10 @@ from typing import Dict, List, Optional, Tuple
 import triton
 
 CLASSES = ('mma', 'fp32', 'mufu', 'conv', 'int', 'mem', 'other')
+#: what :func:`loop_cost` counts: check_kernels prices a cached row again when its pricing differs
+PRICING = 2
+#: instructions that count as more than one: sm_100's paired float32 operations
+WEIGHTS = {'FADD2': 2, 'FMUL2': 2, 'FFMA2': 2}
 # opcode (before the first '.') -> class; what no rule names is 'other' (moves, shuffles, predicates, barriers,
 # branches, NOPs)
 _RULES = (
@@ -29,9 +37,9 @@ _RULES = (
     ('fp32', r'FADD|FMUL|FFMA|FMNMX|FSEL|FSET|FSETP|FCHK|FSWZADD|FADD32I|FMUL32I|FFMA32I|HADD2|HMUL2|HFMA2|HMNMX2'
              r'|HSET2|HSETP2|FMNMX3|FADD2|FMUL2|FFMA2|DADD|DMUL|DFMA'),
     ('int', r'IMAD|IADD|IADD3|IADD32I|IMUL|IMUL32I|LOP|LOP3|LOP32I|SHF|SHL|SHR|ISETP|ISET|LEA|LEA_HI|IMNMX|IABS|SEL'
-            r'|POPC|FLO|BREV|BMSK|SGXT|VIADD|VIMNMX|VIMNMX3|IDP|IDP4A|UIMAD|UIADD3|ULOP3|USHF|UISETP|ULEA|USEL|UIMNMX'),
-    ('mem', r'LDG|STG|LDS|STS|LDSM|STSM|LDGSTS|LDGDEPBAR|LD|ST|LDL|STL|ATOM|ATOMS|ATOMG|RED|LDC|ULDC|UTMALDG'
-            r'|UTMASTG|UBLKCP|LDTRAM|CCTL|MATCH'),
+            r'|POPC|FLO|BREV|BMSK|SGXT|PRMT|VIADD|VIMNMX|VIMNMX3|IDP|IDP4A|UIMAD|UIADD3|ULOP3|USHF|UISETP|ULEA|USEL|UIMNMX'),
+    ('mem', r'LDG|STG|LDS|STS|LDSM|STSM|LDGSTS|LDGDEPBAR|LD|ST|LDL|STL|ATOM|ATOMS|ATOMG|RED|LDC|LDCU|ULDC|UTMALDG'
+            r'|LDTM|STTM|UTMASTG|UBLKCP|LDTRAM|CCTL|MATCH'),
 )
 _CLASS = {op: cls for cls, ops in _RULES for op in ops.split('|')}
 _LINE = re.compile(r'/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)\s*([^;]*);')
@@ -47,6 +55,11 @@ def disassemble(cubin: bytes) -> List[Tuple[int, str, str]]:
         f.write(cubin)
         f.flush()
         text = subprocess.run([cuobjdump(), '-sass', f.name], capture_output=True, text=True, check=True).stdout
+    return parse(text)
+
+
+def parse(text: str) -> List[Tuple[int, str, str]]:
+    """(address, opcode, operands) of every instruction of ``cuobjdump -sass`` output, in address order."""
     return [(int(m.group(1), 16), m.group(2), m.group(4).strip()) for m in _LINE.finditer(text)]
 
 
@@ -59,7 +72,9 @@ def loops(instructions: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
     address = [a for a, _, _ in instructions]
     spans = []
     for index, (at, opcode, operands) in enumerate(instructions):
-        target = re.match(r'(?:`\(\.L_x_\d+\)\s*)?(0x[0-9a-f]+)', operands) if opcode == 'BRA' else None
+        # the target is the last operand: 'BRA 0x10b0', 'BRA `(.L_x_3) 0x10b0', 'BRA.U !UP0, 0x10b0' (sm_100's
+        # uniform-predicated branch)
+        target = re.search(r'(0x[0-9a-f]+)\s*$', operands) if opcode == 'BRA' else None
         if target and int(target.group(1), 16) <= at:
             first = address.index(int(target.group(1), 16)) if int(target.group(1), 16) in address else None
             if first is not None:
@@ -78,15 +93,18 @@ def key_loop(instructions: List[Tuple[int, str, str]]) -> Optional[Tuple[int, in
 
 
 def loop_cost(cubin: bytes) -> Dict[str, int]:
-    """Instructions of one key-loop iteration per class (per warp), their total as 'all', and the loops inside
-    it as 'inner'."""
+    """Instructions of one key-loop iteration per class (per warp, :data:`WEIGHTS` applied), their total as
+    'all', the loops inside it as 'inner', and :data:`PRICING`."""
     instructions = disassemble(cubin)
     span = key_loop(instructions)
     first, last = span if span else (0, -1)
-    counts = Counter(classify(op) for _, op, _ in instructions[first:last + 1])
+    counts = Counter()
+    for _, op, _ in instructions[first:last + 1]:
+        counts[classify(op)] += WEIGHTS.get(op, 1)
     cost = {cls: counts.get(cls, 0) for cls in CLASSES}
     cost['all'] = sum(counts.values())
     cost['inner'] = sum(first <= a and b <= last and (a, b) != (first, last) for a, b in loops(instructions))
+    cost['pricing'] = PRICING
     return cost
 
 

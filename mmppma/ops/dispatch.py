@@ -17,7 +17,9 @@ runs without touching configs.
 The environment variable ``MMPPMA_SIMULATE_CUDA`` (one of :data:`TARGET_CAPABILITIES`) simulates a GPU: CPU
 tensors take the CUDA code path of that capability (``resolve_impl``, the preflight and its fallback, the launch
 table) and the kernels run on Triton's interpreter (``TRITON_INTERPRET=1``, set before triton is imported). It is
-read whenever an op decides; :func:`on_gpu` and :func:`device_capability` are the one place that asks.
+read whenever an op decides; :func:`on_gpu` and :func:`device_capability` are the one place that asks. The
+simulated GPU's memory, which sizes the torch paths' blocks (:func:`device_memory`), is that of a common card of
+the capability (:data:`SIMULATED_MEMORY_GIB`) unless ``MMPPMA_SIMULATE_CUDA_MEMORY`` gives it in GiB.
 
 While a model is exported (:func:`exporting`: inside :func:`export_mode`, or while ``torch.export`` traces, as
 ``torch.onnx.export(..., dynamo=True)`` does) every op and layer runs plain PyTorch that an exporter can
@@ -38,12 +40,16 @@ from .forms import CRISS_CROSS_FORMS, MASK_FORMS, WHOLE_FORMS
 IMPLS = ('auto', 'torch', 'triton', 'reference')
 ENV_VAR = 'MMPPMA_IMPL'
 SIMULATE_VAR = 'MMPPMA_SIMULATE_CUDA'
+SIMULATE_MEMORY_VAR = 'MMPPMA_SIMULATE_CUDA_MEMORY'
 #: the compute capabilities (major * 10 + minor) whose launch tables ``tools/check_kernels.py`` proves (every row
 #: compiles within the target's limits, on tensor cores in half precision): ``impl='auto'`` runs the kernels there
-CAPABILITIES = (80, 86, 89, 90)
-#: the capabilities that can be simulated and compiled for: the table's and GPUs outside it (Turing, Blackwell),
-#: where ``impl='auto'`` takes the torch path
+CAPABILITIES = (80, 86, 89, 90, 100, 120)
+#: the capabilities that can be simulated and compiled for: the tables' and Turing (sm_75), where Triton emits no
+#: tensor-core instruction and ``impl='auto'`` takes the torch path
 TARGET_CAPABILITIES = (75, 80, 86, 89, 90, 100, 120)
+#: the memory (GiB) of the simulated GPU of each capability unless ``MMPPMA_SIMULATE_CUDA_MEMORY`` is set: a common
+#: card of it (T4, A100, RTX 3090, RTX 4090, H100, B200, RTX 5090)
+SIMULATED_MEMORY_GIB = {75: 16, 80: 80, 86: 24, 89: 24, 90: 80, 100: 180, 120: 32}
 
 # os.environ's own mapping and its keys encoded once: a read costs no Python calls, where os.environ.get costs four
 # (the ops read the variables on every call)
@@ -187,6 +193,42 @@ def device_capability(device: torch.device) -> int:
 
 
 _CUDA_CAPABILITIES: Dict[int, int] = {}
+
+
+def device_memory(device: torch.device) -> int:
+    """Total memory in bytes of a CUDA device, of the simulated one for the CPU under ``MMPPMA_SIMULATE_CUDA``
+    (:data:`SIMULATED_MEMORY_GIB`, or ``MMPPMA_SIMULATE_CUDA_MEMORY`` GiB); 0 otherwise. A GPU's is read once."""
+    if device.type == 'cuda':
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        memory = _CUDA_MEMORY.get(index)
+        if memory is None:
+            memory = _CUDA_MEMORY[index] = torch.cuda.get_device_properties(index).total_memory
+        return memory
+    cap = simulated_capability() if device.type == 'cpu' else 0
+    if not cap:
+        return 0
+    value = environ(SIMULATE_MEMORY_VAR)
+    memory = _SIMULATED_MEMORY.get((cap, value))
+    if memory is None:
+        memory = _SIMULATED_MEMORY[cap, value] = _simulated_memory(cap, (value or '').strip())
+    return memory
+
+
+_CUDA_MEMORY: Dict[int, int] = {}
+_SIMULATED_MEMORY: Dict[Tuple[int, Optional[str]], int] = {}
+
+
+def _simulated_memory(cap: int, value: str) -> int:
+    if not value:
+        return SIMULATED_MEMORY_GIB[cap] << 30
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = 0.0
+    if not gib > 0 or gib == float('inf'):
+        raise ValueError(f'{SIMULATE_MEMORY_VAR}={value!r} is not a memory size; set it to the simulated GPU\'s '
+                         f'memory in GiB (a positive number, e.g. 16 or 0.5) or unset it')
+    return int(gib * (1 << 30))
 
 
 def device_name(device: torch.device) -> str:

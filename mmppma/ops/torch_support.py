@@ -1,8 +1,12 @@
-"""Helpers shared by the torch paths of the softmax attentions: when to take the inference branches, the
-in-place softmax and its backward, and the CPU-friendly padding of softmax rows."""
+"""Helpers shared by the torch paths of the softmax attentions: when to take the inference branches, how many
+score elements a block holds, the in-place softmax and its backward, and the CPU-friendly padding of softmax rows."""
 import torch
 
-from .dispatch import exporting
+from .dispatch import device_memory, exporting
+
+#: on a GPU, one score tensor of a torch path may take this share of the device's memory (a call holds a few at
+#: once, and autograd keeps the probabilities of every layer until the backward)
+GPU_SCORE_SHARE = 1 / 64
 
 
 def needs_grad(*tensors: torch.Tensor) -> bool:
@@ -16,6 +20,14 @@ def eager_inference(*tensors: torch.Tensor) -> bool:
     recording, and neither torch.compile tracing (a Python loop over the batch would specialise the graph on
     its size) nor an export (:func:`mmppma.ops.dispatch.exporting`)."""
     return not needs_grad(*tensors) and not torch.compiler.is_compiling() and not exporting()
+
+
+def score_elements(device: torch.device, cpu_elements: int) -> int:
+    """How many float32 score elements one block of a torch path may hold on ``device``: on a GPU (or the
+    simulated one) :data:`GPU_SCORE_SHARE` of its memory (:func:`~mmppma.ops.dispatch.device_memory`, read once
+    per device), elsewhere ``cpu_elements`` (sized for a CPU's caches)."""
+    memory = device_memory(device)
+    return int(memory * GPU_SCORE_SHARE) // 4 if memory else cpu_elements
 
 
 def flatten(t: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ MODES = {
 }
 # the default tier: every variant, mode and capability once; --all: every variant in every mode, sm_90, larger
 CASES = [('PPMA', 'train', 90), ('PPMA', 'no_grad', 89), ('PPMA-paper', 'fp16', 80), ('PPMA-shared', 'bf16', 86),
-         ('PPMA-v2h', 'allow_tf32', 89), ('PPMA-none', 'fp32_precision', 90), ('RMT', 'train', 86),
+         ('PPMA-v2h', 'allow_tf32', 120), ('PPMA-none', 'fp32_precision', 100), ('RMT', 'train', 86),
          ('RMT', 'inference_mode', 80), ('PPMLA', 'train', 80), ('VMINet', 'train', 90)]
 HEAVY = [pytest.param(name, mode, 90, marks=pytest.mark.heavy, id=f'{name}-{mode}-90-large')
          for name in MODELS for mode in MODES]

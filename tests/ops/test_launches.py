@@ -17,7 +17,18 @@ pytest.importorskip('triton', reason='triton is part of the pinned stack (requir
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 
-@pytest.mark.parametrize('cap', dispatch.CAPABILITIES)
+def table(cap):
+    """What :func:`lp.config` returns at ``cap`` for every family, length, dtype and width."""
+    return tuple(lp.config(family, length, dtype, cap, width) for family in lp.KERNEL_FAMILIES
+                 for length in (1, lp.LARGE) for dtype in (torch.float32, torch.float16)
+                 for width in (lp.NARROW - 1, lp.LARGE))
+
+
+#: one capability per distinct launch table: a launch's grid follows from its configuration and shape alone
+DISTINCT_TABLES = sorted({table(cap): cap for cap in reversed(dispatch.CAPABILITIES)}.values())
+
+
+@pytest.mark.parametrize('cap', DISTINCT_TABLES)
 def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
     """Every backbone's attention at 800 x 1344, 1024 images: every grid within CUDA's limits, programs > 65535."""
     largest, check_kernels = {}, load_tool('check_kernels.py')

@@ -9,6 +9,7 @@ from mmppma.ops.dispatch import resolve_impl
 
 from ..conftest import forget_preflight
 from . import oracle
+from .test_launches import DISTINCT_TABLES
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 if torch.cuda.is_available():
@@ -41,15 +42,20 @@ def test_without_the_switch_nothing_changes(monkeypatch):
     assert resolve_impl('auto', 'ppma_attention', [x]) == 'torch'
 
 
-@pytest.mark.parametrize('cap', dispatch.CAPABILITIES)
+def test_every_tabled_capability_resolves_to_the_kernels(monkeypatch):
+    for cap in dispatch.CAPABILITIES:
+        monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
+        x = torch.zeros(1)
+        assert dispatch.on_gpu(x) and lp.capability(x.device) == cap and dispatch.device_capability(x.device) == cap
+        assert resolve_impl('auto', 'ppma_attention', [x]) == 'triton'
+        assert resolve_impl('auto', 'decay_scan_1d', [x]) == 'triton'
+
+
+@pytest.mark.parametrize('cap', DISTINCT_TABLES)
 def test_cpu_tensors_take_the_cuda_path_of_the_capability(cap, monkeypatch):
-    """'auto' resolves to triton, and a call launches what tools/check_kernels.py records (and compiles) for that
-    capability on meta tensors, not the interpreter's one configuration; the result equals the reference."""
+    """A call launches what tools/check_kernels.py records (and compiles) for that capability on meta tensors, not
+    the interpreter's one configuration; the result equals the reference. One capability per distinct table."""
     monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
-    x = torch.zeros(1)
-    assert dispatch.on_gpu(x) and lp.capability(x.device) == cap and dispatch.device_capability(x.device) == cap
-    assert resolve_impl('auto', 'ppma_attention', [x]) == 'triton'
-    assert resolve_impl('auto', 'decay_scan_1d', [x]) == 'triton'
     ran = launched(monkeypatch)
     q, k, v, la, lb = inputs()
     out = ops.ppma_attention(q, k, v, la, lb, impl='auto')
@@ -236,25 +242,25 @@ def test_a_failing_backward_launch_raises_and_is_not_remembered(op, kind, monkey
 
 
 def test_a_gpu_outside_the_tables_takes_the_torch_path_with_one_message(monkeypatch):
-    """A simulated sm_75 (and sm_120): impl='auto' takes the torch path with one warning per capability naming it
-    and the tabled ones, no kernel launched; impl='triton' raises naming impl='auto'."""
+    """A simulated sm_75: impl='auto' takes the torch path with one warning naming it and the tabled capabilities,
+    no kernel launched; impl='triton' raises naming impl='auto'."""
     import warnings
     monkeypatch.setattr(dispatch, '_WARNED_UNTABLED', set())
     ran = launched(monkeypatch)
-    for cap in (75, 120):
-        monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
-        with pytest.warns(UserWarning) as record:
-            for op in ('ppma_attention', 'criss_cross_attention'):
-                call, args = _case(op)
-                torch.testing.assert_close(call(*args, impl='auto'), call(*args, impl='torch'), rtol=0, atol=0)
-        messages = [str(w.message) for w in record if 'launch table' in str(w.message)]
-        assert len(messages) == 1 and f'sm_{cap}' in messages[0] and 'sm_80, sm_86, sm_89, sm_90' in messages[0]
-        assert "impl='auto' takes the torch path" in messages[0], messages
-        with warnings.catch_warnings():
-            warnings.simplefilter('error', UserWarning)
-            call(*args, impl='auto')  # the one message per capability
-        with pytest.raises(RuntimeError, match=rf"sm_{cap}.*impl='auto' or impl='torch'"):
-            call(*args, impl='triton')
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
+    with pytest.warns(UserWarning) as record:
+        for op in ('ppma_attention', 'criss_cross_attention'):
+            call, args = _case(op)
+            torch.testing.assert_close(call(*args, impl='auto'), call(*args, impl='torch'), rtol=0, atol=0)
+    messages = [str(w.message) for w in record if 'launch table' in str(w.message)]
+    assert len(messages) == 1 and 'sm_75' in messages[0], messages
+    assert 'sm_80, sm_86, sm_89, sm_90, sm_100, sm_120 only' in messages[0], messages
+    assert "impl='auto' takes the torch path" in messages[0], messages
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', UserWarning)
+        call(*args, impl='auto')  # the one message per capability
+    with pytest.raises(RuntimeError, match=r"sm_75.*impl='auto' or impl='torch'"):
+        call(*args, impl='triton')
     assert not ran
 
 
@@ -296,3 +302,65 @@ def test_paper_form_takes_the_torch_path_on_the_gpu(monkeypatch):
     torch.testing.assert_close(got, ops.ppma_attention(*args, form='paper', impl='torch'), rtol=0, atol=0)
     with pytest.raises(NotImplementedError, match="form='paper'.*impl='torch'"):
         ops.ppma_attention(*args, form='paper', impl='triton')
+
+
+def test_the_simulated_gpu_has_its_cards_memory_or_the_one_set(monkeypatch):
+    """A T4's 16 GiB for sm_75 and a B200's 180 GiB for sm_100 by default, ``MMPPMA_SIMULATE_CUDA_MEMORY`` GiB when
+    set; none without the simulation; a value that is no positive size is refused by name."""
+    cpu = torch.device('cpu')
+    monkeypatch.delenv(dispatch.SIMULATE_MEMORY_VAR, raising=False)
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
+    assert dispatch.device_memory(cpu) == 16 * 2**30
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '100')
+    assert dispatch.device_memory(cpu) == 180 * 2**30
+    monkeypatch.setenv(dispatch.SIMULATE_MEMORY_VAR, '0.5')
+    assert dispatch.device_memory(cpu) == 2**29 and dispatch.device_memory(torch.device('meta')) == 0
+    for value in ('abc', '0', '-2', 'nan', 'inf'):
+        monkeypatch.setenv(dispatch.SIMULATE_MEMORY_VAR, value)
+        with pytest.raises(ValueError, match='MMPPMA_SIMULATE_CUDA_MEMORY.*in GiB'):
+            dispatch.device_memory(cpu)
+    monkeypatch.delenv(dispatch.SIMULATE_VAR)
+    assert dispatch.device_memory(cpu) == 0
+
+
+def test_the_torch_paths_blocks_follow_the_simulated_memory(monkeypatch):
+    """PPMA-T at batch 64, 224 x 224: stage 3's whole attention (8 heads, 14 x 14: 64 * 8 * 196^2 = 19.7M score
+    elements) and stage 1's criss-cross slices (4 heads, 56 x 56: 56^3 = 175616 elements per map). A score block
+    may take 1/64 of a GPU's memory in float32: 2^26 elements on a 16 GiB card, where both run in one piece; 2^22
+    on a 1 GiB card, where whole attention runs blocks of 2^22 // (64 * 8 * 14 * 196) = 2 query rows and the slices
+    groups of 2^22 // 175616 = 23 maps (5 images of 4 heads: 13 groups); a CPU keeps its sizes."""
+    from mmppma.ops.criss_cross import torch_impl as criss_cross_torch
+    from mmppma.ops.whole import torch_impl as whole_torch
+    cpu = torch.device('cpu')
+
+    def sizes():
+        return ([ops.whole_attention_branch(64, 8, 14, 14, grad=grad, device=cpu) for grad in (False, True)],
+                whole_torch._rows_per_block(64, 8, 14, 14, cpu),
+                len(list(criss_cross_torch._slices(64, 4, 56**3, cpu))))
+
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
+    monkeypatch.delenv(dispatch.SIMULATE_MEMORY_VAR, raising=False)
+    assert sizes() == (['autograd', 'autograd'], 14, 1)
+    monkeypatch.setenv(dispatch.SIMULATE_MEMORY_VAR, '1')
+    assert sizes() == (['inference', 'blockwise'], 2, 13)
+    monkeypatch.delenv(dispatch.SIMULATE_VAR)  # the CPU: 2^21-element blocks (1 row), 2^18-element slices (1 map)
+    assert sizes() == (['inference', 'blockwise'], 1, 256)
+
+
+@pytest.mark.parametrize('memory', ['16', '1e-6'])
+def test_the_torch_path_on_the_simulated_gpu_equals_the_reference(memory, monkeypatch):
+    """impl='torch' on the simulated GPU, in one piece (16 GiB) and in blocks of one query row and one map
+    (1e-6 GiB: 4 score elements), with and without autograd, equals the dense reference."""
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
+    monkeypatch.setenv(dispatch.SIMULATE_MEMORY_VAR, memory)
+    q, k, v, la, lb = oracle.inputs(2, 2, 3, 5, 4)
+    decay = -torch.rand(2, dtype=torch.float64)
+    for name, op in (('whole', lambda *t, impl: ops.ppma_attention(*t, la, lb, impl=impl)),
+                     ('criss-cross', lambda *t, impl: ops.criss_cross_attention(*t, la, lb, impl=impl)),
+                     ('Manhattan', lambda *t, impl: ops.manhattan_attention(*t, decay, impl=impl))):
+        want = oracle.out_and_grads(lambda *t: op(*t, impl='reference'), oracle.leaf(q, k, v))
+        with torch.no_grad():
+            torch.testing.assert_close(op(q, k, v, impl='torch'), want[0], rtol=1e-10, atol=1e-12, msg=name)
+        got = oracle.out_and_grads(lambda *t: op(*t, impl='torch'), oracle.leaf(q, k, v))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)

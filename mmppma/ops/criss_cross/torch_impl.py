@@ -1,14 +1,15 @@
 """Criss-cross attention, torch path: row attention (W x W maps) and column attention (H x H maps) composed
-(:func:`compose_criss_cross`), never an N x N tensor. Without autograd it runs per group of (image, head) maps, the
-group's maps kept in cache (:func:`criss_cross_slices`); under autograd, eager and without autocast, form 'release'
-is one autograd.Function with a hand backward (:class:`SegmentCrissCrossRelease`); otherwise plain autograd."""
+(:func:`compose_criss_cross`), never an N x N tensor. Without autograd it runs per group of (image, head) maps, on a
+CPU the group's maps kept in cache, on a GPU as many as a share of its memory holds (:func:`criss_cross_slices`);
+under autograd, eager and without autocast, form 'release' is one autograd.Function with a hand backward
+(:class:`SegmentCrissCrossRelease`); otherwise plain autograd."""
 import torch
 
 from ..line.torch_impl import segment_softmax_, segment_softmax_backward_
-from ..torch_support import padded, softmax_
+from ..torch_support import padded, score_elements, softmax_
 
-# score elements of one group of (image, head) slices on the no-autograd criss-cross path: a group's row and
-# column maps stay in cache from their bias to their last product
+# on a CPU: score elements of one group of (image, head) slices on the no-autograd criss-cross path, so that a
+# group's row and column maps stay in cache from their bias to their last product (on a GPU: a share of its memory)
 SLICE_ELEMENTS = 1 << 18
 
 
@@ -92,11 +93,11 @@ def compose_criss_cross(along_rows, along_cols, v: torch.Tensor, form: str) -> t
     return (along_rows(both[..., :dv]) + both[..., dv:]).mul_(0.5)
 
 
-def _slices(b: int, heads: int, per_map: int):
+def _slices(b: int, heads: int, per_map: int, device: torch.device):
     """(i0, i1, n0, n1): images [i0, i1) and heads [n0, n1) per group of (image, head) maps, each group about
-    ``SLICE_ELEMENTS`` elements for ``per_map`` elements per map: whole images while one image's heads fit, else
-    groups of heads of one image."""
-    group = max(1, SLICE_ELEMENTS // per_map)
+    :func:`~mmppma.ops.torch_support.score_elements` elements (``SLICE_ELEMENTS`` on a CPU) for ``per_map``
+    elements per map: whole images while one image's heads fit, else groups of heads of one image."""
+    group = max(1, score_elements(device, SLICE_ELEMENTS) // per_map)
     if group >= heads:
         images = group // heads
         for i0 in range(0, b, images):
@@ -122,7 +123,7 @@ def criss_cross_slices(q, k, v, row_bias, col_bias, scale, form):
     b, heads, h, w, d = q.shape
     dv = v.shape[-1]
     out = torch.empty(b, h, w, heads, dv, dtype=v.dtype, device=v.device).permute(0, 3, 1, 2, 4)
-    slices = list(_slices(b, heads, h * w * max(h, w)))
+    slices = list(_slices(b, heads, h * w * max(h, w), q.device))
     images, group = max(i1 - i0 for i0, i1, _, _ in slices), max(n1 - n0 for _, _, n0, n1 in slices)
     # the group's keys along rows (I, G, H, W_pad, d) and along columns (I, G, W, H_pad, d); padding rows stay 0
     k_rows = k.new_zeros(images, group, h, padded(w, k.device), d)

@@ -120,7 +120,10 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # families take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current
 # block's math), which holds the prefetched block in registers too; the float32 whole-attention forward takes 8
 # warps on short sequences for it (4 spill on sm_90) and 32 x 16 tiles on sm_90 (64 x 32 spill). The remaining
-# choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py).
+# choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py). sm_100 (B200)
+# takes the default rows, its 4-warp tiles on tensor-memory products (tcgen05) and the smaller ones on warp-level
+# products (HMMA); sm_120 (RTX 50) takes them on HMMA, but for whole attention's half-precision backward on long
+# sequences: 64 own tokens against 16 others (64 x 32 spills there, 128-240 B).
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
@@ -131,11 +134,11 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_q', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_q', False, True): {0: Config(32, 16, 2, 1)},
     ('whole_bwd_q', True, False): {0: Config(64, 16, 8, 1), 90: Config(32, 16, 8, 1)},
-    ('whole_bwd_q', True, True): {0: Config(64, 32, 4, 1), 90: Config(128, 32, 8, 1)},
+    ('whole_bwd_q', True, True): {0: Config(64, 32, 4, 1), 90: Config(128, 32, 8, 1), 120: Config(64, 16, 4, 1)},
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv', True, False): {0: Config(32, 16, 4, 1), 90: Config(32, 16, 8, 1)},
-    ('whole_bwd_kv', True, True): {0: Config(64, 32, 4, 1), 90: Config(128, 64, 8, 1)},
+    ('whole_bwd_kv', True, True): {0: Config(64, 32, 4, 1), 90: Config(128, 64, 8, 1), 120: Config(64, 16, 4, 1)},
     ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},

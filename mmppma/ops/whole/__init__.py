@@ -34,8 +34,9 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     :func:`~mmppma.ops.path_decay_tables` gives them), float32.
 
     ``impl='torch'`` takes the branch :func:`whole_attention_branch` names: ``'dense'`` for the paper form,
-    ``'autograd'`` (keeps the N x N probabilities) while B * heads * N^2 <= ``SMALL_ELEMENTS`` (2^22),
-    ``'blockwise'`` (recomputes them, memory O(N^1.5)) above.
+    ``'autograd'`` (keeps the N x N probabilities) while the B * heads * N^2 score elements fit (a share of a
+    GPU's memory; on a CPU ``SMALL_ELEMENTS`` = 2^22 under autograd), ``'blockwise'`` (recomputes them, memory
+    O(N^1.5)) or ``'inference'`` (without autograd) above.
     """
     return run('ppma_attention', _plan, (scale, form, tables, impl), q, k, v, la, lb)
 

@@ -1,15 +1,19 @@
 """Whole attention, torch path: four branches, named by :func:`whole_attention_branch`.
 
 ``'dense'`` for the paper form (its mask multiplies the probabilities, so it is built densely, as the reference
-does); ``'inference'`` when autograd is not recording (blocks of query rows, the paths' probabilities summed in
-place before one product with v, softmax rows padded for the CPU kernel); ``'autograd'`` up to ``SMALL_ELEMENTS``
-score elements (plain autograd with the bias broadcast from the O(N^1.5) segment-sum tables; one N x N probability
-map per path is kept for the backward); ``'blockwise'`` above that (blocks of query rows, each block's bias built
-from the tables, only q, k, v and the tables saved; the backward recomputes each block's probabilities and reduces
-the bias gradient back into the tables). Scores and softmaxes are float32 (float64 for float64 inputs).
+does); ``'autograd'`` while the score elements fit (plain autograd with the bias broadcast from the O(N^1.5)
+segment-sum tables; one N x N probability map per path is kept for the backward); otherwise ``'inference'`` when
+autograd is not recording (blocks of query rows, the paths' probabilities summed in place before one product with
+v, softmax rows padded for the CPU kernel) and ``'blockwise'`` when it is (blocks of query rows, each block's bias
+built from the tables, only q, k, v and the tables saved; the backward recomputes each block's probabilities and
+reduces the bias gradient back into the tables). Scores and softmaxes are float32 (float64 for float64 inputs).
+
+What fits is sized by the device (:func:`~mmppma.ops.torch_support.score_elements`): on a GPU a share of its
+memory bounds both the one-shot scores and a block; on a CPU ``SMALL_ELEMENTS`` bounds the scores kept for a
+backward, ``BLOCK_ELEMENTS`` a block, and inference always runs blocks (they stay in cache).
 """
 import math
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -17,11 +21,11 @@ from ..checks import table_dtype
 from ..dispatch import exporting
 from ..forms import paths
 from ..masks import v2h_log_mask
-from ..torch_support import flatten, needs_grad, padded, softmax_, softmax_backward_
+from ..torch_support import flatten, needs_grad, padded, score_elements, softmax_, softmax_backward_
 
-# elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the blockwise path
+# on a CPU: elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the blockwise path
 BLOCK_ELEMENTS = 1 << 21
-# up to this many (B * heads * N * N) score elements, whole attention keeps its probabilities for the
+# on a CPU: up to this many (B * heads * N * N) score elements, whole attention keeps its probabilities for the
 # backward (plain autograd, fastest); above it, the blockwise path recomputes them (memory O(N^1.5))
 SMALL_ELEMENTS = 1 << 22
 
@@ -91,8 +95,8 @@ class _BlockTables:
         return (dsa * scale).contiguous(), (dsb * scale).contiguous()
 
 
-def _rows_per_block(b: int, heads: int, h: int, w: int) -> int:
-    return max(1, min(h, BLOCK_ELEMENTS // max(1, b * heads * w * h * w)))
+def _rows_per_block(b: int, heads: int, h: int, w: int, device: torch.device) -> int:
+    return max(1, min(h, score_elements(device, BLOCK_ELEMENTS) // max(1, b * heads * w * h * w)))
 
 
 class _BlockBuffers:
@@ -108,9 +112,8 @@ class _BlockBuffers:
         return [f[:numel].view(shape) for f in self.flat]
 
 
-def _blocks(b: int, heads: int, h: int, w: int):
-    """(r0, r1, rows): query image rows [r0, r1) per block and their token slice."""
-    step = _rows_per_block(b, heads, h, w)
+def _blocks(h: int, w: int, step: int):
+    """(r0, r1, rows): query image rows [r0, r1) per block of ``step`` rows and their token slice."""
     for r0 in range(0, h, step):
         r1 = min(h, r0 + step)
         yield r0, r1, slice(r0 * w, r1 * w)
@@ -132,12 +135,12 @@ def _masked_softmax_blocks(q, k, v, sa, sb, form: str) -> torch.Tensor:
     n_pad = padded(n, q.device)
     out = torch.empty(b, heads, n, v.shape[-1], dtype=q.dtype, device=q.device)
     tables = _BlockTables(sa, sb, names)
-    step = _rows_per_block(b, heads, h, w)
+    step = _rows_per_block(b, heads, h, w, q.device)
     buffers = _BlockBuffers(q, len(names), b * heads * step * w * n_pad)
     if n_pad != n:
         k = torch.cat([k, k.new_zeros(b, heads, n_pad - n, k.shape[-1])], 2)
     kt = k.transpose(-1, -2)
-    for r0, r1, rows in _blocks(b, heads, h, w):
+    for r0, r1, rows in _blocks(h, w, step):
         bufs = buffers.get(b, heads, (r1 - r0) * w, n_pad)
         s = torch.matmul(q[:, :, rows], kt, out=bufs[-1])
         for idx, path in enumerate(names):  # the last path overwrites the scores themselves
@@ -173,7 +176,7 @@ def _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, form: str, table_grad
     dk_t = k.new_zeros(b * heads, k.shape[-1], n)
     dv_t = v.new_zeros(b * heads, v.shape[-1], n)
     tables = _BlockTables(sa, sb, names)
-    step = _rows_per_block(b, heads, h, w)
+    step = _rows_per_block(b, heads, h, w, q.device)
     # scores (then the last path's probabilities / score gradient), dprobs, one per further path,
     # and one more with several paths: the first path's score gradient goes there, so that its
     # probabilities stay in place to become the probability sum (no copy)
@@ -181,7 +184,7 @@ def _masked_softmax_blocks_backward(dout, q, k, v, sa, sb, form: str, table_grad
     buffers = _BlockBuffers(q, 2 + (len(names) - 1) + multi, b * heads * step * w * n)
     kt = k.transpose(-1, -2)
     vt = v.transpose(-1, -2)
-    for r0, r1, rows in _blocks(b, heads, h, w):
+    for r0, r1, rows in _blocks(h, w, step):
         s, dprobs, *bufs = buffers.get(b, heads, (r1 - r0) * w, n)
         ds_first = bufs.pop() if multi else None
         outs = bufs + [s]  # the last path works in the score buffer
@@ -289,20 +292,21 @@ def _whole_torch_small(q, k, v, sa, sb, form):
 
 
 def whole_attention_branch(batch: int, heads: int, height: int, width: int, form: str = 'release',
-                           grad: bool = True) -> str:
+                           grad: bool = True, device: Optional[torch.device] = None) -> str:
     """The branch the ``torch`` path of whole attention (:func:`~mmppma.ops.ppma_attention`,
-    :func:`~mmppma.ops.manhattan_attention`)
-    takes for q (batch, heads, height, width, d): ``'dense'`` (form 'paper'), ``'inference'`` (autograd not
-    recording: ``grad=False``), ``'autograd'`` (at most ``SMALL_ELEMENTS`` = batch * heads * N^2 score
-    elements, or any size in an export: :func:`mmppma.ops.dispatch.exporting`) or ``'blockwise'``. See the module
-    docstring."""
+    :func:`~mmppma.ops.manhattan_attention`) takes for q (batch, heads, height, width, d) on ``device`` (None: a
+    CPU): ``'dense'`` (form 'paper'); ``'autograd'`` in an export (:func:`mmppma.ops.dispatch.exporting`), or
+    while the batch * heads * N^2 score elements fit (on a GPU :func:`~mmppma.ops.torch_support.score_elements`,
+    a share of its memory; on a CPU ``SMALL_ELEMENTS`` = 2^22 with ``grad``, none without); otherwise
+    ``'inference'`` (autograd not recording: ``grad=False``) or ``'blockwise'``. See the module docstring."""
     if form == 'paper':
         return 'dense'
     if exporting():  # the plain ops, whatever the size
         return 'autograd'
-    if not grad:
-        return 'inference'
-    return 'autograd' if batch * heads * (height * width)**2 <= SMALL_ELEMENTS else 'blockwise'
+    cpu = SMALL_ELEMENTS if grad else -1  # a CPU runs inference in blocks whatever the size
+    if batch * heads * (height * width)**2 <= (cpu if device is None else score_elements(device, cpu)):
+        return 'autograd'
+    return 'blockwise' if grad else 'inference'
 
 
 def whole_torch(q, k, v, sa, sb, scale, form):
@@ -313,7 +317,7 @@ def whole_torch(q, k, v, sa, sb, scale, form):
     if scale != 1.0:  # the models fold the scale into k
         qf = qf * scale
     sa, sb = sa.to(dtype), sb.to(dtype)
-    branch = whole_attention_branch(b, heads, h, w, grad=needs_grad(qf, kf, vf, sa, sb))
+    branch = whole_attention_branch(b, heads, h, w, grad=needs_grad(qf, kf, vf, sa, sb), device=q.device)
     if branch == 'autograd':
         out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1),
                                  form)
