@@ -113,7 +113,20 @@ def record(kind: str, shape: tuple, dtype: torch.dtype, cap: int) -> List[Tuple[
         out = call()
     with lp.recording(cap) as backward:
         torch.autograd.grad(out, inputs, torch.empty_like(out), allow_unused=True)
+    if kind in ('whole', 'cc'):  # PPMA's learned decays: their tables from the layer's tokens
+        x, params = _meta(b, h, w, heads * d, dtype=dtype), [_meta(2, d), _meta(heads), _meta(heads)]
+        with lp.recording(cap) as tables_forward:
+            tables = ops.path_decay_tables(x, *params, impl='triton')
+        with lp.recording(cap) as tables_backward:
+            torch.autograd.grad(tables, [x, *params], [torch.empty_like(t) for t in tables])
+        forward, backward = forward + tables_forward, backward + tables_backward
     return [('fwd', x) for x in forward] + [('bwd', x) for x in backward]
+
+
+def priced(desc: dict) -> bool:
+    """Whether a kernel has matrix products (a PRECISION constexpr): those run on tensor cores in half precision
+    and are priced against a plain flash kernel; the others (the decay tables') are compiled and checked only."""
+    return 'PRECISION' in desc['constexprs']
 
 
 def spec_key(launch: lp.Launch, arch: int) -> Tuple[str, dict]:
@@ -258,8 +271,9 @@ def main(argv=None) -> int:
     references = {}
     if args.sass:
         for spec in specs.values():
-            spec['reference'], desc = reference(spec['desc'])
-            references[spec['reference']] = desc
+            if priced(spec['desc']):
+                spec['reference'], desc = reference(spec['desc'])
+                references[spec['reference']] = desc
     # the plain kernels first: each row prints once its own is compiled
     descs = dict(references, **{key: spec['desc'] for key, spec in specs.items()})
     cache = {}
@@ -267,8 +281,8 @@ def main(argv=None) -> int:
         with open(CACHE) as f:
             cache = json.load(f)
     cache = {key: result for key, result in cache.items() if 'mma' in result}  # older entries lack it
-    todo = [key for key in descs
-            if key not in cache or args.sass and cache[key].get('sass', {}).get('pricing') != sass_cost.PRICING]
+    todo = [key for key in descs if key not in cache or args.sass and priced(descs[key])
+            and cache[key].get('sass', {}).get('pricing') != sass_cost.PRICING]
     if args.cached_only:
         specs = {key: spec for key, spec in specs.items() if key not in todo and spec.get('reference') not in todo}
         print(f'--cached-only: {len(todo)} specializations not compiled yet are left out (counted as failed)')
@@ -291,11 +305,12 @@ def main(argv=None) -> int:
                 del waiting[row]
                 report(row, results[row])
             return
-        if args.sass and specs[key]['reference'] not in results:
-            waiting[key] = specs[key]['reference']
+        reference_key = specs[key].get('reference')
+        if reference_key is not None and reference_key not in results:
+            waiting[key] = reference_key
             return
-        if args.sass:
-            result['flash'] = results[specs[key]['reference']].get('sass', {})
+        if reference_key is not None:
+            result['flash'] = results[reference_key].get('sass', {})
         print(format_row(specs[key], result, args.max_seconds, args.sass), flush=True)
 
     for key in descs:
@@ -304,9 +319,9 @@ def main(argv=None) -> int:
     pool = concurrent.futures.ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
     try:
         if pool is None:
-            done = ((key, compile_one(descs[key], args.sass)) for key in todo)
+            done = ((key, compile_one(descs[key], args.sass and priced(descs[key]))) for key in todo)
         else:
-            futures = {pool.submit(compile_one, descs[key], args.sass): key for key in todo}
+            futures = {pool.submit(compile_one, descs[key], args.sass and priced(descs[key])): key for key in todo}
             done = ((futures[f], f.result()) for f in concurrent.futures.as_completed(futures))
         for count, (key, result) in enumerate(done, 1):
             if 'error' not in result:
@@ -362,7 +377,7 @@ def sass_summary(specs: Dict[str, dict], results: Dict[str, dict]) -> List[str]:
     rows (float32 rows where a kernel has none)."""
     groups: Dict[Tuple[str, int], List[float]] = {}
     for key, spec in specs.items():
-        if spec['dtype'] in SASS_LIMITED_DTYPES:
+        if spec['dtype'] in SASS_LIMITED_DTYPES and priced(spec['desc']):
             ratio = sass_ratio(spec, results[key])
             groups.setdefault((spec['desc']['kernel'], spec['desc']['arch']), []).append(ratio)
     lines = []
@@ -438,7 +453,7 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
 
 
 def tile_text(c: dict) -> str:
-    text = ['x'.join(map(str, flash_reference.tiles(c)))]
+    text = ['x'.join(map(str, flash_reference.tiles(c)))] if 'BLOCK_W' not in c else [f'row{c["BLOCK_W"]}']
     text += [f'{name}={c[name]}' for name in ('W', 'WW', 'HH', 'COLS', 'COLS_V', 'COLS_H', 'BLOCK_V', 'BLOCK_H')
              if name in c]
     text += [name.lower() for name in ('V2H', 'H2V') if c.get(name)]
@@ -463,7 +478,8 @@ def status(spec: dict, result: dict, max_seconds: float) -> str:
     if max_seconds and result['seconds'] > max_seconds:
         problems.append(f'compile {result["seconds"]:.1f} s > {max_seconds:g} s')
     exact = spec.get('desc', {}).get('constexprs', {}).get('PRECISION') == 'ieee'  # float32 data (the scan)
-    if spec.get('dtype') in TENSOR_CORE_DTYPES and not exact and result.get('mma', 1) == 0:
+    products = 'PRECISION' in spec.get('desc', {}).get('constexprs', {'PRECISION': None})
+    if spec.get('dtype') in TENSOR_CORE_DTYPES and products and not exact and result.get('mma', 1) == 0:
         problems.append('no tensor-core instruction in the SASS (the products run on the FMA units)')
     limit = spec.get('sass_limit', float('inf'))
     ratio = sass_ratio(spec, result)
