@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import torchvision  # imported before an export traces its ops, or the exporter does not translate them
 from torch import Tensor
 
+from .masks import paste_masks
 from .runtime import (
     DetectionMismatch,
     OnnxRuntimeFailure,
@@ -24,16 +25,20 @@ from .runtime import (
     relative_difference,
 )
 
-#: the outputs of the exported graph, in order (B images, K = test_cfg.rcnn.max_per_img detections,
-#: A anchors, P = test_cfg.rpn.max_per_img proposals, C classes); rows past a count are padding
-OUTPUT_NAMES = ('num_dets', 'boxes', 'scores', 'labels', 'masks',
+#: the outputs of the exported graph, in order (B images, K = test_cfg.rcnn.max_per_img detections, M the
+#: mask head's size, A anchors, P = test_cfg.rpn.max_per_img proposals, C classes); rows past a count are
+#: padding. With ``paste_masks`` the file has ``masks`` after ``mask_probs`` (:func:`output_names`).
+OUTPUT_NAMES = ('num_dets', 'boxes', 'scores', 'labels', 'mask_probs',
                 'rpn_scores', 'rpn_deltas', 'num_proposals', 'proposals', 'roi_scores', 'roi_deltas')
 OUTPUT_SHAPES = {
     'num_dets': '(B,) int64: detections per image',
     'boxes': '(B, K, 4) float32: x1, y1, x2, y2 in input pixels, by score; padding 0',
     'scores': '(B, K) float32; padding 0',
     'labels': '(B, K) int64: class index; padding -1',
-    'masks': '(B, K, H, W) bool: the masks pasted at the input size; padding False',
+    'mask_probs': "(B, K, M, M) float32: the mask head's probabilities (sigmoid) of the detection's class on "
+                  'an M x M grid over its box, for mmppma.deploy.paste_masks; padding 0',
+    'masks': '(B, K, H, W) bool: the masks pasted at the input size and thresholded (paste_masks only); '
+             'padding False',
     'rpn_scores': '(B, A) float32: RPN objectness (sigmoid) of every anchor, before top-k and NMS',
     'rpn_deltas': '(B, A, 4) float32: RPN box deltas of every anchor',
     'num_proposals': '(B,) int64: proposals after the RPN NMS',
@@ -41,6 +46,16 @@ OUTPUT_SHAPES = {
     'roi_scores': '(B, P, C + 1) float32: class scores (softmax, background last) of each proposal, before NMS',
     'roi_deltas': '(B, P, 4C) float32: box deltas of each proposal',
 }
+
+
+def output_names(paste: bool = False) -> Tuple[str, ...]:
+    """The file's outputs in order: :data:`OUTPUT_NAMES`, with ``masks`` after ``mask_probs`` if ``paste``."""
+    if not paste:
+        return OUTPUT_NAMES
+    at = OUTPUT_NAMES.index('mask_probs') + 1
+    return OUTPUT_NAMES[:at] + ('masks', ) + OUTPUT_NAMES[at:]
+
+
 #: the boxes' scale factor in the bounds of :func:`compare_with_predict` (relative to the input size)
 BOX_TOLERANCE = 1e-3
 MASK_IOU = 0.99
@@ -92,19 +107,6 @@ def _offset_nms(boxes: Tensor, scores: Tensor, groups: Tensor, valid: Tensor, io
     return nms_padded(shifted, torch.where(valid, scores, below), iou_threshold, score_threshold, max_output)
 
 
-def _paste_masks(masks: Tensor, boxes: Tensor, height: int, width: int) -> Tensor:
-    """Masks (K, 1, h, w) resampled into boxes (K, 4) of an image of ``height`` x ``width``: mmdet's
-    ``_do_paste_mask`` over the whole image (bilinear, ``align_corners=False``, zeros outside the mask)."""
-    x0, y0, x1, y1 = boxes.split(1, dim=1)
-    ys = (torch.arange(height, device=boxes.device, dtype=torch.float32) + 0.5 - y0) / (y1 - y0) * 2 - 1
-    xs = (torch.arange(width, device=boxes.device, dtype=torch.float32) + 0.5 - x0) / (x1 - x0) * 2 - 1
-    ys = torch.where(torch.isinf(ys), torch.zeros_like(ys), ys)
-    xs = torch.where(torch.isinf(xs), torch.zeros_like(xs), xs)
-    k = masks.shape[0]
-    grid = torch.stack([xs[:, None, :].expand(k, height, width), ys[:, :, None].expand(k, height, width)], dim=3)
-    return F.grid_sample(masks.float(), grid, align_corners=False)[:, 0]
-
-
 def check_supported(model: nn.Module) -> None:
     """Raise :class:`UnsupportedDetector` unless ``model`` is a two-stage detector of the parts
     :class:`MaskRCNNExport` reproduces."""
@@ -153,13 +155,14 @@ class MaskRCNNExport(nn.Module):
     class (``max_per_img`` detections); the mask head on the detections' boxes, its class's mask pasted
     into the image and thresholded at ``mask_thr_binary``. Counts are outputs and rows past them padding."""
 
-    output_names = OUTPUT_NAMES
     onnx_translations = TRANSLATIONS
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, paste_masks: bool = False) -> None:
         super().__init__()
         check_supported(model)
         self.model = model.eval()
+        self.paste_masks = paste_masks
+        self.output_names = output_names(paste_masks)
 
     def _roi_features(self, extractor: nn.Module, feats: Sequence[Tensor], boxes: Tensor) -> Tensor:
         """RoIAlign of ``boxes`` (R, 4, one image) on the level ``extractor.map_roi_levels`` assigns each."""
@@ -182,14 +185,14 @@ class MaskRCNNExport(nn.Module):
         cls_maps, delta_maps = rpn(feats)
         anchors = rpn.prior_generator.grid_priors([m.shape[-2:] for m in cls_maps], dtype=images.dtype,
                                                   device=images.device)
-        outputs: Dict[str, List[Tensor]] = {name: [] for name in OUTPUT_NAMES}
+        outputs: Dict[str, List[Tensor]] = {name: [] for name in self.output_names}
         for b in range(images.shape[0]):
             image_feats = [f[b:b + 1] for f in feats]
-            for name, value in zip(OUTPUT_NAMES, self._one_image(image_feats, [m[b] for m in cls_maps],
+            for name, value in zip(self.output_names, self._one_image(image_feats, [m[b] for m in cls_maps],
                                                                  [m[b] for m in delta_maps], anchors,
                                                                  rpn_cfg, rcnn_cfg, height, width)):
                 outputs[name].append(value)
-        return tuple(torch.stack(outputs[name]) for name in OUTPUT_NAMES)
+        return tuple(torch.stack(outputs[name]) for name in self.output_names)
 
     def _one_image(self, feats, cls_maps, delta_maps, anchors, rpn_cfg, rcnn_cfg, height, width):
         from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
@@ -247,13 +250,16 @@ class MaskRCNNExport(nn.Module):
         # mask head on the detections, the label's mask pasted into the image
         mask_logits = roi.mask_head(self._roi_features(roi.mask_roi_extractor, feats, det_boxes))
         mask_probs = mask_logits.sigmoid().gather(
-            1, det_labels.clamp(min=0)[:, None, None, None].expand(-1, 1, *mask_logits.shape[2:]))
-        masks = _paste_masks(mask_probs, det_boxes, height, width) >= rcnn_cfg.mask_thr_binary
-        masks = masks & det_valid[:, None, None]
+            1, det_labels.clamp(min=0)[:, None, None, None].expand(-1, 1, *mask_logits.shape[2:]))[:, 0]
+        mask_probs = mask_probs * det_valid[:, None, None]
+        masks = ()
+        if self.paste_masks:
+            masks = (paste_masks(mask_probs, det_boxes, height, width, rcnn_cfg.mask_thr_binary)
+                     & det_valid[:, None, None], )
         roi_scores = roi_scores * proposal_valid[:, None]
         roi_deltas = bbox_pred * proposal_valid[:, None]
-        return (num_dets, det_boxes, det_scores, det_labels, masks, torch.cat(all_scores), torch.cat(all_deltas),
-                num_proposals, proposals, roi_scores, roi_deltas)
+        return (num_dets, det_boxes, det_scores, det_labels, mask_probs, *masks, torch.cat(all_scores),
+                torch.cat(all_deltas), num_proposals, proposals, roi_scores, roi_deltas)
 
 
 def data_samples(batch: int, height: int, width: int) -> list:
@@ -269,8 +275,9 @@ class DetectionComparison(NamedTuple):
     """:func:`compare_with_predict` for one image: the largest relative differences of the outputs before
     NMS (``rpn``: objectness and deltas of every anchor; ``roi``: class scores and deltas of the file's
     proposals, against mmdet's box head on them), of the proposals' and detections' boxes (matched), the largest
-    score difference of the detections, the smallest mask IoU, the masks below the IoU bound whose pixels
-    differ only where mmdet's probability is within :data:`MASK_PROB_TOLERANCE` of the threshold, the
+    score difference of the detections, the smallest mask IoU (the file's ``mask_probs`` pasted by
+    :func:`~mmppma.deploy.masks.paste_masks`, and its ``masks`` if it has them), the masks below the IoU
+    bound whose pixels differ only where mmdet's probability is within :data:`MASK_PROB_TOLERANCE` of the threshold, the
     detections (ONNX, reference), and the smallest gap between the reference's consecutive scores (how far
     its order is from a tie)."""
     rpn: float
@@ -374,14 +381,23 @@ def compare_with_predict(path: str, model: nn.Module, images: Tensor, tolerance:
         matched = _match(got['boxes'][b, :n], want.bboxes) if n else torch.zeros(0, dtype=torch.int64)
         boxes = relative_difference(got['boxes'][b, matched], want.bboxes) if n else 0.0
         scores = float((got['scores'][b, matched] - want.scores).abs().max()) if n else 0.0
-        ious = mask_iou(got['masks'][b, matched], want.masks.bool()) if n else torch.ones(1)
-        low = (ious < min_mask_iou).nonzero().squeeze(1)
-        near = 0
-        if len(low):  # the pixels that differ, against mmdet's probabilities there
-            probs = pasted_probabilities(model, [f[b:b + 1] for f in feats], want[low], *images.shape[2:])
-            differ = got['masks'][b, matched[low]] != want.masks[low].bool()
-            margin = (probs - model.roi_head.test_cfg.mask_thr_binary).abs()
-            near = int(((margin <= MASK_PROB_TOLERANCE) | ~differ).flatten(1).all(1).sum())
+        threshold = model.roi_head.test_cfg.mask_thr_binary
+        image_masks = [paste_masks(got['mask_probs'][b, matched], got['boxes'][b, matched], *images.shape[2:],
+                                   threshold=threshold)]  # the file's masks, pasted as the docs say
+        if 'masks' in got:  # and those it pasted itself
+            image_masks.append(got['masks'][b, matched])
+        ious, low, near = torch.ones(1), 0, 0
+        for masks in image_masks if n else ():
+            source_ious = mask_iou(masks, want.masks.bool())
+            ious = torch.minimum(ious, source_ious.min())
+            source_low = (source_ious < min_mask_iou).nonzero().squeeze(1)
+            low += len(source_low)
+            if len(source_low):  # the pixels that differ, against mmdet's probabilities there
+                probs = pasted_probabilities(model, [f[b:b + 1] for f in feats], want[source_low],
+                                             *images.shape[2:])
+                differ = masks[source_low] != want.masks[source_low].bool()
+                margin = (probs - threshold).abs()
+                near += int(((margin <= MASK_PROB_TOLERANCE) | ~differ).flatten(1).all(1).sum())
         comparison = DetectionComparison(rpn, roi, proposal_diff, boxes, scores, float(ious.min()), near,
                                          (n, len(want)), gap)
         comparisons.append(comparison)
@@ -395,8 +411,8 @@ def compare_with_predict(path: str, model: nn.Module, images: Tensor, tolerance:
             raise DetectionMismatch(f'{where}: the labels differ')
         if not scores <= tolerance:
             raise DetectionMismatch(f'{where}: the scores differ by {scores:.3e} > {tolerance:g}')
-        if near < len(low):
-            raise DetectionMismatch(f'{where}: {len(low) - near} mask(s) with an IoU below {min_mask_iou:g} (smallest '
+        if near < low:
+            raise DetectionMismatch(f'{where}: {low - near} mask(s) with an IoU below {min_mask_iou:g} (smallest '
                                     f'{comparison.mask_iou:.4f}) differ where mmdet\'s probability is more than '
                                     f'{MASK_PROB_TOLERANCE:g} from the threshold')
     return comparisons

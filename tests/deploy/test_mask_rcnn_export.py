@@ -102,6 +102,31 @@ def test_roi_align_exports_as_mmcv_roi_align(tmp_path):
     torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=1e-5)
 
 
+def test_paste_masks_is_mmdets_do_paste_mask():
+    """numpy and torch paste the probabilities as mmdet's ``_do_paste_mask`` (whole image), for boxes inside,
+    partly outside and larger than the image, and empty ones; with a threshold, mmdet's binary masks."""
+    from mmdet.models.roi_heads.mask_heads.fcn_mask_head import _do_paste_mask
+
+    from mmppma.deploy import paste_masks
+    gen = torch.Generator().manual_seed(0)
+    height, width = 37, 53
+    boxes = torch.cat([random_boxes(20, 60.0, gen), torch.tensor([[-9., -4., 70., 45.], [10., 5., 10., 20.],
+                                                                   [3.5, 4., 9., 4.]])])
+    probs = torch.rand(len(boxes), 28, 28, generator=gen)
+    want = _do_paste_mask(probs[:, None], boxes, height, width, skip_empty=False)[0]
+    assert torch.equal(paste_masks(probs, boxes, height, width), want)
+    got = paste_masks(probs.numpy(), boxes.numpy(), height, width)
+    assert got.dtype == 'float32' and got.shape == (len(boxes), height, width)
+    torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=1e-5)
+    binary = paste_masks(probs.numpy(), boxes.numpy(), height, width, threshold=0.5)
+    near = (want - 0.5).abs() <= 1e-5
+    assert torch.equal(torch.from_numpy(binary)[~near], (want >= 0.5)[~near])
+    with pytest.raises(ValueError, match=r'mask_probs must be \(N, M, M\)'):
+        paste_masks(probs[:, :5], boxes, height, width)
+    with pytest.raises(TypeError, match='must both be numpy arrays or both torch tensors'):
+        paste_masks(probs.numpy(), boxes, height, width)
+
+
 def assert_masks_match(model, feats, want, got_masks, height, width):
     """Each mask's IoU with mmdet's is at least 0.99, or the pixels that differ are ones where mmdet's
     pasted probability is within 1e-3 of the threshold (a box that differs by 1e-6 moves such a pixel across)."""
@@ -141,12 +166,14 @@ def check_against_mmdet(model, x, out, top):
     from mmdet.structures import DetDataSample
     from mmdet.structures.bbox import bbox2roi
 
+    from mmppma.deploy import paste_masks
     graph = onnx.load(str(out)).graph
     ops = {node.op_type for node in graph.node}
-    assert {'NonMaxSuppression', 'RoiAlign', 'GridSample'} <= ops, ops
+    assert {'NonMaxSuppression', 'RoiAlign'} <= ops, ops
     assert {node.domain for node in graph.node} <= {'', 'ai.onnx'}  # ONNX's own ops only
     batch, _, height, width = x.shape
     got = run_onnx(out, x)
+    assert ('GridSample' in ops) == ('masks' in got)  # the paste is in the graph only if asked for
     meta = dict(img_shape=(height, width), ori_shape=(height, width), scale_factor=(1.0, 1.0))
     samples = [DetDataSample(metainfo=meta) for _ in range(batch)]
     with torch.no_grad():
@@ -183,27 +210,35 @@ def check_against_mmdet(model, x, out, top):
         assert torch.equal(got['labels'][b, matched], want.labels)
         assert relative(got['boxes'][b, matched], want.bboxes) <= BOX_TOLERANCE
         assert (got['scores'][b, matched] - want.scores).abs().max() <= TOLERANCE
-        assert_masks_match(model, [f[b:b + 1] for f in feats], want, got['masks'][b, matched], height, width)
-        assert not got['masks'][b, n:].any() and (got['labels'][b, n:] == -1).all()
+        threshold = model.roi_head.test_cfg.mask_thr_binary
+        pasted = paste_masks(got['mask_probs'][b, matched].numpy(), got['boxes'][b, matched].numpy(), height,
+                             width, threshold)  # numpy, as a consumer without torch pastes them
+        assert_masks_match(model, [f[b:b + 1] for f in feats], want, torch.from_numpy(pasted), height, width)
+        if 'masks' in got:
+            assert_masks_match(model, [f[b:b + 1] for f in feats], want, got['masks'][b, matched], height, width)
+            assert not got['masks'][b, n:].any()
+        assert not got['mask_probs'][b, n:].any() and (got['labels'][b, n:] == -1).all()
 
 
 CASES = [
-    pytest.param('tiny/mask_rcnn_ppma_t_tiny_coco.py', 1, 192, 192, 0.1, 2, id='tiny_coco',
+    pytest.param('tiny/mask_rcnn_ppma_t_tiny_coco.py', 1, 192, 192, 0.1, 2, ['--paste-masks'], id='tiny_coco',
                  marks=pytest.mark.slow),
-    pytest.param('mask_rcnn_ppma_t_1x_coco.py', 2, 320, 320, 0.1, 3, id='ppma_t_1x',
+    pytest.param('mask_rcnn_ppma_t_1x_coco.py', 2, 320, 320, 0.1, 3, [], id='ppma_t_1x',
                  marks=[pytest.mark.heavy, pytest.mark.slow(minutes=3)]),
 ]
 
 
-@pytest.mark.parametrize('config, batch, height, width, cls_std, cls_seed', CASES)
-def test_whole_mask_rcnn_matches_predict(config, batch, height, width, cls_std, cls_seed, tmp_path, capsys):
+@pytest.mark.parametrize('config, batch, height, width, cls_std, cls_seed, extra', CASES)
+def test_whole_mask_rcnn_matches_predict(config, batch, height, width, cls_std, cls_seed, extra, tmp_path, capsys):
     """The tool exports the whole detector with seeded weights and checks it; the file, run here in
-    onnxruntime, gives mmdet's outputs before NMS and its detections (:func:`check_against_mmdet`)."""
+    onnxruntime, gives mmdet's outputs before NMS and its detections (:func:`check_against_mmdet`; the tiny
+    one with the masks also pasted in the graph)."""
     tool = load_tool('deployment/pytorch2onnx.py')
     config = REPO_ROOT / 'configs' / config
     checkpoint, out = tmp_path / 'seeded.pth', tmp_path / 'model.onnx'
     model, x = seeded_model(tool, config, checkpoint, batch, height, width, cls_std, cls_seed)
-    argv = [str(config), str(checkpoint), '--shape', str(height), str(width), '--batch', str(batch), '--out', str(out)]
+    argv = [str(config), str(checkpoint), '--shape', str(height), str(width), '--batch', str(batch), '--out', str(out),
+            *extra]
     assert tool.main(argv) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if 'vs model.predict' in line]
     print('\n'.join(lines))  # the figures, for docs/deployment.md (pytest -rP shows them)

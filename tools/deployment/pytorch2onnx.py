@@ -2,11 +2,13 @@
 """Export an mmppma model to ONNX and check the file in onnxruntime (CPU) against torch eager.
 
     python tools/deployment/pytorch2onnx.py CONFIG [CHECKPOINT] --shape H W [--batch B] [--dynamic]
-                                            [--out FILE] [--backbone-only] [--cfg-options k=v ...] [--debug]
+                                            [--paste-masks] [--out FILE] [--backbone-only]
+                                            [--cfg-options k=v ...] [--debug]
 
 What is exported, by the config's model: an mmpretrain classifier -> logits; an mmseg encoder-decoder ->
 segmentation logits at the input size; an mmdet Mask R-CNN -> the whole detector (mmppma/deploy/mask_rcnn.py):
-its detections after NMS (boxes, scores, labels, masks, padded, with their count) and its RPN and box head
+its detections after NMS (boxes, scores, labels and the mask head's probabilities at RoI resolution, padded,
+with their count; ``--paste-masks``: also the masks pasted at the input size) and its RPN and box head
 outputs before NMS, at a fixed batch and size; a bare backbone (a config whose ``model`` is e.g.
 ``type='mmppma.PPMA'``, or ``--backbone-only``) -> its multi-scale features. The input is the normalized
 image batch (B, 3, H, W), as after the model's data preprocessor. Without CHECKPOINT the weights are random.
@@ -75,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='dynamic batch, height and width where the model allows; checks one image more, '
                         'and another size')
     parser.add_argument('--out', help='ONNX file to write (default: the config name with .onnx, here)')
+    parser.add_argument('--paste-masks', action='store_true',
+                        help='Mask R-CNN: also paste the masks into the image in the file (output masks, '
+                        '(B, K, H, W) bool) besides mask_probs at RoI resolution')
     parser.add_argument('--backbone-only', action='store_true', help="export the config's backbone alone")
     parser.add_argument('--opset', type=int, default=18, help='ONNX opset version (default 18)')
     parser.add_argument('--seed', type=int, default=0, help='seed of the random weights and inputs')
@@ -128,10 +133,12 @@ def convert(args: argparse.Namespace) -> int:
     if kind == 'detector' and args.dynamic:
         raise StepFailed('arguments', 'a whole detector exports at a fixed batch and size: drop --dynamic')
     try:
-        module, kind = export_module(model)
-    except Exception as err:  # a detector other than Mask R-CNN (the export's failure), or a missing package
-        step = 'export' if type(err).__name__ == 'UnsupportedDetector' else 'build'
-        raise StepFailed(step, str(err) if step == 'export' else first_line(err)) from err
+        module, kind = export_module(model, paste_masks=args.paste_masks)
+    except ValueError as err:  # a detector other than Mask R-CNN (the export's failure), --paste-masks elsewhere
+        step = 'export' if type(err).__name__ == 'UnsupportedDetector' else 'arguments'
+        raise StepFailed(step, str(err)) from err
+    except Exception as err:  # a missing package
+        raise StepFailed('build', first_line(err)) from err
     out = args.out or osp.splitext(osp.basename(args.config))[0] + ('_backbone' if args.backbone_only else '') + '.onnx'
     x = torch.randn(args.batch, 3, *args.shape)
     print(f'exporting {osp.basename(args.config)} as a {kind}: {OUTPUTS[kind]}')
