@@ -97,14 +97,19 @@ TRANSLATIONS = {torch.ops.mmppma.nms_padded.default: _nms_padded_onnx}
 
 
 def _offset_nms(boxes: Tensor, scores: Tensor, groups: Tensor, valid: Tensor, iou_threshold: float,
-                score_threshold: float, max_output: int) -> Tensor:
-    """mmcv's ``batched_nms`` over the ``valid`` candidates: NMS within each group, by shifting each group's
-    boxes by ``group * (largest coordinate + 1)`` and running one NMS; :func:`nms_padded`'s indices."""
+                max_output: int) -> Tensor:
+    """mmcv's ``batched_nms`` over the ``valid`` candidates, ties in score broken by the lower index: NMS within
+    each group, by shifting each group's boxes by ``group * (largest coordinate + 1)`` and running one NMS on
+    the candidates' ranks (``TopK``, which puts the lower index first among equal scores), so that the order
+    among equal scores is fixed; :func:`nms_padded`'s indices."""
     largest = torch.where(valid[:, None], boxes, torch.full_like(boxes, float('-inf'))).max()
     largest = torch.where(torch.isfinite(largest), largest, torch.zeros_like(largest))
     shifted = boxes + (groups.to(boxes.dtype) * (largest + 1))[:, None]
-    below = torch.full_like(scores, score_threshold - 1.0)
-    return nms_padded(shifted, torch.where(valid, scores, below), iou_threshold, score_threshold, max_output)
+    count = scores.shape[0]
+    order = torch.where(valid, scores, torch.full_like(scores, float('-inf'))).topk(count).indices
+    descending = torch.arange(count, 0, -1, device=scores.device).to(scores.dtype)  # count .. 1 by rank
+    ranks = torch.zeros_like(scores).scatter(0, order, descending)
+    return nms_padded(shifted, torch.where(valid, ranks, torch.zeros_like(ranks)), iou_threshold, 0.5, max_output)
 
 
 def check_supported(model: nn.Module) -> None:
@@ -220,7 +225,7 @@ class MaskRCNNExport(nn.Module):
         min_size = rpn_cfg.get('min_bbox_size', -1)
         if min_size >= 0:
             valid = ((boxes[:, 2] - boxes[:, 0]) > min_size) & ((boxes[:, 3] - boxes[:, 1]) > min_size)
-        keep = _offset_nms(boxes, scores, levels, valid, rpn_cfg.nms.iou_threshold, -1.0, rpn_cfg.max_per_img)
+        keep = _offset_nms(boxes, scores, levels, valid, rpn_cfg.nms.iou_threshold, rpn_cfg.max_per_img)
         proposal_valid = keep >= 0
         num_proposals = proposal_valid.sum()
         keep = keep.clamp(min=0)
@@ -239,7 +244,7 @@ class MaskRCNNExport(nn.Module):
         labels = torch.arange(num_classes, device=proposals.device).repeat(proposals.shape[0])
         candidates = (candidate_scores > rcnn_cfg.score_thr) & proposal_valid.repeat_interleave(num_classes)
         keep = _offset_nms(class_boxes, candidate_scores, labels, candidates, rcnn_cfg.nms.iou_threshold,
-                           rcnn_cfg.score_thr, rcnn_cfg.max_per_img)
+                           rcnn_cfg.max_per_img)
         det_valid = keep >= 0
         num_dets = det_valid.sum()
         keep = keep.clamp(min=0)
@@ -278,8 +283,9 @@ class DetectionComparison(NamedTuple):
     score difference of the detections, the smallest mask IoU (the file's ``mask_probs`` pasted by
     :func:`~mmppma.deploy.masks.paste_masks`, and its ``masks`` if it has them), the masks below the IoU
     bound whose pixels differ only where mmdet's probability is within :data:`MASK_PROB_TOLERANCE` of the threshold, the
-    detections (ONNX, reference), and the smallest gap between the reference's consecutive scores (how far
-    its order is from a tie)."""
+    detections (ONNX, reference), the smallest gap between the reference's consecutive scores (how far
+    its order is from a tie), and whether mmdet's RPN kept other proposals than with the order among equal
+    scores fixed (:func:`tie_broken_proposals`; then the reference is mmdet's RoI head on those)."""
     rpn: float
     roi: float
     proposals: float
@@ -289,6 +295,15 @@ class DetectionComparison(NamedTuple):
     near_threshold: int
     detections: Tuple[int, int]
     score_gap: float
+    ties: bool
+
+
+def _box_difference(got: Tensor, want: Tensor) -> float:
+    """The largest relative difference of boxes ``got`` (M, 4) from ``want`` (N, 4), each of ``want``'s matched
+    to one of ``got``'s (:func:`_match`); infinite if their numbers differ."""
+    if len(got) != len(want):
+        return float('inf')
+    return relative_difference(got[_match(got, want)], want) if len(want) else 0.0
 
 
 def _match(got: Tensor, want: Tensor) -> Tensor:
@@ -323,6 +338,41 @@ def pasted_probabilities(model: nn.Module, feats: Sequence[Tensor], instances, h
         return _do_paste_mask(probs, instances.bboxes, height, width, skip_empty=False)[0]
 
 
+def tie_broken_proposals(model: nn.Module, scores: Tensor, deltas: Tensor, featmap_sizes: Sequence[Tuple[int, int]],
+                         height: int, width: int):
+    """mmdet's RPN post-processing (``RPNHead._predict_by_feat_single``: the top ``nms_pre`` anchors of each
+    level, decoded and clipped, the empty ones dropped, ``batched_nms`` per level, the first ``max_per_img``)
+    of one image's objectness ``scores`` (A,) and ``deltas`` (A, 4) (mmdet's order of the anchors, levels of
+    ``featmap_sizes``), with the order among equal scores fixed as the export fixes it: the lower index first,
+    in a stable sort and in the NMS (its scores replaced by their ranks). mmdet's ``sort`` and NMS order equal
+    scores as their kernels happen to, which decides the proposals when many objectness scores are equal (a
+    saturated sigmoid). An ``InstanceData`` of ``bboxes`` and ``scores``, as ``rpn_head.predict``'s."""
+    from mmcv.ops import batched_nms
+    from mmengine.structures import InstanceData
+    rpn = model.rpn_head
+    cfg = rpn.test_cfg
+    anchors = rpn.prior_generator.grid_priors(featmap_sizes, dtype=deltas.dtype, device=deltas.device)
+    sizes = [len(level_anchors) for level_anchors in anchors]
+    ranked = []
+    for level, (level_scores, level_deltas, level_anchors) in enumerate(zip(scores.split(sizes),
+                                                                            deltas.split(sizes), anchors)):
+        if 0 < cfg.get('nms_pre', -1) < level_scores.shape[0]:
+            level_scores, top = level_scores.sort(descending=True, stable=True)
+            level_scores, top = level_scores[:cfg.nms_pre], top[:cfg.nms_pre]
+            level_deltas, level_anchors = level_deltas[top], level_anchors[top]
+        ranked.append((level_scores, level_deltas, level_anchors,
+                       torch.full_like(level_scores, level, dtype=torch.int64)))
+    scores, deltas, priors, levels = (torch.cat(parts) for parts in zip(*ranked))
+    boxes = rpn.bbox_coder.decode(priors, deltas, max_shape=(height, width))
+    if cfg.get('min_bbox_size', -1) >= 0:
+        valid = ((boxes[:, 2] - boxes[:, 0]) > cfg.min_bbox_size) & ((boxes[:, 3] - boxes[:, 1]) > cfg.min_bbox_size)
+        boxes, scores, levels = boxes[valid], scores[valid], levels[valid]
+    ranks = torch.empty_like(scores)
+    ranks[scores.sort(descending=True, stable=True)[1]] = torch.arange(len(scores), 0, -1, dtype=scores.dtype)
+    keep = batched_nms(boxes, ranks, levels, cfg.nms)[1][:cfg.max_per_img] if len(boxes) else levels
+    return InstanceData(bboxes=boxes[keep], scores=scores[keep])
+
+
 def run_onnx(path: str, images: Tensor) -> Dict[str, Tensor]:
     """The ONNX file's outputs (:data:`OUTPUT_NAMES`) on ``images`` in onnxruntime (CPU). Raises
     :class:`~mmppma.deploy.runtime.OnnxRuntimeFailure` when it cannot load or run the file."""
@@ -340,7 +390,10 @@ def compare_with_predict(path: str, model: nn.Module, images: Tensor, tolerance:
                          min_mask_iou: float = MASK_IOU) -> List[DetectionComparison]:
     """Run the ONNX file of :class:`MaskRCNNExport` in onnxruntime (CPU) on ``images`` and compare it, per
     image, with mmdet: ``model.predict`` for the detections, ``rpn_head.predict`` for the proposals, and for
-    the outputs before NMS the RPN head's outputs and the box head's on the file's proposals. Raises
+    the outputs before NMS the RPN head's outputs and the box head's on the file's proposals. Where equal
+    objectness scores (a saturated sigmoid) make mmdet's RPN keep other proposals than with the order among
+    them fixed, the proposals are compared with :func:`tie_broken_proposals` and the detections with mmdet's
+    RoI head (``roi_head.predict``) on those: the order among equal scores is then no difference. Raises
     :class:`DetectionMismatch` when the outputs before NMS differ by more than ``tolerance`` (relative), the
     proposals or detections differ in number, their boxes by more than ``box_tolerance`` (relative, after
     matching), the detections' scores by more than ``tolerance`` or their labels at all, or a mask's IoU is
@@ -358,20 +411,27 @@ def compare_with_predict(path: str, model: nn.Module, images: Tensor, tolerance:
     comparisons = []
     for b, (result, proposal) in enumerate(zip(results, proposals)):
         where = f'image {b}'
+        image_feats = [f[b:b + 1] for f in feats]
+        want = result.pred_instances
         rpn_scores = torch.cat([m[b].permute(1, 2, 0).reshape(-1) for m in cls_maps]).sigmoid()
         rpn_deltas = torch.cat([m[b].permute(1, 2, 0).reshape(-1, 4) for m in delta_maps])
         rpn = max(relative_difference(got['rpn_scores'][b], rpn_scores),
                   relative_difference(got['rpn_deltas'][b], rpn_deltas))
         n = int(got['num_proposals'][b])
+        proposal_diff = _box_difference(got['proposals'][b, :n], proposal.bboxes)
+        ties = not proposal_diff <= box_tolerance
+        if ties:  # mmdet's RPN post-processing on the file's objectness and deltas, ties broken by index
+            proposal = tie_broken_proposals(model, got['rpn_scores'][b], got['rpn_deltas'][b],
+                                            [m.shape[-2:] for m in cls_maps], *images.shape[2:])
+            proposal_diff = _box_difference(got['proposals'][b, :n], proposal.bboxes)
+            with torch.no_grad():  # and mmdet's RoI head on its proposals
+                want = model.roi_head.predict(image_feats, [proposal], samples[b:b + 1], rescale=False)[0]
         if n != len(proposal):
             raise DetectionMismatch(f'{where}: {n} proposals, mmdet {len(proposal)}')
-        matched = _match(got['proposals'][b, :n], proposal.bboxes)
-        proposal_diff = relative_difference(got['proposals'][b, matched], proposal.bboxes)
         with torch.no_grad():  # mmdet's box head on the file's proposals
-            head = model.roi_head._bbox_forward([f[b:b + 1] for f in feats], bbox2roi([got['proposals'][b, :n]]))
+            head = model.roi_head._bbox_forward(image_feats, bbox2roi([got['proposals'][b, :n]]))
         roi = max(relative_difference(got['roi_scores'][b, :n], F.softmax(head['cls_score'], dim=-1)),
                   relative_difference(got['roi_deltas'][b, :n], head['bbox_pred']))
-        want = result.pred_instances
         n = int(got['num_dets'][b])
         gaps = (want.scores[:-1] - want.scores[1:]).abs()
         gap = float(gaps.min()) if len(gaps) else float('inf')
@@ -393,13 +453,13 @@ def compare_with_predict(path: str, model: nn.Module, images: Tensor, tolerance:
             source_low = (source_ious < min_mask_iou).nonzero().squeeze(1)
             low += len(source_low)
             if len(source_low):  # the pixels that differ, against mmdet's probabilities there
-                probs = pasted_probabilities(model, [f[b:b + 1] for f in feats], want[source_low],
+                probs = pasted_probabilities(model, image_feats, want[source_low],
                                              *images.shape[2:])
                 differ = masks[source_low] != want.masks[source_low].bool()
                 margin = (probs - threshold).abs()
                 near += int(((margin <= MASK_PROB_TOLERANCE) | ~differ).flatten(1).all(1).sum())
         comparison = DetectionComparison(rpn, roi, proposal_diff, boxes, scores, float(ious.min()), near,
-                                         (n, len(want)), gap)
+                                         (n, len(want)), gap, ties)
         comparisons.append(comparison)
         if not rpn <= tolerance or not roi <= tolerance:
             raise DetectionMismatch(f'{where}: the outputs before NMS differ by {max(rpn, roi):.3e} (relative) '

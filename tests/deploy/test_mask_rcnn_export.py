@@ -77,6 +77,65 @@ def test_nms_exports_as_onnx_nonmaxsuppression(tmp_path):
         assert torch.equal(torch.from_numpy(got), want), n
 
 
+class OffsetNms(torch.nn.Module):
+
+    def forward(self, boxes, scores, groups, valid):
+        from mmppma.deploy.mask_rcnn import _offset_nms
+        return _offset_nms(boxes, scores, groups, valid, 0.5, 60)
+
+
+def test_nms_breaks_ties_by_index(tmp_path):
+    """With most scores equal, the exported per-group NMS keeps what mmcv's ``batched_nms`` keeps when the order
+    among equal scores is the index's (a stable sort), in that order: the order onnxruntime's ``TopK`` gives."""
+    import onnxruntime
+    from mmcv.ops import batched_nms
+
+    from mmppma.deploy.mask_rcnn import TRANSLATIONS
+    gen = torch.Generator().manual_seed(0)
+    boxes = random_boxes(300, 64.0, gen)
+    scores = torch.where(torch.rand(300, generator=gen) < 0.8, 1.0, torch.rand(300, generator=gen))
+    groups, valid = torch.randint(0, 3, (300, ), generator=gen), torch.rand(300, generator=gen) < 0.9
+    path = str(tmp_path / 'offset_nms.onnx')
+    torch.onnx.export(OffsetNms(), (boxes, scores, groups, valid), path, dynamo=True, opset_version=18,
+                      input_names=['boxes', 'scores', 'groups', 'valid'], custom_translation_table=TRANSLATIONS)
+    [got] = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider']).run(
+        None, {'boxes': boxes.numpy(), 'scores': scores.numpy(), 'groups': groups.numpy(), 'valid': valid.numpy()})
+    index = valid.nonzero().squeeze(1)
+    order = scores[index].sort(descending=True, stable=True)[1]
+    ranks = torch.empty(len(index))
+    ranks[order] = torch.arange(len(index), 0, -1, dtype=torch.float32)  # distinct, in the stable order
+    _, keep = batched_nms(boxes[index], ranks, groups[index], dict(iou_threshold=0.5))
+    want = torch.full((60, ), -1, dtype=torch.int64)
+    want[:min(60, len(keep))] = index[keep[:60]]
+    assert int((scores[want[want >= 0]] == 1).sum()) > 30  # ties decide most of what is kept
+    assert torch.equal(torch.from_numpy(got), want)
+
+
+def test_tie_broken_proposals_are_mmdets_without_ties():
+    """The check's RPN post-processing with ties broken by index is ``rpn_head.predict`` on outputs without
+    ties (the tiny config's random RPN), and puts the lower index first among equal scores."""
+    from mmppma.deploy.mask_rcnn import data_samples, tie_broken_proposals
+    tool = load_tool('deployment/pytorch2onnx.py')
+    torch.manual_seed(0)
+    model = tool.build_model(str(REPO_ROOT / 'configs' / 'tiny' / 'mask_rcnn_ppma_t_tiny_coco.py'))
+    x = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        feats = model.extract_feat(x)
+        cls_maps, delta_maps = model.rpn_head(feats)
+        want = model.rpn_head.predict(feats, data_samples(1, 96, 128), rescale=False)[0]
+    scores = torch.cat([m[0].permute(1, 2, 0).reshape(-1) for m in cls_maps]).sigmoid()
+    deltas = torch.cat([m[0].permute(1, 2, 0).reshape(-1, 4) for m in delta_maps])
+    assert len(scores.unique()) == len(scores)
+    sizes = [m.shape[-2:] for m in cls_maps]
+    got = tie_broken_proposals(model, scores, deltas, sizes, 96, 128)
+    assert torch.equal(got.bboxes, want.bboxes) and torch.equal(got.scores, want.scores)
+    tied = tie_broken_proposals(model, torch.ones_like(scores), deltas, sizes, 96, 128)
+    anchors = torch.cat(model.rpn_head.prior_generator.grid_priors(sizes, device='cpu'))
+    boxes = model.rpn_head.bbox_coder.decode(anchors, deltas, max_shape=(96, 128))
+    nonempty = ((boxes[:, 2:] - boxes[:, :2]) > 0).all(1)
+    assert torch.equal(tied.bboxes[0], boxes[nonempty][0])  # the first anchor whose box is not empty
+
+
 class RoIAlignLevel(torch.nn.Module):
 
     def forward(self, feat, rois):
@@ -244,6 +303,37 @@ def test_whole_mask_rcnn_matches_predict(config, batch, height, width, cls_std, 
     print('\n'.join(lines))  # the figures, for docs/deployment.md (pytest -rP shows them)
     assert len(lines) == batch
     check_against_mmdet(model, x, out, top=10)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_saturated_rpn_scores(tmp_path, capsys):
+    """The RPN's classifier x100: hundreds of anchors' objectness is exactly 1.0, more than ``nms_pre`` on the
+    finest level, so which ones are kept is decided by the order among equal scores (and by anchors at 1 in
+    one runtime and just below in the other). mmdet's RPN keeps other proposals than the file; the tool's check
+    passes, against mmdet's post-processing of the file's RPN outputs with ties broken by index."""
+    from mmppma.deploy.mask_rcnn import run_onnx
+    tool = load_tool('deployment/pytorch2onnx.py')
+    config = REPO_ROOT / 'configs' / 'tiny' / 'mask_rcnn_ppma_t_tiny_coco.py'
+    checkpoint, out = tmp_path / 'saturated.pth', tmp_path / 'model.onnx'
+    model, x = seeded_model(tool, config, checkpoint, 1, 192, 192, 0.1, 2)
+    model.rpn_head.rpn_cls.weight.data *= 100
+    torch.save({'state_dict': model.state_dict()}, checkpoint)
+    with torch.no_grad():
+        feats = model.extract_feat(x)
+        finest = model.rpn_head(feats)[0][0].sigmoid()
+        mmdet = model.rpn_head.predict(feats, tool_samples(x), rescale=False)[0]
+    assert int((finest == 1).sum()) > model.rpn_head.test_cfg.nms_pre
+    assert tool.main([str(config), str(checkpoint), '--shape', '192', '192', '--out', str(out)]) == 0
+    assert 'equal RPN scores' in capsys.readouterr().out
+    got = run_onnx(str(out), x)
+    n = int(got['num_proposals'][0])
+    assert n != len(mmdet) or not torch.allclose(got['proposals'][0, :n], mmdet.bboxes)  # the case that matters
+
+
+def tool_samples(x):
+    from mmppma.deploy.mask_rcnn import data_samples
+    return data_samples(x.shape[0], *x.shape[2:])
 
 
 @pytest.mark.parametrize('extra, code, cause', [

@@ -197,7 +197,9 @@ def check_detector(out: str, model: torch.nn.Module, x: torch.Tensor) -> int:
               f'detections (mmdet {c.detections[1]}), labels equal, boxes max relative difference '
               f'{max(c.boxes, c.proposals):.1e}, scores max difference {c.scores:.1e}, smallest mask IoU '
               f'{c.mask_iou:.4f} ({c.near_threshold} below 0.99, differing only within 1e-3 of the threshold); '
-              f'smallest gap between mmdet\'s scores {c.score_gap:.1e}')
+              f'smallest gap between mmdet\'s scores {c.score_gap:.1e}'
+              + ('; equal RPN scores: against mmdet\'s RoI head on its proposals with the ties broken by index'
+                 if c.ties else ''))
     print(f'wrote {out}')
     return 0
 
