@@ -66,30 +66,41 @@ MASK_PROB_TOLERANCE = 1e-3
 @torch.library.custom_op('mmppma::nms_padded', mutates_args=())
 def nms_padded(boxes: Tensor, scores: Tensor, iou_threshold: float, score_threshold: float,
                max_output: int) -> Tensor:
-    """Greedy NMS of ``boxes`` (N, 4: x1, y1, x2, y2) over the candidates with ``scores > score_threshold``,
-    by descending score: the indices of the first ``max_output`` kept, padded with -1 to ``max_output``. A box
-    suppresses the later ones whose IoU with it exceeds ``iou_threshold``. Exports as ONNX NonMaxSuppression
-    (:data:`TRANSLATIONS`)."""
-    candidates = torch.nonzero(scores > score_threshold).squeeze(1)
-    keep = torchvision.ops.nms(boxes[candidates], scores[candidates], iou_threshold)[:max_output]
-    out = torch.full((max_output, ), -1, dtype=torch.int64, device=boxes.device)
-    out[:keep.numel()] = candidates[keep]
+    """Greedy NMS per image of ``boxes`` (B, N, 4: x1, y1, x2, y2) over the candidates with
+    ``scores > score_threshold`` (B, N), by descending score: per image, the indices of the first
+    ``max_output`` kept, padded with -1 to ``max_output`` (B, max_output). A box suppresses the later ones
+    whose IoU with it exceeds ``iou_threshold``. Exports as ONNX NonMaxSuppression (:data:`TRANSLATIONS`)."""
+    out = torch.full((boxes.shape[0], max_output), -1, dtype=torch.int64, device=boxes.device)
+    for image, (image_boxes, image_scores) in enumerate(zip(boxes, scores)):
+        candidates = torch.nonzero(image_scores > score_threshold).squeeze(1)
+        keep = torchvision.ops.nms(image_boxes[candidates], image_scores[candidates], iou_threshold)[:max_output]
+        out[image, :keep.numel()] = candidates[keep]
     return out
 
 
 @nms_padded.register_fake
 def _nms_padded_fake(boxes, scores, iou_threshold, score_threshold, max_output):
-    return boxes.new_empty((max_output, ), dtype=torch.int64)
+    return boxes.new_empty((boxes.shape[0], max_output), dtype=torch.int64)
 
 
 def _nms_padded_onnx(boxes, scores, iou_threshold: float, score_threshold: float, max_output: int):
+    """NonMaxSuppression over the batch (one class), its (image, class, box) rows, which come by image and
+    by score within one, scattered into (B, max_output) at their rank within their image."""
     from onnxscript import opset18 as op
     selected = op.NonMaxSuppression(
-        op.Unsqueeze(boxes, [0]), op.Unsqueeze(scores, [0, 1]), op.Constant(value_ints=[max_output]),
+        boxes, op.Unsqueeze(scores, [1]), op.Constant(value_ints=[max_output]),
         op.Constant(value_floats=[iou_threshold]), op.Constant(value_floats=[score_threshold]))
-    indices = op.Reshape(op.Slice(selected, [2], [3], [1]), [-1])  # (selected, 3): batch, class, box
-    padding = op.Constant(value_ints=[-1] * max_output)
-    return op.Slice(op.Concat(indices, padding, axis=0), [0], [max_output], [0])
+    image = op.Reshape(op.Slice(selected, [0], [1], [1]), [-1])
+    index = op.Reshape(op.Slice(selected, [2], [3], [1]), [-1])
+    zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
+    batch = op.Shape(boxes, start=0, end=1)
+    images = op.Range(zero, op.Squeeze(batch, [0]), one)
+    counts = op.ReduceSum(op.Cast(op.Equal(op.Unsqueeze(image, [1]), images), to=7), [0], keepdims=0)
+    starts = op.Sub(op.CumSum(counts, zero), counts)  # the first row of each image
+    rows = op.Squeeze(op.Shape(selected, start=0, end=1), [0])
+    rank = op.Sub(op.Range(zero, rows, one), op.Gather(starts, image, axis=0))
+    padded = op.Expand(op.Constant(value_ints=[-1]), op.Concat(batch, op.Constant(value_ints=[max_output]), axis=0))
+    return op.ScatterND(padded, op.Concat(op.Unsqueeze(image, [1]), op.Unsqueeze(rank, [1]), axis=1), index)
 
 
 #: the ONNX translations of this module's ops (``torch.onnx.export(custom_translation_table=...)``)
@@ -98,18 +109,37 @@ TRANSLATIONS = {torch.ops.mmppma.nms_padded.default: _nms_padded_onnx}
 
 def _offset_nms(boxes: Tensor, scores: Tensor, groups: Tensor, valid: Tensor, iou_threshold: float,
                 max_output: int) -> Tensor:
-    """mmcv's ``batched_nms`` over the ``valid`` candidates, ties in score broken by the lower index: NMS within
-    each group, by shifting each group's boxes by ``group * (largest coordinate + 1)`` and running one NMS on
+    """mmcv's ``batched_nms`` per image over the ``valid`` candidates (``boxes`` (B, N, 4), ``scores``,
+    ``groups`` and ``valid`` (B, N)), ties in score broken by the lower index: NMS within each group, by
+    shifting each group's boxes by ``group * (largest coordinate of the image + 1)`` and running one NMS on
     the candidates' ranks (``TopK``, which puts the lower index first among equal scores), so that the order
-    among equal scores is fixed; :func:`nms_padded`'s indices."""
-    largest = torch.where(valid[:, None], boxes, torch.full_like(boxes, float('-inf'))).max()
+    among equal scores is fixed; :func:`nms_padded`'s indices (B, max_output)."""
+    largest = torch.where(valid[..., None], boxes, torch.full_like(boxes, float('-inf'))).flatten(1).amax(1)
     largest = torch.where(torch.isfinite(largest), largest, torch.zeros_like(largest))
-    shifted = boxes + (groups.to(boxes.dtype) * (largest + 1))[:, None]
-    count = scores.shape[0]
-    order = torch.where(valid, scores, torch.full_like(scores, float('-inf'))).topk(count).indices
+    shifted = boxes + (groups.to(boxes.dtype) * (largest[:, None] + 1))[..., None]
+    count = scores.shape[1]
+    order = torch.where(valid, scores, torch.full_like(scores, float('-inf'))).topk(count, dim=1).indices
     descending = torch.arange(count, 0, -1, device=scores.device).to(scores.dtype)  # count .. 1 by rank
-    ranks = torch.zeros_like(scores).scatter(0, order, descending)
+    ranks = torch.zeros_like(scores).scatter(1, order, descending.expand_as(scores))
     return nms_padded(shifted, torch.where(valid, ranks, torch.zeros_like(ranks)), iou_threshold, 0.5, max_output)
+
+
+def _gather_rows(values: Tensor, index: Tensor) -> Tensor:
+    """``values`` (B, N, ...) at ``index`` (B, K) along N: (B, K, ...)."""
+    index = index.reshape(*index.shape, *([1] * (values.dim() - 2))).expand(*index.shape, *values.shape[2:])
+    return values.gather(1, index)
+
+
+def _decode(coder: nn.Module, priors: Tensor, deltas: Tensor, height, width) -> Tensor:
+    """``coder.decode`` (mmdet's ``delta2bbox``) of ``deltas`` (..., 4) at ``priors`` (..., 4), clipped to the
+    image as mmdet clips with ``max_shape`` (``height`` and ``width`` may be symbolic: clipped here)."""
+    from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
+    boxes = delta2bbox(priors.reshape(-1, 4), deltas.reshape(-1, 4), coder.means, coder.stds,
+                       clip_border=False).reshape(deltas.shape)
+    if not coder.clip_border:
+        return boxes
+    x, y = boxes[..., 0::2].clamp(min=0, max=width), boxes[..., 1::2].clamp(min=0, max=height)
+    return torch.stack([x[..., 0], y[..., 0], x[..., 1], y[..., 1]], dim=-1)
 
 
 def check_supported(model: nn.Module) -> None:
@@ -150,15 +180,18 @@ def check_supported(model: nn.Module) -> None:
 
 
 class MaskRCNNExport(nn.Module):
-    """``model.predict`` of a Mask R-CNN for a fixed input size, in ops the ONNX exporter translates:
-    images (B, 3, H, W), normalized as after the data preprocessor, -> the tensors of :data:`OUTPUT_NAMES`.
+    """``model.predict`` of a Mask R-CNN in ops the ONNX exporter translates, batched: images (B, 3, H, W),
+    normalized as after the data preprocessor, -> the tensors of :func:`output_names`. Every size follows the
+    input's (the anchors from the feature maps' sizes, each level's top-k bounded by its anchors), so one file
+    serves any batch and size when exported with dynamic axes.
 
-    Per image (a loop unrolled at export): the RPN's objectness and deltas at every anchor, the top
-    ``nms_pre`` of each level, decoded and clipped, boxes of zero width or height dropped, NMS per level
-    (``max_per_img`` proposals); RoIAlign of each proposal at its FPN level (all levels computed, the
-    proposal's selected), the box head, decoding per class, the candidates above ``score_thr``, NMS per
-    class (``max_per_img`` detections); the mask head on the detections' boxes, its class's mask pasted
-    into the image and thresholded at ``mask_thr_binary``. Counts are outputs and rows past them padding."""
+    Per image: the RPN's objectness and deltas at every anchor, the top ``nms_pre`` of each level, decoded
+    and clipped, boxes of zero width or height dropped, NMS per level (``max_per_img`` proposals); RoIAlign of
+    each proposal once, at the FPN level mmdet assigns it (:meth:`_roi_features`), the box head, decoding per
+    class, the candidates above ``score_thr``, NMS per class (``max_per_img`` detections); the mask head on
+    the detections' boxes, its class's probabilities (``mask_probs``) and, with ``paste_masks``, those pasted
+    into the image and thresholded at ``mask_thr_binary`` (``masks``). Counts are outputs and rows past them
+    padding. Ties in score are broken by the lower index in both NMS stages (:func:`_offset_nms`)."""
 
     onnx_translations = TRANSLATIONS
 
@@ -169,102 +202,103 @@ class MaskRCNNExport(nn.Module):
         self.paste_masks = paste_masks
         self.output_names = output_names(paste_masks)
 
-    def _roi_features(self, extractor: nn.Module, feats: Sequence[Tensor], boxes: Tensor) -> Tensor:
-        """RoIAlign of ``boxes`` (R, 4, one image) on the level ``extractor.map_roi_levels`` assigns each."""
-        rois = torch.cat([boxes.new_zeros(boxes.shape[0], 1), boxes], dim=1)
+    @staticmethod
+    def _roi_features(extractor: nn.Module, feats: Sequence[Tensor], rois: Tensor) -> Tensor:
+        """RoIAlign of ``rois`` (R, 5: image, x1, y1, x2, y2), each once, on the level
+        ``extractor.map_roi_levels`` assigns it: one RoIAlign over the levels stacked as images (each padded
+        at its bottom and right, by repeating its last row and column, to one row and column more than the
+        finest level), each RoI's box scaled by its level's ``spatial_scale`` and its image index moved to its
+        level's. The repeated row and column give a sample between a map's last row and the one after it the
+        last row's value, as RoIAlign clamps there; boxes inside the image sample no farther."""
         feats = feats[:extractor.num_inputs]
+        layers = extractor.roi_layers
         levels = extractor.map_roi_levels(rois, len(feats))
-        out = None
-        for i, (feat, layer) in enumerate(zip(feats, extractor.roi_layers)):
-            pooled = torchvision.ops.roi_align(feat, rois, layer.output_size, layer.spatial_scale,
-                                               layer.sampling_ratio, aligned=True)
-            out = pooled if out is None else torch.where((levels == i)[:, None, None, None], pooled, out)
-        return out
+        batch = feats[0].shape[0]
+        height, width = feats[0].shape[2] + 1, feats[0].shape[3] + 1
+        stacked = torch.cat([F.pad(f, (0, width - f.shape[3], 0, height - f.shape[2]), mode='replicate')
+                             for f in feats])  # (levels x B, C, height, width)
+        scales = torch.tensor([layer.spatial_scale for layer in layers], dtype=rois.dtype, device=rois.device)
+        index = (levels * batch + rois[:, 0].to(levels.dtype)).to(rois.dtype)
+        level_rois = torch.cat([index[:, None], rois[:, 1:] * scales[levels][:, None]], dim=1)
+        return torchvision.ops.roi_align(stacked, level_rois, layers[0].output_size, 1.0, layers[0].sampling_ratio,
+                                         aligned=True)
 
     def forward(self, images: Tensor) -> Tuple[Tensor, ...]:
         model = self.model
         rpn, roi = model.rpn_head, model.roi_head
         rpn_cfg, rcnn_cfg = rpn.test_cfg, roi.test_cfg
-        height, width = images.shape[2:]
+        batch, height, width = images.shape[0], images.shape[2], images.shape[3]
         feats = model.extract_feat(images)
         cls_maps, delta_maps = rpn(feats)
         anchors = rpn.prior_generator.grid_priors([m.shape[-2:] for m in cls_maps], dtype=images.dtype,
                                                   device=images.device)
-        outputs: Dict[str, List[Tensor]] = {name: [] for name in self.output_names}
-        for b in range(images.shape[0]):
-            image_feats = [f[b:b + 1] for f in feats]
-            for name, value in zip(self.output_names, self._one_image(image_feats, [m[b] for m in cls_maps],
-                                                                 [m[b] for m in delta_maps], anchors,
-                                                                 rpn_cfg, rcnn_cfg, height, width)):
-                outputs[name].append(value)
-        return tuple(torch.stack(outputs[name]) for name in self.output_names)
-
-    def _one_image(self, feats, cls_maps, delta_maps, anchors, rpn_cfg, rcnn_cfg, height, width):
-        from mmdet.models.task_modules.coders.delta_xywh_bbox_coder import delta2bbox
-        rpn, roi = self.model.rpn_head, self.model.roi_head
         # RPN: the top nms_pre anchors of each level, decoded, NMS per level
         all_scores, all_deltas, scores, deltas, priors, levels = [], [], [], [], [], []
+        nms_pre = rpn_cfg.get('nms_pre', -1)
         for level, (cls_map, delta_map, level_anchors) in enumerate(zip(cls_maps, delta_maps, anchors)):
-            level_scores = cls_map.permute(1, 2, 0).reshape(-1).sigmoid()
-            level_deltas = delta_map.permute(1, 2, 0).reshape(-1, 4)
+            level_scores = cls_map.permute(0, 2, 3, 1).reshape(batch, -1).sigmoid()
+            level_deltas = delta_map.permute(0, 2, 3, 1).reshape(batch, -1, 4)
             all_scores.append(level_scores)
             all_deltas.append(level_deltas)
-            nms_pre = rpn_cfg.get('nms_pre', -1)
-            if 0 < nms_pre < level_scores.shape[0]:
-                level_scores, top = level_scores.topk(nms_pre)
-                level_deltas, level_anchors = level_deltas[top], level_anchors[top]
+            level_priors = level_anchors.expand(batch, -1, -1)
+            if nms_pre > 0:
+                level_scores, top = level_scores.topk(torch.sym_min(nms_pre, level_scores.shape[1]), dim=1)
+                level_deltas, level_priors = _gather_rows(level_deltas, top), _gather_rows(level_priors, top)
             scores.append(level_scores)
             deltas.append(level_deltas)
-            priors.append(level_anchors)
+            priors.append(level_priors)
             levels.append(torch.full_like(level_scores, level, dtype=torch.int64))
-        scores, levels = torch.cat(scores), torch.cat(levels)
-        coder = rpn.bbox_coder
-        boxes = delta2bbox(torch.cat(priors), torch.cat(deltas), coder.means, coder.stds, (height, width),
-                           clip_border=coder.clip_border)
+        scores, levels = torch.cat(scores, dim=1), torch.cat(levels, dim=1)
+        boxes = _decode(rpn.bbox_coder, torch.cat(priors, dim=1), torch.cat(deltas, dim=1), height, width)
         valid = torch.ones_like(scores, dtype=torch.bool)
         min_size = rpn_cfg.get('min_bbox_size', -1)
         if min_size >= 0:
-            valid = ((boxes[:, 2] - boxes[:, 0]) > min_size) & ((boxes[:, 3] - boxes[:, 1]) > min_size)
+            valid = ((boxes[..., 2] - boxes[..., 0]) > min_size) & ((boxes[..., 3] - boxes[..., 1]) > min_size)
         keep = _offset_nms(boxes, scores, levels, valid, rpn_cfg.nms.iou_threshold, rpn_cfg.max_per_img)
-        proposal_valid = keep >= 0
-        num_proposals = proposal_valid.sum()
-        keep = keep.clamp(min=0)
-        proposals = boxes[keep] * proposal_valid[:, None]
+        proposal_valid = keep >= 0  # (B, P)
+        num_proposals = proposal_valid.sum(1)
+        proposals = _gather_rows(boxes, keep.clamp(min=0)) * proposal_valid[..., None]
 
         # box head on the proposals, decoding per class, NMS per class
-        cls_score, bbox_pred = roi.bbox_head(self._roi_features(roi.bbox_roi_extractor, feats, proposals))
-        roi_scores = F.softmax(cls_score, dim=-1)
+        image_index = torch.arange(batch, device=images.device).to(images.dtype)
+        rois = torch.cat([image_index[:, None, None].expand(-1, proposals.shape[1], 1), proposals], dim=2)
+        cls_score, bbox_pred = roi.bbox_head(self._roi_features(roi.bbox_roi_extractor, feats, rois.reshape(-1, 5)))
+        num_proposals_per_image = proposals.shape[1]
+        roi_scores = F.softmax(cls_score, dim=-1).reshape(batch, num_proposals_per_image, -1)
+        bbox_pred = bbox_pred.reshape(batch, num_proposals_per_image, -1)
         num_classes = roi.bbox_head.num_classes
-        coder = roi.bbox_head.bbox_coder
         per_class = 1 if roi.bbox_head.reg_class_agnostic else num_classes
-        class_boxes = delta2bbox(proposals.repeat_interleave(per_class, dim=0), bbox_pred.reshape(-1, 4),
-                                 coder.means, coder.stds, (height, width), clip_border=coder.clip_border)
-        class_boxes = class_boxes.reshape(-1, per_class, 4).expand(-1, num_classes, 4).reshape(-1, 4)
-        candidate_scores = roi_scores[:, :-1].reshape(-1)
-        labels = torch.arange(num_classes, device=proposals.device).repeat(proposals.shape[0])
-        candidates = (candidate_scores > rcnn_cfg.score_thr) & proposal_valid.repeat_interleave(num_classes)
-        keep = _offset_nms(class_boxes, candidate_scores, labels, candidates, rcnn_cfg.nms.iou_threshold,
-                           rcnn_cfg.max_per_img)
-        det_valid = keep >= 0
-        num_dets = det_valid.sum()
+        class_boxes = _decode(roi.bbox_head.bbox_coder, proposals[:, :, None, :].expand(-1, -1, per_class, 4),
+                              bbox_pred.reshape(batch, -1, per_class, 4), height, width)
+        class_boxes = class_boxes.expand(-1, -1, num_classes, 4).reshape(batch, -1, 4)
+        candidate_scores = roi_scores[..., :-1].reshape(batch, -1)
+        labels = torch.arange(num_classes, device=images.device).repeat(num_proposals_per_image)
+        candidates = (candidate_scores > rcnn_cfg.score_thr) & proposal_valid.repeat_interleave(num_classes, dim=1)
+        keep = _offset_nms(class_boxes, candidate_scores, labels.expand(batch, -1), candidates,
+                           rcnn_cfg.nms.iou_threshold, rcnn_cfg.max_per_img)
+        det_valid = keep >= 0  # (B, K)
+        num_dets = det_valid.sum(1)
         keep = keep.clamp(min=0)
-        det_boxes = class_boxes[keep] * det_valid[:, None]
-        det_scores = candidate_scores[keep] * det_valid
-        det_labels = torch.where(det_valid, labels[keep], torch.full_like(labels[keep], -1))
+        det_boxes = _gather_rows(class_boxes, keep) * det_valid[..., None]
+        det_scores = candidate_scores.gather(1, keep) * det_valid
+        det_labels = torch.where(det_valid, labels[keep], torch.full_like(keep, -1))
 
-        # mask head on the detections, the label's mask pasted into the image
-        mask_logits = roi.mask_head(self._roi_features(roi.mask_roi_extractor, feats, det_boxes))
+        # mask head on the detections: the label's probabilities, pasted into the image if asked
+        rois = torch.cat([image_index[:, None, None].expand(-1, det_boxes.shape[1], 1), det_boxes], dim=2)
+        mask_logits = roi.mask_head(self._roi_features(roi.mask_roi_extractor, feats, rois.reshape(-1, 5)))
+        mask_size = mask_logits.shape[2:]
         mask_probs = mask_logits.sigmoid().gather(
-            1, det_labels.clamp(min=0)[:, None, None, None].expand(-1, 1, *mask_logits.shape[2:]))[:, 0]
-        mask_probs = mask_probs * det_valid[:, None, None]
+            1, det_labels.clamp(min=0).reshape(-1, 1, 1, 1).expand(-1, 1, *mask_size))
+        mask_probs = mask_probs.reshape(batch, -1, *mask_size) * det_valid[..., None, None]
         masks = ()
         if self.paste_masks:
-            masks = (paste_masks(mask_probs, det_boxes, height, width, rcnn_cfg.mask_thr_binary)
-                     & det_valid[:, None, None], )
-        roi_scores = roi_scores * proposal_valid[:, None]
-        roi_deltas = bbox_pred * proposal_valid[:, None]
-        return (num_dets, det_boxes, det_scores, det_labels, mask_probs, *masks, torch.cat(all_scores),
-                torch.cat(all_deltas), num_proposals, proposals, roi_scores, roi_deltas)
+            pasted = paste_masks(mask_probs.reshape(-1, *mask_size), det_boxes.reshape(-1, 4), height, width,
+                                 rcnn_cfg.mask_thr_binary)
+            masks = (pasted.reshape(batch, -1, height, width) & det_valid[..., None, None], )
+        roi_scores = roi_scores * proposal_valid[..., None]
+        roi_deltas = bbox_pred * proposal_valid[..., None]
+        return (num_dets, det_boxes, det_scores, det_labels, mask_probs, *masks, torch.cat(all_scores, dim=1),
+                torch.cat(all_deltas, dim=1), num_proposals, proposals, roi_scores, roi_deltas)
 
 
 def data_samples(batch: int, height: int, width: int) -> list:

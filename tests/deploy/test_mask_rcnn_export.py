@@ -53,35 +53,38 @@ class Nms(torch.nn.Module):
 
 
 def test_nms_exports_as_onnx_nonmaxsuppression(tmp_path):
-    """The NMS op in onnxruntime keeps mmcv's boxes (``mmcv.ops.nms``, as mmdet runs it: candidates above
-    the score threshold, by score), in its order, padded with -1."""
+    """The NMS op in onnxruntime keeps, per image, mmcv's boxes (``mmcv.ops.nms``, as mmdet runs it:
+    candidates above the score threshold, by score), in its order, padded with -1; one file for any batch and
+    number of boxes, images keeping more than 40, fewer, and none."""
     import onnx
     import onnxruntime
     from mmcv.ops import nms
 
     from mmppma.deploy.mask_rcnn import TRANSLATIONS
     gen = torch.Generator().manual_seed(0)
-    boxes, scores = random_boxes(200, 64.0, gen), torch.rand(200, generator=gen)
+    boxes, scores = random_boxes(400, 64.0, gen).reshape(2, 200, 4), torch.rand(2, 200, generator=gen)
     path = str(tmp_path / 'nms.onnx')
-    count = torch.export.Dim('count', min=2)
+    dims = {0: torch.export.Dim('batch', min=2), 1: torch.export.Dim('count', min=2)}
     torch.onnx.export(Nms(), (boxes, scores), path, dynamo=True, opset_version=18, input_names=['boxes', 'scores'],
-                      dynamic_shapes=({0: count}, {0: count}), custom_translation_table=TRANSLATIONS)
+                      dynamic_shapes=(dims, dims), custom_translation_table=TRANSLATIONS)
     assert 'NonMaxSuppression' in {node.op_type for node in onnx.load(path).graph.node}
     session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
-    for n in (200, 30, 3):  # more kept than 40, fewer
-        b, s = random_boxes(n, 64.0, gen), torch.rand(n, generator=gen)
-        [got] = session.run(None, {'boxes': b.numpy(), 'scores': s.numpy()})
-        _, keep = nms(b, s, 0.5, score_threshold=0.3)
-        want = torch.full((40, ), -1, dtype=torch.int64)
-        want[:min(40, len(keep))] = keep[:40]
-        assert torch.equal(torch.from_numpy(got), want), n
+    for b, n in ((3, 200), (2, 30), (1, 3), (4, 25)):
+        boxes, scores = random_boxes(b * n, 64.0, gen).reshape(b, n, 4), torch.rand(b, n, generator=gen)
+        scores[-1] *= 0.3  # the last image: nothing above the threshold
+        [got] = session.run(None, {'boxes': boxes.numpy(), 'scores': scores.numpy()})
+        want = torch.full((b, 40), -1, dtype=torch.int64)
+        for i in range(b):
+            _, keep = nms(boxes[i], scores[i], 0.5, score_threshold=0.3)
+            want[i, :min(40, len(keep))] = keep[:40]
+        assert torch.equal(torch.from_numpy(got), want), (b, n)
 
 
 class OffsetNms(torch.nn.Module):
 
     def forward(self, boxes, scores, groups, valid):
         from mmppma.deploy.mask_rcnn import _offset_nms
-        return _offset_nms(boxes, scores, groups, valid, 0.5, 60)
+        return _offset_nms(boxes[None], scores[None], groups[None], valid[None], 0.5, 60)[0]
 
 
 def test_nms_breaks_ties_by_index(tmp_path):
@@ -159,6 +162,52 @@ def test_roi_align_exports_as_mmcv_roi_align(tmp_path):
         None, {'feat': feat.numpy(), 'rois': rois.numpy()})
     want = roi_align(feat, rois, (7, 7), 0.25, 0, 'avg', True)
     torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=1e-5)
+
+
+class RoIFeatures(torch.nn.Module):
+
+    def __init__(self, extractor):
+        super().__init__()
+        self.extractor = extractor
+
+    def forward(self, f0, f1, f2, f3, rois):
+        from mmppma.deploy.mask_rcnn import MaskRCNNExport
+        return MaskRCNNExport._roi_features(self.extractor, [f0, f1, f2, f3], rois)
+
+
+def test_roi_features_once_per_roi_at_its_level(tmp_path):
+    """Each RoI pooled once on the stacked levels is mmdet's ``SingleRoIExtractor`` (mmcv's RoIAlign at the
+    level ``map_roi_levels`` assigns), in torch and in onnxruntime, one file at two batches and map sizes,
+    boxes of every level, at the image's border and empty."""
+    import onnxruntime
+    from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
+    extractor = SingleRoIExtractor(dict(type='RoIAlign', output_size=7, sampling_ratio=0), out_channels=8,
+                                   featmap_strides=[4, 8, 16, 32])
+    gen = torch.Generator().manual_seed(0)
+
+    def inputs(batch, height, width):
+        feats = [torch.randn(batch, 8, -(-height // s), -(-width // s), generator=gen) for s in (4, 8, 16, 32)]
+        xy = torch.rand(60, 2, generator=gen) * torch.tensor([width, height])
+        boxes = torch.cat([xy, xy + torch.rand(60, 2, generator=gen) ** 2 * torch.tensor([width, height])], dim=1)
+        boxes = torch.cat([boxes, torch.tensor([[0., 0., width, height], [width - 9., height - 3., width, height],
+                                                [5., 5., 5., 9.]])])
+        boxes[:, 0::2], boxes[:, 1::2] = boxes[:, 0::2].clamp(0, width), boxes[:, 1::2].clamp(0, height)
+        index = torch.randint(0, batch, (len(boxes), 1), generator=gen).float()
+        return (*feats, torch.cat([index, boxes], dim=1))
+
+    x = inputs(2, 480, 640)
+    levels = extractor.map_roi_levels(x[-1], 4)
+    assert set(levels.tolist()) == {0, 1, 2, 3}
+    path = str(tmp_path / 'roi_features.onnx')
+    dims = [{0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO}] * 4
+    torch.onnx.export(RoIFeatures(extractor), x, path, dynamo=True, opset_version=18,
+                      dynamic_shapes=(*dims, {0: torch.export.Dim.AUTO}))
+    session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
+    for x in (x, inputs(3, 512, 416)):
+        want = extractor(list(x[:4]), x[-1])
+        torch.testing.assert_close(RoIFeatures(extractor)(*x), want, rtol=0, atol=1e-5)
+        [got] = session.run(None, {i.name: v.numpy() for i, v in zip(session.get_inputs(), x)})
+        torch.testing.assert_close(torch.from_numpy(got), want, rtol=0, atol=1e-5)
 
 
 def test_paste_masks_is_mmdets_do_paste_mask():
@@ -281,7 +330,7 @@ def check_against_mmdet(model, x, out, top):
 
 CASES = [
     pytest.param('tiny/mask_rcnn_ppma_t_tiny_coco.py', 1, 192, 192, 0.1, 2, ['--paste-masks'], id='tiny_coco',
-                 marks=pytest.mark.slow),
+                 marks=[pytest.mark.heavy, pytest.mark.slow]),
     pytest.param('mask_rcnn_ppma_t_1x_coco.py', 2, 320, 320, 0.1, 3, [], id='ppma_t_1x',
                  marks=[pytest.mark.heavy, pytest.mark.slow(minutes=3)]),
 ]
@@ -336,13 +385,46 @@ def tool_samples(x):
     return data_samples(x.shape[0], *x.shape[2:])
 
 
+DYNAMIC_CASES = [
+    pytest.param('tiny/mask_rcnn_ppma_t_tiny_coco.py', 128, 128, 0.1, 2, ['--paste-masks'], id='tiny_coco',
+                 marks=pytest.mark.slow(minutes=3)),
+    pytest.param('mask_rcnn_ppma_t_1x_coco.py', 800, 1344, 0.1, 3, [], id='ppma_t_1x_800x1344',
+                 marks=[pytest.mark.heavy, pytest.mark.slow(minutes=15)]),
+    pytest.param('mask_rcnn_ppma_t_1x_coco.py', 1344, 800, 0.1, 3, [], id='ppma_t_1x_1344x800',
+                 marks=[pytest.mark.heavy, pytest.mark.slow(minutes=15)]),
+]
+
+
+@pytest.mark.parametrize('config, height, width, cls_std, cls_seed, extra', DYNAMIC_CASES)
+def test_dynamic_mask_rcnn_two_batches_two_sizes(config, height, width, cls_std, cls_seed, extra, tmp_path, capsys):
+    """One file, traced at batch 2 (``--dynamic``): the tool checks it against ``model.predict`` at batch 1 and
+    2 and at another size (H 3/4, W 5/4 as large); the file, run here on another input of a third size,
+    gives mmdet's outputs and detections (:func:`check_against_mmdet`)."""
+    from mmppma import deploy
+    tool = load_tool('deployment/pytorch2onnx.py')
+    config = REPO_ROOT / 'configs' / config
+    checkpoint, out = tmp_path / 'seeded.pth', tmp_path / 'model.onnx'
+    model, _ = seeded_model(tool, config, checkpoint, 1, height, width, cls_std, cls_seed)
+    argv = [str(config), str(checkpoint), '--shape', str(height), str(width), '--dynamic', '--out', str(out), *extra]
+    assert tool.main(argv) == 0
+    assert deploy.dynamic_axes(str(out)) == ['batch', 'height', 'width']
+    lines = [line for line in capsys.readouterr().out.splitlines() if 'vs model.predict' in line]
+    print('\n'.join(lines))  # the figures, for docs/deployment.md (pytest -rP shows them)
+    h2, w2 = max(32, height * 3 // 4 // 32 * 32), -(-width * 5 // 4 // 32) * 32
+    assert [line.split(' of ')[1].split(')')[0] + ')' for line in lines] == [
+        f'(1, 3, {height}, {width})', f'(2, 3, {height}, {width})', f'(2, 3, {height}, {width})',
+        f'(2, 3, {h2}, {w2})', f'(2, 3, {h2}, {w2})']
+    batch = 3 if height < 512 else 1
+    other = torch.randn(batch, 3, height + 32, width - 32, generator=torch.Generator().manual_seed(5))
+    check_against_mmdet(model, other, out, top=10)
+
+
 @pytest.mark.parametrize('extra, code, cause', [
-    (['--dynamic'], 2, 'arguments failed: a whole detector exports at a fixed batch and size'),
     (['--cfg-options', 'model.roi_head.mask_head=None'], 3,
      'export failed: MaskRCNN: the RoI head is not a StandardRoIHead with an FCNMaskHead'),
-], ids=['dynamic', 'no_mask_head'])
+], ids=['no_mask_head'])
 def test_detector_refused(extra, code, cause, tmp_path, capsys):
-    """A detector with --dynamic, or one that is not Mask R-CNN's: one line and the exit code, no file."""
+    """A detector that is not Mask R-CNN's: one line and the exit code, no file."""
     tool = load_tool('deployment/pytorch2onnx.py')
     config = str(REPO_ROOT / 'configs' / 'tiny' / 'mask_rcnn_ppma_t_tiny_coco.py')
     out = tmp_path / 'model.onnx'
