@@ -130,8 +130,6 @@ def convert(args: argparse.Namespace) -> int:
         kind = model_kind(model)
     except Exception as err:  # a bad config, a missing package or checkpoint: the cause says which
         raise StepFailed('build', first_line(err)) from err
-    if kind == 'detector' and args.dynamic:
-        raise StepFailed('arguments', 'a whole detector exports at a fixed batch and size: drop --dynamic')
     try:
         module, kind = export_module(model, paste_masks=args.paste_masks)
     except ValueError as err:  # a detector other than Mask R-CNN (the export's failure), --paste-masks elsewhere
@@ -149,13 +147,13 @@ def convert(args: argparse.Namespace) -> int:
         export_onnx(module, x, out, dynamic=args.dynamic, opset=args.opset)
     except ExportError as err:
         raise StepFailed('export', str(err).splitlines()[0]) from err
-    if kind == 'detector':
-        return check_detector(out, model, x)
     inputs = [x]
     if args.dynamic:
         axes = dynamic_axes(out)
         print(f'dynamic axes: {", ".join(axes) if axes else "none (the model fixes every axis)"}')
         inputs = check_inputs(x, axes)
+    if kind == 'detector':
+        return check_detector(out, model, inputs)
     with checking(OutputMismatch, 'torch eager failed on a check input'):
         comparisons = compare_onnx(out, module, inputs)
     worst, at = 0.0, None
@@ -184,13 +182,21 @@ def checking(mismatch: type, torch_failed: str):
         raise StepFailed('torch', f'{torch_failed}: {first_line(err)}') from err
 
 
-def check_detector(out: str, model: torch.nn.Module, x: torch.Tensor) -> int:
-    """Check the whole-detector file against ``model.predict``
+def check_detector(out: str, model: torch.nn.Module, inputs) -> int:
+    """Check the whole-detector file against ``model.predict`` at each input
     (:func:`mmppma.deploy.mask_rcnn.compare_with_predict`)."""
     from mmppma.deploy import DetectionMismatch
     from mmppma.deploy.mask_rcnn import compare_with_predict
-    with checking(DetectionMismatch, 'torch eager failed'):  # model.predict or the heads in torch
-        comparisons = compare_with_predict(out, model, x)
+    for x in inputs:
+        with checking(DetectionMismatch, 'torch eager failed'):  # model.predict or the heads in torch
+            comparisons = compare_with_predict(out, model, x)
+        print_detector_check(comparisons, x)
+    print(f'wrote {out}')
+    return 0
+
+
+def print_detector_check(comparisons, x: torch.Tensor) -> None:
+    """One line per image of :func:`check_detector`'s figures."""
     for b, c in enumerate(comparisons):
         print(f'onnxruntime (CPU) vs model.predict, image {b} of {tuple(x.shape)}: before NMS max relative '
               f'difference {max(c.rpn, c.roi):.3e} (RPN {c.rpn:.1e}, box head {c.roi:.1e}); {c.detections[0]} '
@@ -200,8 +206,6 @@ def check_detector(out: str, model: torch.nn.Module, x: torch.Tensor) -> int:
               f'smallest gap between mmdet\'s scores {c.score_gap:.1e}'
               + ('; equal RPN scores: against mmdet\'s RoI head on its proposals with the ties broken by index'
                  if c.ties else ''))
-    print(f'wrote {out}')
-    return 0
 
 
 def main(argv=None) -> int:
