@@ -1,11 +1,12 @@
 """The whole Mask R-CNN (mmdet's two-stage detector with RPNHead and StandardRoIHead) as one ONNX graph.
 
-:class:`MaskRCNNExport` runs backbone, neck, RPN, RoI heads, both NMS stages and the mask pasting of
-``model.predict`` in ops that ``torch.onnx.export(dynamo=True)`` translates: NMS through :func:`nms_padded`
-(a torch.library op translated to ONNX NonMaxSuppression, :data:`TRANSLATIONS`), RoIAlign through
-``torchvision.ops.roi_align`` (ONNX RoiAlign, ``half_pixel``), and every shape fixed by the input size, so
-data-dependent counts become outputs padded to a fixed size (:data:`OUTPUT_NAMES`). :func:`export_mask_rcnn`
-writes the file; :func:`compare_with_predict` checks it in onnxruntime against ``model.predict``.
+:class:`MaskRCNNExport` runs backbone, neck, RPN and RoI heads and both NMS stages of ``model.predict``, batched,
+in ops that ``torch.onnx.export(dynamo=True)`` translates: NMS through :func:`nms_padded` (a torch.library op
+translated to ONNX NonMaxSuppression, :data:`TRANSLATIONS`), RoIAlign through ``torchvision.ops.roi_align``
+(ONNX RoiAlign, ``half_pixel``), every size taken from the input's (so batch, height and width can be dynamic),
+data-dependent counts as outputs padded to a fixed size (:func:`output_names`); masks at RoI resolution, pasted
+by :func:`mmppma.deploy.masks.paste_masks` (or in the graph, on request). :func:`compare_with_predict` checks a
+file in onnxruntime against ``model.predict``. docs/deployment.md.
 """
 from typing import Dict, List, NamedTuple, Sequence, Tuple
 

@@ -30,8 +30,17 @@ def relative(got, want):
 
 
 def nearest(got, want):
-    """For each box of ``want``, the index of the nearest box of ``got`` (largest coordinate difference)."""
-    return (want[:, None, :] - got[None, :, :]).abs().amax(-1).argmin(1)
+    """For each box of ``want``, the index of the nearest box of ``got`` (largest coordinate difference) not
+    taken by an earlier one (the same box can come twice, e.g. a proposal of the whole image from two
+    levels)."""
+    distance = (want[:, None, :] - got[None, :, :]).abs().amax(-1)
+    taken = torch.zeros(len(got), dtype=torch.bool)
+    picked = []
+    for row in distance:
+        pick = int(torch.where(taken, float('inf'), row).argmin())
+        taken[pick] = True
+        picked.append(pick)
+    return torch.tensor(picked, dtype=torch.int64)
 
 
 def mask_iou(a, b):

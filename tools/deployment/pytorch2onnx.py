@@ -9,21 +9,24 @@ What is exported, by the config's model: an mmpretrain classifier -> logits; an 
 segmentation logits at the input size; an mmdet Mask R-CNN -> the whole detector (mmppma/deploy/mask_rcnn.py):
 its detections after NMS (boxes, scores, labels and the mask head's probabilities at RoI resolution, padded,
 with their count; ``--paste-masks``: also the masks pasted at the input size) and its RPN and box head
-outputs before NMS, at a fixed batch and size; a bare backbone (a config whose ``model`` is e.g.
-``type='mmppma.PPMA'``, or ``--backbone-only``) -> its multi-scale features. The input is the normalized
-image batch (B, 3, H, W), as after the model's data preprocessor. Without CHECKPOINT the weights are random.
+outputs before NMS, at the batch and size given (any, with ``--dynamic``); a bare backbone (a config whose
+``model`` is e.g. ``type='mmppma.PPMA'``, or ``--backbone-only``) -> its multi-scale features. The input is
+the normalized image batch (B, 3, H, W), as after the model's data preprocessor. Without CHECKPOINT the
+weights are random.
 
 ``--dynamic`` makes batch, height and width dynamic wherever the model allows (traced at a batch of 2 or
 more) and checks the file at the input given (--batch, --shape), at one image more, and at one image more in
-another size (H 3/4 and W 5/4 as large, in steps of 32: 512 x 512 -> 384 x 640); not for a detector. The
-tool prints the largest relative difference (max |onnx - torch| / max |torch| over each output) per input.
-A detector is checked against ``model.predict`` instead: the outputs before NMS within 1e-4 (relative), the
-detections equal in number and labels, their boxes within 1e-3 (relative, matched), scores within 1e-4 and
-each mask's IoU at least 0.99 (or its pixels differing only where mmdet's probability is within 1e-3 of the
-threshold). When a step fails it prints one line naming the config, the step and the
-cause (``--debug``: with the traceback) and exits with the step's code: 1 the outputs differ (by more than
-the bounds above, or in number or shape), 3 the export, 4 onnxruntime, 5 building the model or running it
-in torch (2: bad arguments, as argparse, or --dynamic with a detector).
+another size (H 3/4 and W 5/4 as large, in steps of 32: 512 x 512 -> 384 x 640); a Mask R-CNN is dynamic in
+all three. The tool prints the largest relative difference (max |onnx - torch| / max |torch| over each
+output) per input. A detector is checked against ``model.predict`` instead: the outputs before NMS within
+1e-4 (relative), the detections equal in number and labels, their boxes within 1e-3 (relative, matched),
+scores within 1e-4 and each mask's IoU at least 0.99 (or its pixels differing only where mmdet's probability
+is within 1e-3 of the threshold); where equal objectness scores make mmdet's RPN keep other proposals than
+with ties broken by index, against mmdet's post-processing with ties so broken. When a step fails it prints
+one line naming the config, the step and the cause (``--debug``: with the traceback) and exits with the
+step's code: 1 the outputs differ (by more than the bounds above, or in number or shape), 3 the export, 4
+onnxruntime, 5 building the model or running it in torch (2: bad arguments, as argparse, or --paste-masks
+with a model other than a detector).
 docs/deployment.md.
 """
 import argparse
