@@ -4,6 +4,8 @@ Layered, each module importing only those before it (and the models, never the r
 
 * :mod:`.runtime` - the onnxruntime session, the errors, :func:`relative_difference`, :func:`first_line`;
 * :mod:`.pools` - adaptive pools with bins taken from the input size at run time (the export's form);
+* :mod:`.masks` - :func:`paste_masks`, a Mask R-CNN file's masks at RoI resolution pasted into the image
+  (numpy or torch);
 * :mod:`.export` - the part of a model that is exported, and :func:`export_onnx`;
 * :mod:`.mask_rcnn` - the whole Mask R-CNN as one graph, checked against ``model.predict`` (imported on use:
   it needs mmdet and registers an NMS op with torch.library);
@@ -13,6 +15,7 @@ Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime).
 """
 from .check import Comparison, compare_onnx
 from .export import OUTPUTS, dynamic_axes, export_module, export_onnx, model_kind, traced_input
+from .masks import paste_masks
 from .pools import fixed_grid_pools, runtime_pools
 from .runtime import (
     TOLERANCE,
@@ -28,7 +31,7 @@ from .runtime import (
 
 __all__ = [
     'Comparison', 'compare_onnx', 'OUTPUTS', 'dynamic_axes', 'export_module', 'export_onnx', 'model_kind',
-    'traced_input', 'fixed_grid_pools', 'runtime_pools', 'TOLERANCE', 'DetectionMismatch', 'ExportError',
+    'traced_input', 'paste_masks', 'fixed_grid_pools', 'runtime_pools', 'TOLERANCE', 'DetectionMismatch', 'ExportError',
     'OnnxRuntimeFailure', 'OutputMismatch', 'UnsupportedDetector', 'first_line', 'onnx_session',
     'relative_difference'
 ]

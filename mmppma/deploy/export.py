@@ -22,8 +22,9 @@ from .runtime import ExportError
 OUTPUTS = {
     'classifier': 'logits (B, classes)',
     'segmentor': 'segmentation logits (B, classes, H, W) at the input size',
-    'detector': 'the whole Mask R-CNN: detections after NMS (boxes, scores, labels, masks; padded, with their '
-                'count) and the RPN and box head outputs before NMS (mmppma.deploy.mask_rcnn)',
+    'detector': 'the whole Mask R-CNN: detections after NMS (boxes, scores, labels, mask probabilities at RoI '
+                'resolution; padded, with their count) and the RPN and box head outputs before NMS '
+                '(mmppma.deploy.mask_rcnn)',
     'backbone': "the backbone's multi-scale features (its out_indices)",
 }
 
@@ -76,15 +77,18 @@ def model_kind(model: nn.Module) -> str:
     return 'backbone'
 
 
-def export_module(model: nn.Module) -> Tuple[nn.Module, str]:
+def export_module(model: nn.Module, paste_masks: bool = False) -> Tuple[nn.Module, str]:
     """``(module, kind)``: the part of ``model`` that is exported, as a module of one image tensor
     (B, 3, H, W) (normalized, as after the data preprocessor), and its :func:`model_kind` (see
     :data:`OUTPUTS`). A detector is :class:`mmppma.deploy.mask_rcnn.MaskRCNNExport`, which raises
-    :class:`~mmppma.deploy.runtime.UnsupportedDetector` for a detector other than Mask R-CNN."""
+    :class:`~mmppma.deploy.runtime.UnsupportedDetector` for a detector other than Mask R-CNN; ``paste_masks``:
+    it also pastes the masks into the image (its ``masks`` output)."""
     kind = model_kind(model)
     if kind == 'detector':
         from .mask_rcnn import MaskRCNNExport
-        return MaskRCNNExport(model).eval(), kind
+        return MaskRCNNExport(model, paste_masks=paste_masks).eval(), kind
+    if paste_masks:
+        raise ValueError(f'paste_masks is for a Mask R-CNN; this model is a {kind}')
     wrapped = {'classifier': _Classifier, 'segmentor': _Segmentor}.get(kind)
     module = wrapped(model) if wrapped else _Features(model)
     return module.eval(), kind

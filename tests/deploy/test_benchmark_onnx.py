@@ -1,5 +1,6 @@
-"""tools/deployment/benchmark_onnx.py runs its cases and prints the machine and one table row per case."""
+"""tools/deployment/benchmark_onnx.py runs its cases and files and prints the machine and one table row for each."""
 import pytest
+import torch
 
 from ..conftest import load_tool
 
@@ -7,14 +8,23 @@ pytest.importorskip('onnxruntime', reason='the deploy extra: pip install -e .[de
 
 
 def test_benchmark_table(tmp_path, capsys):
+    """A file written before (fixed size, the same random weights) and a case exported with dynamic axes,
+    timed in one run; each row's difference from torch within 1e-4."""
+    from mmppma import deploy
     config = tmp_path / 'ppma_tiny.py'
     arch = dict(embed_dims=[16], depths=[1], num_heads=[1], mlp_ratios=[2], attn_types=['whole'])
     config.write_text(f"model = dict(type='mmppma.PPMA', arch={arch!r}, out_indices=(0, ))\n")
     tool = load_tool('deployment/benchmark_onnx.py')
-    assert tool.main(['--case', str(config), '1', '32', '32', '--case', str(config), '2', '32', '48',
-                      '--iters', '1', '--threads', '1']) == 0
+    torch.manual_seed(0)
+    module, _ = deploy.export_module(tool.build_model(str(config)))
+    written = tmp_path / 'written.onnx'
+    deploy.export_onnx(module, torch.randn(1, 3, 32, 32), str(written))
+    assert tool.main(['--file', str(config), '1', '32', '32', str(written), '--case', str(config), '2', '32', '48',
+                      '--dynamic', '--iters', '1', '--threads', '1']) == 0
     printed = capsys.readouterr().out
     assert 'machine: ' in printed and 'cores' in printed and 'load average' in printed
     rows = [line for line in printed.splitlines() if line.startswith('| ppma_tiny.py')]
-    assert [row.split(' | ')[1:3] for row in rows] == [['1', '32 x 32'], ['2', '32 x 48']]
+    assert [row.split(' | ')[:3] for row in rows] == [
+        ['| ppma_tiny.py (backbone; written.onnx, fixed size)', '1', '32 x 32'],
+        ['| ppma_tiny.py (backbone; dynamic)', '2', '32 x 48']]
     assert all(float(row.rstrip(' |').rsplit('| ', 1)[1]) <= 1e-4 for row in rows)

@@ -1,17 +1,23 @@
 #!/usr/bin/env python
 """onnxruntime (CPU) against torch eager: inference time of exported models, several cases in one run.
 
-    python tools/deployment/benchmark_onnx.py [--case CONFIG B H W ...] [--iters 5] [--threads N]
+    python tools/deployment/benchmark_onnx.py [--case CONFIG B H W ...] [--file CONFIG B H W ONNX ...]
+                                              [--dynamic] [--paste-masks] [--iters 5] [--threads N]
 
-Default cases: the PPMA-T classifier (configs/ppma_t_8xb128_in1k.py) at batch 1 and batch 8, 224 x 224, and
-the PPMA-T UPerNet (configs/upernet_ppma_t_512x512_160k_ade20k.py) at batch 1, 512 x 512; random weights.
-Each case is exported as pytorch2onnx.py exports it (static shape, at the case's batch and size) and checked
-against torch once (a Mask R-CNN: against ``model.predict``, which is also what torch runs), then run
-alternately in torch eager (``torch.inference_mode``) and in onnxruntime's CPU
-provider, both with ``--threads`` threads (default: torch's count), one warm-up run each, then ``--iters``
-timed runs each. It prints the machine (CPU model, cores, GPU, load average before and after), the versions,
-and a table of the median wall time per batch and the ratio torch / onnxruntime (above 1: onnxruntime is
-faster). docs/deployment.md.
+Default cases: the PPMA-T classifier (configs/ppma_t_8xb128_in1k.py) at batch 1 and batch 8, 224 x 224, the
+PPMA-T UPerNet (configs/upernet_ppma_t_512x512_160k_ade20k.py) at batch 1, 512 x 512, and the PPMA-T Mask
+R-CNN (configs/mask_rcnn_ppma_t_1x_coco.py) at batch 1, 800 x 1344; random weights (``--case`` replaces them).
+Each case is exported as pytorch2onnx.py exports it (at the case's batch and size; ``--dynamic``: with
+dynamic batch, height and width, traced at a batch of 2 or more; ``--paste-masks``: a Mask R-CNN with its masks
+also pasted in the graph), and each ``--file`` is an ONNX file written before (e.g. by another version of
+pytorch2onnx.py, with the weights ``--seed 0`` draws: random weights are drawn as here) timed at its case's
+input. Each is checked against torch once (a Mask R-CNN: against ``model.predict``, which is also what torch
+runs), then run alternately in torch eager (``torch.inference_mode``) and in onnxruntime's CPU provider, both
+with ``--threads`` threads (default: torch's count), one warm-up run each, then ``--iters`` timed runs each.
+It prints the machine (CPU model, cores, GPU, load average before and after), the versions, and a table of
+the median wall time per batch and the ratio torch / onnxruntime (above 1: onnxruntime is faster), the rows
+of one run side by side (a ``--file`` and a ``--case`` of one config and input compare two files).
+docs/deployment.md.
 """
 import argparse
 import functools
@@ -30,13 +36,21 @@ sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 
 from pytorch2onnx import build_model  # noqa: E402
 
-from mmppma.deploy import compare_onnx, export_module, export_onnx, onnx_session  # noqa: E402
+from mmppma.deploy import (  # noqa: E402
+    compare_onnx,
+    dynamic_axes,
+    export_module,
+    export_onnx,
+    model_kind,
+    onnx_session,
+)
 
 ROOT = osp.join(osp.dirname(osp.abspath(__file__)), '..', '..')
 DEFAULT_CASES = [
     ('configs/ppma_t_8xb128_in1k.py', 1, 224, 224),
     ('configs/ppma_t_8xb128_in1k.py', 8, 224, 224),
     ('configs/upernet_ppma_t_512x512_160k_ade20k.py', 1, 512, 512),
+    ('configs/mask_rcnn_ppma_t_1x_coco.py', 1, 800, 1344),
 ]
 
 
@@ -44,11 +58,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--case', nargs=4, action='append', metavar=('CONFIG', 'B', 'H', 'W'),
                         help='a config at batch B, input H x W (repeat for more; default: the cases above)')
+    parser.add_argument('--file', nargs=5, action='append', default=[], metavar=('CONFIG', 'B', 'H', 'W', 'ONNX'),
+                        help='time an ONNX file written before, of the config (random weights, --seed 0) at batch B, '
+                        'input H x W (repeat for more; run before the cases)')
+    parser.add_argument('--dynamic', action='store_true', help='export the cases with dynamic batch, height and width')
+    parser.add_argument('--paste-masks', action='store_true',
+                        help='export a Mask R-CNN case with its masks also pasted in the graph (output masks)')
     parser.add_argument('--iters', type=int, default=5, help='timed runs per backend (after one warm-up run)')
     parser.add_argument('--threads', type=int, default=torch.get_num_threads(), help='threads of both backends')
     args = parser.parse_args(argv)
-    cases = args.case or [(osp.join(ROOT, c), b, h, w) for c, b, h, w in DEFAULT_CASES]
-    args.cases = [(config, int(b), int(h), int(w)) for config, b, h, w in cases]
+    cases = args.case or ([] if args.file else [(osp.join(ROOT, c), b, h, w) for c, b, h, w in DEFAULT_CASES])
+    args.cases = [(config, int(b), int(h), int(w), None) for config, b, h, w in cases]
+    args.cases = [(config, int(b), int(h), int(w), path) for config, b, h, w, path in args.file] + args.cases
+    for *_, path in args.cases:
+        if path is not None and not osp.isfile(path):
+            parser.error(f'--file: no file {path}')
     return args
 
 
@@ -69,13 +93,18 @@ def load() -> str:
 
 
 def bench(case, args: argparse.Namespace, workdir: str) -> dict:
-    config, batch, height, width = case
+    config, batch, height, width, path = case
     torch.manual_seed(0)
     model = build_model(config)
-    module, kind = export_module(model)
+    paste = args.paste_masks and model_kind(model) == 'detector'
+    module, kind = export_module(model, paste_masks=paste)
     x = torch.randn(batch, 3, height, width)
-    path = osp.join(workdir, f'{osp.splitext(osp.basename(config))[0]}_{batch}x{height}x{width}.onnx')
-    export_onnx(module, x, path)
+    if path is None:
+        form = ('dynamic' if args.dynamic else 'fixed size') + (', masks pasted' if paste else '')
+        path = osp.join(workdir, f'{osp.splitext(osp.basename(config))[0]}_{batch}x{height}x{width}.onnx')
+        export_onnx(module, x, path, dynamic=args.dynamic)
+    else:
+        form = f'{osp.basename(path)}, ' + ('dynamic' if dynamic_axes(path) else 'fixed size')
     if kind == 'detector':  # checked against, and timed as, mmdet's inference (diff: the outputs before NMS)
         from mmppma.deploy.mask_rcnn import compare_with_predict, data_samples
         diff = max(max(c.rpn, c.roi) for c in compare_with_predict(path, model, x))
@@ -101,7 +130,8 @@ def bench(case, args: argparse.Namespace, workdir: str) -> dict:
             if step:
                 times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(t) for name, t in times.items()}
-    return dict(name=f'{osp.basename(config)} ({kind})', batch=batch, size=f'{height} x {width}', diff=diff, **median)
+    return dict(name=f'{osp.basename(config)} ({kind}; {form})', batch=batch, size=f'{height} x {width}', diff=diff,
+                **median)
 
 
 def main(argv=None) -> int:

@@ -2,26 +2,31 @@
 """Export an mmppma model to ONNX and check the file in onnxruntime (CPU) against torch eager.
 
     python tools/deployment/pytorch2onnx.py CONFIG [CHECKPOINT] --shape H W [--batch B] [--dynamic]
-                                            [--out FILE] [--backbone-only] [--cfg-options k=v ...] [--debug]
+                                            [--paste-masks] [--out FILE] [--backbone-only]
+                                            [--cfg-options k=v ...] [--debug]
 
 What is exported, by the config's model: an mmpretrain classifier -> logits; an mmseg encoder-decoder ->
 segmentation logits at the input size; an mmdet Mask R-CNN -> the whole detector (mmppma/deploy/mask_rcnn.py):
-its detections after NMS (boxes, scores, labels, masks, padded, with their count) and its RPN and box head
-outputs before NMS, at a fixed batch and size; a bare backbone (a config whose ``model`` is e.g.
-``type='mmppma.PPMA'``, or ``--backbone-only``) -> its multi-scale features. The input is the normalized
-image batch (B, 3, H, W), as after the model's data preprocessor. Without CHECKPOINT the weights are random.
+its detections after NMS (boxes, scores, labels and the mask head's probabilities at RoI resolution, padded,
+with their count; ``--paste-masks``: also the masks pasted at the input size) and its RPN and box head
+outputs before NMS, at the batch and size given (any, with ``--dynamic``); a bare backbone (a config whose
+``model`` is e.g. ``type='mmppma.PPMA'``, or ``--backbone-only``) -> its multi-scale features. The input is
+the normalized image batch (B, 3, H, W), as after the model's data preprocessor. Without CHECKPOINT the
+weights are random.
 
 ``--dynamic`` makes batch, height and width dynamic wherever the model allows (traced at a batch of 2 or
 more) and checks the file at the input given (--batch, --shape), at one image more, and at one image more in
-another size (H 3/4 and W 5/4 as large, in steps of 32: 512 x 512 -> 384 x 640); not for a detector. The
-tool prints the largest relative difference (max |onnx - torch| / max |torch| over each output) per input.
-A detector is checked against ``model.predict`` instead: the outputs before NMS within 1e-4 (relative), the
-detections equal in number and labels, their boxes within 1e-3 (relative, matched), scores within 1e-4 and
-each mask's IoU at least 0.99 (or its pixels differing only where mmdet's probability is within 1e-3 of the
-threshold). When a step fails it prints one line naming the config, the step and the
-cause (``--debug``: with the traceback) and exits with the step's code: 1 the outputs differ (by more than
-the bounds above, or in number or shape), 3 the export, 4 onnxruntime, 5 building the model or running it
-in torch (2: bad arguments, as argparse, or --dynamic with a detector).
+another size (H 3/4 and W 5/4 as large, in steps of 32: 512 x 512 -> 384 x 640); a Mask R-CNN is dynamic in
+all three. The tool prints the largest relative difference (max |onnx - torch| / max |torch| over each
+output) per input. A detector is checked against ``model.predict`` instead: the outputs before NMS within
+1e-4 (relative), the detections equal in number and labels, their boxes within 1e-3 (relative, matched),
+scores within 1e-4 and each mask's IoU at least 0.99 (or its pixels differing only where mmdet's probability
+is within 1e-3 of the threshold); where equal objectness scores make mmdet's RPN keep other proposals than
+with ties broken by index, against mmdet's post-processing with ties so broken. When a step fails it prints
+one line naming the config, the step and the cause (``--debug``: with the traceback) and exits with the
+step's code: 1 the outputs differ (by more than the bounds above, or in number or shape), 3 the export, 4
+onnxruntime, 5 building the model or running it in torch (2: bad arguments, as argparse, or --paste-masks
+with a model other than a detector).
 docs/deployment.md.
 """
 import argparse
@@ -75,6 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='dynamic batch, height and width where the model allows; checks one image more, '
                         'and another size')
     parser.add_argument('--out', help='ONNX file to write (default: the config name with .onnx, here)')
+    parser.add_argument('--paste-masks', action='store_true',
+                        help='Mask R-CNN: also paste the masks into the image in the file (output masks, '
+                        '(B, K, H, W) bool) besides mask_probs at RoI resolution')
     parser.add_argument('--backbone-only', action='store_true', help="export the config's backbone alone")
     parser.add_argument('--opset', type=int, default=18, help='ONNX opset version (default 18)')
     parser.add_argument('--seed', type=int, default=0, help='seed of the random weights and inputs')
@@ -125,13 +133,13 @@ def convert(args: argparse.Namespace) -> int:
         kind = model_kind(model)
     except Exception as err:  # a bad config, a missing package or checkpoint: the cause says which
         raise StepFailed('build', first_line(err)) from err
-    if kind == 'detector' and args.dynamic:
-        raise StepFailed('arguments', 'a whole detector exports at a fixed batch and size: drop --dynamic')
     try:
-        module, kind = export_module(model)
-    except Exception as err:  # a detector other than Mask R-CNN (the export's failure), or a missing package
-        step = 'export' if type(err).__name__ == 'UnsupportedDetector' else 'build'
-        raise StepFailed(step, str(err) if step == 'export' else first_line(err)) from err
+        module, kind = export_module(model, paste_masks=args.paste_masks)
+    except ValueError as err:  # a detector other than Mask R-CNN (the export's failure), --paste-masks elsewhere
+        step = 'export' if type(err).__name__ == 'UnsupportedDetector' else 'arguments'
+        raise StepFailed(step, str(err)) from err
+    except Exception as err:  # a missing package
+        raise StepFailed('build', first_line(err)) from err
     out = args.out or osp.splitext(osp.basename(args.config))[0] + ('_backbone' if args.backbone_only else '') + '.onnx'
     x = torch.randn(args.batch, 3, *args.shape)
     print(f'exporting {osp.basename(args.config)} as a {kind}: {OUTPUTS[kind]}')
@@ -142,13 +150,13 @@ def convert(args: argparse.Namespace) -> int:
         export_onnx(module, x, out, dynamic=args.dynamic, opset=args.opset)
     except ExportError as err:
         raise StepFailed('export', str(err).splitlines()[0]) from err
-    if kind == 'detector':
-        return check_detector(out, model, x)
     inputs = [x]
     if args.dynamic:
         axes = dynamic_axes(out)
         print(f'dynamic axes: {", ".join(axes) if axes else "none (the model fixes every axis)"}')
         inputs = check_inputs(x, axes)
+    if kind == 'detector':
+        return check_detector(out, model, inputs)
     with checking(OutputMismatch, 'torch eager failed on a check input'):
         comparisons = compare_onnx(out, module, inputs)
     worst, at = 0.0, None
@@ -177,22 +185,30 @@ def checking(mismatch: type, torch_failed: str):
         raise StepFailed('torch', f'{torch_failed}: {first_line(err)}') from err
 
 
-def check_detector(out: str, model: torch.nn.Module, x: torch.Tensor) -> int:
-    """Check the whole-detector file against ``model.predict``
+def check_detector(out: str, model: torch.nn.Module, inputs) -> int:
+    """Check the whole-detector file against ``model.predict`` at each input
     (:func:`mmppma.deploy.mask_rcnn.compare_with_predict`)."""
     from mmppma.deploy import DetectionMismatch
     from mmppma.deploy.mask_rcnn import compare_with_predict
-    with checking(DetectionMismatch, 'torch eager failed'):  # model.predict or the heads in torch
-        comparisons = compare_with_predict(out, model, x)
+    for x in inputs:
+        with checking(DetectionMismatch, 'torch eager failed'):  # model.predict or the heads in torch
+            comparisons = compare_with_predict(out, model, x)
+        print_detector_check(comparisons, x)
+    print(f'wrote {out}')
+    return 0
+
+
+def print_detector_check(comparisons, x: torch.Tensor) -> None:
+    """One line per image of :func:`check_detector`'s figures."""
     for b, c in enumerate(comparisons):
         print(f'onnxruntime (CPU) vs model.predict, image {b} of {tuple(x.shape)}: before NMS max relative '
               f'difference {max(c.rpn, c.roi):.3e} (RPN {c.rpn:.1e}, box head {c.roi:.1e}); {c.detections[0]} '
               f'detections (mmdet {c.detections[1]}), labels equal, boxes max relative difference '
               f'{max(c.boxes, c.proposals):.1e}, scores max difference {c.scores:.1e}, smallest mask IoU '
               f'{c.mask_iou:.4f} ({c.near_threshold} below 0.99, differing only within 1e-3 of the threshold); '
-              f'smallest gap between mmdet\'s scores {c.score_gap:.1e}')
-    print(f'wrote {out}')
-    return 0
+              f'smallest gap between mmdet\'s scores {c.score_gap:.1e}'
+              + ('; equal RPN scores: against mmdet\'s RoI head on its proposals with the ties broken by index'
+                 if c.ties else ''))
 
 
 def main(argv=None) -> int:
