@@ -13,8 +13,10 @@ pytest.importorskip('triton', reason='triton is part of the pinned stack (requir
 tool = load_tool('check_kernels.py')
 
 
-#: the kernels the quick check's shapes launch (PPMA-T's and MLLA-T's)
+#: the attention kernels the quick check's shapes launch (PPMA-T's and MLLA-T's); PPMA's also launch the decay
+#: tables' kernels (no products, no key loop)
 KERNELS = {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_ppmla_fwd', '_ppmla_bwd'}
+TABLES = {'_tables_fwd', '_tables_bwd'}
 
 
 @pytest.fixture
@@ -24,20 +26,24 @@ def compile_env(tmp_path) -> dict:
     return dict(env, XDG_CACHE_HOME=str(tmp_path), TRITON_CACHE_DIR=str(tmp_path / 'triton'))
 
 
-@pytest.mark.slow
-def test_quick_check_compiles_for_a100_and_h100(tmp_path, compile_env):
+@pytest.mark.parametrize('scope', [
+    pytest.param(('--one-shape', '--dtype', 'fp32', 'tf32'), marks=pytest.mark.slow, id='one-shape'),
+    pytest.param((), marks=pytest.mark.heavy, id='quick-set')])
+def test_quick_check_compiles_for_a100_and_h100(scope, tmp_path, compile_env):
+    """The quick set (the full tier), or one shape per kernel in float32 and TF32 (the test tier; half precision:
+    :func:`test_quick_sass_cost_one_shape_per_kernel`): every row within the limits, every forward pipelined."""
     table = tmp_path / 'table.md'
-    command = [sys.executable, 'tools/check_kernels.py', '--quick', '--arch', '80', '90', '--jobs', '2',
+    command = [sys.executable, 'tools/check_kernels.py', '--quick', *scope, '--arch', '80', '90', '--jobs', '2',
                '--max-seconds', '60', '--write', str(table)]
-    run = subprocess.run(command, cwd=REPO_ROOT, env=compile_env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(command, cwd=REPO_ROOT, env=compile_env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = [line for line in run.stdout.splitlines() if line.startswith('_')]
     kernels = {line.split()[0] for line in rows}
-    assert KERNELS <= kernels, kernels
+    assert kernels == KERNELS | TABLES, kernels
     assert all(line.split()[1] in ('80', '90') and line.rstrip().endswith('ok') for line in rows)
-    assert {line.split()[2] for line in rows} == {'fp32', 'tf32', 'fp16'}
+    assert {line.split()[2] for line in rows} == ({'fp32', 'tf32'} if scope else {'fp32', 'tf32', 'fp16'})
     # every forward's key loop is software-pipelined
-    forward = [line.split() for line in rows if line.split()[3] == 'fwd']
+    forward = [line.split() for line in rows if line.split()[3] == 'fwd' and line.split()[0] in KERNELS]
     assert forward and all(int(row[-3]) > 0 for row in forward), [row for row in forward if int(row[-3]) == 0]
     assert ' 0 failed' in run.stdout
     page = table.read_text()
@@ -62,7 +68,8 @@ def test_tf32_rows_record_tf32_launches_and_restore_the_setting():
     for name, want in (('tf32', 'tf32'), ('fp32', 'ieee')):
         with lp.tf32_matmuls(name == 'tf32'):  # as the tool's main loop records a row
             launches = tool.record('cc', (1, 2, 8, 8, 16), tool.DTYPES[name], 80)
-        assert launches and {x.constexprs['PRECISION'] for _, x in launches} == {want}
+        products = [x for _, x in launches if x.name not in TABLES]
+        assert products and {x.constexprs['PRECISION'] for x in products} == {want}
         assert lp.precision(torch.float32) == before
     assert 'tf32' in tool.QUICK_DTYPES
 
@@ -126,7 +133,10 @@ def test_quick_sass_cost_one_shape_per_kernel(tmp_path, compile_env):
     run = subprocess.run(command, cwd=REPO_ROOT, env=compile_env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith('_')]
-    assert KERNELS <= {row[0] for row in rows}
+    assert {row[0] for row in rows} == KERNELS | TABLES
+    tables = [row for row in rows if row[0] in TABLES]
+    assert all(row[-3:-1] == ['-', '-'] and row[-1] == 'ok' for row in tables), tables  # not priced
+    rows = [row for row in rows if row[0] in KERNELS]
     # one shape per kernel and arch: a handful of specializations each (criss-cross attention's row and column
     # passes, whole attention's paths and roles, the fused linear kernels' forward and two backward roles), not
     # every quick-set shape's
@@ -136,7 +146,7 @@ def test_quick_sass_cost_one_shape_per_kernel(tmp_path, compile_env):
         assert per_score > 0 and 0.2 < ratio < 20, row
     page = table.read_text()
     assert '## Key-loop SASS per score' in page
-    assert sum(line.startswith('| `_') for line in page.splitlines()) == 2 * len(rows)
+    assert sum(line.startswith('| `_') for line in page.splitlines()) == 2 * len(rows) + len(tables)
 
 
 def test_sass_limits_fail_half_precision_rows_above_them():

@@ -111,7 +111,8 @@ def test_tiny_model_compiles_into_one_graph_on_the_kernel_path(name, train, kern
     code = graphs[0].code
     assert all(op in code for op in library_ops), code
     assert 'torch.conv2d' in code and 'mmppma.conv2d' not in code and 'mmppma.tokens_to_nchw' not in code
-    want = launched if train else {k for k in launched if 'bwd' not in k}
+    # while torch.compile traces, the decay tables take the torch path (inductor fuses it)
+    want = {k for k in launched - DECAYS if train or 'bwd' not in k}
     assert {x.name for x in kernels} == want
     if train:
         assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
