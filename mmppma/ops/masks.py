@@ -27,7 +27,8 @@ def decay_tables(la: torch.Tensor, lb: torch.Tensor) -> Tuple[torch.Tensor, torc
 
 def table_decays(ca: torch.Tensor, cb: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """The log-decays (la, lb) whose :func:`decay_tables` are (Ca, Cb): differences along rows and columns."""
-    return torch.diff(ca, dim=-1, prepend=ca[..., :1] * 0), torch.diff(cb, dim=-2, prepend=cb[..., :1, :] * 0)
+    return (torch.diff(ca, dim=-1, prepend=torch.zeros_like(ca[..., :1])),
+            torch.diff(cb, dim=-2, prepend=torch.zeros_like(cb[..., :1, :])))
 
 
 def segment_sum(c: torch.Tensor) -> torch.Tensor:

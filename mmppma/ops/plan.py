@@ -16,12 +16,8 @@ from .dispatch import ENV_VAR, SIMULATE_VAR, environ_values, exporting, tf32_mat
 _PLANS: Dict[tuple, Callable] = {}
 
 
+#: the variables that steer the ops' choices (their values are part of every plan's key)
 _STEERING = (ENV_VAR, SIMULATE_VAR, 'TRITON_INTERPRET')
-
-
-def environment() -> tuple:
-    """The values of the variables that steer the ops' choices."""
-    return environ_values(*_STEERING)
 
 
 def eager() -> bool:

@@ -10,8 +10,8 @@ from ..triton_support.preflight import call_kernels
 from .torch_impl import compose_criss_cross
 
 
-def _rows_then_cols(form: str):
-    """The passes of a one-path form, in order: whether each runs along columns."""
+def _pass_columns(form: str):
+    """The two passes of a one-path form, in order: whether each runs along columns."""
     return (False, True) if form == 'h2v' else (True, False)
 
 
@@ -42,7 +42,7 @@ def _forward(q, k, v, ca, cb, scale: float, form: str):
         lp.run(launches)
         saved.extend((both[..., :dv], last, lse))
     else:
-        first, second = _rows_then_cols(form)
+        first, second = _pass_columns(form)
         out = run(run(v, first), second)
     return (out, *saved)
 
@@ -78,15 +78,10 @@ def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):
         d_vu = back(1, True, d_both)
         d_v = d_vu[..., :dv] + back(0, False, d_vu[..., dv:])
     else:
-        first, second = _rows_then_cols(form)
+        first, second = _pass_columns(form)
         d_v = back(0, first, back(1, second, dout))
-    zeros = None
-    tables = []
-    for name in ('rows', 'cols'):
-        if grads[name] is None:  # a one-path form reads both tables; 'release' too
-            zeros = torch.zeros_like(ca) if zeros is None else zeros
-        tables.append(grads[name] if grads[name] is not None else zeros)
-    return grads['dq'].to(q.dtype), grads['dk'].to(k.dtype), d_v.to(v.dtype), *tables
+    # every form passes along rows and along columns: both tables have their gradient
+    return grads['dq'].to(q.dtype), grads['dk'].to(k.dtype), d_v.to(v.dtype), grads['rows'], grads['cols']
 
 
 #: the eager path under autograd (:class:`~mmppma.ops.triton_support.preflight.KernelFunction`): every pass in one

@@ -156,17 +156,23 @@ def backward_launches(gca, gcb, x, weight, dt_bias, a_log):
                       dict(constexprs, BLOCK_HEADS=lp.pow2(heads, 1)), cfg, x.device)], dx, part
 
 
+def _tables(x, weight, dt_bias, a_log):
+    """The forward's launch run: (Ca, Cb); a failure named for the op."""
+    try:
+        launches, ca, cb = forward_launches(x, weight, dt_bias, a_log)
+        lp.run(launches)
+    except Exception as e:
+        raise_named('path_decay_tables', x, 'while running', e)
+    return ca, cb
+
+
 class DecayTablesFunction(torch.autograd.Function):
     """The kernels as one autograd node of two outputs (Ca, Cb); a missing table gradient is zeros."""
 
     @staticmethod
     def forward(ctx, x, weight, dt_bias, a_log):
         ctx.set_materialize_grads(False)
-        try:
-            launches, ca, cb = forward_launches(x, weight, dt_bias, a_log)
-            lp.run(launches)
-        except Exception as e:
-            raise_named('path_decay_tables', x, 'while running', e)
+        ca, cb = _tables(x, weight, dt_bias, a_log)
         ctx.save_for_backward(x, weight, dt_bias, a_log)
         return ca, cb
 
@@ -194,9 +200,4 @@ def decay_tables_triton(x, weight, dt_bias, a_log):
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or dt_bias.requires_grad
                                     or a_log.requires_grad):
         return DecayTablesFunction.apply(x, weight, dt_bias, a_log)
-    try:
-        launches, ca, cb = forward_launches(x, weight, dt_bias, a_log)
-        lp.run(launches)
-    except Exception as e:
-        raise_named('path_decay_tables', x, 'while running', e)
-    return ca, cb
+    return _tables(x, weight, dt_bias, a_log)
