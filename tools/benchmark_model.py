@@ -99,9 +99,10 @@ def build_backbone(args, device):
 
 
 def build_classifier(args, device):
-    """The classification trunk of our ImageNet config (``configs/{ppma,rmt}_{t,s,b}_8xb128_in1k.py``): the
-    backbone (last stage only, no output norm) and the head's pre-logits (projection, BatchNorm, Swish, average
-    pool), the work of the release's ``forward_features``. The step's loss is the sum of the pooled features."""
+    """The classification trunk of our ImageNet config (``configs/{ppma,rmt,mlla,ppmla}_*_8xb128_in1k.py``), the
+    work of the release's ``forward_features``: for PPMA and RMT the backbone (last stage only, no output norm) and
+    the head's pre-logits (projection, BatchNorm, Swish, average pool); for MLLA and PPMLA the backbone (normed last
+    stage) and the average pool. The step's loss is the sum of the pooled features."""
     import torch
     from mmengine.config import Config
 
@@ -110,12 +111,21 @@ def build_classifier(args, device):
     path = osp.join(ROOT, 'configs', f'{args.worker.lower()}_{args.arch[0].lower()}_8xb128_in1k.py')
     cfg = Config.fromfile(path).model
     backbone = MODELS.build(dict(cfg.backbone, impl=args.impl))
-    head = MODELS.build(dict(cfg.head, loss=torch.nn.Identity()))  # the loss is not run here
-    model = torch.nn.ModuleDict(dict(backbone=backbone, head=head)).to(device)
+    if cfg.get('neck') is not None:
+        # MLLA's and PPMLA's configs: the backbone's normed last stage, mmpretrain's GlobalAveragePooling and a
+        # LinearClsHead, whose pre-logits are its input: the trunk is the backbone and the pooling
+        if cfg.neck.type != 'GlobalAveragePooling' or cfg.head.type != 'LinearClsHead':
+            raise ValueError(f'{path}: the classifier trunk knows a GlobalAveragePooling neck with a LinearClsHead, '
+                             f'not {cfg.neck.type} with {cfg.head.type}')
+        head = None
+        model = torch.nn.ModuleDict(dict(backbone=backbone)).to(device)
+    else:
+        head = MODELS.build(dict(cfg.head, loss=torch.nn.Identity()))  # the loss is not run here
+        model = torch.nn.ModuleDict(dict(backbone=backbone, head=head)).to(device)
     x = torch.randn(args.batch, 3, *args.shape, device=device)
 
     def loss(train: bool):
-        feats = head.pre_logits(backbone(x))
+        feats = backbone(x)[-1].mean((-2, -1)) if head is None else head.pre_logits(backbone(x))
         return feats.float().sum() if train else feats
 
     return model, x, loss

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/benchmarks.md in one call of at most 8 minutes: each step runs under its own timeout (their
+# The GPU figures of docs/benchmarks.md in one call of at most 9 minutes: each step runs under its own timeout (their
 # sum is at most BUDGET_SECONDS) and writes its output to DIR; a summary of every step ends the run (summary.txt),
 # also when a step fails or runs out of time. The steps, in order:
 #   card.txt             the GPU, driver, torch and triton
 #   gpu_check.log/.json  python tools/gpu_check.py --quick: every op and dtype against float64, outputs and the
-#                        gradients of the current backward, then speed
-#   cls_{infer,train}_b{64,128}.log  the classification trunks (configs/*_8xb128_in1k.py), 224 x 224, bf16,
-#                        inference and a training step (forward, backward, AdamW): PPMA-T and RMT-T with impl auto
-#                        and torch, eager and reduce-overhead, with --release-dir also the release's PPMA-T and
-#                        RMT-T, each step in one run of tools/benchmark_model.py (batch 128 after the backbones)
+#                        gradients, then speed at the configs' 64 images
+#   cls_infer_b64.log    the classification trunks (configs/*_8xb128_in1k.py), 224 x 224, batch 64, bf16 inference:
+#                        PPMA-T and RMT-T with impl auto and torch, and with --release-dir the release's PPMA-T and RMT-T
+#   cls_train_b64.log    the same trunks' training step (forward, backward, AdamW), impl auto, and the release's
+#   linear_train_b64.log PPMLA-T against MLLA-T, the same training step
+#   ops_800x1344.log     python tools/gpu_check.py at Mask R-CNN's 800 x 1344 (PPMA-T, RMT-T; bf16; speed at 2 images)
+#   cls_graphs_b64.log   the inference of cls_infer_b64 compiled with mode='reduce-overhead' (CUDA graphs)
 #   backbone_800x1344.log  the backbones alone at 800 x 1344, batch 2, a training step: PPMA-T vs RMT-T (no mmcv)
 #
 #   bash tools/gpu_report.sh DIR [--release-dir RELEASE]   # RELEASE: the release's PPMA.py and RMT.py; PYTHON
@@ -34,21 +36,21 @@ PY="${PYTHON:-python3}"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
-BUDGET_SECONDS=480
+BUDGET_SECONDS=540
 
 CARD='import sys, torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "python", '\
 'sys.version.split()[0], torch.cuda.get_device_name(), torch.cuda.get_device_capability())'
-CLS=(tools/benchmark_model.py --device cuda --task classifier --shape 224 224 --amp bf16 --models PPMA RMT
-     --impl auto torch --compile none reduce-overhead --iters 20)
+CLS=(tools/benchmark_model.py --device cuda --task classifier --shape 224 224 --amp bf16 --batch 64 --iters 20)
+RELEASE=()
 if [[ -n "$RELEASE_DIR" ]]; then
-    CLS+=(--release-dir "$RELEASE_DIR")
+    RELEASE=(--release-dir "$RELEASE_DIR")
 fi
 BACKBONE=(tools/benchmark_model.py --device cuda --task backbone --shape 800 1344 --batch 2 --mode train --amp bf16
           --models PPMA RMT --impl auto --no-stages --iters 5)
 # the steps in the order they run, and each one's timeout in seconds
-NAMES=(card gpu_check cls_infer_b64 cls_train_b64 backbone_800x1344 cls_infer_b128 cls_train_b128)
-declare -A SECONDS_OF=([card]=15 [gpu_check]=105 [cls_infer_b64]=70 [cls_train_b64]=90 [backbone_800x1344]=60
-                       [cls_infer_b128]=60 [cls_train_b128]=80)
+NAMES=(card gpu_check cls_infer_b64 cls_train_b64 linear_train_b64 ops_800x1344 cls_graphs_b64 backbone_800x1344)
+declare -A SECONDS_OF=([card]=15 [gpu_check]=120 [cls_infer_b64]=75 [cls_train_b64]=60 [linear_train_b64]=50
+                       [ops_800x1344]=90 [cls_graphs_b64]=80 [backbone_800x1344]=50)
 total=0
 for name in "${NAMES[@]}"; do total=$((total + SECONDS_OF[$name])); done
 if (( total > BUDGET_SECONDS )); then
@@ -88,11 +90,13 @@ fi
 run_step card bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; "$0" -c "$1"' \
     "$PY" "$CARD"
 run_step gpu_check "$PY" tools/gpu_check.py --quick --json "$OUTDIR/gpu_check.json"
-run_step cls_infer_b64 "$PY" "${CLS[@]}" --mode infer --batch 64
-run_step cls_train_b64 "$PY" "${CLS[@]}" --mode train --optimizer --batch 64
+run_step cls_infer_b64 "$PY" "${CLS[@]}" --mode infer --models PPMA RMT --impl auto torch "${RELEASE[@]}"
+run_step cls_train_b64 "$PY" "${CLS[@]}" --mode train --optimizer --models PPMA RMT --impl auto "${RELEASE[@]}"
+run_step linear_train_b64 "$PY" "${CLS[@]}" --mode train --optimizer --models PPMLA MLLA --impl auto
+run_step ops_800x1344 "$PY" tools/gpu_check.py --shapes det_800x1344 --models ppma_t rmt_t --dtype bf16 \
+    --speed-batch 2 --repeats 10 --json "$OUTDIR/ops_800x1344.json"
+run_step cls_graphs_b64 "$PY" "${CLS[@]}" --mode infer --models PPMA RMT --impl auto --compile reduce-overhead
 run_step backbone_800x1344 "$PY" "${BACKBONE[@]}"
-run_step cls_infer_b128 "$PY" "${CLS[@]}" --mode infer --batch 128
-run_step cls_train_b128 "$PY" "${CLS[@]}" --mode train --optimizer --batch 128
 
 {
     echo "== summary (step timeouts sum to ${total} s of ${BUDGET_SECONDS} s)"
