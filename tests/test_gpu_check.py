@@ -101,13 +101,14 @@ def test_guarded_speed_rows_report_their_error(gpu_check):
 
 
 def _gpu_report(tmp_path, *args):
-    """tools/gpu_report.sh DIR ARGS with a stand-in interpreter that logs its arguments (and fails the gpu_check step
+    """tools/gpu_report.sh DIR ARGS with a stand-in interpreter that logs its arguments (and fails the gpu_check steps
     with exit 3) and a stand-in ``timeout`` that stops the backbone step as a timeout would (124)."""
     import shutil
     import subprocess
     bin_dir = tmp_path / 'bin'
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     log = tmp_path / 'calls'
+    log.unlink(missing_ok=True)
     (bin_dir / 'python').write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$*" in *gpu_check.py*) exit 3;; esac\n')
     (bin_dir / 'timeout').write_text(f'#!/bin/sh\ncase "$*" in *"--task backbone"*) exit 124;; esac\n'
                                      f'exec {shutil.which("timeout")} "$@"\n')
@@ -121,57 +122,64 @@ def _gpu_report(tmp_path, *args):
 
 
 def test_gpu_report_runs_every_step_within_its_budget_and_sums_them_up(gpu_check, tmp_path, monkeypatch):
-    """The steps' timeouts sum to at most 9 minutes; each command is one the tools accept; a failing step and a timed
+    """Each part's timeouts sum to at most 9 minutes; each command is one the tools accept; a failing step and a timed
     out one are named in the summary and the steps after them still run."""
     import re
     import shlex
     import sys
     for name in ('PPMA.py', 'RMT.py'):  # --release-dir wants the release's two model files there
         (tmp_path / name).write_text('')
-    out = tmp_path / 'out'
-    done, calls = _gpu_report(tmp_path, out, '--release-dir', tmp_path)
-    assert done.returncode == 1, done.stdout + done.stderr
-    steps = re.findall(r'^== (\w+) \(timeout (\d+) s\)', done.stdout, re.M)
-    assert [name for name, _ in steps] == ['card', 'gpu_check', 'cls_infer_b64', 'cls_train_b64', 'linear_train_b64',
-                                           'ops_800x1344', 'cls_graphs_b64', 'backbone_800x1344']
-    assert sum(int(seconds) for _, seconds in steps) <= 9 * 60
-    requirements = (REPO_ROOT / 'requirements.txt').read_text()
-    pins = [re.search(rf'^{name}==\S+', requirements, re.M).group(0) for name in ('mmengine', 'mmpretrain')]
-    assert f'pip install {" ".join(pins)}' in done.stdout
-    # the check for mmengine and mmpretrain, then the card
-    assert calls[0] == '-c import mmengine, mmpretrain' and calls[1].startswith('-c import sys, torch, triton')
-    calls = [shlex.split(line) for line in calls]
-    args = gpu_check.parse_args(calls[2][1:])
-    assert calls[2][0] == 'tools/gpu_check.py' and args.quick and args.json == str(out / 'gpu_check.json')
     monkeypatch.syspath_prepend(str(REPO_ROOT / 'tools'))
     sys.modules.pop('benchmark_model', None)
     import benchmark_model
-    benches = [benchmark_model.parse_args(call[1:]) for call in calls[3:] if call[0] == 'tools/benchmark_model.py']
-    detection = [gpu_check.parse_args(call[1:]) for call in calls[3:] if call[0] == 'tools/gpu_check.py']
-    assert len(benches) + len(detection) == len(calls[3:])
-    assert [(d.shapes, d.dtype, d.speed_batch) for d in detection] == [(['det_800x1344'], ['bf16'], 2)]
-    cls = [(b.mode, b.optimizer, b.models, b.impl, b.compile, b.release_dir) for b in benches
-           if b.task == 'classifier' and (b.device, b.shape, b.amp, b.batch) == ('cuda', [224, 224], 'bf16', 64)]
-    assert cls == [('infer', False, ['PPMA', 'RMT'], ['auto', 'torch'], ['none'], str(tmp_path)),
-                   ('train', True, ['PPMA', 'RMT'], ['auto'], ['none'], str(tmp_path)),
-                   ('train', True, ['PPMLA', 'MLLA'], ['auto'], ['none'], None),
-                   ('infer', False, ['PPMA', 'RMT'], ['auto'], ['reduce-overhead'], None)]
-    # the backbone step timed out before its interpreter ran: its command as the step's header line gives it
-    line = re.search(r'^== backbone_800x1344 \(timeout \d+ s\): \S+ (.*)$', done.stdout, re.M).group(1)
-    assert 'backbone' not in {b.task for b in benches} and line.split()[0] == 'tools/benchmark_model.py'
-    backbone = benchmark_model.parse_args(line.split()[1:])
-    assert (backbone.device, backbone.shape, backbone.batch, backbone.mode, backbone.models) == (
-        'cuda', [800, 1344], 2, 'train', ['PPMA', 'RMT'])
-    summary = (out / 'summary.txt').read_text()
-    assert re.search(r'^gpu_check +FAILED .*exit 3', summary, re.M), summary
-    assert re.search(r'^backbone_800x1344 +TIMED OUT', summary, re.M), summary
-    # the detection-size gpu_check fails as the stand-in makes every gpu_check fail
-    assert len(re.findall(r'^\w+ +ok ', summary, re.M)) == 5, summary
-    assert (out / 'gpu_check.log').exists() and (out / 'cls_graphs_b64.log').exists()
+    requirements = (REPO_ROOT / 'requirements.txt').read_text()
+    pins = [re.search(rf'^{name}==\S+', requirements, re.M).group(0) for name in ('mmengine', 'mmpretrain')]
+    expected = {'1': ['card', 'gpu_check', 'cls_infer_b64', 'cls_train_b64'],
+                '2': ['ops_800x1344', 'linear_train_b64', 'backbone_800x1344', 'release_train_b64']}
+    runs, checks = [], []
+    for part, names in expected.items():
+        out = tmp_path / f'out{part}'
+        done, calls = _gpu_report(tmp_path, out, *(['--part', part] if part == '2' else []), '--release-dir', tmp_path)
+        assert done.returncode == 1, done.stdout + done.stderr
+        steps = re.findall(r'^== (\w+) \(timeout (\d+) s\)', done.stdout, re.M)
+        assert [name for name, _ in steps] == names
+        assert sum(int(seconds) for _, seconds in steps) <= 9 * 60
+        assert f'pip install {" ".join(pins)}' in done.stdout
+        assert calls[0] == '-c import mmengine, mmpretrain'  # the check for mmengine and mmpretrain
+        if part == '1':  # the card, then the quick check
+            assert calls[1].startswith('-c import sys, torch, triton')
+        calls = [shlex.split(line) for line in calls[1:]]
+        if part == '1':
+            args = gpu_check.parse_args(calls[1][1:])
+            assert calls[1][0] == 'tools/gpu_check.py' and args.quick and args.json == str(out / 'gpu_check.json')
+            calls = calls[2:]
+        runs += [benchmark_model.parse_args(call[1:]) for call in calls if call[0] == 'tools/benchmark_model.py']
+        checks += [gpu_check.parse_args(call[1:]) for call in calls if call[0] == 'tools/gpu_check.py']
+        summary = (out / 'summary.txt').read_text()
+        assert re.search(r'^(gpu_check|ops_800x1344) +FAILED .*exit 3', summary, re.M), summary
+        assert len(re.findall(r'^\w+ +ok ', summary, re.M)) == 3 - (part == '2'), summary
+        assert (out / f'{names[-1]}.log').exists()
+        if part == '2':
+            # the backbone step timed out before its interpreter ran: its command as the step's header line gives it
+            line = re.search(r'^== backbone_800x1344 \(timeout \d+ s\): \S+ (.*)$', done.stdout, re.M).group(1)
+            assert re.search(r'^backbone_800x1344 +TIMED OUT', summary, re.M), summary
+            assert line.split()[0] == 'tools/benchmark_model.py'
+            backbone = benchmark_model.parse_args(line.split()[1:])
+            assert (backbone.device, backbone.shape, backbone.batch, backbone.mode, backbone.models) == (
+                'cuda', [800, 1344], 2, 'train', ['PPMA', 'RMT'])
+    assert [(c.shapes, c.dtype, c.speed_batch) for c in checks] == [(['det_800x1344'], ['bf16'], 2)]
+    assert all((r.device, r.task, r.shape, r.amp, r.batch, r.compile) == ('cuda', 'classifier', [224, 224], 'bf16', 64,
+                                                                         ['none']) for r in runs)
+    assert [(r.mode, r.optimizer, r.models, r.impl, r.release_dir) for r in runs] == [
+        ('infer', False, ['PPMA', 'RMT'], ['auto', 'torch'], str(tmp_path)),
+        ('train', True, ['PPMA', 'RMT'], ['auto'], None),
+        ('train', True, ['PPMLA', 'MLLA'], ['auto'], None),
+        ('train', True, ['PPMA', 'RMT'], ['auto'], str(tmp_path))]
 
 
 @pytest.mark.parametrize('args, message', [(['--frobnicate'], "unknown option '--frobnicate'"), ([], 'usage'),
-                                           (['--release-dir'], '--release-dir needs a folder')])
+                                           (['--release-dir'], '--release-dir needs a folder'),
+                                           (['--part', '3'], '--part takes 1 or 2')])
 def test_gpu_report_refuses_bad_arguments(tmp_path, args, message):
     done, calls = _gpu_report(tmp_path, *([tmp_path / 'out'] if args[:1] != [] else []), *args)
     assert done.returncode != 0 and message in done.stderr and calls == [], done.stderr
