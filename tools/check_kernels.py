@@ -80,7 +80,7 @@ GRID_BATCH = 1024
 ASYNC_COPY = r'\b(?:ttg\.async_copy_global_to_local|ttng\.async_tma_copy_global_to_local)\b'
 # --sass-limit: the most SASS per score a half-precision attention kernel's key loop may issue, relative to the
 # plain flash kernel's at the same tiles, warps and stages
-SASS_LIMITS = {'_whole_fwd': 2.0, '_line_fwd': 2.0, '_whole_bwd': 2.5, '_line_bwd': 2.5}
+SASS_LIMITS = {'_whole_fwd': 1.5, '_line_fwd': 1.5, '_whole_bwd': 2.0, '_line_bwd': 2.5}
 SASS_LIMITED_DTYPES = ('fp16', 'bf16')
 
 
@@ -143,10 +143,60 @@ def desc_key(kernel, desc: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def reference(desc: dict) -> Tuple[str, dict]:
-    """(cache key, description) of the plain flash kernel that ``desc``'s SASS cost is compared with."""
-    ref = flash_reference.reference_desc(desc)
+def reference(spec: dict) -> Tuple[str, dict]:
+    """(cache key, description) of the plain flash kernel that ``spec``'s SASS cost is compared with: the masked
+    variant where a shape that launches it has a sequence that is not a multiple of the other block."""
+    ref = flash_reference.reference_desc(spec['desc'], ragged(spec))
     return desc_key(getattr(flash_reference, ref['kernel']), ref), ref
+
+
+def sequence(desc: dict, h: int, w: int) -> int:
+    """The length of the sequence a kernel's programs attend over on an h x w map, as flash attention would see
+    it: a line's length for the line kernels (columns: h), the whole map's tokens for the others."""
+    if desc['kernel'].startswith('_line'):
+        return h if desc['constexprs'].get('COLUMNS') else w
+    return h * w
+
+
+def ragged(spec: dict) -> bool:
+    """Whether flash attention with the row's other block would need masks on a shape that launches it."""
+    other = flash_reference.tiles(spec['desc']['constexprs'])[1]
+    return any(sequence(spec['desc'], h, w) % other for h, w in spec['maps'])
+
+
+def _filled(extent: int, block: int) -> float:
+    """The share of ``block``-sized tiles over ``extent`` tokens that holds real tokens."""
+    return extent / (-(-extent // block) * block)
+
+
+def real_shares(spec: dict) -> Tuple[float, float]:
+    """(ours, flash's): the share of the scores the tiles compute that are real, on the first shape that launches
+    the row. Whole attention's tiles hold one map row of own tokens (its width padded to the own block) and, in the
+    backward, (rows x columns) blocks of the map's other tokens; the line kernels' tiles pad each line; flash pads
+    the sequence of :func:`sequence` to its two blocks. NaN for the kernels without such a layout."""
+    desc = spec['desc']
+    c = desc['constexprs']
+    h, w = spec['maps'][0]
+    own, other = flash_reference.tiles(c)
+    n = sequence(desc, h, w)
+    flash = _filled(n, own) * _filled(n, other)
+    if desc['kernel'].startswith('_line'):
+        return _filled(n, own) * _filled(n, other), flash
+    if not desc['kernel'].startswith('_whole'):
+        return float('nan'), flash
+    on_image = (c['V2H'] and not c.get('KEYS')) or (not c['V2H'] and c.get('KEYS'))
+    width, height = (w, h) if on_image else (h, w)
+    if 'COLS' in c:  # the backward's other blocks: BLOCK_OTHER // COLS map rows x COLS columns
+        return _filled(width, own) * _filled(width, c['COLS']) * _filled(height, other // c['COLS']), flash
+    return _filled(width, own) * _filled(n, other), flash
+
+
+def kv_bytes(spec: dict) -> float:
+    """Bytes of the other tokens' two operands (K and V, or Q and dO) read per score: one block of each per
+    key-loop iteration, shared by the own block's rows."""
+    c = spec['desc']['constexprs']
+    size = 4 if spec['dtype'] in ('fp32', 'tf32') else 2
+    return (c['BLOCK_D'] + c.get('BLOCK_DV', c.get('BLOCK_X', c['BLOCK_D']))) * size / flash_reference.tiles(c)[0]
 
 
 def sass_ratio(spec: dict, result: dict) -> float:
@@ -254,9 +304,10 @@ def main(argv=None) -> int:
                     if args.kernels and not any(part in launch.name for part in args.kernels):
                         continue
                     key, desc = spec_key(launch, arch)
-                    row = specs.setdefault(key, dict(desc=desc, dtype=dtype_name, phase=phase, shapes=[],
+                    row = specs.setdefault(key, dict(desc=desc, dtype=dtype_name, phase=phase, shapes=[], maps=[],
                                                      grid=(1, 1, 1)))
                     row['shapes'].append(label)
+                    row['maps'].append(shape[2:4])
                     row['grid'] = tuple(map(max, zip(launch.grid + (1, ) * (3 - len(launch.grid)), row['grid'])))
     if args.one_shape:
         first = {}
@@ -272,7 +323,7 @@ def main(argv=None) -> int:
     if args.sass:
         for spec in specs.values():
             if priced(spec['desc']):
-                spec['reference'], desc = reference(spec['desc'])
+                spec['reference'], desc = reference(spec)
                 references[spec['reference']] = desc
     # the plain kernels first: each row prints once its own is compiled
     descs = dict(references, **{key: spec['desc'] for key, spec in specs.items()})
@@ -314,7 +365,7 @@ def main(argv=None) -> int:
         print(format_row(specs[key], result, args.max_seconds, args.sass), flush=True)
 
     for key in descs:
-        if key in cache and key not in todo:
+        if key in cache and key not in todo and (key in specs or key in references):
             report(key, dict(cache[key], cached=True))
     pool = concurrent.futures.ProcessPoolExecutor(args.jobs) if args.jobs > 1 else None
     try:
@@ -395,21 +446,30 @@ def sass_table(specs: Dict[str, dict], results: Dict[str, dict], order) -> List[
     lines = ['## Key-loop SASS per score', '',
              'One iteration of each kernel\'s key loop (the innermost loop holding the matrix products), as '
              '`cuobjdump -sass` lays it out: warp instructions per score by class, their total, the plain flash '
-             'kernel\'s total at the same tiles, warps, stages, dtype and target (`tools/flash_reference.py`), the '
-             'ratio, and the loops inside the key loop (each counted once: where there are any, the row is a lower '
-             'bound). Limits (`--sass-limit`) apply to half precision.', '',
+             'kernel\'s total at the same tiles, warps, stages, dtype and target (`tools/flash_reference.py`, '
+             '`ragged`: its masked variant, for a sequence that is not a multiple of the other block), the ratio, '
+             'and the loops inside the key loop (each counted once: where there are any, the row is a lower '
+             'bound). `real`: the share of the computed scores that are real, ours and flash\'s over the same '
+             'sequence with the same blocks, on the row\'s first shape; `x per real`: the ratio per real score. '
+             '`K/V B`: bytes of the other tokens\' two operands read per score. Limits (`--sass-limit`) apply to '
+             'half precision, per score.', '',
              '| kernel | arch | dtype | tiles and constexprs | warps | stages | ' + ' | '.join(classes)
-             + ' | all | flash | x flash | limit | inner loops | launched by |',
-             '|---|---:|---|---|---:|---:|' + '---:|' * (len(classes) + 5) + '---|']
+             + ' | all | flash | x flash | limit | real | x per real | K/V B | inner loops | launched by |',
+             '|---|---:|---|---|---:|---:|' + '---:|' * (len(classes) + 4) + '---|---:|---:|---:|---|']
     for key in sorted(specs, key=order):
         spec, result, d = specs[key], results[key], specs[key]['desc']
         if 'sass' not in result:
             continue
         cells = [f'{per_score(spec, result["sass"][cls]):.2f}' for cls in classes + ('all', )]
         flash = result.get('flash', {}).get('all')
-        cells += [f'{per_score(spec, flash):.2f}' if flash else '-', f'{sass_ratio(spec, result):.2f}']
+        variant = ' ragged' if ragged(spec) else ''
+        cells += [f'{per_score(spec, flash):.2f}{variant}' if flash else '-', f'{sass_ratio(spec, result):.2f}']
         limit = sass_limit(spec)
         cells.append(f'{limit:g}' if limit < float('inf') else '-')
+        ours, theirs = real_shares(spec)
+        cells += [f'{ours:.0%} / {theirs:.0%}' if ours == ours else f'- / {theirs:.0%}',
+                  f'{sass_ratio(spec, result) * theirs / ours:.2f}' if ours == ours else '-',
+                  f'{kv_bytes(spec):.2f}']
         cells.append(str(result['sass']['inner']))
         lines.append(f'| `{d["kernel"]}` | {d["arch"]} | {spec["dtype"]} | {tile_text(d["constexprs"])} | '
                      f'{d["options"]["num_warps"]} | {d["options"]["num_stages"]} | {" | ".join(cells)} | '
