@@ -124,9 +124,29 @@ def record(kind: str, shape: tuple, dtype: torch.dtype, cap: int) -> List[Tuple[
 
 
 def priced(desc: dict) -> bool:
-    """Whether a kernel has matrix products (a PRECISION constexpr): those run on tensor cores in half precision
-    and are priced against a plain flash kernel; the others (the decay tables') are compiled and checked only."""
-    return 'PRECISION' in desc['constexprs']
+    """Whether a kernel's key loop is priced against a plain flash kernel: those with matrix products (a PRECISION
+    constexpr; they run on tensor cores in half precision), except whole attention's launches of two paths, which
+    are priced path by path (:func:`paths_apart`). The others (the decay tables') are compiled and checked only."""
+    c = desc['constexprs']
+    return 'PRECISION' in c and not (c.get('V2H') and c.get('H2V'))
+
+
+def paths_apart(specs: Dict[str, dict]) -> Dict[str, dict]:
+    """For every launch of whole attention's two paths, the same kernel with one path each: the rows its pricing
+    takes (each path's key loop against a flash kernel with that path's tiles). Launched as they are by the forms of
+    one path."""
+    import importlib
+    parts = {}
+    for spec in specs.values():
+        desc = spec['desc']
+        c = desc['constexprs']
+        if 'PRECISION' in c and c.get('V2H') and c.get('H2V'):
+            kernel = getattr(importlib.import_module(desc['module']), desc['kernel'])
+            for dropped in ('H2V', 'V2H'):
+                part = dict(desc, constexprs=dict(c, **{dropped: False}))
+                parts.setdefault(desc_key(kernel, part), dict(spec, desc=part, shapes=list(spec['shapes']),
+                                                              maps=list(spec['maps'])))
+    return {key: part for key, part in parts.items() if key not in specs}
 
 
 def spec_key(launch: lp.Launch, arch: int) -> Tuple[str, dict]:
@@ -171,8 +191,8 @@ def _filled(extent: int, block: int) -> float:
 
 def real_shares(spec: dict) -> Tuple[float, float]:
     """(ours, flash's): the share of the scores the tiles compute that are real, on the first shape that launches
-    the row. Whole attention's tiles hold one map row of own tokens (its width padded to the own block) and, in the
-    backward, (rows x columns) blocks of the map's other tokens; the line kernels' tiles pad each line; flash pads
+    the row. Whole attention's tiles hold one map row of own tokens (its width padded to the own block) and
+    (rows x columns) blocks of the map's other tokens; the line kernels' tiles pad each line; flash pads
     the sequence of :func:`sequence` to its two blocks. NaN for the kernels without such a layout."""
     desc = spec['desc']
     c = desc['constexprs']
@@ -186,9 +206,8 @@ def real_shares(spec: dict) -> Tuple[float, float]:
         return float('nan'), flash
     on_image = (c['V2H'] and not c.get('KEYS')) or (not c['V2H'] and c.get('KEYS'))
     width, height = (w, h) if on_image else (h, w)
-    if 'COLS' in c:  # the backward's other blocks: BLOCK_OTHER // COLS map rows x COLS columns
-        return _filled(width, own) * _filled(width, c['COLS']) * _filled(height, other // c['COLS']), flash
-    return _filled(width, own) * _filled(n, other), flash
+    cols = c['COLS_V'] if on_image else c['COLS_H']  # other tiles: other // cols map rows x cols columns
+    return _filled(width, own) * _filled(width, cols) * _filled(height, other // cols), flash
 
 
 def kv_bytes(spec: dict) -> float:
@@ -315,8 +334,10 @@ def main(argv=None) -> int:
             first.setdefault((spec['desc']['kernel'], spec['desc']['arch'], spec['dtype']), spec['shapes'][0])
         specs = {key: spec for key, spec in specs.items()
                  if first[spec['desc']['kernel'], spec['desc']['arch'], spec['dtype']] in spec['shapes']}
+    if args.sass:
+        specs.update(paths_apart(specs))
     for spec in specs.values():
-        spec['sass_limit'] = (sass_limit(spec) if args.sass_limit is not None
+        spec['sass_limit'] = (sass_limit(spec) if args.sass_limit is not None and priced(spec['desc'])
                               and spec['desc']['kernel'] in limited else float('inf'))
     # --sass: the plain flash kernels to compare with, compiled (and cached) as specializations of their own
     references = {}

@@ -3,10 +3,11 @@ with Triton's NVIDIA backend; no GPU needed), its innermost loop that holds matr
 loop's instructions by class. Used by ``tools/check_kernels.py --sass``.
 
 A loop is the span from a backward branch's target to the branch (``@P0 BRA 0x..``, or sm_100's ``BRA.U !UP0, 0x..``
-with the predicate as an operand). The key loop is the shortest such span holding an MMA (HMMA for warp-level
+with the predicate as an operand). The key loop is an innermost span holding an MMA (HMMA for warp-level
 products, sm_80 to sm_120; HGMMA for sm_90's warp-group products; UTCHMMA for sm_100's tensor-memory products, whose
 barrier waits retry in stubs after the kernel's body that branch back into the loop and are not counted): the loop
-over the other tokens' blocks in every attention kernel here. Exact float32 products run on the FMA units, unrolled:
+over the other tokens' blocks in every attention kernel here; where a kernel has several such loops that hold no
+other (one per map or role it can run), the longest. Exact float32 products run on the FMA units, unrolled:
 a kernel without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its
 corner rows in one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues, and
 ``inner`` says how many there are. Its instructions are counted as laid out (each once: a predicated-off or
@@ -25,7 +26,7 @@ import triton
 
 CLASSES = ('mma', 'fp32', 'mufu', 'conv', 'int', 'mem', 'other')
 #: what :func:`loop_cost` counts: check_kernels prices a cached row again when its pricing differs
-PRICING = 2
+PRICING = 3
 #: instructions that count as more than one: sm_100's paired float32 operations
 WEIGHTS = {'FADD2': 2, 'FMUL2': 2, 'FFMA2': 2}
 # opcode (before the first '.') -> class; what no rule names is 'other' (moves, shuffles, predicates, barriers,
@@ -83,12 +84,15 @@ def loops(instructions: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
 
 
 def key_loop(instructions: List[Tuple[int, str, str]]) -> Optional[Tuple[int, int]]:
-    """(first, last) instruction index of the innermost loop holding an MMA, else of the longest loop (see the
-    module docstring); None if there is no loop."""
+    """(first, last) instruction index of the innermost loop holding an MMA (no such loop inside it), the longest
+    of them where a kernel has several (one per map or role it can run), else of the longest loop (see the module
+    docstring); None if there is no loop."""
     spans = loops(instructions)
     products = [(a, b) for a, b in spans if any(classify(op) == 'mma' for _, op, _ in instructions[a:b + 1])]
-    if products:
-        return min(products, key=lambda span: span[1] - span[0])
+    innermost = [(a, b) for a, b in products
+                 if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in products)]
+    if innermost:
+        return max(innermost, key=lambda span: span[1] - span[0])
     return max(spans, key=lambda span: span[1] - span[0]) if spans else None
 
 

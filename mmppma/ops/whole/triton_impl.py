@@ -54,23 +54,27 @@ def _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b, 
 
 
 @triton.jit
-def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale2, pid, N, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
-             W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-             BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
-    """The V2H path's online softmax for tile ``pid`` of one slice on a map W tokens wide: BLOCK_M columns of one
-    map row i, over all key blocks of consecutive map tokens. The map is the image (V2H) or its transpose (H2V:
-    V2H of the transposed map); its token (r, c) lies at ``r * q_r + c * q_c`` in q and k (``v_r``, ``v_c`` in v,
-    ``t_r``, ``t_c`` in the tables, o and lse, which are in the image's order).
+def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
+             H: tl.constexpr, W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """The V2H path's online softmax for tile ``pid`` of one slice on an H x W map: BLOCK_M columns of one
+    map row i, over all keys in tiles of (BLOCK_N // COLS map rows x COLS columns), column chunk by column chunk
+    (masked only where the map is not a whole number of tiles).
+    The map is the image (V2H) or its transpose (H2V: V2H of the transposed map); its token (r, c) lies at
+    ``r * q_r + c * q_c`` in q and k (``v_r``, ``v_c`` in v, ``t_r``, ``t_c`` in the tables T1 (along the map's
+    rows) and T2 (along its columns), o and lse, which are in the image's order).
 
-    Log2 units: the scale ``scale2`` comes times log2(e), the tables T1 (along the map's rows) and T2 (along its
-    columns) are scaled per loaded vector, the softmax takes ``exp2``. The log-decays are <= 0 (the ops'
-    contract), so the tables are monotone along their lines and a segment's sum is minus the absolute difference of
-    its ends: M[p, s] = -|T1[i, j] - T1[i, l]| - |T2[i, l] - T2[k, l]| for query p = (i, j) and key s = (k, l).
-    The query tile holds one row, so the corner entries T1[i, l], T2[i, l] are per-key vectors, gathered from row
-    i by the key's column (W a constexpr: no division by a run-time width), and the second term is a per-key
-    vector: per score the bias costs one difference and one absolute value. Keys past N read T2 as +inf: a bias of
-    -inf, no per-score mask. The key loop holds no loop of its own and is software-pipelined."""
+    The log-decays are <= 0 (the ops' contract), so the tables are monotone along their lines and a segment's sum
+    is minus the absolute difference of its ends: M[p, s] = -|T1[i, j] - T1[i, l]| - |T2[i, l] - T2[k, l]| for
+    query p = (i, j) and key s = (k, l). The query tile holds one row, so the first term depends on the key's
+    column only: it is built once per column chunk, as a tile. The second is one difference per key. Per score the
+    bias then costs one addition (of the absolute value), and the logits stay in natural units: the softmax's
+    ``exp2`` takes them times log2(e) in the product that subtracts the row maximum. Keys past the map read T2 as
+    +inf: a bias of -inf, no per-score mask. The key loop (over the chunk's rows) holds no loop of its own and is
+    software-pipelined."""
     chunks: tl.constexpr = (W + BLOCK_M - 1) // BLOCK_M
+    ROWS: tl.constexpr = BLOCK_N // COLS
+    EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0
     row = pid // chunks
     cols = pid % chunks * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = cols < W
@@ -78,37 +82,48 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale2, pid, N
     offs_dv = tl.arange(0, BLOCK_DV)
     q = load_rows(q_ptr, row * q_r + cols * q_c, mask_m, offs_d, D)
     tok_m = row * t_r + cols * t_c
-    t1_q = tl.load(t1_ptr + tok_m, mask=mask_m, other=0.0) * LOG2E_
+    t1_q = tl.load(t1_ptr + tok_m, mask=mask_m, other=0.0)
     m, total, acc = online_softmax_start(BLOCK_M, BLOCK_DV)
-    for start_n in range(0, N, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        key_r = offs_n // W
-        key_c = offs_n % W
-        corner = row * t_r + key_c * t_c  # (query row, key column): in the map for every key, past N too
-        t1_corner = tl.load(t1_ptr + corner) * LOG2E_
-        per_key = -tl.abs(tl.load(t2_ptr + corner) - tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n,
-                                                             other=float('inf'))) * LOG2E_
-        s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, offs_d, D)),
-                   input_precision=PRECISION)
-        x = s * scale2 + per_key[None, :] - tl.abs(t1_q[:, None] - t1_corner[None, :])
-        m, total, acc = online_softmax_step(x, load_rows(v_ptr, key_r * v_r + key_c * v_c, mask_n, offs_dv, DV),
-                                             m, total, acc, PRECISION)
+    tile_rows = tl.arange(0, BLOCK_N) // COLS
+    for c0 in range(0, W, COLS):
+        key_c = c0 + tl.arange(0, BLOCK_N) % COLS
+        in_row = key_c < W
+        corner = row * t_r + key_c * t_c  # (query row, key column)
+        t2_corner = tl.load(t2_ptr + corner, mask=in_row, other=0.0)
+        row_bias = -tl.abs(t1_q[:, None] - tl.load(t1_ptr + corner, mask=in_row, other=0.0)[None, :])
+        for r0 in range(0, H, ROWS):
+            key_r = r0 + tile_rows
+            if EVEN:
+                mask_n = tl.full([BLOCK_N], True, tl.int1)
+                column = t2_corner - tl.load(t2_ptr + key_r * t_r + key_c * t_c)
+            else:
+                mask_n = (key_r < H) & in_row
+                column = t2_corner - tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n, other=float('inf'))
+            s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, offs_d, D)),
+                       input_precision=PRECISION)
+            x = s * scale + (row_bias - tl.abs(column)[None, :])
+            m_new = tl.maximum(m, tl.max(x, 1))
+            alpha = tl.math.exp2((m - m_new) * LOG2E_)
+            p = tl.math.exp2(x * LOG2E_ - (m_new * LOG2E_)[:, None])
+            total = total * alpha + tl.sum(p, 1)
+            v = load_rows(v_ptr, key_r * v_r + key_c * v_c, mask_n, offs_dv, DV)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+            m = m_new
     store_tile(o_ptr, tok_m, mask_m, offs_dv, DV, acc / total[:, None])
-    tl.store(lse_ptr + tok_m, (m + tl.math.log2(total)) * _LN2, mask=mask_m)
+    tl.store(lse_ptr + tok_m, m + tl.math.log2(total) * _LN2, mask=mask_m)
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b,
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b,
                v_n, v_h, v_w, TILES, BH, HH: tl.constexpr, WW: tl.constexpr, V2H: tl.constexpr, H2V: tl.constexpr,
-               BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+               BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """Whole attention's forward, every path of the form in one launch: axis 1 is the path (V2H, then H2V), axis 0
     the (slice, tile) programs, slice-major, TILES per slice (the larger path's count; a path with fewer tiles
     leaves the rest idle). q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), v likewise; the tables
     (BH, H, W), o (paths, BH, H, W, dv) and lse (paths, BH, H, W) contiguous, in the image's order. The V2H path
-    runs :func:`_fwd_map` on the image (map width WW, tiles of BLOCK_V columns), the H2V path on its transpose (map
-    width HH, tiles of BLOCK_H; its row table is the image's column table)."""
+    runs :func:`_fwd_map` on the image (map width WW, tiles of BLOCK_V columns, key column chunks of COLS_V), the H2V
+    path on its transpose (map width HH, BLOCK_H, COLS_H; its row table is the image's column table)."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
     path = tl.program_id(1)
@@ -119,14 +134,14 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, head
     if V2H:
         if path == 0:
             if tile < N // WW * ((WW + BLOCK_V - 1) // BLOCK_V):
-                _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale2, tile, N, D, DV, q_h, q_w, v_h,
-                         v_w, WW, 1, WW, BLOCK_V, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION)
+                _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_h, q_w, v_h,
+                         v_w, WW, 1, HH, WW, BLOCK_V, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, PRECISION)
     h2v_index: tl.constexpr = 1 if V2H else 0
     if H2V:
         if path == h2v_index:
             if tile < N // HH * ((HH + BLOCK_H - 1) // BLOCK_H):
-                _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, o_ptr, lse_ptr, scale2, tile, N, D, DV, q_w, q_h, v_w,
-                         v_h, 1, N // HH, HH, BLOCK_H, BLOCK_N, BLOCK_D, BLOCK_DV, PRECISION)
+                _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w,
+                         v_h, 1, WW, WW, HH, BLOCK_H, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
 
 
 @triton.jit
@@ -323,6 +338,15 @@ def query_block(width: int, block_m: int) -> int:
                key=lambda block: (triton.cdiv(width, block) * block, -block))
 
 
+def key_columns(width: int, height: int, block_n: int, least: int = 8) -> int:
+    """The columns of a tile of ``block_n`` other tokens (``block_n // columns`` map rows) on a map ``width`` x
+    ``height``: of ``least`` up to ``block_n``, the one that pads the map least (the wider on ties: fewer column
+    chunks)."""
+    return min((cols for cols in (8, 16, 32, 64, 128) if least <= cols <= block_n),
+               key=lambda cols: (lp.cdiv(width, cols) * cols * lp.cdiv(height, block_n // cols)
+                                 * (block_n // cols), -cols))
+
+
 def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
     """(grid, constexprs, config, tiles per slice) of the forward's launch, cached per call site (shapes, strides
     and dtypes, capability, form)."""
@@ -335,9 +359,12 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
         block_v, block_h = query_block(ww, cfg.block_m), query_block(hh, cfg.block_m)
         tiles = max(hh * lp.cdiv(ww, block_v) if 'v2h' in names else 0,
                     ww * lp.cdiv(hh, block_h) if 'h2v' in names else 0)
-        # a path's map width is a constexpr; the other path's is 0 when it does not run (one compile per width)
-        constexprs = dict(HH=hh if 'h2v' in names else 0, WW=ww if 'v2h' in names else 0, V2H='v2h' in names,
-                          H2V='h2v' in names, BLOCK_V=block_v, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
+        # the map's sizes are constexprs: no division by a run-time width, no masks on a whole number of tiles
+        constexprs = dict(HH=hh, WW=ww, V2H='v2h' in names,
+                          H2V='h2v' in names, BLOCK_V=block_v, BLOCK_H=block_h,
+                          COLS_V=key_columns(ww, hh, cfg.block_n) if 'v2h' in names else 8,
+                          COLS_H=key_columns(hh, ww, cfg.block_n) if 'h2v' in names else 8,
+                          BLOCK_N=cfg.block_n,
                           BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
         plan = _FWD_PLANS[key] = ((tiles * bh, len(names)), constexprs, cfg, tiles)
     return plan
@@ -356,7 +383,7 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     o = torch.empty(grid[1], b * heads, hh, ww, v.shape[-1], device=q.device, dtype=torch.float32)
     lse = torch.empty(grid[1], b * heads, hh, ww, device=q.device, dtype=torch.float32)
     qs, vs = q.stride(), v.stride()
-    launch = lp.Launch(_whole_fwd, grid, (q, k, v, ca, cb, o, lse, scale * LOG2E, heads, hh * ww, d, v.shape[-1],
+    launch = lp.Launch(_whole_fwd, grid, (q, k, v, ca, cb, o, lse, scale, heads, hh * ww, d, v.shape[-1],
                                           qs[0], qs[1], qs[2], qs[3], vs[0], vs[1], vs[2], vs[3], tiles, b * heads),
                        constexprs, cfg, q.device)
     return [launch], o, lse
@@ -384,7 +411,9 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             own = query_block(width, cfg.block_m)
             if q.dtype != torch.float32 and width >= lp.NARROW:  # tensor-core tiles: 16 own rows per warp at least
                 own = max(own, 16 * cfg.num_warps)
-            tiles[path] = (cfg, image, own, min(cfg.block_n, lp.pow2(width)), n // width * lp.cdiv(width, own))
+            # the column spreader's product needs 16 columns at least
+            cols = key_columns(width, n // width, cfg.block_n, least=16)
+            tiles[path] = (cfg, image, own, cols, n // width * lp.cdiv(width, own))
             if not keys:
                 chunks[path] = lp.cdiv(width, own)
         groups = [names] if len({tiles[p][0] for p in names}) == 1 else [(p, ) for p in names]
