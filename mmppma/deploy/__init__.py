@@ -9,7 +9,8 @@ Layered, each module importing only those before it (and the models, never the r
 * :mod:`.export` - the part of a model that is exported, and :func:`export_onnx`;
 * :mod:`.mask_rcnn` - the whole Mask R-CNN as one graph, checked against ``model.predict`` (imported on use:
   it needs mmdet and registers an NMS op with torch.library);
-* :mod:`.check` - :func:`compare_onnx`, the file in onnxruntime against the torch module.
+* :mod:`.check` - :func:`compare_onnx`, the file in onnxruntime against the torch module;
+* :mod:`.profile` - :func:`profile_onnx`, the file's onnxruntime time by op type and by model part.
 
 Needs the ``deploy`` extra (onnx, onnxscript, onnxruntime).
 """
@@ -17,6 +18,7 @@ from .check import Comparison, compare_onnx
 from .export import OUTPUTS, dynamic_axes, export_module, export_onnx, model_kind, traced_input
 from .masks import paste_masks
 from .pools import fixed_grid_pools, runtime_pools
+from .profile import Profile, profile_onnx
 from .runtime import (
     TOLERANCE,
     DetectionMismatch,
@@ -31,7 +33,7 @@ from .runtime import (
 
 __all__ = [
     'Comparison', 'compare_onnx', 'OUTPUTS', 'dynamic_axes', 'export_module', 'export_onnx', 'model_kind',
-    'traced_input', 'paste_masks', 'fixed_grid_pools', 'runtime_pools', 'TOLERANCE', 'DetectionMismatch', 'ExportError',
-    'OnnxRuntimeFailure', 'OutputMismatch', 'UnsupportedDetector', 'first_line', 'onnx_session',
-    'relative_difference'
+    'traced_input', 'paste_masks', 'fixed_grid_pools', 'runtime_pools', 'Profile', 'profile_onnx', 'TOLERANCE',
+    'DetectionMismatch', 'ExportError', 'OnnxRuntimeFailure', 'OutputMismatch', 'UnsupportedDetector', 'first_line',
+    'onnx_session', 'relative_difference'
 ]

@@ -46,13 +46,17 @@ def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / scale)
 
 
-def onnx_session(path: str, threads: Optional[int] = None):
+def onnx_session(path: str, threads: Optional[int] = None, profile: Optional[str] = None):
     """An onnxruntime ``InferenceSession`` of the file on CPU, logging fatal errors only (a failed run is raised,
-    and reported once, by the caller); ``threads``: its intra-op threads (one inter-op thread). Raises
+    and reported once, by the caller); ``threads``: its intra-op threads (one inter-op thread); ``profile``: with
+    onnxruntime's profiler on, writing to a file of this prefix (``end_profiling()`` names it). Raises
     :class:`OnnxRuntimeFailure` when onnxruntime cannot load the file."""
     import onnxruntime
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 4
+    if profile is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

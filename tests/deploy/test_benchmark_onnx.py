@@ -9,7 +9,8 @@ pytest.importorskip('onnxruntime', reason='the deploy extra: pip install -e .[de
 
 def test_benchmark_table(tmp_path, capsys):
     """A file written before (fixed size, the same random weights) and a case exported with dynamic axes,
-    timed in one run; each row's difference from torch within 1e-4."""
+    timed in one run; each row's difference from torch within 1e-4; each file's profile attributes its whole
+    time to the backbone's modules, every part a module of the model."""
     from mmppma import deploy
     config = tmp_path / 'ppma_tiny.py'
     arch = dict(embed_dims=[16], depths=[1], num_heads=[1], mlp_ratios=[2], attn_types=['whole'])
@@ -20,7 +21,7 @@ def test_benchmark_table(tmp_path, capsys):
     written = tmp_path / 'written.onnx'
     deploy.export_onnx(module, torch.randn(1, 3, 32, 32), str(written))
     assert tool.main(['--file', str(config), '1', '32', '32', str(written), '--case', str(config), '2', '32', '48',
-                      '--dynamic', '--iters', '1', '--threads', '1']) == 0
+                      '--dynamic', '--iters', '1', '--threads', '1', '--profile']) == 0
     printed = capsys.readouterr().out
     assert 'machine: ' in printed and 'cores' in printed and 'load average' in printed
     rows = [line for line in printed.splitlines() if line.startswith('| ppma_tiny.py')]
@@ -28,3 +29,10 @@ def test_benchmark_table(tmp_path, capsys):
         ['| ppma_tiny.py (backbone; written.onnx, fixed size)', '1', '32 x 32'],
         ['| ppma_tiny.py (backbone; dynamic)', '2', '32 x 48']]
     assert all(float(row.rstrip(' |').rsplit('| ', 1)[1]) <= 1e-4 for row in rows)
+    median, best = (float(rows[0].split(' | ')[i]) for i in (4, 5))
+    assert best <= median
+    modules = {'.'.join(('model', name)).rstrip('.') for name, _ in tool.build_model(str(config)).named_modules()}
+    profile = deploy.profile_onnx(str(written), {'input': torch.randn(1, 3, 32, 32).numpy()}, threads=1)
+    assert profile.total == pytest.approx(sum(profile.ops.values())) == pytest.approx(sum(profile.parts.values()))
+    assert set(profile.parts) - {deploy.profile.INSERTED} <= modules and 'model.layers.0' in profile.parts
+    assert printed.count('onnxruntime profile of ppma_tiny.py') == 2 and '| model.layers.0 | ' in printed

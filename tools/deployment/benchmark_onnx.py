@@ -2,7 +2,7 @@
 """onnxruntime (CPU) against torch eager: inference time of exported models, several cases in one run.
 
     python tools/deployment/benchmark_onnx.py [--case CONFIG B H W ...] [--file CONFIG B H W ONNX ...]
-                                              [--dynamic] [--paste-masks] [--iters 5] [--threads N]
+                                              [--dynamic] [--paste-masks] [--iters 5] [--threads N] [--profile]
 
 Default cases: the PPMA-T classifier (configs/ppma_t_8xb128_in1k.py) at batch 1 and batch 8, 224 x 224, the
 PPMA-T UPerNet (configs/upernet_ppma_t_512x512_160k_ade20k.py) at batch 1, 512 x 512, and the PPMA-T Mask
@@ -12,15 +12,18 @@ dynamic batch, height and width, traced at a batch of 2 or more; ``--paste-masks
 also pasted in the graph), and each ``--file`` is an ONNX file written before (e.g. by another version of
 pytorch2onnx.py, with the weights ``--seed 0`` draws: random weights are drawn as here) timed at its case's
 input. Each is checked against torch once (a Mask R-CNN: against ``model.predict``, which is also what torch
-runs), then run alternately in torch eager (``torch.inference_mode``) and in onnxruntime's CPU provider, both
-with ``--threads`` threads (default: torch's count), one warm-up run each, then ``--iters`` timed runs each.
-It prints the machine (CPU model, cores, GPU, load average before and after), the versions, and a table of
-the median wall time per batch and the ratio torch / onnxruntime (above 1: onnxruntime is faster), the rows
-of one run side by side (a ``--file`` and a ``--case`` of one config and input compare two files).
-docs/deployment.md.
+runs). Then all are timed in rounds, one warm-up round and ``--iters`` timed ones: each round runs, in turn,
+torch eager (``torch.inference_mode``) once per config and input, and each file in onnxruntime's CPU provider,
+all with ``--threads`` threads (default: torch's count), so that a change of load hits every row alike. It
+prints the machine (CPU model, cores, GPU, load average before and after), the versions, and a table of the
+median and best wall time per batch and the ratio torch / onnxruntime of the medians (above 1: onnxruntime is
+faster); rows of one config and input share torch's times (a ``--file`` and a ``--case`` of them compare two
+files). ``--profile``: also each file's onnxruntime time of one more run by op type and by model part
+(onnxruntime's profiler, :func:`mmppma.deploy.profile_onnx`). docs/deployment.md.
 """
 import argparse
 import functools
+import gc
 import os
 import os.path as osp
 import platform
@@ -43,6 +46,7 @@ from mmppma.deploy import (  # noqa: E402
     export_onnx,
     model_kind,
     onnx_session,
+    profile_onnx,
 )
 
 ROOT = osp.join(osp.dirname(osp.abspath(__file__)), '..', '..')
@@ -66,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='export a Mask R-CNN case with its masks also pasted in the graph (output masks)')
     parser.add_argument('--iters', type=int, default=5, help='timed runs per backend (after one warm-up run)')
     parser.add_argument('--threads', type=int, default=torch.get_num_threads(), help='threads of both backends')
+    parser.add_argument('--profile', action='store_true',
+                        help="print each file's onnxruntime time by op type and by model part (one more run)")
     args = parser.parse_args(argv)
     cases = args.case or ([] if args.file else [(osp.join(ROOT, c), b, h, w) for c, b, h, w in DEFAULT_CASES])
     args.cases = [(config, int(b), int(h), int(w), None) for config, b, h, w in cases]
@@ -92,7 +98,9 @@ def load() -> str:
     return ' '.join(f'{v:.1f}' for v in os.getloadavg()) if hasattr(os, 'getloadavg') else 'n/a'
 
 
-def bench(case, args: argparse.Namespace, workdir: str) -> dict:
+def prepare(case, args: argparse.Namespace, workdir: str) -> dict:
+    """Build, export (or take the file) and check one case: its row's name, input and difference, and its two
+    runs (torch and onnxruntime, one batch each); ``key``: the config and input, whose torch run rows share."""
     config, batch, height, width, path = case
     torch.manual_seed(0)
     model = build_model(config)
@@ -119,19 +127,46 @@ def bench(case, args: argparse.Namespace, workdir: str) -> dict:
         with torch.inference_mode():
             module(x)
 
-    def run_onnx():
-        session.run(None, feed)
-
-    times = {'torch': [], 'onnxruntime': []}
-    for step in range(args.iters + 1):  # alternating, so that a load change hits both alike
-        for name, run in (('torch', run_torch), ('onnxruntime', run_onnx)):
-            start = time.perf_counter()
-            run()
-            if step:
-                times[name].append(time.perf_counter() - start)
-    median = {name: statistics.median(t) for name, t in times.items()}
     return dict(name=f'{osp.basename(config)} ({kind}; {form})', batch=batch, size=f'{height} x {width}', diff=diff,
-                **median)
+                key=(config, batch, height, width), path=path, feed=feed, run_torch=run_torch,
+                run_onnx=functools.partial(session.run, None, feed))
+
+
+def timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def time_rounds(rows, iters: int) -> None:
+    """One warm-up round and ``iters`` timed ones, each running torch once per key and every row's file in turn;
+    each row gets the median and best of its own times and its key's torch times."""
+    torch_times, onnx_times = {}, [[] for _ in rows]
+    for step in range(iters + 1):
+        done = set()
+        for row, times in zip(rows, onnx_times):
+            if row['key'] not in done:
+                done.add(row['key'])
+                seconds = timed(row['run_torch'])
+                if step:
+                    torch_times.setdefault(row['key'], []).append(seconds)
+            seconds = timed(row['run_onnx'])
+            if step:
+                times.append(seconds)
+    for row, times in zip(rows, onnx_times):
+        row.update(torch=statistics.median(torch_times[row['key']]), onnxruntime=statistics.median(times),
+                   best=min(times))
+
+
+def print_profile(row, threads: int) -> None:
+    """The row's file in onnxruntime's profiler: its time by op type and by model part."""
+    found = profile_onnx(row['path'], row['feed'], threads=threads)
+    print(f"\nonnxruntime profile of {row['name']}, {row['size']}: {found.total:.3f} s of kernels in one run")
+    for title, table in (('model part', found.parts), ('op type', found.ops)):
+        print(f'| {title} | s | share |\n|---|---|---|')
+        for name, seconds in table.items():
+            if seconds >= 0.005 * found.total:  # the parts over 0.5 %
+                print(f'| {name} | {seconds:.3f} | {100 * seconds / found.total:.1f} % |')
 
 
 def main(argv=None) -> int:
@@ -140,16 +175,22 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     print(f'machine: {machine()}; load average (1, 5, 15 min) at the start: {load()}')
     print(f'torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, {args.threads} thread(s) per backend, '
-          f'median of {args.iters} timed runs after one warm-up run')
+          f'{args.iters} timed rounds after one warm-up round')
     with tempfile.TemporaryDirectory() as workdir:
-        rows = [bench(case, args, workdir) for case in args.cases]
-    print(f'load average at the end: {load()}')
-    print('| model | batch | input | torch eager (s / batch) | onnxruntime (s / batch) | torch / onnxruntime '
-          '| max rel. diff |')
-    print('|---|---|---|---|---|---|---|')
-    for r in rows:
-        print(f"| {r['name']} | {r['batch']} | {r['size']} | {r['torch']:.3f} | {r['onnxruntime']:.3f} "
-              f"| {r['torch'] / r['onnxruntime']:.2f} | {r['diff']:.1e} |")
+        rows = [prepare(case, args, workdir) for case in args.cases]
+        time_rounds(rows, args.iters)
+        print(f'load average at the end: {load()}')
+        print('| model | batch | input | torch eager (s / batch) | onnxruntime (s / batch) | onnxruntime best '
+              '| torch / onnxruntime | max rel. diff |')
+        print('|---|---|---|---|---|---|---|---|')
+        for r in rows:
+            print(f"| {r['name']} | {r['batch']} | {r['size']} | {r['torch']:.3f} | {r['onnxruntime']:.3f} "
+                  f"| {r['best']:.3f} | {r['torch'] / r['onnxruntime']:.2f} | {r['diff']:.1e} |")
+        for r in rows:  # the sessions and models go before the profiles (a Mask R-CNN's take GBs each)
+            del r['run_torch'], r['run_onnx']
+        gc.collect()
+        for r in rows if args.profile else ():
+            print_profile(r, args.threads)
     return 0
 
 
