@@ -196,6 +196,9 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
     ROWS: tl.constexpr = BLOCK_OTHER // COLS
     # other token -> its column of the chunk: the score gradient summed per (own token, column) by a product
     spread = tl.where((tl.arange(0, BLOCK_OTHER) % COLS)[:, None] == tl.arange(0, COLS)[None, :], 1.0, 0.0)
+    if not KEYS:  # the own queries' log-normaliser, log2 units (past the row: any finite value, P = 0 there)
+        lse_own = tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0) * LOG2E_
+        delta_own = tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight
     for c0 in range(0, W, COLS):
         per_column = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # sum over the chunk's rows of ds, per column
         if not KEYS:
@@ -203,33 +206,30 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
         in_row = cols < W
         corner = row * t_r + cols * t_c
-        t1c = tl.load(t1_ptr + corner, mask=in_row, other=0.0) * LOG2E_
         t2c = tl.load(t2_ptr + corner, mask=in_row, other=0.0) * LOG2E_
+        # the row segment, per (own token, column): built once per chunk; the queries' log-normaliser with it
+        chunk_bias = -tl.abs(t1_own[:, None] - tl.load(t1_ptr + corner, mask=in_row, other=0.0)[None, :] * LOG2E_)
+        if not KEYS:
+            chunk_bias -= lse_own[:, None]
         for r0 in range(0, H, ROWS):
             rows = r0 + tl.arange(0, BLOCK_OTHER) // COLS
             mask = (rows < H) & in_row
             tok = rows * t_r + cols * t_c
-            # -inf past the map
+            # per other token: the column segment (-inf past the map) and, for the keys' programs, the queries'
+            # log-normaliser
             per_other = -tl.abs(t2c - tl.load(t2_ptr + tok, mask=mask, other=float('inf')) * LOG2E_)
             b = load_rows(b_ptr, rows * b_r + cols * b_c, mask, offs_d, D)
             db = load_rows(db_ptr, rows * db_r + cols * db_c, mask, offs_dv, DV)
-            # the queries' log-normaliser (over the scale) and delta enter the products as initial values, loaded
-            # per tile (not hoisted: a loop-invariant tile would hold registers throughout)
             if KEYS:
-                lse = tl.broadcast_to(tl.load(lse_ptr + tok, mask=mask, other=0.0)[None, :],
-                                      (BLOCK_OWN, BLOCK_OTHER))
-                delta = tl.broadcast_to((tl.load(delta_ptr + tok, mask=mask, other=0.0) * weight)[None, :],
-                                        (BLOCK_OWN, BLOCK_OTHER))
+                per_other -= tl.load(lse_ptr + tok, mask=mask, other=0.0) * LOG2E_
+                delta = tl.load(delta_ptr + tok, mask=mask, other=0.0)[None, :] * weight
             else:
-                lse = tl.broadcast_to(tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0)[:, None],
-                                      (BLOCK_OWN, BLOCK_OTHER))
-                delta = tl.broadcast_to((tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight)[:, None],
-                                        (BLOCK_OWN, BLOCK_OTHER))
-            s = tl.dot(a, tl.trans(b), -lse / scale, input_precision=PRECISION)
-            p = tl.math.exp2(s * scale2 + per_other[None, :] - tl.abs(t1_own[:, None] - t1c[None, :]))
+                delta = delta_own[:, None]
+            s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
+            p = tl.math.exp2(s * scale2 + (chunk_bias + per_other[None, :]))
             if KEYS:
                 g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
-            ds = (p * tl.dot(da, tl.trans(db), -delta, input_precision=PRECISION)).to(b.dtype)  # P (w dP - delta)
+            ds = (p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)).to(b.dtype)  # P (w dP - delta)
             per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
             if not KEYS:  # the corners: the column segment's sign: the other row against the own
                 per_column_signed = tl.dot(ds, tl.where(row > rows[:, None], spread, -spread).to(b.dtype),
