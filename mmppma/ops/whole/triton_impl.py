@@ -35,7 +35,6 @@ from ..triton_support.tiles import (
     head_offset,
     load_rows,
     online_softmax_start,
-    online_softmax_step,
     slice_offset,
     store_tile,
 )
@@ -338,13 +337,13 @@ def query_block(width: int, block_m: int) -> int:
                key=lambda block: (triton.cdiv(width, block) * block, -block))
 
 
-def key_columns(width: int, height: int, block_n: int, least: int = 8, wide: bool = True) -> int:
+def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int = 128) -> int:
     """The columns of a tile of ``block_n`` other tokens (``block_n // columns`` map rows) on a map ``width`` x
-    ``height``: of ``least`` up to ``block_n``, the one that pads the map least; on ties the wider (``wide``:
-    fewer column chunks) or the narrower (fewer registers for per-column sums)."""
-    return min((cols for cols in (8, 16, 32, 64, 128) if least <= cols <= block_n),
+    ``height``: of ``least`` up to ``block_n`` and ``most``, the one that pads the map least (the wider on ties:
+    fewer column chunks)."""
+    return min((cols for cols in (8, 16, 32, 64, 128) if least <= cols <= min(block_n, most)),
                key=lambda cols: (lp.cdiv(width, cols) * cols * lp.cdiv(height, block_n // cols)
-                                 * (block_n // cols), -cols if wide else cols))
+                                 * (block_n // cols), -cols))
 
 
 def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
@@ -411,8 +410,9 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             own = query_block(width, cfg.block_m)
             if q.dtype != torch.float32 and width >= lp.NARROW:  # tensor-core tiles: 16 own rows per warp at least
                 own = max(own, 16 * cfg.num_warps)
-            # the column spreader's product needs 16 columns at least; the (own x column) sums are held
-            cols = key_columns(width, n // width, cfg.block_n, least=16, wide=False)
+            # the column spreader's product needs 16 columns at least; the (own x column) sums are held through
+            # the chunk: the largest tiles (128 x 64) take 32 columns at most (64 spill)
+            cols = key_columns(width, n // width, cfg.block_n, least=16, most=32 if own * cfg.block_n >= 8192 else 128)
             tiles[path] = (cfg, image, own, cols, n // width * lp.cdiv(width, own))
             if not keys:
                 chunks[path] = lp.cdiv(width, own)
