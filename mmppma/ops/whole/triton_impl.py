@@ -330,10 +330,10 @@ def _bwd_transpose(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_p
                  2 * plane, W, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS, PRECISION)
 
 
-def query_block(width: int, block_m: int) -> int:
-    """The query tile's columns on a map ``width`` tokens wide: of 16 up to ``block_m``, the one that pads a row
-    least (the larger on ties); the tile holds one image row."""
-    return min((block for block in (16, 32, 64, 128) if block <= max(16, block_m)),
+def query_block(width: int, block_m: int, least: int = 16) -> int:
+    """The query tile's columns on a map ``width`` tokens wide: of ``least`` up to ``block_m``, the one that pads a
+    row least (the larger on ties); the tile holds one image row."""
+    return min((block for block in (16, 32, 64, 128) if least <= block <= max(least, block_m)),
                key=lambda block: (triton.cdiv(width, block) * block, -block))
 
 
@@ -355,7 +355,10 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
         bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
         cfg = lp.config('whole_fwd', n, q.dtype, cap)
         names = paths(form)
-        block_v, block_h = query_block(ww, cfg.block_m), query_block(hh, cfg.block_m)
+        # half precision on long sequences: 64 query rows at least (K and V read half as often per score; on
+        # sm_90 the warp-group products), at whatever padding
+        least = 64 if q.dtype != torch.float32 and n >= lp.LARGE else 16
+        block_v, block_h = query_block(ww, cfg.block_m, least), query_block(hh, cfg.block_m, least)
         tiles = max(hh * lp.cdiv(ww, block_v) if 'v2h' in names else 0,
                     ww * lp.cdiv(hh, block_h) if 'h2v' in names else 0)
         # the map's sizes are constexprs: no division by a run-time width, no masks on a whole number of tiles
