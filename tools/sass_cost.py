@@ -26,7 +26,7 @@ import triton
 
 CLASSES = ('mma', 'fp32', 'mufu', 'conv', 'int', 'mem', 'other')
 #: what :func:`loop_cost` counts: check_kernels prices a cached row again when its pricing differs
-PRICING = 3
+PRICING = 4
 #: instructions that count as more than one: sm_100's paired float32 operations
 WEIGHTS = {'FADD2': 2, 'FMUL2': 2, 'FFMA2': 2}
 # opcode (before the first '.') -> class; what no rule names is 'other' (moves, shuffles, predicates, barriers,
@@ -87,7 +87,8 @@ def key_loop(instructions: List[Tuple[int, str, str]]) -> Optional[Tuple[int, in
     """(first, last) instruction index of the innermost loop holding an MMA (no such loop inside it), the longest
     of them where a kernel has several (one per map or role it can run), else of the longest loop (see the module
     docstring); None if there is no loop."""
-    spans = loops(instructions)
+    # a span reaching past the kernel's end (an EXIT inside) is a retry stub's branch back, not a loop
+    spans = [(a, b) for a, b in loops(instructions) if all(op != 'EXIT' for _, op, _ in instructions[a:b + 1])]
     products = [(a, b) for a, b in spans if any(classify(op) == 'mma' for _, op, _ in instructions[a:b + 1])]
     innermost = [(a, b) for a, b in products
                  if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in products)]

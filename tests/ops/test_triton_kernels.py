@@ -97,6 +97,12 @@ def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():
         assert [(x.constexprs['BLOCK_V'], x.constexprs['BLOCK_H']) for x in forward] == [
             (query_block(w, block_m), query_block(h, block_m))]
     assert [query_block(width, 64) for width in (7, 14, 25, 42, 50, 84, 128)] == [16, 16, 32, 16, 64, 32, 64]
+    # half precision on 1024 tokens or more: 64 rows at least, whatever the padding
+    assert [query_block(width, 64, least=64) for width in (14, 42, 84, 128)] == [64, 64, 64, 64]
+    q = torch.empty(2, 8, 50, 84, 32, dtype=torch.bfloat16, device='meta')
+    with lp.recording(90) as ran:
+        ops.ppma_attention(q, q, q, *(torch.empty(2, 8, 50, 84, device='meta'), ) * 2, impl='triton')
+    assert [(x.constexprs['BLOCK_V'], x.constexprs['BLOCK_H']) for x in ran if x.name == '_whole_fwd'] == [(64, 64)]
 
 
 def test_narrow_tall_image_runs_transposed(monkeypatch):

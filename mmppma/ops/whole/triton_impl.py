@@ -35,7 +35,6 @@ from ..triton_support.tiles import (
     head_offset,
     load_rows,
     online_softmax_start,
-    online_softmax_step,
     slice_offset,
     store_tile,
 )
@@ -196,6 +195,9 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
     ROWS: tl.constexpr = BLOCK_OTHER // COLS
     # other token -> its column of the chunk: the score gradient summed per (own token, column) by a product
     spread = tl.where((tl.arange(0, BLOCK_OTHER) % COLS)[:, None] == tl.arange(0, COLS)[None, :], 1.0, 0.0)
+    if not KEYS:  # the own queries' log-normaliser, log2 units (past the row: any finite value, P = 0 there)
+        lse_own = tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0) * LOG2E_
+        delta_own = tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight
     for c0 in range(0, W, COLS):
         per_column = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # sum over the chunk's rows of ds, per column
         if not KEYS:
@@ -203,33 +205,30 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
         in_row = cols < W
         corner = row * t_r + cols * t_c
-        t1c = tl.load(t1_ptr + corner, mask=in_row, other=0.0) * LOG2E_
         t2c = tl.load(t2_ptr + corner, mask=in_row, other=0.0) * LOG2E_
+        # the row segment, per (own token, column): built once per chunk; the queries' log-normaliser with it
+        chunk_bias = -tl.abs(t1_own[:, None] - tl.load(t1_ptr + corner, mask=in_row, other=0.0)[None, :] * LOG2E_)
+        if not KEYS:
+            chunk_bias -= lse_own[:, None]
         for r0 in range(0, H, ROWS):
             rows = r0 + tl.arange(0, BLOCK_OTHER) // COLS
             mask = (rows < H) & in_row
             tok = rows * t_r + cols * t_c
-            # -inf past the map
+            # per other token: the column segment (-inf past the map) and, for the keys' programs, the queries'
+            # log-normaliser
             per_other = -tl.abs(t2c - tl.load(t2_ptr + tok, mask=mask, other=float('inf')) * LOG2E_)
             b = load_rows(b_ptr, rows * b_r + cols * b_c, mask, offs_d, D)
             db = load_rows(db_ptr, rows * db_r + cols * db_c, mask, offs_dv, DV)
-            # the queries' log-normaliser (over the scale) and delta enter the products as initial values, loaded
-            # per tile (not hoisted: a loop-invariant tile would hold registers throughout)
             if KEYS:
-                lse = tl.broadcast_to(tl.load(lse_ptr + tok, mask=mask, other=0.0)[None, :],
-                                      (BLOCK_OWN, BLOCK_OTHER))
-                delta = tl.broadcast_to((tl.load(delta_ptr + tok, mask=mask, other=0.0) * weight)[None, :],
-                                        (BLOCK_OWN, BLOCK_OTHER))
+                per_other -= tl.load(lse_ptr + tok, mask=mask, other=0.0) * LOG2E_
+                delta = tl.load(delta_ptr + tok, mask=mask, other=0.0)[None, :] * weight
             else:
-                lse = tl.broadcast_to(tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0)[:, None],
-                                      (BLOCK_OWN, BLOCK_OTHER))
-                delta = tl.broadcast_to((tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight)[:, None],
-                                        (BLOCK_OWN, BLOCK_OTHER))
-            s = tl.dot(a, tl.trans(b), -lse / scale, input_precision=PRECISION)
-            p = tl.math.exp2(s * scale2 + per_other[None, :] - tl.abs(t1_own[:, None] - t1c[None, :]))
+                delta = delta_own[:, None]
+            s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
+            p = tl.math.exp2(s * scale2 + (chunk_bias + per_other[None, :]))
             if KEYS:
                 g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
-            ds = (p * tl.dot(da, tl.trans(db), -delta, input_precision=PRECISION)).to(b.dtype)  # P (w dP - delta)
+            ds = (p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)).to(b.dtype)  # P (w dP - delta)
             per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
             if not KEYS:  # the corners: the column segment's sign: the other row against the own
                 per_column_signed = tl.dot(ds, tl.where(row > rows[:, None], spread, -spread).to(b.dtype),
@@ -331,18 +330,18 @@ def _bwd_transpose(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_p
                  2 * plane, W, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS, PRECISION)
 
 
-def query_block(width: int, block_m: int) -> int:
-    """The query tile's columns on a map ``width`` tokens wide: of 16 up to ``block_m``, the one that pads a row
-    least (the larger on ties); the tile holds one image row."""
-    return min((block for block in (16, 32, 64, 128) if block <= max(16, block_m)),
+def query_block(width: int, block_m: int, least: int = 16) -> int:
+    """The query tile's columns on a map ``width`` tokens wide: of ``least`` up to ``block_m``, the one that pads a
+    row least (the larger on ties); the tile holds one image row."""
+    return min((block for block in (16, 32, 64, 128) if least <= block <= max(least, block_m)),
                key=lambda block: (triton.cdiv(width, block) * block, -block))
 
 
-def key_columns(width: int, height: int, block_n: int, least: int = 8) -> int:
+def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int = 128) -> int:
     """The columns of a tile of ``block_n`` other tokens (``block_n // columns`` map rows) on a map ``width`` x
-    ``height``: of ``least`` up to ``block_n``, the one that pads the map least (the wider on ties: fewer column
-    chunks)."""
-    return min((cols for cols in (8, 16, 32, 64, 128) if least <= cols <= block_n),
+    ``height``: of ``least`` up to ``block_n`` and ``most``, the one that pads the map least (the wider on ties:
+    fewer column chunks)."""
+    return min((cols for cols in (8, 16, 32, 64, 128) if least <= cols <= min(block_n, most)),
                key=lambda cols: (lp.cdiv(width, cols) * cols * lp.cdiv(height, block_n // cols)
                                  * (block_n // cols), -cols))
 
@@ -356,7 +355,10 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
         bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
         cfg = lp.config('whole_fwd', n, q.dtype, cap)
         names = paths(form)
-        block_v, block_h = query_block(ww, cfg.block_m), query_block(hh, cfg.block_m)
+        # half precision on long sequences: 64 query rows at least (K and V read half as often per score; on
+        # sm_90 the warp-group products), at whatever padding
+        least = 64 if q.dtype != torch.float32 and n >= lp.LARGE else 16
+        block_v, block_h = query_block(ww, cfg.block_m, least), query_block(hh, cfg.block_m, least)
         tiles = max(hh * lp.cdiv(ww, block_v) if 'v2h' in names else 0,
                     ww * lp.cdiv(hh, block_h) if 'h2v' in names else 0)
         # the map's sizes are constexprs: no division by a run-time width, no masks on a whole number of tiles
@@ -411,8 +413,9 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             own = query_block(width, cfg.block_m)
             if q.dtype != torch.float32 and width >= lp.NARROW:  # tensor-core tiles: 16 own rows per warp at least
                 own = max(own, 16 * cfg.num_warps)
-            # the column spreader's product needs 16 columns at least
-            cols = key_columns(width, n // width, cfg.block_n, least=16)
+            # the column spreader's product needs 16 columns at least; the (own x column) sums are held through
+            # the chunk: the largest tiles (128 x 64) take 32 columns at most (64 spill)
+            cols = key_columns(width, n // width, cfg.block_n, least=16, most=32 if own * cfg.block_n >= 8192 else 128)
             tiles[path] = (cfg, image, own, cols, n // width * lp.cdiv(width, own))
             if not keys:
                 chunks[path] = lp.cdiv(width, own)
