@@ -123,29 +123,29 @@ def _rows(ptr, base, offs, step, cols):
 
 
 @triton.jit
-def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptrs, keys, start, end, L, k_step, x_step, c_step, k_mask,
+def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, end, L, k_step, x_step, c_step, k_mask,
               x_mask, scale, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
               PRECISION: tl.constexpr):
     """Fold the key blocks at ``start, start + BLOCK_N, .. < end`` of one part (:func:`_parts`) into the online
-    softmax (m_i, l_i, acc; log2 units). The pointers are those of the line's first key block, moved to ``start``
-    and on by increments; with
+    softmax (m_i, l_i, acc; log2 units). The tiles' pointers are those of the line's first key block, moved to
+    ``start`` and on by increments, ``tok`` (the keys' offsets in the table) likewise; with
     MASKED, keys past the line are read as zeros and a table of :func:`_past_line`. The logits are the scores times
     ``scale`` plus :func:`_other_part` (one FMA per score), times log2(e), plus the part's :func:`_row_part`, which
     is folded into the row maximum's shift."""
     k_ptrs += start * k_step
     x_ptrs += start * x_step
-    c_ptrs += start * c_step
+    tok += start * c_step
     row = _row_part(c_own, PART)
     for n in range(start, end, BLOCK_N):
         if MASKED:
             in_line = n + keys < L
             k = tl.load(k_ptrs, mask=in_line[:, None] & k_mask, other=0.0)
             x = tl.load(x_ptrs, mask=in_line[:, None] & x_mask, other=0.0)
-            c = tl.load(c_ptrs, mask=in_line, other=_past_line(PART))
+            c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
         else:
             k = tl.load(k_ptrs, mask=k_mask, other=0.0)
             x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-            c = tl.load(c_ptrs)
+            c = tl.load(c_ptr + tok)
         y = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + _other_part(c_own, c, PART)
         m_new = tl.maximum(m_i, tl.max(y, 1) * LOG2E_ + row)
         p = tl.math.exp2(y * LOG2E_ - (m_new - row)[:, None])
@@ -155,7 +155,7 @@ def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptrs, keys, start, end,
         m_i = m_new
         k_ptrs += BLOCK_N * k_step
         x_ptrs += BLOCK_N * x_step
-        c_ptrs += BLOCK_N * c_step
+        tok += BLOCK_N * c_step
     return m_i, l_i, acc
 
 
@@ -189,17 +189,17 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
     keys = tl.arange(0, BLOCK_N)
     k_ptrs = _rows(k_ptr, q_base, keys, q_step, offs_d)
     x_ptrs = _rows(x_ptr, x_base, keys, x_step, offs_x)
-    c_ptrs = c_ptr + c_base + keys * c_step
+    tok = c_base + keys * c_step
     k_mask = offs_d[None, :] < D
     x_mask = offs_x[None, :] < DX
     lo, hi = _parts(own_start, L, BLOCK_M, BLOCK_N)
     state = online_softmax_start(BLOCK_M, BLOCK_X)
-    state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptrs, keys, 0, lo, L, q_step, x_step, c_step, k_mask, x_mask,
-                      scale, BLOCK_N, BEFORE, False, PRECISION)
-    state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptrs, keys, lo, hi, L, q_step, x_step, c_step, k_mask, x_mask,
-                      scale, BLOCK_N, MIXED, True, PRECISION)
-    m_i, l_i, acc = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptrs, keys, hi, L, L, q_step, x_step, c_step, k_mask,
-                              x_mask, scale, BLOCK_N, AFTER, RAGGED, PRECISION)
+    state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, 0, lo, L, q_step, x_step, c_step, k_mask,
+                      x_mask, scale, BLOCK_N, BEFORE, False, PRECISION)
+    state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, lo, hi, L, q_step, x_step, c_step, k_mask,
+                      x_mask, scale, BLOCK_N, MIXED, True, PRECISION)
+    m_i, l_i, acc = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, hi, L, L, q_step, x_step, c_step,
+                              k_mask, x_mask, scale, BLOCK_N, AFTER, RAGGED, PRECISION)
     o = acc / l_i[:, None]
     store_tile(o_ptr, tok_m, mask_m, offs_x, DX, o)
     tl.store(lse_ptr + tok_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=mask_m)  # the backward's: natural units
@@ -212,44 +212,42 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
 
 
 @triton.jit
-def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptrs, lse_ptrs, delta_ptrs,
+def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
               others, start, end, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER: tl.constexpr,
               PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr, PRECISION: tl.constexpr):
     """Add the other blocks at ``start, start + BLOCK_OTHER, .. < end`` of one part (:func:`_parts`) to a backward
-    program's sums g1, g2 (KEYS) and gc. The pointers are those of the line's first other block (lse_ptrs,
-    delta_ptrs: KEYS only), moved to ``start`` and on by increments; MASKED as :func:`_fwd_part`. The probabilities are recomputed as the forward
-    computes them: the scores times ``scale`` plus the per-other-token terms (:func:`_other_part`, the keys'
-    programs: minus the other tokens' lse), times log2(e), plus the per-own-token ones (the part's
-    :func:`_row_part`, the queries' programs: minus ``row_lse``, their lse in log2 units): two FMAs per score. The
-    table gradient's sign is the part's (BEFORE +, AFTER -); in the MIXED part, by index: own after other, and in
-    the queries' programs own = other."""
+    program's sums g1, g2 (KEYS) and gc. The tiles' pointers are those of the line's first other block, moved to
+    ``start`` and on by increments; ``tok``: the other tokens' offsets in the table, lse and delta (lse and delta:
+    KEYS only), likewise; MASKED as :func:`_fwd_part`. The probabilities are recomputed as the forward computes
+    them: the scores times ``scale`` plus the per-other-token terms (:func:`_other_part`, the keys' programs: minus
+    the other tokens' lse), times log2(e), plus the per-own-token ones (the part's :func:`_row_part`, the queries'
+    programs: minus ``row_lse``, their lse in log2 units): two FMAs per score. The table gradient's sign is the
+    part's (BEFORE +, AFTER -); in the MIXED part, by index: own after other, and in the queries' programs own =
+    other."""
     b_ptrs += start * b_step
     db_ptrs += start * db_step
-    c_ptrs += start * c_step
+    tok += start * c_step
     row = _row_part(c_own, PART)
-    if KEYS:
-        lse_ptrs += start * c_step
-        delta_ptrs += start * c_step
-    else:
+    if not KEYS:
         row -= row_lse
     for n in range(start, end, BLOCK_OTHER):
         if MASKED:
             in_line = n + others < L
             b = tl.load(b_ptrs, mask=in_line[:, None] & b_mask, other=0.0)
             db = tl.load(db_ptrs, mask=in_line[:, None] & db_mask, other=0.0)
-            c = tl.load(c_ptrs, mask=in_line, other=_past_line(PART))
+            c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
         else:
             b = tl.load(b_ptrs, mask=b_mask, other=0.0)
             db = tl.load(db_ptrs, mask=db_mask, other=0.0)
-            c = tl.load(c_ptrs)
+            c = tl.load(c_ptr + tok)
         bias = _other_part(c_own, c, PART)
         if KEYS:
             if MASKED:
-                bias -= tl.load(lse_ptrs, mask=in_line, other=0.0)[None, :]
-                delta = tl.load(delta_ptrs, mask=in_line, other=0.0)[None, :]
+                bias -= tl.load(lse_ptr + tok, mask=in_line, other=0.0)[None, :]
+                delta = tl.load(delta_ptr + tok, mask=in_line, other=0.0)[None, :]
             else:
-                bias -= tl.load(lse_ptrs)[None, :]
-                delta = tl.load(delta_ptrs)[None, :]
+                bias -= tl.load(lse_ptr + tok)[None, :]
+                delta = tl.load(delta_ptr + tok)[None, :]
         else:
             delta = delta_own[:, None]
         p = tl.math.exp2((tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale + bias) * LOG2E_ + row[:, None])
@@ -269,10 +267,7 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
         g1 = tl.dot(ds.to(b.dtype), b, g1, input_precision=PRECISION)
         b_ptrs += BLOCK_OTHER * b_step
         db_ptrs += BLOCK_OTHER * db_step
-        c_ptrs += BLOCK_OTHER * c_step
-        if KEYS:
-            lse_ptrs += BLOCK_OTHER * c_step
-            delta_ptrs += BLOCK_OTHER * c_step
+        tok += BLOCK_OTHER * c_step
     return g1, g2, gc
 
 
@@ -323,11 +318,11 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
         b_step, db_step = q_step, x_step
         row_lse = tl.load(lse_ptr + tok, mask=mask, other=0.0) * LOG2E_
         delta = tl.load(delta_ptr + tok, mask=mask, other=0.0)
-    t_off = c_base + others * c_step
+    t_off = c_base + others * c_step  # the other tokens' in the table, lse and delta
     b_mask = offs_d[None, :] < D
     db_mask = offs_x[None, :] < DX
     lo, hi = _parts(own_start, L, BLOCK_OWN, BLOCK_OTHER)
-    ptrs = (b_ptrs, db_ptrs, c_ptr + t_off, lse_ptr + t_off, delta_ptr + t_off)
+    ptrs = (b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, t_off)
     state = (tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32), tl.zeros([BLOCK_OWN, BLOCK_X], tl.float32),
              tl.zeros([BLOCK_OWN], tl.float32))
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, 0, lo, L, b_step, db_step, c_step,
