@@ -222,8 +222,8 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
     them: the scores times ``scale`` plus the per-other-token terms (:func:`_other_part`, the keys' programs: minus
     the other tokens' lse), times log2(e), plus the per-own-token ones (the part's :func:`_row_part`, the queries'
     programs: minus ``row_lse``, their lse in log2 units): two FMAs per score. The table gradient's sign is the
-    part's (BEFORE +, AFTER -); in the MIXED part, by index: own after other, and in the queries' programs own =
-    other."""
+    part's (BEFORE +, AFTER -); in the MIXED part, by index (own after other +, before -; a token with itself 0:
+    its query's and key's terms cancel)."""
     b_ptrs += start * b_step
     db_ptrs += start * db_step
     tok += start * c_step
@@ -259,11 +259,8 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
         elif PART == AFTER:
             gc -= tl.sum(ds, 1)
         else:
-            if KEYS:
-                later = own[:, None] > (n + others)[None, :]
-            else:
-                later = own[:, None] >= (n + others)[None, :]
-            gc += tl.sum(tl.where(later, ds, -ds), 1)
+            order = own[:, None] - (n + others)[None, :]
+            gc += tl.sum(tl.where(order > 0, ds, tl.where(order < 0, -ds, 0.0)), 1)
         g1 = tl.dot(ds.to(b.dtype), b, g1, input_precision=PRECISION)
         b_ptrs += BLOCK_OTHER * b_step
         db_ptrs += BLOCK_OTHER * db_step
@@ -279,8 +276,9 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
               ACC_G1: tl.constexpr, ACC_GC: tl.constexpr):
     """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx) or queries (g1 = dq) of one line, looping
     over the line's other tokens in the forward's three parts (:func:`_bwd_part`; RAGGED: L not a multiple of
-    BLOCK_OTHER). gc is the table gradient: the own tokens' part, sum over the other tokens of sgn(query >= key)
-    dS (the segment-sum convention), added by the queries' programs and subtracted by the keys'. With ACC_G1 /
+    BLOCK_OTHER). gc is the table gradient: the own tokens' part, sum over the other tokens of sgn(query - key)
+    dS (the segment-sum convention; a token's terms with itself cancel), added by the queries' programs and
+    subtracted by the keys'. With ACC_G1 /
     ACC_GC the program adds g1 / gc to what the buffer holds (an earlier launch's), else stores it: one writer per
     token in a launch, so the sums are in launch order. Tiles are (own x other tokens). Own tokens past the line
     compute rows that are never stored. q, k, x and the output gradient are read by strides ((B, heads, H, W, .),
