@@ -123,39 +123,52 @@ def _rows(ptr, base, offs, step, cols):
 
 
 @triton.jit
+def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, in_line, k_step, x_step, c_step, k_mask,
+               x_mask, scale, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """Fold one key block of a part into the online softmax (:func:`_fwd_part`); the state and the pointers moved
+    to the next block."""
+    if MASKED:
+        k = tl.load(k_ptrs, mask=in_line[:, None] & k_mask, other=0.0)
+        x = tl.load(x_ptrs, mask=in_line[:, None] & x_mask, other=0.0)
+        c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
+    else:
+        k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+        x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        c = tl.load(c_ptr + tok)
+    y = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + _other_part(c_own, c, PART)
+    m_new = tl.maximum(m_i, tl.max(y, 1) * LOG2E_ + row)
+    p = tl.math.exp2(y * LOG2E_ - (m_new - row)[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(x.dtype), x, acc * alpha[:, None], input_precision=PRECISION)
+    return m_new, l_i, acc, k_ptrs + BLOCK_N * k_step, x_ptrs + BLOCK_N * x_step, tok + BLOCK_N * c_step
+
+
+@triton.jit
 def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, end, L, k_step, x_step, c_step, k_mask,
-              x_mask, scale, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
+              x_mask, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
               PRECISION: tl.constexpr):
     """Fold the key blocks at ``start, start + BLOCK_N, .. < end`` of one part (:func:`_parts`) into the online
-    softmax (m_i, l_i, acc; log2 units). The tiles' pointers are those of the line's first key block, moved to
-    ``start`` and on by increments, ``tok`` (the keys' offsets in the table) likewise; with
-    MASKED, keys past the line are read as zeros and a table of :func:`_past_line`. The logits are the scores times
-    ``scale`` plus :func:`_other_part` (one FMA per score), times log2(e), plus the part's :func:`_row_part`, which
-    is folded into the row maximum's shift."""
+    softmax (m_i, l_i, acc; log2 units); the MIXED part's blocks unrolled (they are the query block's span: no
+    loop). The tiles' pointers are those of the line's first key block, moved to ``start`` and on by increments,
+    ``tok`` (the keys' offsets in the table) likewise; with MASKED, keys past the line are read as zeros and a
+    table of :func:`_past_line`. The logits are the scores times ``scale`` plus :func:`_other_part` (one FMA per
+    score), times log2(e), plus the part's :func:`_row_part`, which is folded into the row maximum's shift."""
     k_ptrs += start * k_step
     x_ptrs += start * x_step
     tok += start * c_step
     row = _row_part(c_own, PART)
-    for n in range(start, end, BLOCK_N):
-        if MASKED:
-            in_line = n + keys < L
-            k = tl.load(k_ptrs, mask=in_line[:, None] & k_mask, other=0.0)
-            x = tl.load(x_ptrs, mask=in_line[:, None] & x_mask, other=0.0)
-            c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
-        else:
-            k = tl.load(k_ptrs, mask=k_mask, other=0.0)
-            x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-            c = tl.load(c_ptr + tok)
-        y = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + _other_part(c_own, c, PART)
-        m_new = tl.maximum(m_i, tl.max(y, 1) * LOG2E_ + row)
-        p = tl.math.exp2(y * LOG2E_ - (m_new - row)[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(x.dtype), x, acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
-        k_ptrs += BLOCK_N * k_step
-        x_ptrs += BLOCK_N * x_step
-        tok += BLOCK_N * c_step
+    if PART == MIXED:
+        for i in tl.static_range((BLOCK_M + BLOCK_N - 1) // BLOCK_N):
+            m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
+                q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, start + i * BLOCK_N + keys < L, k_step,
+                x_step, c_step, k_mask, x_mask, scale, BLOCK_N, PART, MASKED, PRECISION)
+    else:
+        for n in range(start, end, BLOCK_N):
+            m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
+                q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, n + keys < L, k_step, x_step, c_step,
+                k_mask, x_mask, scale, BLOCK_N, PART, MASKED, PRECISION)
     return m_i, l_i, acc
 
 
@@ -195,11 +208,11 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
     lo, hi = _parts(own_start, L, BLOCK_M, BLOCK_N)
     state = online_softmax_start(BLOCK_M, BLOCK_X)
     state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, 0, lo, L, q_step, x_step, c_step, k_mask,
-                      x_mask, scale, BLOCK_N, BEFORE, False, PRECISION)
+                      x_mask, scale, BLOCK_M, BLOCK_N, BEFORE, False, PRECISION)
     state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, lo, hi, L, q_step, x_step, c_step, k_mask,
-                      x_mask, scale, BLOCK_N, MIXED, True, PRECISION)
+                      x_mask, scale, BLOCK_M, BLOCK_N, MIXED, True, PRECISION)
     m_i, l_i, acc = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, hi, L, L, q_step, x_step, c_step,
-                              k_mask, x_mask, scale, BLOCK_N, AFTER, RAGGED, PRECISION)
+                              k_mask, x_mask, scale, BLOCK_M, BLOCK_N, AFTER, RAGGED, PRECISION)
     o = acc / l_i[:, None]
     store_tile(o_ptr, tok_m, mask_m, offs_x, DX, o)
     tl.store(lse_ptr + tok_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=mask_m)  # the backward's: natural units
@@ -212,13 +225,55 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
 
 
 @triton.jit
+def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
+               others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER: tl.constexpr,
+               PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr, PRECISION: tl.constexpr):
+    """Add the other block at ``n`` of a part to the sums (:func:`_bwd_part`); the sums and the pointers moved to
+    the next block."""
+    in_line = n + others < L
+    if MASKED:
+        b = tl.load(b_ptrs, mask=in_line[:, None] & b_mask, other=0.0)
+        db = tl.load(db_ptrs, mask=in_line[:, None] & db_mask, other=0.0)
+        c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
+    else:
+        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        db = tl.load(db_ptrs, mask=db_mask, other=0.0)
+        c = tl.load(c_ptr + tok)
+    bias = _other_part(c_own, c, PART)
+    if KEYS:
+        if MASKED:
+            bias -= tl.load(lse_ptr + tok, mask=in_line, other=0.0)[None, :]
+            delta = tl.load(delta_ptr + tok, mask=in_line, other=0.0)[None, :]
+        else:
+            bias -= tl.load(lse_ptr + tok)[None, :]
+            delta = tl.load(delta_ptr + tok)[None, :]
+    else:
+        delta = delta_own[:, None]
+    p = tl.math.exp2((tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale + bias) * LOG2E_ + row[:, None])
+    if KEYS:
+        g2 = tl.dot(p.to(db.dtype), db, g2, input_precision=PRECISION)
+    ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)
+    if PART == BEFORE:
+        gc += tl.sum(ds, 1)
+    elif PART == AFTER:
+        gc -= tl.sum(ds, 1)
+    else:
+        order = own[:, None] - (n + others)[None, :]
+        gc += tl.sum(tl.where(order > 0, ds, tl.where(order < 0, -ds, 0.0)), 1)
+    g1 = tl.dot(ds.to(b.dtype), b, g1, input_precision=PRECISION)
+    return g1, g2, gc, b_ptrs + BLOCK_OTHER * b_step, db_ptrs + BLOCK_OTHER * db_step, tok + BLOCK_OTHER * c_step
+
+
+@triton.jit
 def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
-              others, start, end, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER: tl.constexpr,
-              PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr, PRECISION: tl.constexpr):
+              others, start, end, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OWN: tl.constexpr,
+              BLOCK_OTHER: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr,
+              PRECISION: tl.constexpr):
     """Add the other blocks at ``start, start + BLOCK_OTHER, .. < end`` of one part (:func:`_parts`) to a backward
-    program's sums g1, g2 (KEYS) and gc. The tiles' pointers are those of the line's first other block, moved to
-    ``start`` and on by increments; ``tok``: the other tokens' offsets in the table, lse and delta (lse and delta:
-    KEYS only), likewise; MASKED as :func:`_fwd_part`. The probabilities are recomputed as the forward computes
+    program's sums g1, g2 (KEYS) and gc; the MIXED part's blocks unrolled (the own block's span: no loop). The
+    tiles' pointers are those of the line's first other block, moved to ``start`` and on by increments; ``tok``:
+    the other tokens' offsets in the table, lse and delta (lse and delta: KEYS only), likewise; MASKED as
+    :func:`_fwd_part`. The probabilities are recomputed as the forward computes
     them: the scores times ``scale`` plus the per-other-token terms (:func:`_other_part`, the keys' programs: minus
     the other tokens' lse), times log2(e), plus the per-own-token ones (the part's :func:`_row_part`, the queries'
     programs: minus ``row_lse``, their lse in log2 units): two FMAs per score. The table gradient's sign is the
@@ -230,41 +285,18 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
     row = _row_part(c_own, PART)
     if not KEYS:
         row -= row_lse
-    for n in range(start, end, BLOCK_OTHER):
-        if MASKED:
-            in_line = n + others < L
-            b = tl.load(b_ptrs, mask=in_line[:, None] & b_mask, other=0.0)
-            db = tl.load(db_ptrs, mask=in_line[:, None] & db_mask, other=0.0)
-            c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
-        else:
-            b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-            db = tl.load(db_ptrs, mask=db_mask, other=0.0)
-            c = tl.load(c_ptr + tok)
-        bias = _other_part(c_own, c, PART)
-        if KEYS:
-            if MASKED:
-                bias -= tl.load(lse_ptr + tok, mask=in_line, other=0.0)[None, :]
-                delta = tl.load(delta_ptr + tok, mask=in_line, other=0.0)[None, :]
-            else:
-                bias -= tl.load(lse_ptr + tok)[None, :]
-                delta = tl.load(delta_ptr + tok)[None, :]
-        else:
-            delta = delta_own[:, None]
-        p = tl.math.exp2((tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale + bias) * LOG2E_ + row[:, None])
-        if KEYS:
-            g2 = tl.dot(p.to(db.dtype), db, g2, input_precision=PRECISION)
-        ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)
-        if PART == BEFORE:
-            gc += tl.sum(ds, 1)
-        elif PART == AFTER:
-            gc -= tl.sum(ds, 1)
-        else:
-            order = own[:, None] - (n + others)[None, :]
-            gc += tl.sum(tl.where(order > 0, ds, tl.where(order < 0, -ds, 0.0)), 1)
-        g1 = tl.dot(ds.to(b.dtype), b, g1, input_precision=PRECISION)
-        b_ptrs += BLOCK_OTHER * b_step
-        db_ptrs += BLOCK_OTHER * db_step
-        tok += BLOCK_OTHER * c_step
+    if PART == MIXED:
+        for i in tl.static_range((BLOCK_OWN + BLOCK_OTHER - 1) // BLOCK_OTHER):
+            g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
+                a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
+                start + i * BLOCK_OTHER, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER,
+                PART, MASKED, KEYS, PRECISION)
+    else:
+        for n in range(start, end, BLOCK_OTHER):
+            g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
+                a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
+                others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, MASKED, KEYS,
+                PRECISION)
     return g1, g2, gc
 
 
@@ -324,11 +356,11 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     state = (tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32), tl.zeros([BLOCK_OWN, BLOCK_X], tl.float32),
              tl.zeros([BLOCK_OWN], tl.float32))
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, 0, lo, L, b_step, db_step, c_step,
-                      b_mask, db_mask, scale, BLOCK_OTHER, BEFORE, False, KEYS, PRECISION)
+                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, BEFORE, False, KEYS, PRECISION)
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, lo, hi, L, b_step, db_step, c_step,
-                      b_mask, db_mask, scale, BLOCK_OTHER, MIXED, True, KEYS, PRECISION)
+                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, MIXED, True, KEYS, PRECISION)
     g1, g2, gc = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, hi, L, L, b_step, db_step,
-                           c_step, b_mask, db_mask, scale, BLOCK_OTHER, AFTER, RAGGED, KEYS, PRECISION)
+                           c_step, b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, AFTER, RAGGED, KEYS, PRECISION)
     g1 = g1 * scale
     if ACC_G1:
         g1 += load_tile(g1_ptr, tok, mask, offs_d, D)
