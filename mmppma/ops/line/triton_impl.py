@@ -307,10 +307,10 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
               BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr, RAGGED: tl.constexpr,
               ACC_G1: tl.constexpr, ACC_GC: tl.constexpr):
     """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx) or queries (g1 = dq) of one line, looping
-    over the line's other tokens in the forward's three parts (:func:`_bwd_part`; RAGGED: L not a multiple of
-    BLOCK_OTHER). gc is the table gradient: the own tokens' part, sum over the other tokens of sgn(query - key)
-    dS (the segment-sum convention; a token's terms with itself cancel), added by the queries' programs and
-    subtracted by the keys'. With ACC_G1 /
+    over the line's other tokens in the forward's three parts, MIXED first (fewer registers live there;
+    :func:`_bwd_part`; RAGGED: L not a multiple of BLOCK_OTHER). gc is the table gradient: the own tokens' part, sum
+    over the other tokens of sgn(query - key) dS (the segment-sum convention; a token's terms with itself cancel),
+    added by the queries' programs and subtracted by the keys'. With ACC_G1 /
     ACC_GC the program adds g1 / gc to what the buffer holds (an earlier launch's), else stores it: one writer per
     token in a launch, so the sums are in launch order. Tiles are (own x other tokens). Own tokens past the line
     compute rows that are never stored. q, k, x and the output gradient are read by strides ((B, heads, H, W, .),
@@ -355,10 +355,10 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     ptrs = (b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, t_off)
     state = (tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32), tl.zeros([BLOCK_OWN, BLOCK_X], tl.float32),
              tl.zeros([BLOCK_OWN], tl.float32))
-    state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, 0, lo, L, b_step, db_step, c_step,
-                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, BEFORE, False, KEYS, PRECISION)
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, lo, hi, L, b_step, db_step, c_step,
                       b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, MIXED, True, KEYS, PRECISION)
+    state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, 0, lo, L, b_step, db_step, c_step,
+                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, BEFORE, False, KEYS, PRECISION)
     g1, g2, gc = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, hi, L, L, b_step, db_step,
                            c_step, b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, AFTER, RAGGED, KEYS, PRECISION)
     g1 = g1 * scale
