@@ -57,6 +57,9 @@ KERNEL_CASES = {
        for s in shapes for form in ('release', 'v2h', 'h2v')},
     'manhattan': (lambda *a, impl: ops.manhattan_attention(*a, LOG_DECAY, scale=0.25, impl=impl),
                   lambda: make(2, 3, 5, 6, 16)[:3]),
+    # rows of three blocks and more: own blocks with other tokens before, in and after them, the last block ragged
+    'criss_cross release 2x70': (partial(ops.criss_cross_attention, scale=0.25, form='release'),
+                                 partial(make, 1, 1, 2, 70, 16, 8, seed=5)),
     'rmt_criss_cross': (lambda *a, impl: ops.rmt_criss_cross_attention(*a, LOG_DECAY, scale=0.25, impl=impl),
                         lambda: make(2, 3, 5, 6, 16)[:3]),
     **{f'decay_scan {n}': (ops.decay_scan_1d, lambda n=n: on_device(torch.randn(3, n, 5), -torch.rand(3, n)))

@@ -15,9 +15,8 @@ import triton
 import triton.language as tl
 
 from ..triton_support import launch as lp
-from ..triton_support import tiles
 from ..triton_support.preflight import call_kernels
-from ..triton_support.tiles import head_offset, load_rows, load_tile, online_softmax_step, store_tile, token_block
+from ..triton_support.tiles import head_offset, load_rows, load_tile, online_softmax_start, store_tile, token_block
 
 LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
@@ -66,15 +65,125 @@ def _on_strided_line(line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b
             x_step)
 
 
+#: the parts of a line's other tokens, as seen from a block of own tokens (:func:`_parts`)
+BEFORE = tl.constexpr(0)
+MIXED = tl.constexpr(1)
+AFTER = tl.constexpr(2)
+
+
 @triton.jit
-def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale2, heads, H, W, L, n_lines, D, DX, q_b, q_n,
+def _parts(own_start, L, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr):
+    """(lo, hi): the blocks of BLOCK_OTHER other tokens that hold the own tokens ``own_start ..
+    own_start + BLOCK_OWN`` start at ``lo`` and end at ``hi`` (at most L). The other tokens before ``lo`` all
+    come before every own token (BEFORE), those from ``hi`` on after them (AFTER): on a monotone table the segment
+    sums of those blocks take one sign each, and only the MIXED blocks compare indices."""
+    lo = own_start // BLOCK_OTHER * BLOCK_OTHER
+    if BLOCK_OWN > BLOCK_OTHER:
+        return lo, tl.minimum(lo + BLOCK_OWN, L)
+    return lo, tl.minimum(lo + BLOCK_OTHER, L)
+
+
+@triton.jit
+def _row_part(c_own, PART: tl.constexpr):
+    """The own tokens' share of the segment sums of a part, per own token, in log2 units: a segment's sum is the
+    later token's table minus the earlier's (the table is monotone: minus the absolute difference)."""
+    if PART == BEFORE:
+        return c_own * LOG2E_
+    if PART == AFTER:
+        return -c_own * LOG2E_
+    return tl.zeros_like(c_own)
+
+
+@triton.jit
+def _other_part(c_own, c_other, PART: tl.constexpr):
+    """The rest of the segment sums, natural units: per other token in the BEFORE and AFTER parts (a (1, other)
+    row), per score in the MIXED part."""
+    if PART == BEFORE:
+        part = -c_other[None, :]
+    elif PART == AFTER:
+        part = c_other[None, :]
+    else:
+        part = -tl.abs(c_own[:, None] - c_other[None, :])
+    return part
+
+
+@triton.jit
+def _past_line(PART: tl.constexpr):
+    """The table value that other tokens past the line read: a segment sum of -inf (no score, no per-score
+    mask)."""
+    if PART == AFTER:
+        return float('-inf')
+    return float('inf')
+
+
+@triton.jit
+def _rows(ptr, base, offs, step, cols):
+    """Pointers to the rows of tokens ``base + offs * step`` (element offsets), channels ``cols`` contiguous."""
+    return ptr + (base + offs * step)[:, None] + cols[None, :]
+
+
+@triton.jit
+def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, in_line, k_step, x_step, c_step, k_mask,
+               x_mask, scale, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """Fold one key block of a part into the online softmax (:func:`_fwd_part`); the state and the pointers moved
+    to the next block."""
+    if MASKED:
+        k = tl.load(k_ptrs, mask=in_line[:, None] & k_mask, other=0.0)
+        x = tl.load(x_ptrs, mask=in_line[:, None] & x_mask, other=0.0)
+        c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
+    else:
+        k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+        x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        c = tl.load(c_ptr + tok)
+    y = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + _other_part(c_own, c, PART)
+    m_new = tl.maximum(m_i, tl.max(y, 1) * LOG2E_ + row)
+    p = tl.math.exp2(y * LOG2E_ - (m_new - row)[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(x.dtype), x, acc * alpha[:, None], input_precision=PRECISION)
+    return m_new, l_i, acc, k_ptrs + BLOCK_N * k_step, x_ptrs + BLOCK_N * x_step, tok + BLOCK_N * c_step
+
+
+@triton.jit
+def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, end, L, k_step, x_step, c_step, k_mask,
+              x_mask, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """Fold the key blocks at ``start, start + BLOCK_N, .. < end`` of one part (:func:`_parts`) into the online
+    softmax (m_i, l_i, acc; log2 units); the MIXED part's blocks unrolled (they are the query block's span: no
+    loop). The tiles' pointers are those of the line's first key block, moved to ``start`` and on by increments,
+    ``tok`` (the keys' offsets in the table) likewise; with MASKED, keys past the line are read as zeros and a
+    table of :func:`_past_line`. The logits are the scores times ``scale`` plus :func:`_other_part` (one FMA per
+    score), times log2(e), plus the part's :func:`_row_part`, which is folded into the row maximum's shift."""
+    k_ptrs += start * k_step
+    x_ptrs += start * x_step
+    tok += start * c_step
+    row = _row_part(c_own, PART)
+    if PART == MIXED:
+        for i in tl.static_range((BLOCK_M + BLOCK_N - 1) // BLOCK_N):
+            m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
+                q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, start + i * BLOCK_N + keys < L, k_step,
+                x_step, c_step, k_mask, x_mask, scale, BLOCK_N, PART, MASKED, PRECISION)
+    else:
+        for n in range(start, end, BLOCK_N):
+            m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
+                q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, n + keys < L, k_step, x_step, c_step,
+                k_mask, x_mask, scale, BLOCK_N, PART, MASKED, PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H, W, L, n_lines, D, DX, q_b, q_n,
               q_h, q_w, x_b, x_n, x_h, x_w, r_off, m_b, m_n, m_h, m_w, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr,
-              MEAN: tl.constexpr):
-    """One program per (line, query block): the online softmax over the line's key blocks, in log2 units (the
-    scale ``scale2`` times log2(e), the table scaled per loaded vector). The log-decays are <= 0 (the ops'
-    contract), so the table is monotone along the line and a segment's sum is minus the absolute difference of
-    its ends: no per-score compare. Keys past the line read the table as +inf: a bias of -inf, no per-score mask.
+              RAGGED: tl.constexpr, MEAN: tl.constexpr):
+    """One program per (line, query block): the online softmax over the line's key blocks, in three parts
+    (:func:`_parts`: the keys before the queries' blocks, the blocks holding them, the keys after), log2 units.
+    The log-decays are <= 0 (the ops' contract), so the table is monotone along the line and a segment's sum is
+    the later token's table minus the earlier's: one sign per part outside the blocks holding the queries, minus
+    the absolute difference inside them (no per-score compare). Keys past the line read the table as
+    :func:`_past_line`: a bias of -inf, no per-score mask; RAGGED (L not a multiple of BLOCK_N) masks the loads of
+    the part after the queries, the only one that can reach past the line, and the mixed part's always.
     q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), x likewise; the table c, o and lse are
     contiguous (BH, H, W, .). With MEAN the program also stores the mean of the output and a residual r, read at
     x's strides ``r_off`` elements after x, at ``m_ptr`` (strides m_b, m_n, m_h, m_w, 1; its dtype)."""
@@ -84,20 +193,26 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale2, heads, 
         line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, COLUMNS)
     o_ptr += first * DX
     lse_ptr += first
-    offs_m, mask_m, tok_m = token_block(tl.program_id(0) % blocks * BLOCK_M, BLOCK_M, L, c_base, c_step)
+    own_start = tl.program_id(0) % blocks * BLOCK_M
+    offs_m, mask_m, tok_m = token_block(own_start, BLOCK_M, L, c_base, c_step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
     q = load_rows(q_ptr, q_base + offs_m * q_step, mask_m, offs_d, D)
-    c_m = tl.load(c_ptr + tok_m, mask=mask_m, other=0.0) * LOG2E_
-    m_i, l_i, acc = tiles.online_softmax_start(BLOCK_M, BLOCK_X)
-    for start_n in range(0, L, BLOCK_N):
-        offs_n, mask_n, tok_n = token_block(start_n, BLOCK_N, L, c_base, c_step)
-        c_n = tl.load(c_ptr + tok_n, mask=mask_n, other=float('inf')) * LOG2E_
-        s = tl.dot(q, tl.trans(load_rows(k_ptr, q_base + offs_n * q_step, mask_n, offs_d, D)),
-                   input_precision=PRECISION)
-        m_i, l_i, acc = online_softmax_step(s * scale2 - tl.abs(c_m[:, None] - c_n[None, :]),
-                                             load_rows(x_ptr, x_base + offs_n * x_step, mask_n, offs_x, DX), m_i,
-                                             l_i, acc, PRECISION)
+    c_m = tl.load(c_ptr + tok_m, mask=mask_m, other=0.0)
+    keys = tl.arange(0, BLOCK_N)
+    k_ptrs = _rows(k_ptr, q_base, keys, q_step, offs_d)
+    x_ptrs = _rows(x_ptr, x_base, keys, x_step, offs_x)
+    tok = c_base + keys * c_step
+    k_mask = offs_d[None, :] < D
+    x_mask = offs_x[None, :] < DX
+    lo, hi = _parts(own_start, L, BLOCK_M, BLOCK_N)
+    state = online_softmax_start(BLOCK_M, BLOCK_X)
+    state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, 0, lo, L, q_step, x_step, c_step, k_mask,
+                      x_mask, scale, BLOCK_M, BLOCK_N, BEFORE, False, PRECISION)
+    state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, lo, hi, L, q_step, x_step, c_step, k_mask,
+                      x_mask, scale, BLOCK_M, BLOCK_N, MIXED, True, PRECISION)
+    m_i, l_i, acc = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, hi, L, L, q_step, x_step, c_step,
+                              k_mask, x_mask, scale, BLOCK_M, BLOCK_N, AFTER, RAGGED, PRECISION)
     o = acc / l_i[:, None]
     store_tile(o_ptr, tok_m, mask_m, offs_x, DX, o)
     tl.store(lse_ptr + tok_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=mask_m)  # the backward's: natural units
@@ -110,21 +225,96 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale2, heads, 
 
 
 @triton.jit
-def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gc_ptr, scale, scale2, heads,
+def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
+               others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER: tl.constexpr,
+               PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr, PRECISION: tl.constexpr):
+    """Add the other block at ``n`` of a part to the sums (:func:`_bwd_part`); the sums and the pointers moved to
+    the next block."""
+    in_line = n + others < L
+    if MASKED:
+        b = tl.load(b_ptrs, mask=in_line[:, None] & b_mask, other=0.0)
+        db = tl.load(db_ptrs, mask=in_line[:, None] & db_mask, other=0.0)
+        c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
+    else:
+        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        db = tl.load(db_ptrs, mask=db_mask, other=0.0)
+        c = tl.load(c_ptr + tok)
+    bias = _other_part(c_own, c, PART)
+    if KEYS:
+        if MASKED:
+            bias -= tl.load(lse_ptr + tok, mask=in_line, other=0.0)[None, :]
+            delta = tl.load(delta_ptr + tok, mask=in_line, other=0.0)[None, :]
+        else:
+            bias -= tl.load(lse_ptr + tok)[None, :]
+            delta = tl.load(delta_ptr + tok)[None, :]
+    else:
+        delta = delta_own[:, None]
+    p = tl.math.exp2((tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale + bias) * LOG2E_ + row[:, None])
+    if KEYS:
+        g2 = tl.dot(p.to(db.dtype), db, g2, input_precision=PRECISION)
+    ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)
+    if PART == BEFORE:
+        gc += tl.sum(ds, 1)
+    elif PART == AFTER:
+        gc -= tl.sum(ds, 1)
+    else:
+        order = own[:, None] - (n + others)[None, :]
+        gc += tl.sum(tl.where(order > 0, ds, tl.where(order < 0, -ds, 0.0)), 1)
+    g1 = tl.dot(ds.to(b.dtype), b, g1, input_precision=PRECISION)
+    return g1, g2, gc, b_ptrs + BLOCK_OTHER * b_step, db_ptrs + BLOCK_OTHER * db_step, tok + BLOCK_OTHER * c_step
+
+
+@triton.jit
+def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
+              others, start, end, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OWN: tl.constexpr,
+              BLOCK_OTHER: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """Add the other blocks at ``start, start + BLOCK_OTHER, .. < end`` of one part (:func:`_parts`) to a backward
+    program's sums g1, g2 (KEYS) and gc; the MIXED part's blocks unrolled (the own block's span: no loop). The
+    tiles' pointers are those of the line's first other block, moved to ``start`` and on by increments; ``tok``:
+    the other tokens' offsets in the table, lse and delta (lse and delta: KEYS only), likewise; MASKED as
+    :func:`_fwd_part`. The probabilities are recomputed as the forward computes
+    them: the scores times ``scale`` plus the per-other-token terms (:func:`_other_part`, the keys' programs: minus
+    the other tokens' lse), times log2(e), plus the per-own-token ones (the part's :func:`_row_part`, the queries'
+    programs: minus ``row_lse``, their lse in log2 units): two FMAs per score. The table gradient's sign is the
+    part's (BEFORE +, AFTER -); in the MIXED part, by index (own after other +, before -; a token with itself 0:
+    its query's and key's terms cancel)."""
+    b_ptrs += start * b_step
+    db_ptrs += start * db_step
+    tok += start * c_step
+    row = _row_part(c_own, PART)
+    if not KEYS:
+        row -= row_lse
+    if PART == MIXED:
+        for i in tl.static_range((BLOCK_OWN + BLOCK_OTHER - 1) // BLOCK_OTHER):
+            g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
+                a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
+                start + i * BLOCK_OTHER, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER,
+                PART, MASKED, KEYS, PRECISION)
+    else:
+        for n in range(start, end, BLOCK_OTHER):
+            g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
+                a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
+                others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, MASKED, KEYS,
+                PRECISION)
+    return g1, g2, gc
+
+
+@triton.jit
+def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gc_ptr, scale, heads,
               H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, o_b, o_n, o_h, o_w,
               KEYS: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
-              BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr, ACC_G1: tl.constexpr,
-              ACC_GC: tl.constexpr):
+              BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr, RAGGED: tl.constexpr,
+              ACC_G1: tl.constexpr, ACC_GC: tl.constexpr):
     """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx) or queries (g1 = dq) of one line, looping
-    over the line's other tokens. gc is the table gradient: the own tokens' part, sum over the other tokens of
-    sgn(query >= key) dS (the segment-sum convention), added by the queries' programs and subtracted by the keys'.
-    With ACC_G1 / ACC_GC the program adds g1 / gc to what the buffer holds (an earlier launch's), else stores it:
-    one writer per token in a launch, so the sums are in launch order. Tiles are (own x other
-    tokens). The probabilities are recomputed as the forward computes them, in log2 units (``scale2`` times
-    log2(e), the table scaled per loaded vector; the bias minus an absolute difference; other tokens past the line
-    at -inf through the table). Own tokens past the line compute rows that are never stored. q, k, x and the output
-    gradient are read by strides ((B, heads, H, W, .), strides (x_b, x_n, x_h, x_w, 1)); the table, lse, delta and
-    the gradients (float32) are contiguous."""
+    over the line's other tokens in the forward's three parts, MIXED first (fewer registers live there;
+    :func:`_bwd_part`; RAGGED: L not a multiple of BLOCK_OTHER). gc is the table gradient: the own tokens' part, sum
+    over the other tokens of sgn(query - key) dS (the segment-sum convention; a token's terms with itself cancel),
+    added by the queries' programs and subtracted by the keys'. With ACC_G1 /
+    ACC_GC the program adds g1 / gc to what the buffer holds (an earlier launch's), else stores it: one writer per
+    token in a launch, so the sums are in launch order. Tiles are (own x other tokens). Own tokens past the line
+    compute rows that are never stored. q, k, x and the output gradient are read by strides ((B, heads, H, W, .),
+    strides (x_b, x_n, x_h, x_w, 1)); the table, lse, delta and the gradients (float32) are contiguous."""
     blocks = tl.cdiv(L, BLOCK_OWN)
     line = tl.program_id(0) // blocks
     q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
@@ -136,50 +326,47 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     lse_ptr += first
     delta_ptr += first
     gc_ptr += first
-    offs, mask, tok = token_block(tl.program_id(0) % blocks * BLOCK_OWN, BLOCK_OWN, L, c_base, c_step)
+    own_start = tl.program_id(0) % blocks * BLOCK_OWN
+    offs, mask, tok = token_block(own_start, BLOCK_OWN, L, c_base, c_step)
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
-    c_own = tl.load(c_ptr + tok, mask=mask, other=0.0) * LOG2E_
+    c_own = tl.load(c_ptr + tok, mask=mask, other=0.0)
+    others = tl.arange(0, BLOCK_OTHER)
     if KEYS:
         a = load_rows(k_ptr, q_base + offs * q_step, mask, offs_d, D)
         da = load_rows(x_ptr, x_base + offs * x_step, mask, offs_x, DX)
-        b_ptr, db_ptr, b_base, b_step, db_base, db_step = q_ptr, do_ptr, q_base, q_step, o_base, o_step
+        b_ptrs = _rows(q_ptr, q_base, others, q_step, offs_d)
+        db_ptrs = _rows(do_ptr, o_base, others, o_step, offs_x)
+        b_step, db_step = q_step, o_step
+        row_lse = tl.zeros_like(c_own)
+        delta = tl.zeros_like(c_own)
     else:
         a = load_rows(q_ptr, q_base + offs * q_step, mask, offs_d, D)
         da = load_rows(do_ptr, o_base + offs * o_step, mask, offs_x, DX)
-        b_ptr, db_ptr, b_base, b_step, db_base, db_step = k_ptr, x_ptr, q_base, q_step, x_base, x_step
-        lse = tl.load(lse_ptr + tok, mask=mask, other=0.0) * LOG2E_
+        b_ptrs = _rows(k_ptr, q_base, others, q_step, offs_d)
+        db_ptrs = _rows(x_ptr, x_base, others, x_step, offs_x)
+        b_step, db_step = q_step, x_step
+        row_lse = tl.load(lse_ptr + tok, mask=mask, other=0.0) * LOG2E_
         delta = tl.load(delta_ptr + tok, mask=mask, other=0.0)
-    g1 = tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32)
-    g2 = tl.zeros([BLOCK_OWN, BLOCK_X], tl.float32)
-    gc = tl.zeros([BLOCK_OWN], tl.float32)
-    for start in range(0, L, BLOCK_OTHER):
-        offs_o, mask_o, tok_o = token_block(start, BLOCK_OTHER, L, c_base, c_step)
-        b = load_rows(b_ptr, b_base + offs_o * b_step, mask_o, offs_d, D)
-        db = load_rows(db_ptr, db_base + offs_o * db_step, mask_o, offs_x, DX)
-        c_o = tl.load(c_ptr + tok_o, mask=mask_o, other=float('inf')) * LOG2E_
-        s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
-        bias = -tl.abs(c_own[:, None] - c_o[None, :])
-        if KEYS:
-            ge = offs_o[None, :] >= offs[:, None]  # query >= key
-            lse_o = tl.load(lse_ptr + tok_o, mask=mask_o, other=0.0) * LOG2E_
-            delta_o = tl.load(delta_ptr + tok_o, mask=mask_o, other=0.0)
-            p = tl.math.exp2(s * scale2 - lse_o[None, :] + bias)
-            g2 = tl.dot(p.to(db.dtype), db, g2, input_precision=PRECISION)
-            ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta_o[None, :])
-        else:
-            ge = offs[:, None] >= offs_o[None, :]
-            p = tl.math.exp2(s * scale2 - lse[:, None] + bias)
-            ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta[:, None])
-        gc += tl.sum(tl.where(ge, ds, -ds), 1)
-        g1 = tl.dot(ds.to(b.dtype), b, g1, input_precision=PRECISION)
+    t_off = c_base + others * c_step  # the other tokens' in the table, lse and delta
+    b_mask = offs_d[None, :] < D
+    db_mask = offs_x[None, :] < DX
+    lo, hi = _parts(own_start, L, BLOCK_OWN, BLOCK_OTHER)
+    ptrs = (b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, t_off)
+    state = (tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32), tl.zeros([BLOCK_OWN, BLOCK_X], tl.float32),
+             tl.zeros([BLOCK_OWN], tl.float32))
+    state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, lo, hi, L, b_step, db_step, c_step,
+                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, MIXED, True, KEYS, PRECISION)
+    state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, 0, lo, L, b_step, db_step, c_step,
+                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, BEFORE, False, KEYS, PRECISION)
+    g1, g2, gc = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, hi, L, L, b_step, db_step,
+                           c_step, b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, AFTER, RAGGED, KEYS, PRECISION)
     g1 = g1 * scale
     if ACC_G1:
         g1 += load_tile(g1_ptr, tok, mask, offs_d, D)
     store_tile(g1_ptr, tok, mask, offs_d, D, g1)
     if KEYS:
         store_tile(g2_ptr, tok, mask, offs_x, DX, g2)
-        gc = -gc
     if ACC_GC:
         gc += tl.load(gc_ptr + tok, mask=mask, other=0.0)
     tl.store(gc_ptr + tok, gc, mask=mask)
@@ -198,7 +385,7 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
         length, n_lines = (hh, ww) if columns else (ww, hh)
         cfg = lp.config('line_fwd', length, q.dtype, cap)
         plan = _FWD_PLANS[key] = ((lp.cdiv(length, cfg.block_m) * b * heads * n_lines, ), cfg,
-                                  _constexprs(cfg, columns, d, dx, q.dtype), length, n_lines)
+                                  _constexprs(cfg, columns, d, dx, q.dtype, length), length, n_lines)
     grid, cfg, constexprs, length, n_lines = plan
     out = torch.empty(b, heads, hh, ww, dx, device=q.device, dtype=torch.float32)
     lse = torch.empty(b, heads, hh, ww, device=q.device, dtype=torch.float32)
@@ -210,7 +397,7 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
             raise ValueError('line attention: the residual must be a view of x\'s storage with x\'s strides')
         mean = torch.empty(b, hh, ww, heads, dx, device=q.device, dtype=residual.dtype).permute(0, 3, 1, 2, 4)
         r_off, ms = residual.storage_offset() - x.storage_offset(), mean.stride()
-    launch = lp.Launch(_line_fwd, grid, (q, k, x, c, out, lse, mean, scale * LOG2E, heads, hh, ww, length, n_lines, d,
+    launch = lp.Launch(_line_fwd, grid, (q, k, x, c, out, lse, mean, scale, heads, hh, ww, length, n_lines, d,
                                          dx, qs[0], qs[1], qs[2], qs[3], xs[0], xs[1], xs[2], xs[3], r_off, *ms[:4]),
                        dict(constexprs, MEAN=residual is not None), cfg, q.device)
     if residual is None:
@@ -221,9 +408,9 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
 _FWD_PLANS = {}
 
 
-def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dtype) -> dict:
+def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dtype, length: int) -> dict:
     return dict(COLUMNS=columns, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx),
-                PRECISION=lp.precision(dtype))
+                PRECISION=lp.precision(dtype), RAGGED=length % cfg.block_n != 0)
 
 
 def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int, dq=None, dk=None, dc=None):
@@ -243,7 +430,7 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
     dx = torch.empty(x.shape, **f32)
     cfg = lp.config('line_bwd', length, q.dtype, cap)
     qs, xs, os_ = q.stride(), x.stride(), dout.stride()
-    args = (scale, scale * LOG2E, heads, hh, ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0],
+    args = (scale, heads, hh, ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0],
             xs[1], xs[2], xs[3], os_[0], os_[1], os_[2], os_[3])
     launches = []
     # the keys' programs first: their table part is stored (or added), the queries' added to it
@@ -252,8 +439,8 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
         launches.append(lp.Launch(_line_bwd, (lp.cdiv(length, own) * b * heads * n_lines, ),
                                   (q, k, x, c, dout, lse, delta, *grads, *args),
                                   dict(KEYS=keys, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
-                                       BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype), ACC_G1=acc[0],
-                                       ACC_GC=acc[1]), cfg, q.device))
+                                       BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype),
+                                       RAGGED=length % other != 0, ACC_G1=acc[0], ACC_GC=acc[1]), cfg, q.device))
     return launches, (dq, dk, dx, dc)
 
 
