@@ -118,8 +118,9 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # spill there. Its own tiles are one image row's columns, at least 16 per warp. Exact float32 products run
 # on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The forward
 # families take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current
-# block's math), which holds the prefetched block in registers too; the float32 whole-attention forward takes 8
-# warps on short sequences for it (4 spill on sm_90) and 32 x 16 tiles on sm_90 (64 x 32 spill). The remaining
+# block's math), which holds the prefetched block in registers too; the float32 whole-attention and line forwards
+# take 8 warps on short sequences for it (4 spill: on sm_90, and on every target at d 32 for the line forward) and
+# the whole-attention one 32 x 16 tiles on sm_90 (64 x 32 spill). The remaining
 # choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py). sm_100 (B200)
 # takes the default rows, its 4-warp tiles on tensor-memory products (tcgen05) and the smaller ones on warp-level
 # products (HMMA); sm_120 (RTX 50) takes them on HMMA, but for whole attention's half-precision backward on long
@@ -139,7 +140,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv', True, False): {0: Config(32, 16, 4, 1), 90: Config(32, 16, 8, 1)},
     ('whole_bwd_kv', True, True): {0: Config(64, 32, 4, 1), 90: Config(128, 64, 8, 1), 120: Config(64, 16, 4, 1)},
-    ('line_fwd', False, False): {0: Config(32, 32, 4, 2)},
+    ('line_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},
     ('line_fwd', True, True): {0: Config(64, 64, 4, 2)},
