@@ -124,7 +124,8 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py). sm_100 (B200)
 # takes the default rows, its 4-warp tiles on tensor-memory products (tcgen05) and the smaller ones on warp-level
 # products (HMMA); sm_120 (RTX 50) takes them on HMMA, but for whole attention's half-precision backward on long
-# sequences: 64 own tokens against 16 others (64 x 32 spills there, 128-240 B).
+# sequences: 64 own tokens against 16 others (64 x 32 spills there, 128-240 B), and PPMLA's half-precision
+# backward, 64 x 16 as on sm_86 / sm_89 (64 x 32 spills 24-124 B).
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
@@ -157,7 +158,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     **{('ppmla_fwd', long, False): {0: Config(32, 32, 8, 2)} for long in (False, True)},
     **{('ppmla_fwd', long, True): {0: Config(64, 64, 4, 2)} for long in (False, True)},
     **{('ppmla_bwd', long, False): {0: Config(32, 16, 8, 1)} for long in (False, True)},
-    **{('ppmla_bwd', long, True): {0: Config(64, 32, 4, 1), 86: Config(64, 16, 4, 1), 89: Config(64, 16, 4, 1),
+    **{('ppmla_bwd', long, True): {0: Config(64, 32, 4, 1), **{cap: Config(64, 16, 4, 1) for cap in (86, 89, 120)},
                                    90: Config(64, 32, 8, 1)} for long in (False, True)},
 }
 
