@@ -123,19 +123,23 @@ def _rows(ptr, base, offs, step, cols):
 
 
 @triton.jit
+def _other_block(a_ptrs, b_ptrs, c_ptr, tok, in_line, a_mask, b_mask, PART: tl.constexpr, MASKED: tl.constexpr):
+    """One block of the other tokens: its two operand tiles and its table entries (``MASKED``: past the line, zero
+    operands and the table value that gives the part a bias of -inf)."""
+    if MASKED:
+        return (tl.load(a_ptrs, mask=in_line[:, None] & a_mask, other=0.0),
+                tl.load(b_ptrs, mask=in_line[:, None] & b_mask, other=0.0),
+                tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART)))
+    return tl.load(a_ptrs, mask=a_mask, other=0.0), tl.load(b_ptrs, mask=b_mask, other=0.0), tl.load(c_ptr + tok)
+
+
+@triton.jit
 def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, in_line, k_step, x_step, c_step, k_mask,
                x_mask, scale, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
                PRECISION: tl.constexpr):
     """Fold one key block of a part into the online softmax (:func:`_fwd_part`); the state and the pointers moved
     to the next block."""
-    if MASKED:
-        k = tl.load(k_ptrs, mask=in_line[:, None] & k_mask, other=0.0)
-        x = tl.load(x_ptrs, mask=in_line[:, None] & x_mask, other=0.0)
-        c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
-    else:
-        k = tl.load(k_ptrs, mask=k_mask, other=0.0)
-        x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        c = tl.load(c_ptr + tok)
+    k, x, c = _other_block(k_ptrs, x_ptrs, c_ptr, tok, in_line, k_mask, x_mask, PART, MASKED)
     y = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + _other_part(c_own, c, PART)
     m_new = tl.maximum(m_i, tl.max(y, 1) * LOG2E_ + row)
     p = tl.math.exp2(y * LOG2E_ - (m_new - row)[:, None])
@@ -231,14 +235,7 @@ def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c
     """Add the other block at ``n`` of a part to the sums (:func:`_bwd_part`); the sums and the pointers moved to
     the next block."""
     in_line = n + others < L
-    if MASKED:
-        b = tl.load(b_ptrs, mask=in_line[:, None] & b_mask, other=0.0)
-        db = tl.load(db_ptrs, mask=in_line[:, None] & db_mask, other=0.0)
-        c = tl.load(c_ptr + tok, mask=in_line, other=_past_line(PART))
-    else:
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        db = tl.load(db_ptrs, mask=db_mask, other=0.0)
-        c = tl.load(c_ptr + tok)
+    b, db, c = _other_block(b_ptrs, db_ptrs, c_ptr, tok, in_line, b_mask, db_mask, PART, MASKED)
     bias = _other_part(c_own, c, PART)
     if KEYS:
         if MASKED:
