@@ -1,5 +1,5 @@
 """Jitted helpers shared by the Triton kernels: token blocks, tile loads and stores, 64-bit slice offsets, the
-online-softmax step (log2 units) and the backward programs' operands.
+online softmax's start and the backward programs' operands.
 
 Tiles: a (rows, cols) tile of a row-major (.., ncols) tensor, rows masked by ``row_mask``, columns beyond
 ``ncols`` (the padding up to the power-of-two block) by index."""
@@ -51,17 +51,6 @@ def online_softmax_start(BLOCK_M: tl.constexpr, BLOCK_X: tl.constexpr):
     """The online softmax's running row maximum, normaliser and unnormalised output, before the first key block."""
     return (tl.full([BLOCK_M], float('-inf'), tl.float32), tl.zeros([BLOCK_M], tl.float32),
             tl.zeros([BLOCK_M, BLOCK_X], tl.float32))
-
-
-@triton.jit
-def online_softmax_step(x, v, m, l, acc, PRECISION: tl.constexpr):
-    """Fold one (BLOCK_M, BLOCK_N) block of logits ``x`` in log2 units (scores and bias times log2(e); masked keys
-    at -inf) and its values ``v`` into the running row maximum ``m``, normaliser ``l`` and unnormalised output
-    ``acc``: ``exp2``, and the rescaled accumulator as the product's initial value."""
-    m_new = tl.maximum(m, tl.max(x, 1))
-    alpha = tl.math.exp2(m - m_new)
-    p = tl.math.exp2(x - m_new[:, None])
-    return m_new, l * alpha + tl.sum(p, 1), tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
 
 
 @triton.jit
