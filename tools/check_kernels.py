@@ -200,8 +200,8 @@ def real_shares(spec: dict) -> Tuple[float, float]:
     own, other = flash_reference.tiles(c)
     n = sequence(desc, h, w)
     flash = _filled(n, own) * _filled(n, other)
-    if desc['kernel'].startswith('_line'):
-        return _filled(n, own) * _filled(n, other), flash
+    if desc['kernel'].startswith('_line'):  # a line is flash's sequence
+        return flash, flash
     if not desc['kernel'].startswith('_whole'):
         return float('nan'), flash
     on_image = (c['V2H'] and not c.get('KEYS')) or (not c['V2H'] and c.get('KEYS'))
