@@ -16,6 +16,11 @@ from .runtime import onnx_session
 INSERTED = 'added by onnxruntime'
 
 
+#: the op types whose nodes run subgraphs: the profiler times each subgraph node too, so the container's own time,
+#: which holds theirs, is left out of the sums
+CONTAINERS = ('Scan', 'Loop', 'If')
+
+
 class Profile(NamedTuple):
     """Kernel seconds of one run (``total``) by op type (``ops``, onnxruntime's types after its fusions) and by
     model part (``parts``, :func:`node_parts`), each sorted by time, largest first."""
@@ -28,20 +33,31 @@ def node_parts(path: str, depth: int = 2) -> Dict[str, str]:
     """The part of the model each node of the ONNX file and each value it computes came from, from the
     metadata ``torch.onnx.export(dynamo=True)`` writes: the module at ``depth`` in its module path (e.g.
     ``model.backbone.layers.0`` at 2, ``model.neck`` at 1, or the deepest module above it), else, for a node of
-    the exported module's own code, the innermost function of its stack trace (``_offset_nms``)."""
+    the exported module's own code, the innermost function of its stack trace (``_offset_nms``). The nodes of a
+    ``Scan``'s, ``Loop``'s or ``If``'s subgraphs take the part of that node."""
     import onnx
     parts = {}
-    for node in onnx.load(path, load_external_data=False).graph.node:
-        meta = {p.key: p.value for p in node.metadata_props}
-        modules = ast.literal_eval(meta.get('pkg.torch.onnx.name_scopes', '[]'))[1:-1]
-        if modules:
-            part = modules[min(depth, len(modules)) - 1]
-        else:
-            frames = [line for line in meta.get('pkg.torch.onnx.stack_trace', '').splitlines() if ', in ' in line]
-            part = frames[-1].rsplit(', in ', 1)[1] + '()' if frames else '(no module)'
-        for name in (node.name, *node.output):
-            parts[name] = part
+
+    def walk(graph, container_part: Optional[str]) -> None:
+        for node in graph.node:
+            part = container_part or _own_part(node, depth)
+            for name in (node.name, *node.output):
+                parts[name] = part
+            for attribute in node.attribute:  # the subgraphs of Scan, Loop and If: the part of their node
+                for subgraph in (*([attribute.g] if attribute.HasField('g') else []), *attribute.graphs):
+                    walk(subgraph, part)
+
+    walk(onnx.load(path, load_external_data=False).graph, None)
     return parts
+
+
+def _own_part(node, depth: int) -> str:
+    meta = {p.key: p.value for p in node.metadata_props}
+    modules = ast.literal_eval(meta.get('pkg.torch.onnx.name_scopes', '[]'))[1:-1]
+    if modules:
+        return modules[min(depth, len(modules)) - 1]
+    frames = [line for line in meta.get('pkg.torch.onnx.stack_trace', '').splitlines() if ', in ' in line]
+    return frames[-1].rsplit(', in ', 1)[1] + '()' if frames else '(no module)'
 
 
 def _part(name: str, parts: Dict[str, str]) -> str:
@@ -70,6 +86,7 @@ def profile_onnx(path: str, feed: Dict[str, np.ndarray], threads: Optional[int] 
     ops, by_part = collections.Counter(), collections.Counter()
     for event in events:
         if (event.get('cat') == 'Node' and event['name'].endswith('_kernel_time')
+                and event['args']['op_name'] not in CONTAINERS
                 and last['ts'] <= event['ts'] <= last['ts'] + last['dur']):
             seconds = event['dur'] / 1e6
             ops[event['args']['op_name']] += seconds

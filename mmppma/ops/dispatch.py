@@ -24,8 +24,9 @@ the capability (:data:`SIMULATED_MEMORY_GIB`) unless ``MMPPMA_SIMULATE_CUDA_MEMO
 While a model is exported (:func:`exporting`: inside :func:`export_mode`, or while ``torch.export`` traces, as
 ``torch.onnx.export(..., dynamo=True)`` does) every op and layer runs plain PyTorch that an exporter can
 translate: ``'auto'`` and ``'triton'`` resolve to ``'torch'`` (a Triton kernel is opaque to a graph), and the
-torch paths take their plain differentiable branches (no ``torch.library`` op, custom autograd Function,
-in-place inference shortcut or Python loop over blocks of the input).
+torch paths take their export branches: no ``torch.library`` op, custom autograd Function, in-place inference
+shortcut or Python loop over blocks of the input; the softmax attentions loop over image rows and columns as
+scans (:func:`~mmppma.ops.torch_support.scan_slices`), which the exporter keeps as ONNX ``Scan``s.
 """
 import contextlib
 import os

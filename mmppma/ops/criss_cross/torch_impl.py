@@ -2,11 +2,12 @@
 (:func:`compose_criss_cross`), never an N x N tensor. Without autograd it runs per group of (image, head) maps, on a
 CPU the group's maps kept in cache, on a GPU as many as a share of its memory holds (:func:`criss_cross_slices`);
 under autograd, eager and without autocast, form 'release' is one autograd.Function with a hand backward
-(:class:`SegmentCrissCrossRelease`); otherwise plain autograd."""
+(:class:`SegmentCrissCrossRelease`); otherwise plain autograd. In an export, each image row's and column's maps
+on their own, in loops the exporter keeps (:func:`criss_cross_export`)."""
 import torch
 
 from ..line.torch_impl import segment_softmax_, segment_softmax_backward_
-from ..torch_support import padded, score_elements, softmax_
+from ..torch_support import padded, scan_slices, score_elements, softmax_
 
 # on a CPU: score elements of one group of (image, head) slices on the no-autograd criss-cross path, so that a
 # group's row and column maps stay in cache from their bias to their last product (on a GPU: a share of its memory)
@@ -28,6 +29,32 @@ def criss_cross_core(q, k, v, row_probs, col_probs, scale, form):
 
     def along_cols(x):
         return (cols @ x.transpose(2, 3)).transpose(2, 3)
+
+    return compose_criss_cross(along_rows, along_cols, v, form)
+
+
+def criss_cross_export(q, k, v, row_bias, col_bias, scale, form):
+    """:func:`criss_cross_core` in the form an export keeps: each image row's maps (B, heads, W, W) and each image
+    column's (B, heads, H, H) formed and softmaxed on their own (:func:`~mmppma.ops.torch_support.scan_slices`,
+    ONNX ``Scan``s when exported), so that the bias and softmax passes stay in cache. ``row_bias = (add, tables)``:
+    ``add(s, *slices)`` returns the scores s of image row i plus their bias, from the i-th slices of ``tables``
+    (tensors with the image rows first); ``col_bias`` likewise for image columns."""
+    if scale != 1.0:
+        q = q * scale
+
+    def maps(bias, lines_q, lines_k):
+        add, tables = bias
+        return scan_slices(lambda ql, kl, *t: add(ql @ kl.transpose(-1, -2), *t).softmax(-1), lines_q, lines_k,
+                           *tables)
+
+    rows = maps(row_bias, q.permute(2, 0, 1, 3, 4), k.permute(2, 0, 1, 3, 4))  # (H, B, heads, W, W)
+    cols = maps(col_bias, q.permute(3, 0, 1, 2, 4), k.permute(3, 0, 1, 2, 4))  # (W, B, heads, H, H)
+
+    def along_rows(x):
+        return (rows @ x.permute(2, 0, 1, 3, 4)).permute(1, 2, 0, 3, 4)
+
+    def along_cols(x):
+        return (cols @ x.permute(3, 0, 1, 2, 4)).permute(1, 2, 3, 0, 4)
 
     return compose_criss_cross(along_rows, along_cols, v, form)
 

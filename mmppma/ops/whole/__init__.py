@@ -36,7 +36,8 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     ``impl='torch'`` takes the branch :func:`whole_attention_branch` names: ``'dense'`` for the paper form,
     ``'autograd'`` (keeps the N x N probabilities) while the B * heads * N^2 score elements fit (a share of a
     GPU's memory; on a CPU ``SMALL_ELEMENTS`` = 2^22 under autograd), ``'blockwise'`` (recomputes them, memory
-    O(N^1.5)) or ``'inference'`` (without autograd) above.
+    O(N^1.5)) or ``'inference'`` (without autograd) above; in an export, ``'export'`` (row by row, as ONNX
+    ``Scan``s).
     """
     return run('ppma_attention', _plan, (scale, form, tables, impl), q, k, v, la, lb)
 

@@ -1,4 +1,4 @@
-"""Whole attention, torch path: four branches, named by :func:`whole_attention_branch`.
+"""Whole attention, torch path: five branches, named by :func:`whole_attention_branch`.
 
 ``'dense'`` for the paper form (its mask multiplies the probabilities, so it is built densely, as the reference
 does); ``'autograd'`` while the score elements fit (plain autograd with the bias broadcast from the O(N^1.5)
@@ -6,7 +6,9 @@ segment-sum tables; one N x N probability map per path is kept for the backward)
 autograd is not recording (blocks of query rows, the paths' probabilities summed in place before one product with
 v, softmax rows padded for the CPU kernel) and ``'blockwise'`` when it is (blocks of query rows, each block's bias
 built from the tables, only q, k, v and the tables saved; the backward recomputes each block's probabilities and
-reduces the bias gradient back into the tables). Scores and softmaxes are float32 (float64 for float64 inputs).
+reduces the bias gradient back into the tables). In an export, ``'export'``: per head, one query image row at a
+time, the row's bias broadcast from slices of the tables, in a loop the exporter keeps (ONNX ``Scan``). Scores and
+softmaxes are float32 (float64 for float64 inputs).
 
 What fits is sized by the device (:func:`~mmppma.ops.torch_support.score_elements`): on a GPU a share of its
 memory bounds both the one-shot scores and a block; on a CPU ``SMALL_ELEMENTS`` bounds the scores kept for a
@@ -21,7 +23,7 @@ from ..checks import table_dtype
 from ..dispatch import exporting
 from ..forms import paths
 from ..masks import v2h_log_mask
-from ..torch_support import flatten, needs_grad, padded, score_elements, softmax_, softmax_backward_
+from ..torch_support import flatten, needs_grad, padded, scan_slices, score_elements, softmax_, softmax_backward_
 
 # on a CPU: elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the blockwise path
 BLOCK_ELEMENTS = 1 << 21
@@ -280,6 +282,44 @@ def _blockwise_backward(ctx, dout):
 whole_attention_blockwise.register_autograd(_blockwise_backward, setup_context=_blockwise_setup_context)
 
 
+def _whole_torch_export(q, k, v, sa, sb, form):
+    """The ``'export'`` branch: each head on its own, one query image row at a time (two nested
+    :func:`~mmppma.ops.torch_support.scan_slices`, ONNX ``Scan``s when exported). A row's (W, N) scores get each
+    path's bias as the sum of two slices of the tables, broadcast, so no N x N map or transpose is formed and each
+    row's maps stay in cache; the paths' probabilities are summed before the one product with v. q pre-scaled,
+    (B, heads, N, d); sa (B, heads, H, W, W), sb (B, heads, W, H, H)."""
+    b, heads, n, d = q.shape
+    h, w = sb.shape[-1], sa.shape[-1]
+    v2h, h2v = (path in paths(form) for path in ('v2h', 'h2v'))
+    # per head: queries by image row (H, B, W, d), keys transposed (B, d, N), values (B, N, d_v)
+    per_head = [q.reshape(b, heads, h, w, d).permute(1, 2, 0, 3, 4), k.permute(1, 0, 3, 2), v.transpose(0, 1)]
+    # the bias of query row i's scores [j, k, l] (query (i, j), key (k, l)) per path, as per-row table slices
+    if v2h:  # Sa[i, j, l] (H, B, W, W) broadcast over k, Sb[l, i, k] (H, B, H, W) over j
+        per_head += [sa.permute(1, 2, 0, 3, 4), sb.permute(1, 3, 0, 4, 2)]
+    if h2v:  # Sb[j, k, i] (H, B, W, H) broadcast over l; then Sa[k, l, j] (B, W, H, W), the same for every row
+        per_head += [sb.permute(1, 4, 0, 2, 3), sa.permute(1, 0, 4, 2, 3)]
+
+    def head(qh, kth, vh, *tables):
+        row_tables, sa_h2v = (tables[:-1], tables[-1]) if h2v else (tables, None)
+
+        def row(qi, *t):
+            s = qi @ kth  # (B, W, N)
+            probs = None
+            if v2h:
+                x = s.unflatten(-1, t[1].shape[-2:]) + t[0].unsqueeze(-2) + t[1].unsqueeze(-3)
+                probs = x.flatten(-2).softmax(-1)
+            if h2v:
+                p = (s.unflatten(-1, sa_h2v.shape[-2:]) + sa_h2v + t[-1].unsqueeze(-1)).flatten(-2).softmax(-1)
+                probs = p if probs is None else probs + p
+            return probs @ vh  # (B, W, d_v)
+
+        return scan_slices(row, qh, *row_tables)  # (H, B, W, d_v)
+
+    out = scan_slices(head, *per_head)  # (heads, H, B, W, d_v)
+    out = out.permute(2, 0, 1, 3, 4).reshape(b, heads, n, v.shape[-1])
+    return out * 0.5 if v2h and h2v else out
+
+
 def _whole_torch_small(q, k, v, sa, sb, form):
     """Plain autograd with the bias broadcast from the tables: fastest while N x N is small. q pre-scaled."""
     s = q @ k.transpose(-1, -2)
@@ -295,14 +335,15 @@ def whole_attention_branch(batch: int, heads: int, height: int, width: int, form
                            grad: bool = True, device: Optional[torch.device] = None) -> str:
     """The branch the ``torch`` path of whole attention (:func:`~mmppma.ops.ppma_attention`,
     :func:`~mmppma.ops.manhattan_attention`) takes for q (batch, heads, height, width, d) on ``device`` (None: a
-    CPU): ``'dense'`` (form 'paper'); ``'autograd'`` in an export (:func:`mmppma.ops.dispatch.exporting`), or
-    while the batch * heads * N^2 score elements fit (on a GPU :func:`~mmppma.ops.torch_support.score_elements`,
-    a share of its memory; on a CPU ``SMALL_ELEMENTS`` = 2^22 with ``grad``, none without); otherwise
-    ``'inference'`` (autograd not recording: ``grad=False``) or ``'blockwise'``. See the module docstring."""
+    CPU): ``'dense'`` (form 'paper'); ``'export'`` in an export (:func:`mmppma.ops.dispatch.exporting`);
+    ``'autograd'`` while the batch * heads * N^2 score elements fit (on a GPU
+    :func:`~mmppma.ops.torch_support.score_elements`, a share of its memory; on a CPU ``SMALL_ELEMENTS`` = 2^22
+    with ``grad``, none without); otherwise ``'inference'`` (autograd not recording: ``grad=False``) or
+    ``'blockwise'``. See the module docstring."""
     if form == 'paper':
         return 'dense'
-    if exporting():  # the plain ops, whatever the size
-        return 'autograd'
+    if exporting():  # plain ops, in a loop over rows the exporter keeps
+        return 'export'
     cpu = SMALL_ELEMENTS if grad else -1  # a CPU runs inference in blocks whatever the size
     if batch * heads * (height * width)**2 <= (cpu if device is None else score_elements(device, cpu)):
         return 'autograd'
@@ -318,7 +359,9 @@ def whole_torch(q, k, v, sa, sb, scale, form):
         qf = qf * scale
     sa, sb = sa.to(dtype), sb.to(dtype)
     branch = whole_attention_branch(b, heads, h, w, grad=needs_grad(qf, kf, vf, sa, sb), device=q.device)
-    if branch == 'autograd':
+    if branch == 'export':
+        out = _whole_torch_export(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1), form)
+    elif branch == 'autograd':
         out = _whole_torch_small(qf, kf, vf, sa.expand(b, -1, -1, -1, -1), sb.expand(b, -1, -1, -1, -1),
                                  form)
     else:
