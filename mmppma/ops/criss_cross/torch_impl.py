@@ -34,29 +34,34 @@ def criss_cross_core(q, k, v, row_probs, col_probs, scale, form):
 
 
 def criss_cross_export(q, k, v, row_bias, col_bias, scale, form):
-    """:func:`criss_cross_core` in the form an export keeps: each image row's maps (B, heads, W, W) and each image
-    column's (B, heads, H, H) formed and softmaxed on their own (:func:`~mmppma.ops.torch_support.scan_slices`,
-    ONNX ``Scan``s when exported), so that the bias and softmax passes stay in cache. ``row_bias = (add, tables)``:
-    ``add(s, *slices)`` returns the scores s of image row i plus their bias, from the i-th slices of ``tables``
-    (tensors with the image rows first); ``col_bias`` likewise for image columns."""
+    """:func:`criss_cross_core` in the form an export keeps: each image row's attention (B, heads, W, W maps) and
+    each image column's (B, heads, H, H) formed, softmaxed and applied on their own
+    (:func:`~mmppma.ops.torch_support.scan_slices`, ONNX ``Scan``s when exported), so that the maps stay in cache and
+    none is stored. ``row_bias = (add, tables)``: ``add(s, *slices)`` returns the scores s of image row i plus their
+    bias, from the i-th slices of ``tables`` (tensors with the image rows first); ``col_bias`` likewise for image
+    columns. Form 'release' forms the column maps twice and the row maps once (W x W maps are the larger ones in a
+    landscape image)."""
     if scale != 1.0:
         q = q * scale
 
-    def maps(bias, lines_q, lines_k):
+    def along(bias, lines):
+        """Attention along the lines of ``lines`` (the permutation that puts them first, the lines' own tokens
+        next to last) for tensors x (B, heads, H, W, c)."""
         add, tables = bias
-        return scan_slices(lambda ql, kl, *t: add(ql @ kl.transpose(-1, -2), *t).softmax(-1), lines_q, lines_k,
-                           *tables)
+        q_lines, k_lines = q.permute(lines), k.permute(lines)  # once per direction
+        back = [lines.index(dim) for dim in range(5)]
 
-    rows = maps(row_bias, q.permute(2, 0, 1, 3, 4), k.permute(2, 0, 1, 3, 4))  # (H, B, heads, W, W)
-    cols = maps(col_bias, q.permute(3, 0, 1, 2, 4), k.permute(3, 0, 1, 2, 4))  # (W, B, heads, H, H)
+        def attend(x):
+            return scan_slices(lambda ql, kl, xl, *t: add(ql @ kl.transpose(-1, -2), *t).softmax(-1) @ xl, q_lines,
+                               k_lines, x.permute(lines), *tables).permute(back)
+        return attend
 
-    def along_rows(x):
-        return (rows @ x.permute(2, 0, 1, 3, 4)).permute(1, 2, 0, 3, 4)
+    along_rows = along(row_bias, (2, 0, 1, 3, 4))  # lines (H, B, heads, W, c)
+    along_cols = along(col_bias, (3, 0, 1, 2, 4))  # lines (W, B, heads, H, c)
 
-    def along_cols(x):
-        return (cols @ x.permute(3, 0, 1, 2, 4)).permute(1, 2, 3, 0, 4)
-
-    return compose_criss_cross(along_rows, along_cols, v, form)
+    # composed with the roles of rows and columns swapped: 'release' is symmetric in them, and then applies the
+    # column attention twice and the row attention once
+    return compose_criss_cross(along_cols, along_rows, v, {'h2v': 'v2h', 'v2h': 'h2v'}.get(form, form))
 
 
 class SegmentCrissCrossRelease(torch.autograd.Function):

@@ -293,11 +293,14 @@ def _whole_torch_export(q, k, v, sa, sb, form):
     v2h, h2v = (path in paths(form) for path in ('v2h', 'h2v'))
     # per head: queries by image row (H, B, W, d), keys transposed (B, d, N), values (B, N, d_v)
     per_head = [q.reshape(b, heads, h, w, d).permute(1, 2, 0, 3, 4), k.permute(1, 0, 3, 2), v.transpose(0, 1)]
-    # the bias of query row i's scores [j, k, l] (query (i, j), key (k, l)) per path, as per-row table slices
+    # the bias of query row i's scores [j, k, l] (query (i, j), key (k, l)) per path, as per-row table slices; a
+    # segment sum is symmetric in its two ends (Sa[i, j, l] = Sa[i, l, j]), so these layouts are taken with the
+    # tables' last dim kept last where it can be (moving it costs several times more)
     if v2h:  # Sa[i, j, l] (H, B, W, W) broadcast over k, Sb[l, i, k] (H, B, H, W) over j
         per_head += [sa.permute(1, 2, 0, 3, 4), sb.permute(1, 3, 0, 4, 2)]
-    if h2v:  # Sb[j, k, i] (H, B, W, H) broadcast over l; then Sa[k, l, j] (B, W, H, W), the same for every row
-        per_head += [sb.permute(1, 4, 0, 2, 3), sa.permute(1, 0, 4, 2, 3)]
+    if h2v:  # Sb[j, k, i] = Sb[j, i, k] (H, B, W, H) broadcast over l; then Sa[k, l, j] = Sa[k, j, l] (B, W, H, W),
+        # the same for every row
+        per_head += [sb.permute(1, 3, 0, 2, 4), sa.permute(1, 0, 3, 2, 4)]
 
     def head(qh, kth, vh, *tables):
         row_tables, sa_h2v = (tables[:-1], tables[-1]) if h2v else (tables, None)
