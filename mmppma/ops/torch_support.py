@@ -70,6 +70,14 @@ def pad_last(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
     return torch.cat([t, t.new_full((*t.shape[:-1], length - t.shape[-1]), value)], -1)
 
 
+def export_loops(tokens, threshold: int) -> bool:
+    """Whether an op's export form loops over slices (:func:`scan_slices`) for maps of ``tokens``: always in a
+    dynamic export (``tokens`` a traced size: the file serves every size, and loops win on large maps), in a
+    fixed-size one above ``threshold`` tokens (below it the one-shot form is faster: each step of an onnxruntime
+    ``Scan`` costs tens of microseconds)."""
+    return not isinstance(tokens, int) or tokens > threshold
+
+
 def scan_slices(body: Callable[..., Union[torch.Tensor, Tuple[torch.Tensor, ...]]],
                 *xs: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
     """``body`` of the i-th slices (along dim 0) of the tensors ``xs``, for every i, stacked along a new dim 0 (a

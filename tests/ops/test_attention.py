@@ -98,16 +98,21 @@ def test_inference_and_autograd_paths_match_oracle(hw, slice_elements, monkeypat
         np.testing.assert_allclose(op(*leaf(q, k, v)).detach().numpy(), want, **CLOSE, err_msg=name)
 
 
+@pytest.mark.parametrize('loops', [True, False])
 @pytest.mark.parametrize('hw', [(1, 6), (5, 1), (4, 7)])
-def test_export_forms_match_oracle(hw):
-    """The forms an export traces (:func:`mmppma.ops.export_mode`: whole attention row by row per head,
-    criss-cross maps line by line), run eagerly, against the oracle."""
+def test_export_forms_match_oracle(hw, loops, monkeypatch):
+    """The forms an export traces (:func:`mmppma.ops.export_mode`), run eagerly, against the oracle: above the
+    loop thresholds whole attention row by row per head and criss-cross attention line by line, below them the
+    one-shot forms."""
+    if loops:
+        monkeypatch.setattr(whole_torch, 'EXPORT_LOOP_TOKENS', 0)
+        monkeypatch.setattr(criss_cross_torch, 'EXPORT_LOOP_TOKENS', 0)
     q, k, v = qkv(2, 3, *hw, 4, seed=sum(hw) + 1, dv=5)
     la, lb = decays(2, 3, *hw, seed=hw[0] * hw[1] + 1)
     log_decay = torch.tensor([[-0.1, -0.5, -1.3], [-0.7, -0.2, -2.0]], dtype=torch.float64)
     assert ops.whole_attention_branch(2, 3, *hw, form='release', grad=False) == 'inference'
     with ops.export_mode():
-        assert ops.whole_attention_branch(2, 3, *hw, form='release', grad=False) == 'export'
+        assert ops.whole_attention_branch(2, 3, *hw, form='release', grad=False) == ('export' if loops else 'autograd')
         for name, op, want in oracle_cases(q, k, v, la, lb, log_decay):
             np.testing.assert_allclose(op(q, k, v, impl='torch').numpy(), want, **CLOSE, err_msg=name)
 

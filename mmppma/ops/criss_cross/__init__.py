@@ -11,9 +11,15 @@ from ..forms import CRISS_CROSS_FORMS
 from ..line.torch_impl import SegmentMaskedSoftmax, padded_segment_bias, segment_bias
 from ..masks import decay_tables, head_decay_map, head_decay_tables, manhattan_segment_sums, table_decays
 from ..plan import run
-from ..torch_support import eager_inference, pad_last, padded
+from ..torch_support import eager_inference, export_loops, pad_last, padded
+from . import torch_impl
 from .reference import criss_cross_reference
-from .torch_impl import SegmentCrissCrossRelease, criss_cross_core, criss_cross_export, criss_cross_slices
+from .torch_impl import (
+    SegmentCrissCrossRelease,
+    criss_cross_core,
+    criss_cross_export,
+    criss_cross_slices,
+)
 
 __all__ = ['criss_cross_attention', 'rmt_criss_cross_attention']
 
@@ -58,8 +64,13 @@ def _criss_cross_torch(q, k, v, la, lb, scale: float, form: str, tables: bool = 
         out = criss_cross_slices(q, k, v_in, padded_segment_bias(ca, dtype),
                                  padded_segment_bias(cb.transpose(-1, -2), dtype), scale, form)
     elif exporting():
-        out = criss_cross_export(q, k, v_in, (segment_bias(ca.shape[-1], dtype, q.device), (ca.permute(2, 0, 1, 3), )),
-                                 (segment_bias(cb.shape[-2], dtype, q.device), (cb.permute(3, 0, 1, 2), )), scale, form)
+        row_bias, col_bias = segment_bias(ca.shape[-1], dtype, q.device), segment_bias(cb.shape[-2], dtype, q.device)
+        if export_loops(ca.shape[-1] * ca.shape[-2], torch_impl.EXPORT_LOOP_TOKENS):
+            out = criss_cross_export(q, k, v_in, (row_bias, (ca.permute(2, 0, 1, 3), )),
+                                     (col_bias, (cb.permute(3, 0, 1, 2), )), scale, form)
+        else:
+            out = criss_cross_core(q, k, v_in, lambda s: row_bias(s, ca).softmax(-1),
+                                   lambda s: col_bias(s, cb.transpose(-1, -2)).softmax(-1), scale, form)
     elif form == 'release' and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(q.device.type):
         # eager, no autocast (under autocast the products' dtypes differ): one autograd.Function
         out = SegmentCrissCrossRelease.apply(q * scale if scale != 1.0 else q, k, v_in, ca, cb.transpose(-1, -2))
@@ -113,7 +124,7 @@ def _rmt_torch(q, k, v, log_decay, scale: float):
             table = pad_last(table, padded(table.shape[-1], table.device), float('-inf')).expand(b, -1, -1, -1, -1)
             return lambda s, i0, i1, n0, n1: s.add_(table[i0:i1, n0:n1])
         out = criss_cross_slices(q, k, v_in, head_bias(sa), head_bias(sb), scale, 'h2v')
-    elif exporting():
+    elif exporting() and export_loops(h * w, torch_impl.EXPORT_LOOP_TOKENS):
         out = criss_cross_export(q, k, v_in, (lambda s: s + sa[:, :, 0], ()), (lambda s: s + sb[:, :, 0], ()), scale,
                                  'h2v')
     else:
