@@ -283,12 +283,18 @@ def check_against_mmdet(model, x, out, top):
     """The file in onnxruntime on ``x`` against mmdet on the same input: the RPN head's outputs,
     and the box head's on the file's proposals, within 1e-4, the proposals matching mmdet's; every detection
     of ``model.predict`` matched (label, box, score, mask: :func:`assert_masks_match`), the ``top`` ones,
-    whose scores are asserted apart by more than 1e-4, in order."""
+    whose scores are asserted apart by more than 1e-4, in order.
+
+    Random weights give objectness scores that differ by less than the two backends' rounding (1e-6) near
+    mmdet's top-k and NMS decisions. Where mmdet's ``rpn_head.predict`` then keeps other proposals, they are
+    compared, as the tool compares them, with mmdet's RPN post-processing of the file's own objectness and deltas
+    (:func:`~mmppma.deploy.mask_rcnn.tie_broken_proposals`), and the detections with mmdet's RoI head on those."""
     import onnx
     from mmdet.structures import DetDataSample
     from mmdet.structures.bbox import bbox2roi
 
     from mmppma.deploy import paste_masks
+    from mmppma.deploy.mask_rcnn import tie_broken_proposals
     graph = onnx.load(str(out)).graph
     ops = {node.op_type for node in graph.node}
     assert {'NonMaxSuppression', 'RoiAlign'} <= ops, ops
@@ -309,9 +315,19 @@ def check_against_mmdet(model, x, out, top):
         rpn_deltas = torch.cat([m[b].permute(1, 2, 0).reshape(-1, 4) for m in delta_maps])
         assert relative(got['rpn_scores'][b], rpn_scores) <= TOLERANCE
         assert relative(got['rpn_deltas'][b], rpn_deltas) <= TOLERANCE
+        want = results[b].pred_instances
         boxes = proposals[b].bboxes
         assert int(got['num_proposals'][b]) == len(boxes)
         matched = nearest(got['proposals'][b, :len(boxes)], boxes)
+        if len(set(matched.tolist())) < len(boxes) or relative(got['proposals'][b, matched], boxes) > BOX_TOLERANCE:
+            kept = tie_broken_proposals(model, got['rpn_scores'][b], got['rpn_deltas'][b],
+                                        [m.shape[-2:] for m in cls_maps], height, width)
+            boxes = kept.bboxes
+            assert int(got['num_proposals'][b]) == len(boxes)
+            matched = nearest(got['proposals'][b, :len(boxes)], boxes)
+            with torch.no_grad():
+                want = model.roi_head.predict([f[b:b + 1] for f in feats], [kept], samples[b:b + 1],
+                                              rescale=False)[0]
         assert len(set(matched.tolist())) == len(boxes)
         assert relative(got['proposals'][b, matched], boxes) <= BOX_TOLERANCE
         rois = bbox2roi([got['proposals'][b, :len(boxes)]])  # the box head on the file's proposals
@@ -320,7 +336,6 @@ def check_against_mmdet(model, x, out, top):
         assert relative(got['roi_scores'][b, :len(boxes)], F.softmax(head['cls_score'], -1)) <= TOLERANCE
         assert relative(got['roi_deltas'][b, :len(boxes)], head['bbox_pred']) <= TOLERANCE
         # the detections
-        want = results[b].pred_instances
         n = int(got['num_dets'][b])
         assert n == len(want) > top
         assert (want.scores[:top] - want.scores[1:top + 1]).min() > TOLERANCE  # the top ones are far apart
