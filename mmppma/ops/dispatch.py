@@ -26,7 +26,8 @@ While a model is exported (:func:`exporting`: inside :func:`export_mode`, or whi
 translate: ``'auto'`` and ``'triton'`` resolve to ``'torch'`` (a Triton kernel is opaque to a graph), and the
 torch paths take their export branches: no ``torch.library`` op, custom autograd Function, in-place inference
 shortcut or Python loop over blocks of the input; the softmax attentions loop over image rows and columns as
-scans (:func:`~mmppma.ops.torch_support.scan_lines`), which the exporter keeps as ONNX ``Scan``s.
+scans (:func:`~mmppma.ops.torch_support.scan_slices`) on large or dynamic maps, which the exporter keeps as
+ONNX ``Scan``s.
 """
 import contextlib
 import os

@@ -1,7 +1,7 @@
 """Helpers shared by the torch paths of the softmax attentions: when to take the inference branches, how many
 score elements a block holds, the in-place softmax and its backward, the CPU-friendly padding of softmax rows, and
 the slice-by-slice loop of the exported forms."""
-from typing import Callable, Tuple, Union
+from typing import Callable
 
 import torch
 
@@ -78,21 +78,16 @@ def export_loops(tokens, threshold: int) -> bool:
     return not isinstance(tokens, int) or tokens > threshold
 
 
-def scan_slices(body: Callable[..., Union[torch.Tensor, Tuple[torch.Tensor, ...]]],
-                *xs: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, ...]]:
-    """``body`` of the i-th slices (along dim 0) of the tensors ``xs``, for every i, stacked along a new dim 0 (a
-    tuple of stacks when ``body`` returns a tuple): the exported forms' loop over slices, so that each slice's maps
-    stay in cache. While ``torch.export`` traces it is one ``torch.scan`` (an ONNX ``Scan`` with a dynamic trip
-    count); in eager mode a Python loop computes the same.
+def scan_slices(body: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
+    """``body`` of the i-th slices (along dim 0) of the tensors ``xs``, for every i, stacked along a new dim 0: the
+    exported forms' loop over slices, so that each slice's maps stay in cache. While ``torch.export`` traces it is
+    one ``torch.scan`` (an ONNX ``Scan`` with a dynamic trip count); in eager mode a Python loop computes the same.
 
     Under ``torch.export``, ``body`` may close over tensors (none a view of another operand: ``xs`` are copied
     here) but not over sizes: a traced size is a symbol the scan's body cannot take, so ``body`` reads the sizes it
     needs from the shapes of its own operands."""
     if not torch.compiler.is_exporting():
-        outs = [body(*(x[i] for x in xs)) for i in range(xs[0].shape[0])]
-        if isinstance(outs[0], tuple):
-            return tuple(torch.stack(parts) for parts in zip(*outs))
-        return torch.stack(outs)
+        return torch.stack([body(*(x[i] for x in xs)) for i in range(xs[0].shape[0])])
     from torch._higher_order_ops.scan import scan
 
     def step(carry, slices):  # no carry: scan needs one, and one that is not an operand (no aliasing)

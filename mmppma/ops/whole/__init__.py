@@ -37,7 +37,7 @@ def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.
     ``'autograd'`` (keeps the N x N probabilities) while the B * heads * N^2 score elements fit (a share of a
     GPU's memory; on a CPU ``SMALL_ELEMENTS`` = 2^22 under autograd), ``'blockwise'`` (recomputes them, memory
     O(N^1.5)) or ``'inference'`` (without autograd) above; in an export, ``'export'`` (row by row, as ONNX
-    ``Scan``s).
+    ``Scan``s) on large or dynamic maps, else ``'autograd'``.
     """
     return run('ppma_attention', _plan, (scale, form, tables, impl), q, k, v, la, lb)
 
