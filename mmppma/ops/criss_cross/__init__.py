@@ -8,7 +8,7 @@ import torch
 from ..checks import check_log_decay, check_qkv, checked_impl, table_dtype
 from ..dispatch import exporting, resolve_impl
 from ..forms import CRISS_CROSS_FORMS
-from ..line.torch_impl import SegmentMaskedSoftmax, padded_segment_bias, segment_bias
+from ..line.torch_impl import SegmentMaskedSoftmax, padded_segment_bias, segment_bias, segment_softmax
 from ..masks import decay_tables, head_decay_map, head_decay_tables, manhattan_segment_sums, table_decays
 from ..plan import run
 from ..torch_support import eager_inference, export_loops, pad_last, padded
@@ -64,13 +64,13 @@ def _criss_cross_torch(q, k, v, la, lb, scale: float, form: str, tables: bool = 
         out = criss_cross_slices(q, k, v_in, padded_segment_bias(ca, dtype),
                                  padded_segment_bias(cb.transpose(-1, -2), dtype), scale, form)
     elif exporting():
-        row_bias, col_bias = segment_bias(ca.shape[-1], dtype, q.device), segment_bias(cb.shape[-2], dtype, q.device)
         if export_loops(ca.shape[-1] * ca.shape[-2], torch_impl.EXPORT_LOOP_TOKENS):
-            out = criss_cross_export(q, k, v_in, (row_bias, (ca.permute(2, 0, 1, 3), )),
-                                     (col_bias, (cb.permute(3, 0, 1, 2), )), scale, form)
+            rows = (segment_bias(ca.shape[-1], dtype, q.device), (ca.permute(2, 0, 1, 3), ))
+            cols = (segment_bias(cb.shape[-2], dtype, q.device), (cb.permute(3, 0, 1, 2), ))
+            out = criss_cross_export(q, k, v_in, rows, cols, scale, form)
         else:
-            out = criss_cross_core(q, k, v_in, lambda s: row_bias(s, ca).softmax(-1),
-                                   lambda s: col_bias(s, cb.transpose(-1, -2)).softmax(-1), scale, form)
+            out = criss_cross_core(q, k, v_in, lambda s: segment_softmax(s, ca),
+                                   lambda s: segment_softmax(s, cb.transpose(-1, -2)), scale, form)
     elif form == 'release' and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(q.device.type):
         # eager, no autocast (under autocast the products' dtypes differ): one autograd.Function
         out = SegmentCrissCrossRelease.apply(q * scale if scale != 1.0 else q, k, v_in, ca, cb.transpose(-1, -2))

@@ -45,17 +45,16 @@ def segment_table_grad(ds: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return dc
 
 
-def segment_softmax(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``softmax(scores + seg(c))`` of :class:`SegmentMaskedSoftmax` in plain, out-of-place ops."""
-    sign = sign_table(c.shape[-1], c.dtype, c.device)
-    return torch.addcmul(scores, c.unsqueeze(-1), sign).addcmul_(c.unsqueeze(-2), sign, value=-1.0).softmax(-1)
-
-
 def segment_bias(length: int, dtype: torch.dtype, device: torch.device):
     """``add(s, c)``: scores s (..., L, L) plus ``seg(c)`` of the line tables c (..., L) for lines of ``length``,
     out of place, as ``sign * (c[t] - c[u])``."""
     sign = sign_table(length, dtype, device)
     return lambda s, c: s + (c.unsqueeze(-1) - c.unsqueeze(-2)) * sign
+
+
+def segment_softmax(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``softmax(scores + seg(c))`` of :class:`SegmentMaskedSoftmax` in plain, out-of-place ops."""
+    return segment_bias(c.shape[-1], c.dtype, c.device)(scores, c).softmax(-1)
 
 
 def segment_softmax_(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
