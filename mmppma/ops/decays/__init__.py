@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_choice
-from ..dispatch import exporting, resolve_impl
+from ..dispatch import resolve_impl
 from ..masks import decay_tables
 from ..plan import eager, run
 
@@ -18,10 +18,11 @@ __all__ = ['path_decay_tables', 'log_decays']
 def log_decays(x: torch.Tensor, weight: torch.Tensor, dt_bias: torch.Tensor, rates: torch.Tensor) -> torch.Tensor:
     """The decay head: tokens x (B, H, W, heads * d), one weight (directions, d) shared by the heads, ``dt_bias`` and
     ``rates`` (= -exp(A_log)) per head -> log-decays ``softplus(x_head . weight + dt_bias) * rates`` (B, H, W, heads,
-    directions), float32 whatever x's dtype (autocast off; not entered in an export, which traces no autocast, and
-    whose pass over autocast regions fails on a graph with several nested scans)."""
+    directions), float32 whatever x's dtype (autocast turned off where it is on; no autocast region otherwise:
+    torch.export's pass over such regions fails on a graph with nested scans, the export forms' loops)."""
     b, h, w, _ = x.shape
-    with contextlib.nullcontext() if exporting() else torch.autocast(device_type=x.device.type, enabled=False):
+    autocast = torch.is_autocast_enabled(x.device.type)
+    with torch.autocast(device_type=x.device.type, enabled=False) if autocast else contextlib.nullcontext():
         xh = x.float().view(b, h, w, dt_bias.shape[0], weight.shape[-1])
         dt = F.linear(xh, weight.float())  # (B, H, W, heads, directions)
         return F.softplus(dt + dt_bias.float()[:, None]) * rates[:, None]
