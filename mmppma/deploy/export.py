@@ -2,10 +2,12 @@
 
 :func:`export_module` picks the part of a model that is exported (:data:`OUTPUTS`), and :func:`export_onnx`
 traces it with ``torch.onnx.export(dynamo=True)`` under :func:`mmppma.ops.export_mode` (plain PyTorch ops
-throughout; fixed-grid pools with bins taken from the input size at run time, :func:`mmppma.deploy.pools.runtime_pools`)
-and turns a failure into an :class:`~mmppma.deploy.runtime.ExportError` naming the op. Needs the ``deploy`` extra
+throughout; fixed-grid pools with bins taken from the input size at run time,
+:func:`mmppma.deploy.pools.runtime_pools`; GELU in the order of ops onnxruntime fuses, :data:`TRANSLATIONS`) and
+turns a failure into an :class:`~mmppma.deploy.runtime.ExportError` naming the op. Needs the ``deploy`` extra
 (onnx, onnxscript, onnxruntime).
 """
+import math
 import re
 from typing import List, Optional, Tuple
 
@@ -27,6 +29,23 @@ OUTPUTS = {
                 '(mmppma.deploy.mask_rcnn)',
     'backbone': "the backbone's multi-scale features (its out_indices)",
 }
+
+
+def _gelu_onnx(x, approximate: str = 'none'):
+    """``aten::gelu`` as ``(x * (1 + erf(x / sqrt 2))) * 0.5``, the order of ops onnxruntime fuses into one Gelu
+    kernel (torch's own translation, ``x * (0.5 * (1 + erf(..)))``, stays five ops); ``'tanh'``:
+    ``(x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))) * 0.5``."""
+    from onnxscript import opset18 as op
+    if approximate == 'tanh':
+        inner = op.Mul(op.Add(x, op.Mul(op.Mul(op.Mul(x, x), x), op.CastLike(0.044715, x))),
+                       op.CastLike(math.sqrt(2 / math.pi), x))
+        return op.Mul(op.Mul(x, op.Add(op.Tanh(inner), op.CastLike(1.0, x))), op.CastLike(0.5, x))
+    return op.Mul(op.Mul(x, op.Add(op.Erf(op.Div(x, op.CastLike(math.sqrt(2), x))), op.CastLike(1.0, x))),
+                  op.CastLike(0.5, x))
+
+
+#: translations of torch ops every export uses (``torch.onnx.export(custom_translation_table=...)``)
+TRANSLATIONS = {torch.ops.aten.gelu.default: _gelu_onnx}
 
 
 class _Classifier(nn.Module):
@@ -134,7 +153,8 @@ def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = F
             torch.onnx.export(module, (x, ), path, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
                               external_data=False, input_names=['input'], optimize=optimize, verbose=False,
                               output_names=list(getattr(module, 'output_names', ())) or None,
-                              custom_translation_table=getattr(module, 'onnx_translations', None))
+                              custom_translation_table={**TRANSLATIONS,
+                                                        **getattr(module, 'onnx_translations', {})})
     except Exception as err:  # the exporters raise many types; all are reported the same way
         message = str(err)
         op = _failed_op(message)

@@ -190,7 +190,8 @@ class MaskRCNNExport(nn.Module):
     and clipped, boxes of zero width or height dropped, NMS per level (``max_per_img`` proposals); RoIAlign of
     each proposal once, at the FPN level mmdet assigns it (:meth:`_roi_features`), the box head, decoding per
     class, the candidates above ``score_thr``, NMS per class (``max_per_img`` detections); the mask head on
-    the detections' boxes, its class's probabilities (``mask_probs``) and, with ``paste_masks``, those pasted
+    the detections' boxes (only theirs: their number is known at run time), its class's probabilities
+    (``mask_probs``) and, with ``paste_masks``, those pasted
     into the image and thresholded at ``mask_thr_binary`` (``masks``). Counts are outputs and rows past them
     padding. Ties in score are broken by the lower index in both NMS stages (:func:`_offset_nms`)."""
 
@@ -210,7 +211,9 @@ class MaskRCNNExport(nn.Module):
         at its bottom and right, by repeating its last row and column, to one row and column more than the
         finest level), each RoI's box scaled by its level's ``spatial_scale`` and its image index moved to its
         level's. The repeated row and column give a sample between a map's last row and the one after it the
-        last row's value, as RoIAlign clamps there; boxes inside the image sample no farther."""
+        last row's value, as RoIAlign clamps there; boxes inside the image sample no farther. The RoIs are pooled
+        in the order of their map and corner (then put back in theirs): RoIAlign reads a window of every channel's
+        plane per RoI, and a RoI near the one before finds much of its window in cache."""
         feats = feats[:extractor.num_inputs]
         layers = extractor.roi_layers
         levels = extractor.map_roi_levels(rois, len(feats))
@@ -221,8 +224,12 @@ class MaskRCNNExport(nn.Module):
         scales = torch.tensor([layer.spatial_scale for layer in layers], dtype=rois.dtype, device=rois.device)
         index = (levels * batch + rois[:, 0].to(levels.dtype)).to(rois.dtype)
         level_rois = torch.cat([index[:, None], rois[:, 1:] * scales[levels][:, None]], dim=1)
-        return torchvision.ops.roi_align(stacked, level_rois, layers[0].output_size, 1.0, layers[0].sampling_ratio,
-                                         aligned=True)
+        corner = level_rois[:, 1:3].detach().clamp(min=0).floor()
+        key = (index * height + corner[:, 1].clamp(max=height - 1)) * width + corner[:, 0].clamp(max=width - 1)
+        order = key.argsort()
+        pooled = torchvision.ops.roi_align(stacked, level_rois[order], layers[0].output_size, 1.0,
+                                           layers[0].sampling_ratio, aligned=True)
+        return pooled[order.argsort()]
 
     def forward(self, images: Tensor) -> Tuple[Tensor, ...]:
         model = self.model
@@ -284,13 +291,16 @@ class MaskRCNNExport(nn.Module):
         det_scores = candidate_scores.gather(1, keep) * det_valid
         det_labels = torch.where(det_valid, labels[keep], torch.full_like(keep, -1))
 
-        # mask head on the detections: the label's probabilities, pasted into the image if asked
+        # mask head on the detections only (their number is known at run time): the label's probabilities, in
+        # the padded layout, pasted into the image if asked
         rois = torch.cat([image_index[:, None, None].expand(-1, det_boxes.shape[1], 1), det_boxes], dim=2)
-        mask_logits = roi.mask_head(self._roi_features(roi.mask_roi_extractor, feats, rois.reshape(-1, 5)))
+        detected = det_valid.reshape(-1).nonzero().squeeze(1)
+        mask_logits = roi.mask_head(self._roi_features(roi.mask_roi_extractor, feats, rois.reshape(-1, 5)[detected]))
         mask_size = mask_logits.shape[2:]
-        mask_probs = mask_logits.sigmoid().gather(
-            1, det_labels.clamp(min=0).reshape(-1, 1, 1, 1).expand(-1, 1, *mask_size))
-        mask_probs = mask_probs.reshape(batch, -1, *mask_size) * det_valid[..., None, None]
+        probs = mask_logits.sigmoid().gather(
+            1, det_labels.reshape(-1)[detected].reshape(-1, 1, 1, 1).expand(-1, 1, *mask_size)).squeeze(1)
+        mask_probs = probs.new_zeros(det_valid.numel(), *mask_size).index_put((detected, ), probs)
+        mask_probs = mask_probs.reshape(batch, -1, *mask_size)
         masks = ()
         if self.paste_masks:
             pasted = paste_masks(mask_probs.reshape(-1, *mask_size), det_boxes.reshape(-1, 4), height, width,

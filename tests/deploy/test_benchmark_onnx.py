@@ -10,7 +10,7 @@ pytest.importorskip('onnxruntime', reason='the deploy extra: pip install -e .[de
 def test_benchmark_table(tmp_path, capsys):
     """A file written before (fixed size, the same random weights) and a case exported with dynamic axes,
     timed in one run; each row's difference from torch within 1e-4; each file's profile attributes its whole
-    time to the backbone's modules, every part a module of the model."""
+    time to the backbone's modules, every part a module of the model, and runs each GELU as one fused op."""
     from mmppma import deploy
     config = tmp_path / 'ppma_tiny.py'
     arch = dict(embed_dims=[16], depths=[1], num_heads=[1], mlp_ratios=[2], attn_types=['whole'])
@@ -34,5 +34,6 @@ def test_benchmark_table(tmp_path, capsys):
     modules = {'.'.join(('model', name)).rstrip('.') for name, _ in tool.build_model(str(config)).named_modules()}
     profile = deploy.profile_onnx(str(written), {'input': torch.randn(1, 3, 32, 32).numpy()}, threads=1)
     assert profile.total == pytest.approx(sum(profile.ops.values())) == pytest.approx(sum(profile.parts.values()))
+    assert 'Gelu' in profile.ops and 'Erf' not in profile.ops  # the GELUs exported as onnxruntime fuses them
     assert set(profile.parts) - {deploy.profile.INSERTED} <= modules and 'model.layers.0' in profile.parts
     assert printed.count('onnxruntime profile of ppma_tiny.py') == 2 and '| model.layers.0 | ' in printed

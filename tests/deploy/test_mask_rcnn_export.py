@@ -192,7 +192,7 @@ class RoIFeatures(torch.nn.Module):
 def test_roi_features_once_per_roi_at_its_level(tmp_path):
     """Each RoI pooled once on the stacked levels is mmdet's ``SingleRoIExtractor`` (mmcv's RoIAlign at the
     level ``map_roi_levels`` assigns), in torch and in onnxruntime, one file at two batches and map sizes,
-    boxes of every level, at the image's border and empty."""
+    boxes of every level, at the image's border and empty, and no RoIs at all."""
     import onnxruntime
     from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
     extractor = SingleRoIExtractor(dict(type='RoIAlign', output_size=7, sampling_ratio=0), out_channels=8,
@@ -217,7 +217,8 @@ def test_roi_features_once_per_roi_at_its_level(tmp_path):
     torch.onnx.export(RoIFeatures(extractor), x, path, dynamo=True, opset_version=18,
                       dynamic_shapes=(*dims, {0: torch.export.Dim.AUTO}))
     session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
-    for x in (x, inputs(3, 512, 416)):
+    other = inputs(3, 512, 416)
+    for x in (x, other, (*other[:4], other[-1][:0])):  # no RoIs: the mask head's input when nothing is detected
         want = extractor(list(x[:4]), x[-1])
         torch.testing.assert_close(RoIFeatures(extractor)(*x), want, rtol=0, atol=1e-5)
         [got] = session.run(None, {i.name: v.numpy() for i, v in zip(session.get_inputs(), x)})

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mmppma.models.layers import PPMA_MASKS, PathEmbed, PolylinePathAttention, RasterRoPE2D, apply_rope
+from mmppma.ops import export_mode
 
 from .conftest import ref_v2h_mask
 
@@ -83,6 +84,9 @@ def test_rope_matches_reference(dtype, inplace):
     tokens = torch.randn(2, h, w, heads, d, dtype=torch.float64)
     want = ref_rope(tokens.permute(0, 3, 1, 2, 4)).permute(0, 2, 3, 1, 4)
     tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    with export_mode(), torch.no_grad():  # the export form: the pair swap as a product with a +-1 matrix
+        torch.testing.assert_close(apply_rope(tokens.to(dtype, copy=True), sin, cos, inplace=inplace).double(), want,
+                                   **tol)
     for x in (tokens.to(dtype), tokens.to(dtype).transpose(0, 1).contiguous().transpose(0, 1)):
         before = x.clone()
         with torch.no_grad():

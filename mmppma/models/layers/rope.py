@@ -7,6 +7,8 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 
+from mmppma.ops.dispatch import exporting
+
 from .inplace import records_grad
 
 
@@ -30,6 +32,16 @@ def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
+def pair_rotation(dims: int, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """The (dims, dims) matrix R of :func:`rotate_every_two`: ``rot(x) = x @ R`` (entries 0 and +-1, so the product is
+    exact)."""
+    rotation = torch.zeros(dims // 2, 2, dims // 2, 2, dtype=dtype, device=device)
+    pairs = torch.arange(dims // 2, device=device)
+    rotation[pairs, 1, pairs, 0] = -1
+    rotation[pairs, 0, pairs, 1] = 1
+    return rotation.reshape(dims, dims)
+
+
 def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, inplace: bool = False,
                rotation: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Rotate ``x`` (..., d) by tables ``sin``, ``cos`` broadcasting against it (e.g. (H, W, d) for x
@@ -42,6 +54,8 @@ def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, inplace: b
     :meth:`PositionTables.rotation`) instead. Otherwise, in inference, ``rot(x)*sin`` is the pair-swapped ``x``
     times ``sin`` with its even channels negated (equal bit for bit, three passes over ``x`` instead of five).
     """
+    if exporting():  # the pair swap as a product with a constant matrix (ONNX MatMul, not a strided Slice)
+        return x * cos + (x @ pair_rotation(x.shape[-1], x.dtype, x.device)) * sin
     if records_grad(x) or not x.dtype == sin.dtype == cos.dtype:
         return x * cos + rotate_every_two(x) * sin
     if inplace and x.dtype in (torch.float32, torch.float64) and x.is_contiguous():
