@@ -34,14 +34,16 @@ OUTPUTS = {
 def _gelu_onnx(x, approximate: str = 'none'):
     """``aten::gelu`` as ``(x * (1 + erf(x / sqrt 2))) * 0.5``, the order of ops onnxruntime fuses into one Gelu
     kernel (torch's own translation, ``x * (0.5 * (1 + erf(..)))``, stays five ops); ``'tanh'``:
-    ``(x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))) * 0.5``."""
+    ``(x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))) * 0.5``. Fused once onnxscript's optimizer has folded
+    the constants' casts (:func:`export_onnx`'s ``optimize``)."""
     from onnxscript import opset18 as op
+
+    def const(value):  # in x's dtype (onnxscript's optimizer folds it)
+        return op.CastLike(value, x)
     if approximate == 'tanh':
-        inner = op.Mul(op.Add(x, op.Mul(op.Mul(op.Mul(x, x), x), op.CastLike(0.044715, x))),
-                       op.CastLike(math.sqrt(2 / math.pi), x))
-        return op.Mul(op.Mul(x, op.Add(op.Tanh(inner), op.CastLike(1.0, x))), op.CastLike(0.5, x))
-    return op.Mul(op.Mul(x, op.Add(op.Erf(op.Div(x, op.CastLike(math.sqrt(2), x))), op.CastLike(1.0, x))),
-                  op.CastLike(0.5, x))
+        inner = op.Mul(op.Add(x, op.Mul(op.Mul(op.Mul(x, x), x), const(0.044715))), const(math.sqrt(2 / math.pi)))
+        return op.Mul(op.Mul(x, op.Add(op.Tanh(inner), const(1.0))), const(0.5))
+    return op.Mul(op.Mul(x, op.Add(op.Erf(op.Div(x, const(math.sqrt(2)))), const(1.0))), const(0.5))
 
 
 #: translations of torch ops every export uses (``torch.onnx.export(custom_translation_table=...)``)
