@@ -224,7 +224,7 @@ class MaskRCNNExport(nn.Module):
         scales = torch.tensor([layer.spatial_scale for layer in layers], dtype=rois.dtype, device=rois.device)
         index = (levels * batch + rois[:, 0].to(levels.dtype)).to(rois.dtype)
         level_rois = torch.cat([index[:, None], rois[:, 1:] * scales[levels][:, None]], dim=1)
-        corner = level_rois[:, 1:3].detach().clamp(min=0).floor()
+        corner = level_rois[:, 1:3].clamp(min=0).floor()
         key = (index * height + corner[:, 1].clamp(max=height - 1)) * width + corner[:, 0].clamp(max=width - 1)
         order = key.argsort()
         pooled = torchvision.ops.roi_align(stacked, level_rois[order], layers[0].output_size, 1.0,

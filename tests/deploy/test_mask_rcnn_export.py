@@ -410,6 +410,27 @@ def test_saturated_rpn_scores(tmp_path, capsys):
     assert n != len(mmdet) or not torch.allclose(got['proposals'][0, :n], mmdet.bboxes)  # the case that matters
 
 
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_no_detections(tmp_path):
+    """A score threshold no score passes: the file detects nothing, as ``model.predict``, and runs its mask head on
+    no RoI (an empty batch in onnxruntime); every row is padding."""
+    from mmppma.deploy.mask_rcnn import run_onnx
+    tool = load_tool('deployment/pytorch2onnx.py')
+    config = REPO_ROOT / 'configs' / 'tiny' / 'mask_rcnn_ppma_t_tiny_coco.py'
+    out, options = tmp_path / 'model.onnx', {'model.test_cfg.rcnn.score_thr': 1.0}
+    assert tool.main([str(config), '--shape', '160', '192', '--batch', '2', '--out', str(out), '--cfg-options',
+                      *(f'{k}={v}' for k, v in options.items())]) == 0
+    torch.manual_seed(0)
+    model = tool.build_model(str(config), cfg_options=options)
+    x = torch.randn(2, 3, 160, 192)
+    with torch.no_grad():
+        assert [len(r.pred_instances) for r in model.predict(x, tool_samples(x))] == [0, 0]
+    got = run_onnx(str(out), x)
+    assert got['num_dets'].tolist() == [0, 0] and got['mask_probs'].shape[1:] == (50, 28, 28)
+    assert not got['mask_probs'].any() and (got['labels'] == -1).all() and not got['boxes'].any()
+
+
 def tool_samples(x):
     from mmppma.deploy.mask_rcnn import data_samples
     return data_samples(x.shape[0], *x.shape[2:])

@@ -53,6 +53,8 @@ def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, inplace: b
     pair, as :func:`rope_angles` makes them; ``rotation`` gives the ``e^(i theta)`` (possibly scaled,
     :meth:`PositionTables.rotation`) instead. Otherwise, in inference, ``rot(x)*sin`` is the pair-swapped ``x``
     times ``sin`` with its even channels negated (equal bit for bit, three passes over ``x`` instead of five).
+    While a model is exported (:func:`mmppma.ops.exporting`), ``rot(x)`` is ``x @`` :func:`pair_rotation` (one ONNX
+    MatMul, where the swap would be a strided Slice), out of place.
     """
     if exporting():  # the pair swap as a product with a constant matrix (ONNX MatMul, not a strided Slice)
         return x * cos + (x @ pair_rotation(x.shape[-1], x.dtype, x.device)) * sin
