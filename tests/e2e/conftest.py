@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 import pytest
+import torch
 
 from ..conftest import REPO_ROOT as REPO
 from ..conftest import TOOLS, run
@@ -43,7 +44,9 @@ def tiny_data(tmp_path_factory) -> Path:
 def tiny_env(tiny_data, monkeypatch) -> Dict[str, str]:
     """Environment for configs/tiny/*: in this process (Config.fromfile) and for subprocesses."""
     monkeypatch.setenv('MMPPMA_TINY_DATA', str(tiny_data))
-    return dict(os.environ, OMP_NUM_THREADS='2', PYTHONWARNINGS='ignore', PYTHONPATH=str(REPO))
+    # as many threads as this test process has: under pytest-xdist the workers share the cores
+    return dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), PYTHONWARNINGS='ignore',
+                PYTHONPATH=str(REPO))
 
 
 run_tool = run  # a tools/ script (python or shell) with an environment; fails the test with the output's tail
