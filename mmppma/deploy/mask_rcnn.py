@@ -207,29 +207,26 @@ class MaskRCNNExport(nn.Module):
     @staticmethod
     def _roi_features(extractor: nn.Module, feats: Sequence[Tensor], rois: Tensor) -> Tensor:
         """RoIAlign of ``rois`` (R, 5: image, x1, y1, x2, y2), each once, on the level
-        ``extractor.map_roi_levels`` assigns it: one RoIAlign over the levels stacked as images (each padded
-        at its bottom and right, by repeating its last row and column, to one row and column more than the
-        finest level), each RoI's box scaled by its level's ``spatial_scale`` and its image index moved to its
-        level's. The repeated row and column give a sample between a map's last row and the one after it the
-        last row's value, as RoIAlign clamps there; boxes inside the image sample no farther. The RoIs are pooled
-        in the order of their map and corner (then put back in theirs): RoIAlign reads a window of every channel's
-        plane per RoI, and a RoI near the one before finds much of its window in cache."""
+        ``extractor.map_roi_levels`` assigns it: one RoIAlign per level, on the RoIs of that level (their number
+        is known at run time; none is allowed). The RoIs are pooled in the order of their level, image and
+        corner (then put back in theirs): RoIAlign reads a window of every channel's plane per RoI, and a RoI
+        near the one before finds much of its window in cache."""
         feats = feats[:extractor.num_inputs]
         layers = extractor.roi_layers
         levels = extractor.map_roi_levels(rois, len(feats))
-        batch = feats[0].shape[0]
-        height, width = feats[0].shape[2] + 1, feats[0].shape[3] + 1
-        stacked = torch.cat([F.pad(f, (0, width - f.shape[3], 0, height - f.shape[2]), mode='replicate')
-                             for f in feats])  # (levels x B, C, height, width)
         scales = torch.tensor([layer.spatial_scale for layer in layers], dtype=rois.dtype, device=rois.device)
-        index = (levels * batch + rois[:, 0].to(levels.dtype)).to(rois.dtype)
-        level_rois = torch.cat([index[:, None], rois[:, 1:] * scales[levels][:, None]], dim=1)
-        corner = level_rois[:, 1:3].clamp(min=0).floor()
-        key = (index * height + corner[:, 1].clamp(max=height - 1)) * width + corner[:, 0].clamp(max=width - 1)
+        # the sort key: level, image, then the corner's row and column on the level's map (bounded by the
+        # finest map's size)
+        height, width = feats[0].shape[2], feats[0].shape[3]
+        corner = (rois[:, 1:3] * scales[levels][:, None]).clamp(min=0).floor()
+        key = (levels * feats[0].shape[0] + rois[:, 0].to(levels.dtype)).to(rois.dtype)
+        key = (key * height + corner[:, 1].clamp(max=height - 1)) * width + corner[:, 0].clamp(max=width - 1)
         order = key.argsort()
-        pooled = torchvision.ops.roi_align(stacked, level_rois[order], layers[0].output_size, 1.0,
-                                           layers[0].sampling_ratio, aligned=True)
-        return pooled[order.argsort()]
+        rois, levels = rois[order], levels[order]
+        pooled = [torchvision.ops.roi_align(feat, rois[(levels == level).nonzero().squeeze(1)], layer.output_size,
+                                            layer.spatial_scale, layer.sampling_ratio, aligned=True)
+                  for level, (feat, layer) in enumerate(zip(feats, layers))]
+        return torch.cat(pooled)[order.argsort()]
 
     def forward(self, images: Tensor) -> Tuple[Tensor, ...]:
         model = self.model

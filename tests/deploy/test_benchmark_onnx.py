@@ -8,8 +8,9 @@ pytest.importorskip('onnxruntime', reason='the deploy extra: pip install -e .[de
 
 
 def test_benchmark_table(tmp_path, capsys):
-    """A file written before (fixed size, the same random weights) and a case exported with dynamic axes,
-    timed in one run; each row's difference from torch within 1e-4; each file's profile attributes its whole
+    """A file written before (fixed size, the same random weights, the config changed as ``--cfg-options``
+    changes it) and a case exported with dynamic axes, timed in one run; each row's difference from torch within
+    1e-4; each file's profile attributes its whole
     time to the backbone's modules, every part a module of the model, and runs each GELU as one fused op."""
     from mmppma import deploy
     config = tmp_path / 'ppma_tiny.py'
@@ -17,11 +18,12 @@ def test_benchmark_table(tmp_path, capsys):
     config.write_text(f"model = dict(type='mmppma.PPMA', arch={arch!r}, out_indices=(0, ))\n")
     tool = load_tool('deployment/benchmark_onnx.py')
     torch.manual_seed(0)
-    module, _ = deploy.export_module(tool.build_model(str(config)))
+    module, _ = deploy.export_module(tool.build_model(str(config), cfg_options={'model.arch.embed_dims': [8]}))
     written = tmp_path / 'written.onnx'
     deploy.export_onnx(module, torch.randn(1, 3, 32, 32), str(written))
     assert tool.main(['--file', str(config), '1', '32', '32', str(written), '--case', str(config), '2', '32', '48',
-                      '--dynamic', '--iters', '1', '--threads', '1', '--profile']) == 0
+                      '--dynamic', '--iters', '1', '--threads', '1', '--profile',
+                      '--cfg-options', 'model.arch.embed_dims=[8]']) == 0
     printed = capsys.readouterr().out
     assert 'machine: ' in printed and 'cores' in printed and 'load average' in printed
     rows = [line for line in printed.splitlines() if line.startswith('| ppma_tiny.py')]

@@ -190,9 +190,9 @@ class RoIFeatures(torch.nn.Module):
 
 
 def test_roi_features_once_per_roi_at_its_level(tmp_path):
-    """Each RoI pooled once on the stacked levels is mmdet's ``SingleRoIExtractor`` (mmcv's RoIAlign at the
-    level ``map_roi_levels`` assigns), in torch and in onnxruntime, one file at two batches and map sizes,
-    boxes of every level, at the image's border and empty, and no RoIs at all."""
+    """Each RoI pooled once at its level is mmdet's ``SingleRoIExtractor`` (mmcv's RoIAlign at the level
+    ``map_roi_levels`` assigns), in torch and in onnxruntime, one file at two batches and map sizes, boxes of
+    every level, at the image's border and empty, RoIs of one level only, and no RoIs at all."""
     import onnxruntime
     from mmdet.models.roi_heads.roi_extractors import SingleRoIExtractor
     extractor = SingleRoIExtractor(dict(type='RoIAlign', output_size=7, sampling_ratio=0), out_channels=8,
@@ -218,7 +218,9 @@ def test_roi_features_once_per_roi_at_its_level(tmp_path):
                       dynamic_shapes=(*dims, {0: torch.export.Dim.AUTO}))
     session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
     other = inputs(3, 512, 416)
-    for x in (x, other, (*other[:4], other[-1][:0])):  # no RoIs: the mask head's input when nothing is detected
+    one_level = other[-1][extractor.map_roi_levels(other[-1], 4) == 1]
+    # no RoIs: the mask head's input when nothing is detected
+    for x in (x, other, (*other[:4], one_level), (*other[:4], other[-1][:0])):
         want = extractor(list(x[:4]), x[-1])
         torch.testing.assert_close(RoIFeatures(extractor)(*x), want, rtol=0, atol=1e-5)
         [got] = session.run(None, {i.name: v.numpy() for i, v in zip(session.get_inputs(), x)})

@@ -3,10 +3,13 @@
 
     python tools/deployment/benchmark_onnx.py [--case CONFIG B H W ...] [--file CONFIG B H W ONNX ...]
                                               [--dynamic] [--paste-masks] [--iters 5] [--threads N] [--profile]
+                                              [--cfg-options k=v ...]
 
 Default cases: the PPMA-T classifier (configs/ppma_t_8xb128_in1k.py) at batch 1 and batch 8, 224 x 224, the
 PPMA-T UPerNet (configs/upernet_ppma_t_512x512_160k_ade20k.py) at batch 1, 512 x 512, and the PPMA-T Mask
-R-CNN (configs/mask_rcnn_ppma_t_1x_coco.py) at batch 1, 800 x 1344; random weights (``--case`` replaces them).
+R-CNN (configs/mask_rcnn_ppma_t_1x_coco.py) at batch 1, 800 x 1344; random weights (``--case`` replaces them;
+``--cfg-options`` change every case's and file's config, e.g. ``model.test_cfg.rcnn.score_thr=0.0``: the random
+weights' box head scores every class below mmdet's 0.05, so only then does a Mask R-CNN detect, 100 boxes).
 Each case is exported as pytorch2onnx.py exports it (at the case's batch and size; ``--dynamic``: with
 dynamic batch, height and width, traced at a batch of 2 or more; ``--paste-masks``: a Mask R-CNN with its masks
 also pasted in the graph), and each ``--file`` is an ONNX file written before (e.g. by another version of
@@ -59,6 +62,7 @@ DEFAULT_CASES = [
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from mmengine.config import DictAction
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--case', nargs=4, action='append', metavar=('CONFIG', 'B', 'H', 'W'),
                         help='a config at batch B, input H x W (repeat for more; default: the cases above)')
@@ -72,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--threads', type=int, default=torch.get_num_threads(), help='threads of both backends')
     parser.add_argument('--profile', action='store_true',
                         help="print each file's onnxruntime time by op type and by model part (one more run)")
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
+                        help="override settings of every case's and file's config (as in tools/train.py)")
     args = parser.parse_args(argv)
     cases = args.case or ([] if args.file else [(osp.join(ROOT, c), b, h, w) for c, b, h, w in DEFAULT_CASES])
     args.cases = [(config, int(b), int(h), int(w), None) for config, b, h, w in cases]
@@ -103,7 +109,7 @@ def prepare(case, args: argparse.Namespace, workdir: str) -> dict:
     runs (torch and onnxruntime, one batch each); ``key``: the config and input, whose torch run rows share."""
     config, batch, height, width, path = case
     torch.manual_seed(0)
-    model = build_model(config)
+    model = build_model(config, cfg_options=args.cfg_options)
     paste = args.paste_masks and model_kind(model) == 'detector'
     module, kind = export_module(model, paste_masks=paste)
     x = torch.randn(batch, 3, height, width)
