@@ -10,8 +10,8 @@ pytest.importorskip('onnxruntime', reason='the deploy extra: pip install -e .[de
 def test_benchmark_table(tmp_path, capsys):
     """A file written before (fixed size, the same random weights, the config changed as ``--cfg-options``
     changes it) and a case exported with dynamic axes, timed in one run; each row's difference from torch within
-    1e-4; each file's profile attributes its whole
-    time to the backbone's modules, every part a module of the model, and runs each GELU as one fused op."""
+    1e-4; each file's profile attributes its whole time to the backbone's modules, every part a module of the
+    model, and runs each GELU as one fused op."""
     from mmppma import deploy
     config = tmp_path / 'ppma_tiny.py'
     arch = dict(embed_dims=[16], depths=[1], num_heads=[1], mlp_ratios=[2], attn_types=['whole'])

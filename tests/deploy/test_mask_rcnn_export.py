@@ -219,8 +219,8 @@ def test_roi_features_once_per_roi_at_its_level(tmp_path):
     session = onnxruntime.InferenceSession(path, providers=['CPUExecutionProvider'])
     other = inputs(3, 512, 416)
     one_level = other[-1][extractor.map_roi_levels(other[-1], 4) == 1]
-    # no RoIs: the mask head's input when nothing is detected
-    for x in (x, other, (*other[:4], one_level), (*other[:4], other[-1][:0])):
+    no_rois = other[-1][:0]  # the mask head's input when nothing is detected
+    for x in (x, other, (*other[:4], one_level), (*other[:4], no_rois)):
         want = extractor(list(x[:4]), x[-1])
         torch.testing.assert_close(RoIFeatures(extractor)(*x), want, rtol=0, atol=1e-5)
         [got] = session.run(None, {i.name: v.numpy() for i, v in zip(session.get_inputs(), x)})
