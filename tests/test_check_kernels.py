@@ -255,9 +255,10 @@ def test_sm_100_loops_are_found_and_its_paired_float32_instructions_count_twice(
     code = sass_cost.parse(text)
     assert [op for _, op, _ in code] == ['S2R', 'HMMA', 'FADD2', 'FMUL', 'BRA', 'EXIT']
     assert sass_cost.key_loop(code) == (1, 4)
-    monkeypatch.setattr(sass_cost, 'disassemble', lambda cubin: code)
+    monkeypatch.setattr(sass_cost, 'sass_text', lambda cubin: text)
     cost = sass_cost.loop_cost(b'')
     assert (cost['mma'], cost['fp32'], cost['other'], cost['all'], cost['inner']) == (1, 3, 1, 5, 0)
+    assert cost['tensor'] == 16 * 8 * 16  # one m16 n8 k16 product per warp
 
 
 @pytest.mark.slow

@@ -37,15 +37,27 @@ import os
 import re
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+if '--kernels-at' in sys.argv[:-1]:  # the ops (and the model tables) of another commit, this tool's pricing
+    import atexit
+    import shutil
+    import subprocess
+    import tempfile
+    _REVISION = sys.argv[sys.argv.index('--kernels-at') + 1]
+    _TREE = tempfile.mkdtemp(prefix='mmppma-kernels-')
+    atexit.register(shutil.rmtree, _TREE, True)
+    archive = subprocess.run(['git', '-C', ROOT, 'archive', _REVISION, 'mmppma'], capture_output=True, check=True)
+    subprocess.run(['tar', '-x', '-C', _TREE], input=archive.stdout, check=True)
+    sys.path.insert(0, _TREE)
 sys.path.insert(0, os.path.join(ROOT, 'tools'))  # flash_reference, sass_cost (the workers import them by name)
 
 import flash_reference  # noqa: E402
+import kernel_model  # noqa: E402
 import sass_cost  # noqa: E402
 import triton  # noqa: E402
 
@@ -191,23 +203,19 @@ def _filled(extent: int, block: int) -> float:
 
 def real_shares(spec: dict) -> Tuple[float, float]:
     """(ours, flash's): the share of the scores the tiles compute that are real, on the first shape that launches
-    the row. Whole attention's tiles hold one map row of own tokens (its width padded to the own block) and
-    (rows x columns) blocks of the map's other tokens; the line kernels' tiles pad each line; flash pads
-    the sequence of :func:`sequence` to its two blocks. NaN for the kernels without such a layout."""
+    the row (:func:`kernel_model.tiles`: whole attention's tiles hold one map row of own tokens, its width padded
+    to the own block, and (rows x columns) blocks of the map's other tokens; the line kernels' tiles pad each
+    line); flash pads the sequence of :func:`sequence` to its two blocks. NaN for kernels without such a layout."""
     desc = spec['desc']
-    c = desc['constexprs']
     h, w = spec['maps'][0]
-    own, other = flash_reference.tiles(c)
+    own, other = flash_reference.tiles(desc['constexprs'])
     n = sequence(desc, h, w)
     flash = _filled(n, own) * _filled(n, other)
-    if desc['kernel'].startswith('_line'):  # a line is flash's sequence
-        return flash, flash
-    if not desc['kernel'].startswith('_whole'):
+    try:
+        _, (programs, iterations, own, other) = kernel_model.tiles(desc, h, w, 1)[0]  # a priced row has one part
+    except KeyError:
         return float('nan'), flash
-    on_image = (c['V2H'] and not c.get('KEYS')) or (not c['V2H'] and c.get('KEYS'))
-    width, height = (w, h) if on_image else (h, w)
-    cols = c['COLS_V'] if on_image else c['COLS_H']  # other tiles: other // cols map rows x cols columns
-    return _filled(width, own) * _filled(width, cols) * _filled(height, other // cols), flash
+    return kernel_model.real_scores(desc, h, w, 1) / (programs * iterations * own * other), flash
 
 
 def kv_bytes(spec: dict) -> float:
@@ -238,6 +246,204 @@ def sass_limit(spec: dict) -> float:
     if spec['dtype'] not in SASS_LIMITED_DTYPES:
         return float('inf')
     return SASS_LIMITS.get(spec['desc']['kernel'], float('inf'))
+
+
+# ---- --model: each op call's predicted time (tools/kernel_model.py) ------------------------------------------------
+
+#: the op kinds priced against flash attention, and their limits on the predicted kernel time over flash's for the
+#: same real scores, half precision (whole attention: both paths of form 'release', two softmaxes)
+MODEL_LIMITS = {('whole', 'fwd'): 2.4, ('whole', 'bwd'): 2.8, ('manhattan', 'fwd'): 1.3, ('manhattan', 'bwd'): 1.5,
+                ('cc', 'fwd'): 1.5, ('cc', 'bwd'): 1.5, ('rmt_cc', 'fwd'): 1.5, ('rmt_cc', 'bwd'): 1.5}
+MODEL_KINDS = {kind for kind, _ in MODEL_LIMITS}
+#: the least share of real scores among those computed (or flash's own share for the sequence, where lower)
+REAL_SHARE = 0.85
+#: the least warps per SM of a forward launch on sm_90
+FORWARD_WARPS = 12
+
+
+def flash_sequences(kind: str, shape: tuple) -> List[Tuple[int, int, int]]:
+    """(1, length, slices) of the sequences flash attention runs over for the same real scores as an op call: the
+    whole map for whole and Manhattan attention, each row and each column for the criss-cross ones."""
+    b, heads, h, w, _ = shape
+    if kind in ('cc', 'rmt_cc'):
+        return [(1, w, b * heads * h), (1, h, b * heads * w)]
+    return [(1, h * w, b * heads)]
+
+
+def flash_desc(template: dict, n: int, keys: Optional[bool]) -> Tuple[str, dict]:
+    """(cache key, description) of the plain flash kernel (forward, or the backward's keys or queries programs)
+    with FlashAttention-2's tiles for ``n`` tokens, in the dtype, head dims and target of ``template``'s kernel."""
+    c = template['constexprs']
+    own, other, warps, stages = kernel_model.flash_tiles(n)
+    tiles = dict(BLOCK_M=own, BLOCK_N=other) if keys is None else dict(KEYS=keys, BLOCK_OWN=own, BLOCK_OTHER=other)
+    source = dict(signature={'q_ptr': template['signature']['q_ptr'], 'N': 'i32'},
+                  attrs={'1': [['tt.divisibility', 16]]} if n % 16 == 0 else {},
+                  constexprs=dict(tiles, BLOCK_D=c['BLOCK_D'], PRECISION=c['PRECISION'],
+                                  BLOCK_DV=c.get('BLOCK_DV', c.get('BLOCK_X', c['BLOCK_D']))),
+                  options=dict(num_warps=warps, num_stages=stages), arch=template['arch'])
+    desc = flash_reference.reference_desc(source, ragged=n % other != 0)
+    return desc_key(getattr(flash_reference, desc['kernel']), desc), desc
+
+
+def _template(specs: Dict[str, dict], launches) -> Optional[dict]:
+    """The description of a call's first launch with a key loop."""
+    return next((specs[key]['desc'] for _, key, _ in launches if specs[key]['desc']['kernel'] in PRICED_LOOPS), None)
+
+
+#: the kernels whose launches the model prices (kernel_model.tiles knows their tiles)
+PRICED_LOOPS = ('_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd')
+
+
+def model_flash(specs: Dict[str, dict], calls: Dict[tuple, list]) -> Dict[str, dict]:
+    """The plain flash kernels (FlashAttention-2's tiles) of every priced call's sequences, by cache key."""
+    descs = {}
+    for (arch, dtype, label, kind, shape), launches in calls.items():
+        template = _template(specs, launches)
+        if kind not in MODEL_KINDS or template is None:
+            continue
+        for _, n, _ in flash_sequences(kind, shape):
+            for keys in (None, True, False):
+                key, desc = flash_desc(template, n, keys)
+                descs[key] = desc
+    return descs
+
+
+def _launch_cost(gpu, desc: dict, dtype: str, result: dict, loops: List[dict], h: int, w: int, bh: int) -> dict:
+    """Cycles, computed and real scores, resident warps and bound of one launch: each part (a path of whole
+    attention) priced with its own key loop (``loops``), under the launch's registers and shared memory."""
+    out = dict(cycles=0.0, computed=0.0, real=0.0, warps=None, bound='', us=0.0)
+    spec = dict(desc=desc, dtype=dtype)
+    largest = 0.0
+    for (name, tile), loop in zip(kernel_model.tiles(desc, h, w, bh), loops):
+        cost = kernel_model.launch_cost(gpu, loop, dtype, desc['options']['num_warps'], result['registers'],
+                                        result['shared'], tile, kv_bytes(spec),
+                                        kernel_model.real_scores(desc, h, w, bh))
+        out['cycles'] += cost.cycles
+        out['us'] += cost.us
+        out['computed'] += cost.computed
+        out['real'] += cost.real
+        out['warps'] = cost.resident * desc['options']['num_warps']
+        if cost.cycles > largest:
+            largest, out['bound'] = cost.cycles, cost.bound
+    return out
+
+
+def _loops(specs: Dict[str, dict], results: Dict[str, dict], key: str) -> Optional[List[dict]]:
+    """The key-loop counts of each part of a launch: whole attention's launches of two paths take each path's
+    (:func:`paths_apart`), the others their own; None where one is missing (not compiled, or no key loop)."""
+    import importlib
+    desc = specs[key]['desc']
+    c = desc['constexprs']
+    keys = [key]
+    if c.get('V2H') and c.get('H2V'):
+        kernel = getattr(importlib.import_module(desc['module']), desc['kernel'])
+        keys = [desc_key(kernel, dict(desc, constexprs=dict(c, **{dropped: False}))) for dropped in ('H2V', 'V2H')]
+    loops = [results.get(k, {}).get('sass') for k in keys]
+    return None if any(not loop or not loop.get('all') for loop in loops) else loops
+
+
+def model_table(specs: Dict[str, dict], results: Dict[str, dict], calls: Dict[tuple, list]) -> List[dict]:
+    """Per priced op call and phase: the predicted time of its key-loop launches and of flash attention's over the
+    same real scores, their ratio, the share of real scores, the least resident warps per SM and the problems
+    against :data:`MODEL_LIMITS`, :data:`REAL_SHARE` and :data:`FORWARD_WARPS` (half precision)."""
+    rows = []
+    for (arch, dtype, label, kind, shape), launches in calls.items():
+        template = _template(specs, launches)
+        if kind not in MODEL_KINDS or template is None:
+            continue
+        gpu = kernel_model.GPUS[arch]
+        b, heads, h, w, _ = shape
+        for phase in ('fwd', 'bwd'):
+            row = dict(arch=arch, dtype=dtype, label=label, kind=kind, phase=phase, ours=0.0, flash=0.0,
+                       computed=0.0, real=0.0, flash_computed=0.0, warps=None, bound='', launches=0, problems=[])
+            largest = 0.0
+            for launch_phase, key, _ in launches:
+                desc = specs[key]['desc']
+                if launch_phase != phase or desc['kernel'] not in PRICED_LOOPS:
+                    continue
+                loops = _loops(specs, results, key)
+                if loops is None or 'error' in results[key]:
+                    row['problems'].append(f'{desc["kernel"]}: not priced (not compiled or no key loop)')
+                    continue
+                cost = _launch_cost(gpu, desc, dtype, results[key], loops, h, w, b * heads)
+                row['ours'] += cost['us'] + gpu.launch_us
+                row['launches'] += 1
+                row['computed'] += cost['computed']
+                row['real'] += cost['real']
+                row['warps'] = cost['warps'] if row['warps'] is None else min(row['warps'], cost['warps'])
+                if cost['us'] > largest:
+                    largest, row['bound'] = cost['us'], f'{desc["kernel"]}: {cost["bound"]}'
+            for one, n, slices in flash_sequences(kind, shape):
+                for keys in ((None, ) if phase == 'fwd' else (True, False)):
+                    key, desc = flash_desc(template, n, keys)
+                    loop = results.get(key, {}).get('sass')
+                    if not loop:
+                        row['problems'].append(f'flash over {n} tokens: not compiled')
+                        continue
+                    cost = _launch_cost(gpu, desc, dtype, results[key], [loop], one, n, slices)
+                    row['flash'] += cost['us'] + gpu.launch_us
+                    row['flash_computed'] += cost['computed']
+            if not row['launches']:
+                continue
+            row['ratio'] = row['ours'] / row['flash'] if row['flash'] else float('nan')
+            row['share'] = row['real'] / row['computed']
+            flash_real = sum(float(s) * n * n for _, n, s in flash_sequences(kind, shape))
+            row['flash_share'] = flash_real / row['flash_computed'] if row['flash_computed'] else float('nan')
+            if dtype in SASS_LIMITED_DTYPES:
+                limit = MODEL_LIMITS[kind, phase]
+                if not row['ratio'] <= limit:
+                    row['problems'].append(f'{row["ratio"]:.2f}x flash > {limit:g}x')
+                least = min(REAL_SHARE, row['flash_share'])
+                if not row['share'] >= least - 1e-9:
+                    row['problems'].append(f'real scores {row["share"]:.0%} < {least:.0%}')
+                if phase == 'fwd' and arch == 90 and (row['warps'] or 0) < FORWARD_WARPS:
+                    row['problems'].append(f'{row["warps"]} warps per SM < {FORWARD_WARPS}')
+            rows.append(row)
+    return rows
+
+
+def model_markdown(rows: List[dict]) -> List[str]:
+    """The --model section of the page."""
+    lines = ['## Predicted time per op call (tools/kernel_model.py)', '',
+             'Predicted, not measured: each op call\'s key-loop launches (their launch cost included, no host time) '
+             'against flash attention with FlashAttention-2\'s tiles over the same real scores, `x flash` their '
+             'ratio; `real`: the share of real scores among those the launches compute (ours, flash\'s); `warps`: '
+             'the fewest resident warps per SM of the call\'s launches; `bound`: what bounds the longest launch. '
+             'Method and rates: [docs/kernel_model.md](../kernel_model.md).', '',
+             '| op call | arch | dtype | phase | ours us | flash us | x flash | real | flash real | warps | bound | '
+             'problems |', '|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|']
+    for row in rows:
+        lines.append(f'| {row["label"]} {row["kind"]} | {row["arch"]} | {row["dtype"]} | {row["phase"]} | '
+                     f'{row["ours"]:.1f} | {row["flash"]:.1f} | {row["ratio"]:.2f} | {row["share"]:.0%} | '
+                     f'{row["flash_share"]:.0%} | {row["warps"]} | {row["bound"]} | {"; ".join(row["problems"])} |')
+    return lines + ['']
+
+
+def validation_text(fit: dict, rows: List[dict]) -> List[str]:
+    """The --validate table (markdown): predicted against measured, per op call and phase."""
+    overhead = {phase: fit[phase]['overhead_ms'] * 1e3 for phase in fit}
+    lines = [f'Fitted on the SDPA rows: issue share {fit["fwd"]["issue_share"]:.3f}, SDPA call overhead '
+             f'{overhead["fwd"]:.0f} us (fwd), {overhead["fwd+bwd"]:.0f} us (fwd+bwd)', '',
+             '| op call | phase | predicted ms (kernels) | measured ms | error | predicted x SDPA | measured x SDPA '
+             '| error |', '|---|---|---:|---:|---:|---:|---:|---:|']
+    for row in rows:
+        ratio = (f'{row["ratio"]:.2f} | {row["ratio_measured"]:.2f} | {row["ratio_error"]:+.0%}' if 'ratio' in row
+                 else '- | - | -')
+        lines.append(f'| {row["label"]} {row["kind"]} | {row["phase"]} | {row["ours"]:.3f} ({row["kernels"]:.3f}) | '
+                     f'{row["measured"]:.3f} | {row["error"]:+.0%} | {ratio} |')
+    return lines
+
+
+def model_text(rows: List[dict]) -> List[str]:
+    """The --model table: per op call and phase, predicted microseconds (kernels and launches, no host time)."""
+    lines = [f'{"op call (predicted)":<40} {"arch":>4} {"dtype":<5} {"phase":<5} {"ours us":>9} {"flash us":>9} '
+             f'{"x flash":>7} {"real":>5} {"flash":>5} {"warps":>5}  bound; problems']
+    for row in rows:
+        lines.append(f'{row["label"] + " " + row["kind"]:<40} {row["arch"]:>4} {row["dtype"]:<5} {row["phase"]:<5} '
+                     f'{row["ours"]:>9.1f} {row["flash"]:>9.1f} {row["ratio"]:>7.2f} {row["share"]:>5.0%} '
+                     f'{row["flash_share"]:>5.0%} {row["warps"]:>5}  {row["bound"]}'
+                     + (f'; {"; ".join(row["problems"])}' if row['problems'] else ''))
+    return lines
 
 
 def compile_one(desc: dict, sass: bool = False) -> dict:
@@ -297,10 +503,23 @@ def main(argv=None) -> int:
     parser.add_argument('--sass-limit', nargs='*', metavar='KERNEL',
                         help='with --sass: fail half-precision rows above SASS_LIMITS (of these kernels; '
                              'default: every limited kernel)')
+    parser.add_argument('--model', action='store_true',
+                        help='with --sass: each op call\'s predicted kernel time against flash attention\'s '
+                             '(tools/kernel_model.py, docs/kernel_model.md)')
+    parser.add_argument('--model-limit', action='store_true',
+                        help='with --model: fail the op rows above MODEL_LIMITS, under REAL_SHARE or FORWARD_WARPS')
+    parser.add_argument('--validate', action='store_true',
+                        help='with --model: the model against the H200 run of docs/gpu_runs.md (its kernels: '
+                             '--kernels-at 2e28041 under triton 3.6.0; docs/kernel_model.md)')
+    parser.add_argument('--kernels-at', metavar='REVISION',
+                        help='compile the kernels and launch tables of mmppma/ at this git revision (the cache keeps '
+                             'them apart by source)')
     parser.add_argument('--one-shape', action='store_true',
                         help='per kernel, arch and dtype only the specializations of the first shape that '
                              'launches it')
     args = parser.parse_args(argv)
+    args.model = args.model or args.model_limit or args.validate
+    args.sass = args.sass or args.model
     if args.sass_limit is not None:
         args.sass = True
         limited = set(args.sass_limit or SASS_LIMITS)
@@ -309,7 +528,9 @@ def main(argv=None) -> int:
     args.dtype = args.dtype or list(QUICK_DTYPES if args.quick else DTYPES)
     images = args.shapes or (QUICK_IMAGES if args.quick else list(IMAGES))
     models = args.models or (QUICK_MODELS if args.quick else list(MODELS))
-    shapes = model_shapes(images, models) + model_shapes(images, models, GRID_BATCH)
+    modelled = model_shapes(images, models)  # at the configs' batches: the shapes --model prices
+    shapes = modelled + model_shapes(images, models, GRID_BATCH)
+    calls: Dict[tuple, List[Tuple[str, str, lp.Launch]]] = {}  # (arch, dtype, label, kind, shape) -> launches
     dispatch.triton_interpreted = lambda: True  # impl='triton' accepts meta tensors; nothing is launched
 
     # every distinct specialization, with the shapes that launch it
@@ -323,6 +544,8 @@ def main(argv=None) -> int:
                     if args.kernels and not any(part in launch.name for part in args.kernels):
                         continue
                     key, desc = spec_key(launch, arch)
+                    if (label, kind, shape) in modelled:
+                        calls.setdefault((arch, dtype_name, label, kind, shape), []).append((phase, key, launch))
                     row = specs.setdefault(key, dict(desc=desc, dtype=dtype_name, phase=phase, shapes=[], maps=[],
                                                      grid=(1, 1, 1)))
                     row['shapes'].append(label)
@@ -347,6 +570,8 @@ def main(argv=None) -> int:
                 spec['reference'], desc = reference(spec)
                 references[spec['reference']] = desc
     # the plain kernels first: each row prints once its own is compiled
+    if args.model:  # flash attention with FlashAttention-2's tiles over each priced call's sequences
+        references.update(model_flash(specs, calls))
     descs = dict(references, **{key: spec['desc'] for key, spec in specs.items()})
     cache = {}
     if not args.no_cache and os.path.exists(CACHE):
@@ -413,13 +638,26 @@ def main(argv=None) -> int:
     summary += arch_summary(specs, results, args.arch)
     if args.sass:
         summary += sass_summary(specs, results)
+    model_rows, over = [], []
+    if args.model:
+        model_rows = model_table(specs, results, calls)
+        print('\n' + '\n'.join(model_text(model_rows)))
+        over = [row for row in model_rows if row['problems']] if args.model_limit else []
+        if args.validate:
+            print('\n' + '\n'.join(validation_text(*kernel_model.validate(model_rows,
+                                                                             kernel_model.GPUS[90].issue_share))))
+        summary.append(f'time model: {len(model_rows)} op rows, {len([r for r in model_rows if r["problems"]])} '
+                       f'outside the limits{" (enforced)" if args.model_limit else " (--model-limit enforces them)"}')
     if args.write:
-        write_markdown(args.write, specs, results, args.max_seconds, command, summary, args.sass)
+        write_markdown(args.write, specs, results, args.max_seconds, command, summary, args.sass, model_rows)
     print('\n' + '\n'.join(summary))
     for key in failed:
         print(f'FAILED {specs[key]["desc"]["kernel"]} sm_{specs[key]["desc"]["arch"]} {specs[key]["dtype"]}: '
               f'{status(specs[key], results[key], args.max_seconds)}; shapes {", ".join(specs[key]["shapes"][:4])}')
-    return 1 if failed or missing else 0
+    for row in over:
+        print(f'FAILED time model {row["label"]} {row["kind"]} {row["phase"]} sm_{row["arch"]} {row["dtype"]}: '
+              f'{"; ".join(row["problems"])}')
+    return 1 if failed or missing or over else 0
 
 
 def save_cache(cache: dict) -> None:
@@ -499,7 +737,7 @@ def sass_table(specs: Dict[str, dict], results: Dict[str, dict], order) -> List[
 
 
 def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], max_seconds: float, command: str,
-                   summary: List[str], sass: bool = False) -> None:
+                   summary: List[str], sass: bool = False, model_rows: Optional[List[dict]] = None) -> None:
     """The table as a markdown page whose header names the command that wrote it."""
     def order(key):
         d = specs[key]['desc']
@@ -512,6 +750,8 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
              'compile seconds (of the run that first compiled the row; later runs read it from the cache), the '
              'largest grid of the row\'s launches per axis.', '']
     lines += [f'- {line}' for line in summary] + ['']
+    if model_rows:
+        lines += model_markdown(model_rows)
     if sass:
         lines += sass_table(specs, results, order) + ['## Specializations', '']
     lines += ['| kernel | arch | dtype | tiles and constexprs | warps | stages | shared KB | regs | spill B | '

@@ -26,7 +26,7 @@ import triton
 
 CLASSES = ('mma', 'fp32', 'mufu', 'conv', 'int', 'mem', 'other')
 #: what :func:`loop_cost` counts: check_kernels prices a cached row again when its pricing differs
-PRICING = 4
+PRICING = 6
 #: instructions that count as more than one: sm_100's paired float32 operations
 WEIGHTS = {'FADD2': 2, 'FMUL2': 2, 'FFMA2': 2}
 # opcode (before the first '.') -> class; what no rule names is 'other' (moves, shuffles, predicates, barriers,
@@ -50,18 +50,41 @@ def cuobjdump() -> str:
     return os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin', 'cuobjdump')
 
 
-def disassemble(cubin: bytes) -> List[Tuple[int, str, str]]:
-    """(address, opcode, operands) of every instruction of the cubin's kernel, in address order."""
+def sass_text(cubin: bytes) -> str:
+    """``cuobjdump -sass`` of a cubin."""
     with tempfile.NamedTemporaryFile(suffix='.cubin') as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([cuobjdump(), '-sass', f.name], capture_output=True, text=True, check=True).stdout
-    return parse(text)
+        return subprocess.run([cuobjdump(), '-sass', f.name], capture_output=True, text=True, check=True).stdout
+
+
+def disassemble(cubin: bytes) -> List[Tuple[int, str, str]]:
+    """(address, opcode, operands) of every instruction of the cubin's kernel, in address order."""
+    return parse(sass_text(cubin))
 
 
 def parse(text: str) -> List[Tuple[int, str, str]]:
     """(address, opcode, operands) of every instruction of ``cuobjdump -sass`` output, in address order."""
     return [(int(m.group(1), 16), m.group(2), m.group(4).strip()) for m in _LINE.finditer(text)]
+
+
+def modifiers(text: str) -> List[str]:
+    """What follows the opcode of every instruction of ``cuobjdump -sass`` output ('.16816.F32.BF16 R4, ...'; sm_90's
+    '.64x64x16' shapes, lower case, run on into the operands), as :func:`parse` orders them."""
+    return [m.group(3) + m.group(4) for m in _LINE.finditer(text)]
+
+
+def tensor_fmas(opcode: str, modifier: str) -> float:
+    """Multiply-adds per warp of one tensor-core instruction: HMMA.MNK (a warp's product: '16816' is m16 n8 k16,
+    '1688' m16 n8 k8) and HGMMA.MxNxK (a warp group's: a quarter per warp); 0 for what names no shape (sm_100's
+    UTCHMMA keeps its shape in a descriptor register)."""
+    if opcode == 'HGMMA':
+        shape = re.match(r'\.(\d+)x(\d+)x(\d+)', modifier)
+        return int(shape.group(1)) * int(shape.group(2)) * int(shape.group(3)) / 4 if shape else 0.0
+    if opcode in ('HMMA', 'IMMA', 'DMMA'):
+        shape = re.match(r'\.(16)(8)(16|8|4|32)\b', modifier) or re.match(r'\.(8)(8)(4)\b', modifier)
+        return int(shape.group(1)) * int(shape.group(2)) * int(shape.group(3)) if shape else 0.0
+    return 0.0
 
 
 def classify(opcode: str) -> str:
@@ -99,15 +122,20 @@ def key_loop(instructions: List[Tuple[int, str, str]]) -> Optional[Tuple[int, in
 
 def loop_cost(cubin: bytes) -> Dict[str, int]:
     """Instructions of one key-loop iteration per class (per warp, :data:`WEIGHTS` applied), their total as
-    'all', the loops inside it as 'inner', and :data:`PRICING`."""
-    instructions = disassemble(cubin)
+    'all', the tensor-core multiply-adds per warp as 'tensor' (:func:`tensor_fmas`), the loops inside it as
+    'inner', and :data:`PRICING`."""
+    text = sass_text(cubin)
+    instructions, shapes = parse(text), modifiers(text)
     span = key_loop(instructions)
     first, last = span if span else (0, -1)
     counts = Counter()
-    for _, op, _ in instructions[first:last + 1]:
+    tensor = 0.0
+    for (_, op, _), modifier in zip(instructions[first:last + 1], shapes[first:last + 1]):
         counts[classify(op)] += WEIGHTS.get(op, 1)
+        tensor += tensor_fmas(op, modifier)
     cost = {cls: counts.get(cls, 0) for cls in CLASSES}
     cost['all'] = sum(counts.values())
+    cost['tensor'] = tensor
     cost['inner'] = sum(first <= a and b <= last and (a, b) != (first, last) for a, b in loops(instructions))
     cost['pricing'] = PRICING
     return cost

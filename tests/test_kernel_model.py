@@ -1,0 +1,112 @@
+"""tools/kernel_model.py: occupancy, the tiles a launch computes, waves, the tensor-core shapes read from SASS and the
+fit against a GPU run, each against a count made independently (by hand, or by walking the kernels' loops)."""
+import itertools
+
+import pytest
+
+from .conftest import load_tool
+
+model = load_tool('kernel_model.py')
+sass_cost = load_tool('sass_cost.py')
+H100 = model.GPUS[90]
+
+
+def test_occupancy_follows_registers_warps_and_shared_memory():
+    # 255 registers round up to 256 per thread: 8192 per warp, 2 programs of 4 warps in 64K
+    assert model.occupancy(H100, 255, 20 * 1024, 4) == (2, 'registers')
+    # 91 -> 96 per thread: 3072 per warp, 24576 per 8-warp program: 2 fit
+    assert model.occupancy(H100, 91, 20 * 1024, 8) == (2, 'registers')
+    # 32 registers, 4 warps: 16 programs by warps (64 / 4) and by registers (65536 / 4096)
+    assert model.occupancy(H100, 32, 1024, 4)[0] == 16
+    # shared memory: 100 KB programs, 1 KB reserved each: 2 in 228 KB
+    assert model.occupancy(H100, 32, 100 * 1024, 4) == (2, 'shared')
+
+
+def _walk_whole_fwd(h, w, own, other, cols):
+    """Computed and real scores of whole attention's forward V2H path on an h x w map, by walking its loops: one
+    program per (map row, own tile of columns), a column-chunk loop and a row loop inside."""
+    computed = real = 0
+    rows_per_tile = other // cols
+    for row, start in itertools.product(range(h), range(0, w, own)):
+        queries = [c for c in range(start, start + own) if c < w]
+        for c0 in range(0, w, cols):
+            for r0 in range(0, h, rows_per_tile):
+                keys = [(r, c) for r in range(r0, r0 + rows_per_tile) for c in range(c0, c0 + cols)]
+                computed += own * other
+                real += len(queries) * sum(r < h and c < w for r, c in keys)
+    return computed, real
+
+
+@pytest.mark.parametrize('h, w, own, other, cols', [(5, 7, 4, 8, 4), (7, 13, 8, 16, 8), (3, 16, 16, 16, 16)])
+def test_whole_forward_tiles_match_a_walk_of_its_loops(h, w, own, other, cols):
+    desc = dict(kernel='_whole_fwd', constexprs=dict(V2H=True, H2V=False, BLOCK_V=own, BLOCK_H=16, COLS_V=cols,
+                                                     COLS_H=8, BLOCK_N=other))
+    [(path, (programs, iterations, o, t))] = model.tiles(desc, h, w, 3)
+    computed, real = _walk_whole_fwd(h, w, own, other, cols)
+    assert path == 'v2h' and programs * iterations * o * t == 3 * computed
+    assert model.real_scores(desc, h, w, 3) == 3 * real
+    # the H2V path runs on the transpose: the same walk with h and w swapped
+    [(path, tile)] = model.tiles(dict(desc, constexprs=dict(desc['constexprs'], V2H=False, H2V=True, BLOCK_H=own,
+                                                            COLS_H=cols)), h, w, 1)
+    assert path == 'h2v' and tile[0] * tile[1] * tile[2] * tile[3] == _walk_whole_fwd(w, h, own, other, cols)[0]
+
+
+def test_keys_of_consecutive_tokens_and_lines():
+    """Without column chunks the keys come in blocks of consecutive tokens; a line kernel pads each line."""
+    desc = dict(kernel='_whole_fwd', constexprs=dict(V2H=True, H2V=False, BLOCK_V=32, BLOCK_H=64, BLOCK_N=64))
+    assert model.tiles(desc, 50, 84, 16) == [('v2h', (16 * 50 * 3, 66, 32, 64))]  # 4200 tokens: 66 blocks
+    line = dict(kernel='_line_fwd', constexprs=dict(COLUMNS=True, BLOCK_M=32, BLOCK_N=64))
+    assert model.tiles(line, 50, 84, 2) == [('lines', (2 * 84 * 2, 1, 32, 64))]
+    assert model.real_scores(line, 50, 84, 2) == 2 * 84 * 50 * 50
+
+
+def test_tensor_core_instructions_by_shape():
+    text = ('        /*0a10*/   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4].tnspB, R24, gsb0 ;  /* 0x0 */\n'
+            '        /*0a20*/   HMMA.16816.F32.BF16 R4, R8, R12, RZ ;  /* 0x0 */\n'
+            '        /*0a30*/   HMMA.1688.F32.TF32 R4, R8, R12, RZ ;  /* 0x0 */\n'
+            '        /*0a40*/   FFMA R4, R4, R5, R6 ;  /* 0x0 */\n')
+    shapes = [sass_cost.tensor_fmas(op, m) for (_, op, _), m in zip(sass_cost.parse(text), sass_cost.modifiers(text))]
+    assert shapes == [64 * 64 * 16 / 4, 16 * 8 * 16, 16 * 8 * 8, 0.0]
+
+
+def test_waves_and_the_issue_bound():
+    """One program past full waves costs a last wave of one program per SM; issue-bound cycles are the warp
+    instructions over four schedulers at the share the resident warps fill."""
+    loop = dict(fp32=10, mufu=1, conv=0, int=5, mem=2, other=2, mma=4, tensor=0)  # 24 per warp per iteration
+    resident = model.occupancy(H100, 128, 16 * 1024, 4)[0]  # 4 programs (registers)
+    full = model.launch_cost(H100, loop, 'bf16', 4, 128, 16 * 1024, (resident * H100.sms, 10, 64, 64), 0.0, 1.0)
+    more = model.launch_cost(H100, loop, 'bf16', 4, 128, 16 * 1024, (resident * H100.sms + 1, 10, 64, 64), 0.0, 1.0)
+    wave = resident * 24 * 4 * 10 / (4 * model.issue_efficiency(H100, resident * 4))
+    assert full.bound == 'issue' and full.cycles == pytest.approx(wave) and full.waves == 1
+    one = 24 * 4 * 10 / (4 * model.issue_efficiency(H100, 4))
+    assert more.cycles == pytest.approx(wave + one)
+    assert model.issue_efficiency(H100, 4) == pytest.approx(H100.issue_share / 2)  # 1 warp per scheduler of 2
+    # a MUFU-heavy loop is bound by its pipe (16 lanes per clock per SM)
+    heavy = dict(loop, mufu=40)
+    cost = model.launch_cost(H100, heavy, 'bf16', 4, 128, 16 * 1024, (resident * H100.sms, 10, 64, 64), 0.0, 1.0)
+    assert cost.bound == 'mufu' and cost.cycles == pytest.approx(resident * 40 * 4 * 10 / 0.5)
+
+
+def test_the_fit_recovers_a_known_share_and_overhead():
+    """Rows made with a known issue share and SDPA overhead give them back, and an op predicted as its kernels
+    plus its host ratio times that overhead."""
+    share, overhead = 0.5, 0.08
+    rows = []
+    for (label, kind), measured in model.H200_RUN.items():
+        for phase, flash_us in (('fwd', 100.0 if 'stage3' in label else 20.0), ('bwd', 50.0)):
+            rows.append(dict(arch=90, dtype='bf16', label=label, kind=kind, phase=phase, ours=3 * flash_us,
+                             flash=flash_us))
+    # measured SDPA forward consistent with the share and overhead (the rows are priced at share 1)
+    run = {key: (m[0], m[1], (100.0 if 'stage3' in key[0] else 20.0) / share / 1e3 + overhead, m[3])
+           for key, m in model.H200_RUN.items()}
+    original = dict(model.H200_RUN)
+    model.H200_RUN.clear()
+    model.H200_RUN.update(run)
+    try:
+        fit, out = model.validate(rows, 1.0)
+    finally:
+        model.H200_RUN.clear()
+        model.H200_RUN.update(original)
+    assert fit['fwd']['issue_share'] == pytest.approx(share) and fit['fwd']['overhead_ms'] == pytest.approx(overhead)
+    whole = next(row for row in out if row['kind'] == 'whole' and 'stage3' in row['label'] and row['phase'] == 'fwd')
+    assert whole['ours'] == pytest.approx(0.3 / share + model.HOST_RATIOS['whole'][0] * overhead)
