@@ -355,7 +355,8 @@ def model_table(specs: Dict[str, dict], results: Dict[str, dict], calls: Dict[tu
         b, heads, h, w, _ = shape
         for phase in ('fwd', 'bwd'):
             row = dict(arch=arch, dtype=dtype, label=label, kind=kind, phase=phase, ours=0.0, flash=0.0,
-                       computed=0.0, real=0.0, flash_computed=0.0, warps=None, bound='', launches=0, problems=[])
+                       computed=0.0, real=0.0, flash_computed=0.0, flash_real=0.0, warps=None, bound='', launches=0,
+                       problems=[])
             largest = 0.0
             for launch_phase, key, _ in launches:
                 desc = specs[key]['desc']
@@ -383,12 +384,12 @@ def model_table(specs: Dict[str, dict], results: Dict[str, dict], calls: Dict[tu
                     cost = _launch_cost(gpu, desc, dtype, results[key], [loop], one, n, slices)
                     row['flash'] += cost['us'] + gpu.launch_us
                     row['flash_computed'] += cost['computed']
+                    row['flash_real'] += cost['real']
             if not row['launches']:
                 continue
             row['ratio'] = row['ours'] / row['flash'] if row['flash'] else float('nan')
             row['share'] = row['real'] / row['computed']
-            flash_real = sum(float(s) * n * n for _, n, s in flash_sequences(kind, shape))
-            row['flash_share'] = flash_real / row['flash_computed'] if row['flash_computed'] else float('nan')
+            row['flash_share'] = row['flash_real'] / row['flash_computed'] if row['flash_computed'] else float('nan')
             if dtype in SASS_LIMITED_DTYPES:
                 limit = MODEL_LIMITS[kind, phase]
                 if not row['ratio'] <= limit:

@@ -112,10 +112,10 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # tile's rows are split over the warps 16 rows each, so num_warps = own block / 16 and no warp holds a replica;
 # each vector along the other axis costs (other block) / 4 registers per thread. Half precision at LARGE tokens
 # or more: the forward takes 64 x 64 tiles (FlashAttention's). Whole attention's backward holds (own token x
-# column) sums of the score gradient besides its tiles: on sm_90 (operands of the warp-group products stay in
-# shared memory) 128 own tokens against 64 others (keys) or 32 (queries, which also sum the corners); on sm_80 /
-# sm_86 / sm_89 (operands in registers, one full copy of the other tile's per warp) 64 against 32, since 64 others
-# spill there. Its own tiles are one image row's columns, at least 16 per warp. Exact float32 products run
+# column) sums of the score gradient besides its tiles: 64 own tokens against 32 others (64 others spill on sm_80
+# to sm_89). Its own tiles are one image row's columns, at least 16 per warp; 128 own tokens on sm_90 pad the rows
+# of the configs' maps (50, 84, 64 tokens...) to 128 and are predicted slower per real score
+# (tools/kernel_model.py). Exact float32 products run
 # on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The forward
 # families take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current
 # block's math), which holds the prefetched block in registers too; the float32 whole-attention and line forwards
@@ -136,11 +136,11 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_q', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_q', False, True): {0: Config(32, 16, 2, 1)},
     ('whole_bwd_q', True, False): {0: Config(64, 16, 8, 1), 90: Config(32, 16, 8, 1)},
-    ('whole_bwd_q', True, True): {0: Config(64, 32, 4, 1), 90: Config(128, 32, 8, 1), 120: Config(64, 16, 4, 1)},
+    ('whole_bwd_q', True, True): {0: Config(64, 32, 4, 1), 120: Config(64, 16, 4, 1)},
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv', True, False): {0: Config(32, 16, 4, 1), 90: Config(32, 16, 8, 1)},
-    ('whole_bwd_kv', True, True): {0: Config(64, 32, 4, 1), 90: Config(128, 64, 8, 1), 120: Config(64, 16, 4, 1)},
+    ('whole_bwd_kv', True, True): {0: Config(64, 32, 4, 1), 120: Config(64, 16, 4, 1)},
     ('line_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},
