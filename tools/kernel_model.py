@@ -165,13 +165,16 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
     per program, own tokens, other tokens)) on an h x w map with ``bh`` slices. Raises KeyError for kernels without
     an attention key loop."""
     kernel, c = desc['kernel'], desc['constexprs']
-    if kernel == '_whole_fwd':
+    if kernel == '_whole_fwd':  # query tiles of BLOCK_M consecutive map tokens, or (BLOCK_V / BLOCK_H) of one row
         parts = []
-        for path, on, own, chunk in (('v2h', c['V2H'], c['BLOCK_V'], c.get('COLS_V')),
-                                     ('h2v', c['H2V'], c['BLOCK_H'], c.get('COLS_H'))):
+        for path, on, own, chunk in (('v2h', c['V2H'], c.get('BLOCK_V'), c.get('COLS_V')),
+                                     ('h2v', c['H2V'], c.get('BLOCK_H'), c.get('COLS_H'))):
             if on:
                 rows, cols = (h, w) if path == 'v2h' else (w, h)
-                parts.append((path, _map_tiles(bh, rows, cols, own, c['BLOCK_N'], chunk)))
+                programs, iterations, own, other = _map_tiles(bh, rows, cols, own or c['BLOCK_M'], c['BLOCK_N'], chunk)
+                if 'BLOCK_M' in c:
+                    programs = bh * _cdiv(rows * cols, own)
+                parts.append((path, (programs, iterations, own, other)))
         return parts
     if kernel == '_whole_bwd':
         parts = []

@@ -83,8 +83,9 @@ def test_kernel_equals_reference(name):
 
 
 def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():
-    """The forward runs every path in one launch, each as V2H with one map row per query tile: the image's for
-    'v2h' (map width W), its transpose's for 'h2v' (map width H); the tile's columns pad the row least."""
+    """The forward runs every path in one launch, each as V2H on its map: the image's for 'v2h' (map width W), its
+    transpose's for 'h2v' (map width H), in query tiles of consecutive map tokens (spanning map rows): the block
+    that pads the map least, one program per tile and slice."""
     from mmppma.ops.whole.triton_impl import query_block
     cap = lp.capability(torch.device(DEVICE))
     for shape in WHOLE_SHAPES:
@@ -96,16 +97,17 @@ def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():
             h, w = w, h
         forward = [x for x in ran if x.name == '_whole_fwd']
         assert [(x.constexprs['WW'], x.constexprs['HH'], x.grid[1]) for x in forward] == [(w, h, 2)], shape
-        block_m = lp.config('whole_fwd', h * w, torch.float32, cap).block_m
-        assert [(x.constexprs['BLOCK_V'], x.constexprs['BLOCK_H']) for x in forward] == [
-            (query_block(w, block_m), query_block(h, block_m))]
+        block_m = query_block(h * w, lp.config('whole_fwd', h * w, torch.float32, cap).block_m)
+        assert [(x.constexprs['BLOCK_M'], x.grid[0]) for x in forward] == [
+            (block_m, shape[0] * shape[1] * -(-h * w // block_m))], shape
     assert [query_block(width, 64) for width in (7, 14, 25, 42, 50, 84, 128)] == [16, 16, 32, 16, 64, 32, 64]
     # half precision on 1024 tokens or more: 64 rows at least, whatever the padding
     assert [query_block(width, 64, least=64) for width in (14, 42, 84, 128)] == [64, 64, 64, 64]
     q = torch.empty(2, 8, 50, 84, 32, dtype=torch.bfloat16, device='meta')
     with lp.recording(90) as ran:
         ops.ppma_attention(q, q, q, *(torch.empty(2, 8, 50, 84, device='meta'), ) * 2, impl='triton')
-    assert [(x.constexprs['BLOCK_V'], x.constexprs['BLOCK_H']) for x in ran if x.name == '_whole_fwd'] == [(64, 64)]
+    # 4200 tokens in 66 tiles of 64 (the last holds 40)
+    assert [(x.constexprs['BLOCK_M'], x.grid) for x in ran if x.name == '_whole_fwd'] == [(64, (16 * 66, 2))]
 
 
 def test_narrow_tall_image_runs_transposed(monkeypatch):

@@ -111,7 +111,9 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # (family, long sequence, half precision) -> {capability (0: any other): config}. In the tensor-core layout a
 # tile's rows are split over the warps 16 rows each, so num_warps = own block / 16 and no warp holds a replica;
 # each vector along the other axis costs (other block) / 4 registers per thread. Half precision at LARGE tokens
-# or more: the forward takes 64 x 64 tiles (FlashAttention's). Whole attention's backward holds (own token x
+# or more: the forwards take 64 x 64 tiles (FlashAttention's), but whole attention's, which holds two (query x key)
+# tiles of corner terms per column chunk, 64 x 32 where its products' operands sit in registers (every target but
+# sm_90's warp-group products: 64 x 64 spills 16-376 B there). Whole attention's backward holds (own token x
 # column) sums of the score gradient besides its tiles: 64 own tokens against 32 others (64 others spill on sm_80
 # to sm_89). Its own tiles are one image row's columns, at least 16 per warp; 128 own tokens on sm_90 pad the rows
 # of the configs' maps (50, 84, 64 tokens...) to 128 and are predicted slower per real score
@@ -120,7 +122,7 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # families take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current
 # block's math), which holds the prefetched block in registers too; the float32 whole-attention and line forwards
 # take 8 warps on short sequences for it (4 spill: on sm_90, and on every target at d 32 for the line forward) and
-# the whole-attention one 32 x 16 tiles on sm_90 (64 x 32 spill). The remaining
+# the whole-attention one 32 x 16 tiles on sm_86 / sm_89 / sm_90 (64 x 32 spill). The remaining
 # choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py). sm_100 (B200)
 # takes the default rows, its 4-warp tiles on tensor-memory products (tcgen05) and the smaller ones on warp-level
 # products (HMMA); sm_120 (RTX 50) takes them on HMMA, but for whole attention's half-precision backward on long
@@ -129,8 +131,8 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
-    ('whole_fwd', True, False): {0: Config(64, 32, 8, 2), 90: Config(32, 16, 8, 2)},
-    ('whole_fwd', True, True): {0: Config(64, 64, 4, 2)},
+    ('whole_fwd', True, False): {0: Config(64, 32, 8, 2), **{cap: Config(32, 16, 8, 2) for cap in (86, 89, 90)}},
+    ('whole_fwd', True, True): {0: Config(64, 32, 4, 2), 90: Config(64, 64, 4, 2)},
     # backward: the own tile (one image row's columns, keys or queries) is block_m, the other tokens' block_n. The
     # queries' programs also sum the corner table gradients.
     ('whole_bwd_q', False, False): {0: Config(16, 16, 4, 1)},

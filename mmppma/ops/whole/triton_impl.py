@@ -6,9 +6,9 @@ from the O(N) cumsum tables Ca (rows) and Cb (columns), under an online softmax.
 token's own entry and at a "corner" (the query's row and the key's column for V2H, the reverse for H2V).
 
 The forward runs every path of the form in one launch, each as V2H (H2V is V2H on the transposed map, with the two
-tables swapped: the kernel reads the same tensors with the row and column strides swapped) on query tiles of one
-map row, so that the corner entries are per-key vectors (see :func:`_whole_fwd`). q, k and v are read by strides in
-the caller's layout; o and lse are written in the image's order.
+tables swapped: the kernel reads the same tensors with the row and column strides swapped) on query tiles of
+consecutive map tokens, whose corner entries are gathered once per key column chunk (see :func:`_fwd_map`). q, k
+and v are read by strides in the caller's layout; o and lse are written in the image's order.
 
 The backward has one kernel form too (:func:`_bwd_map`): own tiles of one map row, the corners in the own row.
 The queries' programs run on the path's forward map; the keys' programs on its transpose, where the same path
@@ -56,51 +56,52 @@ def _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b, 
 def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
              H: tl.constexpr, W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
-    """The V2H path's online softmax for tile ``pid`` of one slice on an H x W map: BLOCK_M columns of one
-    map row i, over all keys in tiles of (BLOCK_N // COLS map rows x COLS columns), column chunk by column chunk
-    (masked only where the map is not a whole number of tiles).
+    """The V2H path's online softmax for tile ``pid`` of one slice on an H x W map: BLOCK_M consecutive map tokens
+    (in row-major order: a tile spans map rows, so only the map's last tile pads), over all keys in tiles of
+    (BLOCK_N // COLS map rows x COLS columns), column chunk by column chunk (masked only where the map is not a
+    whole number of tiles).
     The map is the image (V2H) or its transpose (H2V: V2H of the transposed map); its token (r, c) lies at
     ``r * q_r + c * q_c`` in q and k (``v_r``, ``v_c`` in v, ``t_r``, ``t_c`` in the tables T1 (along the map's
     rows) and T2 (along its columns), o and lse, which are in the image's order).
 
     The log-decays are <= 0 (the ops' contract), so the tables are monotone along their lines and a segment's sum
     is minus the absolute difference of its ends: M[p, s] = -|T1[i, j] - T1[i, l]| - |T2[i, l] - T2[k, l]| for
-    query p = (i, j) and key s = (k, l). The query tile holds one row, so the first term depends on the key's
-    column only: it is built once per column chunk, as a tile. The second is one difference per key. Per score the
-    bias then costs one addition (of the absolute value), and the logits stay in natural units: the softmax's
-    ``exp2`` takes them times log2(e) in the product that subtracts the row maximum. Keys past the map read T2 as
-    +inf: a bias of -inf, no per-score mask. The key loop (over the chunk's rows) holds no loop of its own and is
-    software-pipelined."""
-    chunks: tl.constexpr = (W + BLOCK_M - 1) // BLOCK_M
+    query p = (i, j) and key s = (k, l). The corner (i, l) takes the query's row and the key's column, so within a
+    column chunk both corner entries are fixed per (query, key column): they are gathered once per chunk as tiles,
+    with the row segment's term. Per score the bias then costs one difference and one addition (of the absolute
+    value), and the logits stay in natural units: the softmax's ``exp2`` takes them times log2(e) in the product
+    that subtracts the row maximum. Keys past the map read T2 as +inf: a bias of -inf, no per-score mask. The key
+    loop (over the chunk's rows) holds no loop of its own and is software-pipelined."""
     ROWS: tl.constexpr = BLOCK_N // COLS
     EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0
-    row = pid // chunks
-    cols = pid % chunks * BLOCK_M + tl.arange(0, BLOCK_M)
-    mask_m = cols < W
+    tok = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = tok < H * W
+    row = tok // W
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q = load_rows(q_ptr, row * q_r + cols * q_c, mask_m, offs_d, D)
-    tok_m = row * t_r + cols * t_c
+    q = load_rows(q_ptr, row * q_r + (tok % W) * q_c, mask_m, offs_d, D)
+    tok_m = row * t_r + (tok % W) * t_c
     t1_q = tl.load(t1_ptr + tok_m, mask=mask_m, other=0.0)
     m, total, acc = online_softmax_start(BLOCK_M, BLOCK_DV)
     tile_rows = tl.arange(0, BLOCK_N) // COLS
     for c0 in range(0, W, COLS):
         key_c = c0 + tl.arange(0, BLOCK_N) % COLS
         in_row = key_c < W
-        corner = row * t_r + key_c * t_c  # (query row, key column)
-        t2_corner = tl.load(t2_ptr + corner, mask=in_row, other=0.0)
-        row_bias = -tl.abs(t1_q[:, None] - tl.load(t1_ptr + corner, mask=in_row, other=0.0)[None, :])
+        corner = row[:, None] * t_r + key_c[None, :] * t_c  # (query row, key column)
+        on_map = mask_m[:, None] & in_row[None, :]
+        t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0)
+        row_bias = -tl.abs(t1_q[:, None] - tl.load(t1_ptr + corner, mask=on_map, other=0.0))
         for r0 in range(0, H, ROWS):
             key_r = r0 + tile_rows
             if EVEN:
                 mask_n = tl.full([BLOCK_N], True, tl.int1)
-                column = t2_corner - tl.load(t2_ptr + key_r * t_r + key_c * t_c)
+                t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c)
             else:
                 mask_n = (key_r < H) & in_row
-                column = t2_corner - tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n, other=float('inf'))
+                t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n, other=float('inf'))
             s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, offs_d, D)),
                        input_precision=PRECISION)
-            x = s * scale + (row_bias - tl.abs(column)[None, :])
+            x = s * scale + (row_bias - tl.abs(t2_corner - t2_key[None, :]))
             m_new = tl.maximum(m, tl.max(x, 1))
             alpha = tl.math.exp2((m - m_new) * LOG2E_)
             p = tl.math.exp2(x * LOG2E_ - (m_new * LOG2E_)[:, None])
@@ -115,14 +116,14 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
 @triton.jit
 def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b,
                v_n, v_h, v_w, TILES, BH, HH: tl.constexpr, WW: tl.constexpr, V2H: tl.constexpr, H2V: tl.constexpr,
-               BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+               BLOCK_M: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """Whole attention's forward, every path of the form in one launch: axis 1 is the path (V2H, then H2V), axis 0
-    the (slice, tile) programs, slice-major, TILES per slice (the larger path's count; a path with fewer tiles
-    leaves the rest idle). q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), v likewise; the tables
-    (BH, H, W), o (paths, BH, H, W, dv) and lse (paths, BH, H, W) contiguous, in the image's order. The V2H path
-    runs :func:`_fwd_map` on the image (map width WW, tiles of BLOCK_V columns, key column chunks of COLS_V), the H2V
-    path on its transpose (map width HH, BLOCK_H, COLS_H; its row table is the image's column table)."""
+    the (slice, tile) programs, slice-major, TILES per slice (tiles of BLOCK_M consecutive tokens of the path's
+    map). q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), v likewise; the tables (BH, H, W), o
+    (paths, BH, H, W, dv) and lse (paths, BH, H, W) contiguous, in the image's order. The V2H path
+    runs :func:`_fwd_map` on the image (map width WW, key column chunks of COLS_V), the H2V path on its transpose
+    (map width HH, COLS_H; its row table is the image's column table)."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
     path = tl.program_id(1)
@@ -132,15 +133,13 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, heads
     lse_ptr += slice_offset(path * BH + bh, N, 1)
     if V2H:
         if path == 0:
-            if tile < N // WW * ((WW + BLOCK_V - 1) // BLOCK_V):
-                _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_h, q_w, v_h,
-                         v_w, WW, 1, HH, WW, BLOCK_V, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, PRECISION)
+            _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_h, q_w, v_h, v_w,
+                     WW, 1, HH, WW, BLOCK_M, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, PRECISION)
     h2v_index: tl.constexpr = 1 if V2H else 0
     if H2V:
         if path == h2v_index:
-            if tile < N // HH * ((HH + BLOCK_H - 1) // BLOCK_H):
-                _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w,
-                         v_h, 1, WW, WW, HH, BLOCK_H, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
+            _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w, v_h,
+                     1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
 
 
 @triton.jit
@@ -331,8 +330,9 @@ def _bwd_transpose(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_p
 
 
 def query_block(width: int, block_m: int, least: int = 16) -> int:
-    """The query tile's columns on a map ``width`` tokens wide: of ``least`` up to ``block_m``, the one that pads a
-    row least (the larger on ties); the tile holds one image row."""
+    """The own tile's tokens on a line of ``width`` tokens (the forward's query tiles: the map's tokens; the
+    backward's own tiles: one map row): of ``least`` up to ``block_m``, the one that pads the line least (the
+    larger on ties)."""
     return min((block for block in (16, 32, 64, 128) if least <= block <= max(least, block_m)),
                key=lambda block: (triton.cdiv(width, block) * block, -block))
 
@@ -355,15 +355,14 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
         bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
         cfg = lp.config('whole_fwd', n, q.dtype, cap)
         names = paths(form)
-        # half precision on long sequences: 64 query rows at least (K and V read half as often per score; on
-        # sm_90 the warp-group products), at whatever padding
+        # query tiles of consecutive map tokens (they span map rows): the block that pads the map least; half
+        # precision on long sequences takes 64 query rows at least (K and V read half as often per score; on sm_90
+        # the warp-group products)
         least = 64 if q.dtype != torch.float32 and n >= lp.LARGE else 16
-        block_v, block_h = query_block(ww, cfg.block_m, least), query_block(hh, cfg.block_m, least)
-        tiles = max(hh * lp.cdiv(ww, block_v) if 'v2h' in names else 0,
-                    ww * lp.cdiv(hh, block_h) if 'h2v' in names else 0)
+        block_m = query_block(n, cfg.block_m, least)
+        tiles = lp.cdiv(n, block_m)
         # the map's sizes are constexprs: no division by a run-time width, no masks on a whole number of tiles
-        constexprs = dict(HH=hh, WW=ww, V2H='v2h' in names,
-                          H2V='h2v' in names, BLOCK_V=block_v, BLOCK_H=block_h,
+        constexprs = dict(HH=hh, WW=ww, V2H='v2h' in names, H2V='h2v' in names, BLOCK_M=block_m,
                           COLS_V=key_columns(ww, hh, cfg.block_n) if 'v2h' in names else 8,
                           COLS_H=key_columns(hh, ww, cfg.block_n) if 'h2v' in names else 8,
                           BLOCK_N=cfg.block_n,
