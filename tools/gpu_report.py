@@ -220,7 +220,8 @@ def simulated(cap: Optional[int]) -> Iterator[None]:
 
 
 def install_line() -> str:
-    pins = re.findall(r'^((?:mmengine|mmpretrain)==\S+)', open(osp.join(ROOT, 'requirements.txt')).read(), re.M)
+    with open(osp.join(ROOT, 'requirements.txt')) as f:
+        pins = re.findall(r'^((?:mmengine|mmpretrain)==\S+)', f.read(), re.M)
     return 'pip install --no-deps --no-index --find-links WHEELS ' + ' '.join(pins)
 
 
@@ -641,7 +642,7 @@ def jit_key(launch, cap: int) -> tuple:
     from triton.backends.nvidia.compiler import CUDABackend
     from triton.runtime.jit import native_specialize_impl
     kernel = launch.kernel
-    params = kernel.params
+    params = jit_function(kernel).params
     runtime = [p for p in params if p.name not in launch.constexprs]
     values = dict(zip([p.name for p in runtime], launch.args), **launch.constexprs)
     signature, constexprs, attrs = {}, {}, {}
@@ -660,6 +661,21 @@ def jit_key(launch, cap: int) -> tuple:
             attrs[(i, )] = CUDABackend.parse_attr(spec)
     options = dict(launch.options, debug=False, instrumentation_mode='')
     return (kernel, signature, constexprs, attrs, options, cap)
+
+
+_JIT_FUNCTIONS: Dict[object, object] = {}
+
+
+def jit_function(kernel):
+    """The kernel's ``JITFunction``; under ``TRITON_INTERPRET=1`` (the rehearsal) the kernels are the interpreter's,
+    and one is made from the same function and decorator options."""
+    if hasattr(kernel, 'params'):
+        return kernel
+    if kernel not in _JIT_FUNCTIONS:
+        from triton.runtime.jit import JITFunction
+        options = {k: v for k, v in kernel.kwargs.items() if k in ('do_not_specialize', 'do_not_specialize_on_alignment')}
+        _JIT_FUNCTIONS[kernel] = JITFunction(kernel.fn, **options)
+    return _JIT_FUNCTIONS[kernel]
 
 
 class _Arg:
@@ -681,12 +697,13 @@ class _Arg:
 
 def key_text(key: tuple) -> str:
     kernel, signature, constexprs, attrs, options, cap = key
-    return json.dumps([kernel.cache_key, signature, sorted(constexprs.items(), key=str),
+    return json.dumps([kernel.fn.__module__, kernel_name(kernel), signature, sorted(constexprs.items(), key=str),
                        sorted(attrs.items(), key=str), options, cap], default=str, sort_keys=True)
 
 
 def plan_launches(cap: int) -> Dict[str, Dict[str, tuple]]:
-    """Per step of a run on a GPU of capability ``cap``: {key text: JIT key} of the Triton launches of our ops."""
+    """Per step of a run on a GPU of capability ``cap``: {key text: (JIT key, a launch with that key)} of the Triton
+    launches of our ops."""
     import torch
 
     from mmppma.models.backbones.stages import model_shapes
@@ -729,7 +746,7 @@ def plan_launches(cap: int) -> Dict[str, Dict[str, tuple]]:
                     _meta_ops(op, shape, dtypes[dtype], train)
                 for launch in launches:
                     key = jit_key(launch, cap)
-                    keys.setdefault(key_text(key), key)
+                    keys.setdefault(key_text(key), (key, launch))
             result[step] = keys
     finally:
         dispatch.triton_interpreted = interpreted
@@ -748,9 +765,9 @@ def compile_plan(cap: int = 90) -> List[dict]:
     launches = plan_launches(cap)
     seen, plan = set(), []
     for name, _ in STEPS:
-        new = {text: key for text, key in launches.get(name, {}).items() if text not in seen}
+        new = {text: key for text, (key, _) in launches.get(name, {}).items() if text not in seen}
         seen.update(new)
-        kernels = Counter(key[0].fn.__name__ if hasattr(key[0], 'fn') else key[0].__name__ for key in new.values())
+        kernels = Counter(kernel_name(key[0]) for key in new.values())
         seconds = sum(COMPILE_SECONDS.get(k, DEFAULT_SECONDS) * n for k, n in kernels.items())
         plan.append(dict(kind='plan', step=name, triton=len(new), triton_seconds=round(seconds, 1),
                          kernels=dict(sorted(kernels.items())), inductor_graphs=INDUCTOR_GRAPHS.get(name, 0)))
@@ -770,32 +787,80 @@ def plan_lines(plan: List[dict], cap: int) -> List[str]:
     return lines
 
 
+def kernel_name(kernel) -> str:
+    return kernel.fn.__name__ if hasattr(kernel, 'fn') else kernel.__name__
+
+
+@contextlib.contextmanager
+def stand_in_driver(cap: int) -> Iterator[List[bool]]:
+    """Within the block, Triton's JIT runs as on a GPU of capability ``cap`` up to its compile (a stand-in driver:
+    device 0, stream 0, that target); the yielded list gets each compile's ``cache_hit``."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class StandIn:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget('cuda', cap, 32)
+
+    hits: List[bool] = []
+    listener = knobs.compilation.listener
+    knobs.compilation.listener = lambda **event: hits.append(event['cache_hit'])
+    driver.set_active(StandIn())
+    try:
+        yield hits
+    finally:
+        driver.reset_active()
+        knobs.compilation.listener = listener
+
+
+def jit_warmup(launch) -> None:
+    """Compile a launch through the JIT's own path (its specialization, cache key and cache), launching nothing."""
+    launch.kernel.warmup(*[_Arg.of(a) for a in launch.args], grid=launch.grid, **launch.constexprs,
+                         **launch.options)
+
+
 def build_triton_cache(folder: str, cap: int = 90) -> int:
-    """Compile every specialization of :func:`plan_launches` for ``cap`` into the Triton cache ``folder``, as the
-    JIT would key them; print each kernel's median seconds and the folder's size."""
+    """Compile every specialization of a run's :func:`plan_launches` for ``cap`` into the Triton cache ``folder``
+    through the JIT's own path (a stand-in driver for the card); print each kernel's median seconds and the
+    folder's size; then forget the compiled kernels and replay every launch again: each must be a cache hit."""
+    if os.environ.get('TRITON_INTERPRET', '0') not in ('', '0'):
+        raise SystemExit('gpu_report: --build-triton-cache compiles the kernels: unset TRITON_INTERPRET')
     os.environ['TRITON_CACHE_DIR'] = osp.abspath(folder)
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    launches = plan_launches(cap)
-    keys = {}
-    for step in launches.values():
-        keys.update(step)
+    launches = {}
+    for step in plan_launches(cap).values():
+        launches.update(step)
+    print(f'{len(launches)} specializations, triton {triton.__version__}, sm_{cap}, into {folder}', flush=True)
     seconds: Dict[str, List[float]] = {}
-    print(f'{len(keys)} specializations, triton {triton.__version__}, sm_{cap}, into {folder}', flush=True)
-    for n, key in enumerate(keys.values(), 1):
-        kernel, signature, constexprs, attrs, options, _ = key
-        start = time.perf_counter()
-        triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget('cuda', cap, 32),
-                       options=options)
-        took = time.perf_counter() - start
-        seconds.setdefault(kernel.fn.__name__ if hasattr(kernel, 'fn') else kernel.__name__, []).append(took)
-        print(f'{n:4d} {kernel.__name__ if hasattr(kernel, "__name__") else kernel}: {took:.2f} s', flush=True)
+    with stand_in_driver(cap) as events:
+        for n, (key, launch) in enumerate(launches.values(), 1):
+            before, start = len(events), time.perf_counter()
+            jit_warmup(launch)
+            took = time.perf_counter() - start
+            seconds.setdefault(kernel_name(key[0]), []).append(took)
+            how = 'compiled' if len(events) > before and not events[-1] else 'in the folder already' if len(
+                events) > before else 'the same JIT key as an earlier launch'
+            print(f'{n:4d} {kernel_name(key[0]):<22} {took:6.2f} s {how}', flush=True)
+        compiled = len(events)
+        for _, launch in launches.values():
+            launch.kernel.device_caches.clear()  # the JIT's in-memory kernels: the replay reads the folder
+        events.clear()
+        for _, launch in launches.values():
+            jit_warmup(launch)
+        hits = sum(events)
     size = sum(osp.getsize(osp.join(d, f)) for d, _, files in os.walk(folder) for f in files)
     medians = {k: round(statistics.median(v), 2) for k, v in sorted(seconds.items())}
-    print(f'COMPILE_SECONDS = {medians}')
-    print(f'{len(keys)} specializations, {sum(map(sum, seconds.values())):.0f} s, cache {size / 2**20:.1f} MiB')
-    return 0
+    print(f'median seconds per kernel: {medians}')
+    print(f'{len(launches)} specializations ({compiled} JIT compiles), {sum(map(sum, seconds.values())):.0f} s; '
+          f'replayed from the folder: {hits} of {len(events)} cache hits; {size / 2**20:.1f} MiB in {folder}')
+    return 0 if compiled == len(launches) and hits == len(events) == len(launches) else 1
 
 
 # -------------------------------------------------------------------------------------------------------- main
