@@ -546,8 +546,8 @@ def row_text(row: dict) -> str:
                 f'{row["out_error"]:>9.2e} {row["grad_error"]:>9.2e} {row["limit"]:>6.0e} '
                 f'{"yes" if row["deterministic"] else "NO":<4} {"ok" if row["ok"] else "FAIL"}')
     if 'ms_fwd' in row:
-        sdpa = (f' | SDPA fwd {row["sdpa_ms_fwd"]:.3f} fwd+bwd {row["sdpa_ms_fwd_bwd"]:.3f} ms'
-                if 'sdpa_ms_fwd' in row else f' | first calls {row["first_fwd_s"]:.1f} s, {row["first_fwd_bwd_s"]:.1f} s')
+        sdpa = (f' | SDPA fwd {row["sdpa_ms_fwd"]:.3f} fwd+bwd {row["sdpa_ms_fwd_bwd"]:.3f} ms' if 'sdpa_ms_fwd' in row
+                else f' | first calls {row["first_fwd_s"]:.1f} s, {row["first_fwd_bwd_s"]:.1f} s')
         return (f'{row["op"]:<27} {row["shape"]:<30} {row["dtype"]:<5} fwd {row["ms_fwd"]:.3f} fwd+bwd '
                 f'{row["ms_fwd_bwd"]:.3f} ms{sdpa}')
     if 'ms' in row:
@@ -673,7 +673,8 @@ def jit_function(kernel):
         return kernel
     if kernel not in _JIT_FUNCTIONS:
         from triton.runtime.jit import JITFunction
-        options = {k: v for k, v in kernel.kwargs.items() if k in ('do_not_specialize', 'do_not_specialize_on_alignment')}
+        names = ('do_not_specialize', 'do_not_specialize_on_alignment')
+        options = {k: v for k, v in kernel.kwargs.items() if k in names}
         _JIT_FUNCTIONS[kernel] = JITFunction(kernel.fn, **options)
     return _JIT_FUNCTIONS[kernel]
 
