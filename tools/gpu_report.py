@@ -75,11 +75,13 @@ STEPS = (('card', 15), ('gpu_check', 150), ('cls_infer_b64', 60), ('cls_train_b6
 DEADLINE = 420
 #: the sizes of a run on a GPU, and of the rehearsal on the simulated device (each step at its smallest shape)
 REAL = dict(cls_shape=(224, 224), cls_batch=64, iters=20, amp='bf16', check_dtypes=('fp32', 'fp16', 'bf16'),
-            det_image='det_800x1344', det_batch=2, op_dtype='bf16', op_repeats=10, backbone_shape=(800, 1344),
-            backbone_batch=2, backbone_iters=5)
-REHEARSAL = dict(cls_shape=(64, 64), cls_batch=1, iters=2, amp=None, check_dtypes=('fp32', ), det_image=None,
-                 det_batch=1, op_dtype='fp32', op_repeats=1, backbone_shape=(64, 64), backbone_batch=1,
-                 backbone_iters=1)
+            ops=None, det_image='det_800x1344', det_batch=2, op_dtype='bf16', op_repeats=10, warmup=1,
+            backbone_shape=(800, 1344), backbone_batch=2, backbone_iters=5, model_impl=None)
+#: the rehearsal checks and times one op only, the cheapest on Triton's interpreter, and runs the models on the torch
+#: path (a whole model on the interpreter takes minutes; the kernels' simulated path is in that op's rows)
+REHEARSAL = dict(cls_shape=(32, 32), cls_batch=2, iters=1, amp=None, check_dtypes=('fp32', ),
+                 ops=('path_decay_tables', ), det_image=None, det_batch=1, op_dtype='fp32', op_repeats=1, warmup=0,
+                 backbone_shape=(32, 32), backbone_batch=2, backbone_iters=1, model_impl='torch')
 #: the ops each attention kind of a backbone runs (PPMA's learned decays: their tables from the layer's tokens)
 MODEL_OPS = {'whole': ('ppma_attention', 'path_decay_tables'), 'cc': ('criss_cross_attention', 'path_decay_tables'),
              'manhattan': ('manhattan_attention', ), 'rmt_cc': ('rmt_criss_cross_attention', ),
@@ -236,7 +238,9 @@ class Context:
         self.gpu_check = __import__('gpu_check')
 
     def model(self, name: str, impl: str, task: str, shape, batch: int):
-        """(model, input, loss) of benchmark_model's build functions, built once per configuration."""
+        """(model, input, loss, seconds to build) of benchmark_model's build functions, built once per configuration."""
+        if impl != 'release':
+            impl = self.sizes['model_impl'] or impl
         key = (name, impl, task, tuple(shape), batch)
         if key not in self.models:
             import benchmark_model as bm
@@ -246,7 +250,8 @@ class Context:
                                     release_dir=self.args.release_dir)
             build = bm.build_release if impl == 'release' else {'classifier': bm.build_classifier,
                                                                 'backbone': bm.build_backbone}[task]
-            self.models[key] = build(ns, self.device)
+            start = time.perf_counter()
+            self.models[key] = build(ns, self.device) + (time.perf_counter() - start, )
         return self.models[key]
 
 
@@ -262,7 +267,7 @@ def time_model(ctx: Context, name: str, impl: str, task: str, train: bool, optim
     the clock checked between them. A cut after at least one timed step carries the row so far."""
     import torch
     from benchmark_model import amp_errors
-    model, _, loss = ctx.model(name, impl, task, shape, batch)
+    model, _, loss, build_s = ctx.model(name, impl, task, shape, batch)
     model.train(train)
     amp = {None: None, 'bf16': torch.bfloat16}[ctx.sizes['amp']]
     run = loss if compile_mode is None else torch.compile(loss, mode=compile_mode)
@@ -282,8 +287,9 @@ def time_model(ctx: Context, name: str, impl: str, task: str, train: bool, optim
         synchronize(device)
 
     row = dict(model=name + (' (release)' if impl == 'release' else ''), impl=impl, task=task,
+               ran=impl if impl == 'release' else ctx.sizes['model_impl'] or impl,
                mode='train' if train else 'infer', optimizer=optimizer, compile=compile_mode or 'none',
-               batch=batch, shape=list(shape), amp=ctx.sizes['amp'])
+               batch=batch, shape=list(shape), amp=ctx.sizes['amp'], build_s=build_s)
     if device.type == 'cuda':
         synchronize(device)
         torch.cuda.reset_peak_memory_stats()
@@ -377,6 +383,8 @@ def step_gpu_check(ctx: Context) -> Iterator[dict]:
     gc = ctx.gpu_check
     device = 'cpu' if ctx.simulated else 'cuda'
     for op, label, shape in check_cases(ctx):
+        if ctx.sizes['ops'] and op not in ctx.sizes['ops']:
+            continue
         for dtype in ctx.sizes['check_dtypes']:
             with tf32_matmuls(False):  # float32 rows against exact products
                 row, _ = gc.guarded(gc.check_row, dict(op=op, shape=label, size=list(shape), dtype=dtype),
@@ -395,9 +403,11 @@ QUICK_REPEATS = 10
 
 
 def time_ms(ctx: Context, fn: Callable, repeats: int) -> float:
-    """Median milliseconds of ``fn`` after a warm-up call (CUDA events on a GPU), the clock checked between runs."""
+    """Median milliseconds of ``fn`` after a warm-up call (the rehearsal: none; CUDA events on a GPU), the clock
+    checked between runs."""
     import torch
-    fn()
+    for _ in range(ctx.sizes['warmup']):
+        fn()
     times = []
     for _ in range(repeats):
         ctx.clock.check()
@@ -477,15 +487,19 @@ def det_shapes(ctx: Context, models) -> List[tuple]:
     """(label, kind, shape) of the models' attention stages at step 5's size; the rehearsal: gpu_check's tiny ones."""
     if ctx.simulated:
         kinds = {'ppma_t': ('cc', 'whole'), 'rmt_t': ('rmt_cc', 'manhattan')}
-        return [(f'tiny/{kind}', kind, ctx.gpu_check.TINY[kind]) for m in models for kind in kinds[m]]
-    from mmppma.models.backbones.stages import model_shapes
-    return model_shapes([ctx.sizes['det_image']], models, ctx.sizes['det_batch'])
+        shapes = [(f'tiny/{kind}', kind, ctx.gpu_check.TINY[kind]) for m in models for kind in kinds[m]]
+    else:
+        from mmppma.models.backbones.stages import model_shapes
+        shapes = model_shapes([ctx.sizes['det_image']], models, ctx.sizes['det_batch'])
+    return shapes
 
 
 def step_ops(ctx: Context) -> Iterator[dict]:
     shapes = det_shapes(ctx, ['ppma_t', 'rmt_t'])
     dtype, repeats = ctx.sizes['op_dtype'], ctx.sizes['op_repeats']
     for op in OP_ORDER:
+        if ctx.sizes['ops'] and op not in ctx.sizes['ops']:
+            continue
         for label, kind, shape in shapes:
             if op in MODEL_OPS[kind]:
                 row, _ = ctx.gpu_check.guarded(op_speed, dict(op=op, shape=label, dtype=dtype), ctx, op, label,
@@ -739,15 +753,18 @@ def plan_launches(cap: int) -> Dict[str, Dict[str, tuple]]:
     interpreted = dispatch.triton_interpreted
     dispatch.triton_interpreted = lambda: True  # impl='triton' takes meta tensors; nothing is launched
     try:
-        result = {}
+        result, recorded = {}, {}
         for step, items in work.items():
             keys = {}
-            for op, shape, dtype, train, tf32 in items:
-                with lp.tf32_matmuls(tf32), lp.recording(cap) as launches:
-                    _meta_ops(op, shape, dtypes[dtype], train)
-                for launch in launches:
-                    key = jit_key(launch, cap)
-                    keys.setdefault(key_text(key), (key, launch))
+            for item in items:
+                if item not in recorded:  # the same op, shape, dtype and phase launch the same
+                    op, shape, dtype, train, tf32 = item
+                    with lp.tf32_matmuls(tf32), lp.recording(cap) as launches:
+                        _meta_ops(op, shape, dtypes[dtype], train)
+                    recorded[item] = [(key_text(key), key, launch) for launch in launches
+                                      for key in [jit_key(launch, cap)]]
+                for text, key, launch in recorded[item]:
+                    keys.setdefault(text, (key, launch))
             result[step] = keys
     finally:
         dispatch.triton_interpreted = interpreted
@@ -893,10 +910,11 @@ def run_report(args, clock: Clock) -> int:
         return 2
     cap = args.simulate or (lambda c: c[0] * 10 + c[1])(torch.cuda.get_device_capability())
     try:
+        start = time.perf_counter()
         plan = compile_plan(cap)
         for p in plan:
             report.write(p)
-        print('\n'.join(plan_lines(plan, cap)), flush=True)
+        print('\n'.join(plan_lines(plan, cap)) + f'\n  (recorded in {time.perf_counter() - start:.1f} s)', flush=True)
         if args.simulate:
             print('  (simulated: the kernels run on the interpreter, nothing is compiled in this run)', flush=True)
     except Exception as e:  # noqa: BLE001  (the budget is information; the run goes on without it)
