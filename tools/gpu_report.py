@@ -501,7 +501,7 @@ def step_ops(ctx: Context) -> Iterator[dict]:
         if ctx.sizes['ops'] and op not in ctx.sizes['ops']:
             continue
         for label, kind, shape in shapes:
-            if op in MODEL_OPS[kind]:
+            if op in ctx.gpu_check.KIND_OPS[kind]:
                 row, _ = ctx.gpu_check.guarded(op_speed, dict(op=op, shape=label, dtype=dtype), ctx, op, label,
                                                shape, dtype, repeats)
                 yield row
@@ -744,7 +744,7 @@ def plan_launches(cap: int) -> Dict[str, Dict[str, tuple]]:
     models('cls_infer_b64', ours('cls_infer_b64'), 'cls_224', REAL['cls_batch'], False)
     models('cls_train_b64', ours('cls_train_b64'), 'cls_224', REAL['cls_batch'], True)
     for _, kind, shape in model_shapes([REAL['det_image']], ['ppma_t', 'rmt_t'], REAL['det_batch']):
-        for op in MODEL_OPS[kind]:
+        for op in ctx.gpu_check.KIND_OPS[kind]:  # as step_ops times them
             work['ops_800x1344'] += [(op, shape, REAL['op_dtype'], False, True), (op, shape, REAL['op_dtype'], True,
                                                                                    True)]
     models('cuda_graphs_b64', ours('cuda_graphs_b64'), 'cls_224', REAL['cls_batch'], False)
