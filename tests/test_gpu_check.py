@@ -204,7 +204,7 @@ def test_past_the_deadline_the_remaining_steps_are_not_started(gpu_report, tmp_p
     ([], 'DIR is required'), (['out', '--limit', 'nope=3'], "--limit takes STEP=SECONDS with STEP one of card"),
     (['out', '--limit', 'gpu_check=soon'], "--limit gpu_check: the seconds must be a number >= 0, not 'soon'"),
     (['out', '--deadline', '0'], '--deadline must be a positive number'),
-    (['out', '--plan'], '--plan and --build-triton-cache run no step'),
+    (['out', '--plan'], '--plan and the Triton cache options run no step'),
     (['out', '--release-dir', '.'], 'no PPMA.py, RMT.py there')])
 def test_gpu_report_refuses_bad_arguments(gpu_report, args, message, capsys):
     with pytest.raises(SystemExit) as raised:

@@ -69,8 +69,8 @@ ROOT = osp.dirname(TOOLS)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, TOOLS)
 
-#: (step, default limit in seconds), in the order they run
-STEPS = (('card', 15), ('gpu_check', 150), ('cls_infer_b64', 60), ('cls_train_b64', 60), ('ops_800x1344', 60),
+#: (step, default limit in seconds besides its expected Triton compiles), in the order they run
+STEPS = (('card', 15), ('gpu_check', 120), ('cls_infer_b64', 60), ('cls_train_b64', 60), ('ops_800x1344', 60),
          ('cuda_graphs_b64', 90), ('linear_train_b64', 40), ('backbone_800x1344', 40))
 DEADLINE = 420
 #: the sizes of a run on a GPU, and of the rehearsal on the simulated device (each step at its smallest shape)
@@ -89,9 +89,12 @@ MODEL_OPS = {'whole': ('ppma_attention', 'path_decay_tables'), 'cc': ('criss_cro
 #: step 5's ops, whole attention first
 OP_ORDER = ('ppma_attention', 'manhattan_attention', 'criss_cross_attention', 'rmt_criss_cross_attention',
             'path_decay_tables')
-#: seconds to compile one specialization of each kernel for sm_90 with triton 3.6.0 on a 2-core CPU (median over
-#: the specializations of a run; ``--build-triton-cache`` measures them); a kernel missing here counts DEFAULT_SECONDS
-COMPILE_SECONDS: Dict[str, float] = {}
+#: seconds to compile one specialization of each kernel for sm_90 with triton 3.6.0 on a 2-core CPU shared with
+#: other compiles (median over the 235 specializations of a run, through the JIT: ``--build-triton-cache`` prints
+#: them); a kernel missing here counts DEFAULT_SECONDS
+COMPILE_SECONDS: Dict[str, float] = {'_line_bwd': 1.77, '_line_fwd': 1.65, '_ppmla_bwd': 1.18, '_ppmla_fwd': 1.0,
+                                     '_scan_kernel': 0.64, '_tables_bwd': 0.69, '_tables_fwd': 0.57,
+                                     '_whole_bwd': 1.69, '_whole_fwd': 1.33}
 DEFAULT_SECONDS = 2.0
 #: the models of the model steps: (step, task, models, impls, train); 'release': the release's model
 CLS_MODELS = {'cls_infer_b64': [('PPMA', 'auto'), ('RMT', 'auto'), ('PPMA', 'torch'), ('PPMA', 'release'),
@@ -168,17 +171,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                              'the smallest shapes')
     parser.add_argument('--plan', action='store_true', help='print the compile budget of a run on sm_90 and exit')
     parser.add_argument('--build-triton-cache', metavar='CACHE',
-                        help='compile our kernels of a run for sm_90 into this Triton cache folder and print each '
-                             "kernel's median compile seconds")
+                        help='compile our kernels of a run for sm_90 into this Triton cache folder, print each '
+                             "kernel's median compile seconds, keep the cubins and check that the JIT hits them")
+    parser.add_argument('--check-triton-cache', metavar='CACHE',
+                        help="replay a run's launches through Triton's JIT with this cache folder: all must hit")
     args = parser.parse_args(argv)
-    if args.plan or args.build_triton_cache:
+    if args.plan or args.build_triton_cache or args.check_triton_cache:
         if args.dir or args.simulate or args.release_dir:
-            parser.error('--plan and --build-triton-cache run no step: leave out DIR, --simulate and --release-dir')
+            parser.error('--plan and the Triton cache options run no step: leave out DIR, --simulate and '
+                         '--release-dir')
     elif not args.dir:
         parser.error('DIR is required: the folder for rows.jsonl and summary.txt')
     if not args.deadline > 0:
         parser.error(f'--deadline must be a positive number of seconds, not {args.deadline:g}')
-    args.limits = dict(STEPS)
+    args.limits, args.explicit = dict(STEPS), set()
     for item in args.limit:
         name, sep, value = item.partition('=')
         if not sep or name not in args.limits:
@@ -190,6 +196,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not seconds >= 0:
             parser.error(f'--limit {name}: the seconds must be a number >= 0, not {value!r}')
         args.limits[name] = seconds
+        args.explicit.add(name)
     if args.release_dir:
         missing = [f for f in ('PPMA.py', 'RMT.py') if not osp.isfile(osp.join(args.release_dir, f))]
         if missing:
@@ -797,7 +804,7 @@ def plan_lines(plan: List[dict], cap: int) -> List[str]:
     seconds = sum(p['triton_seconds'] for p in plan)
     graphs = sum(p['inductor_graphs'] for p in plan)
     lines = [f'compile budget of a run on sm_{cap}: {total} Triton specializations of our kernels, about '
-             f'{seconds:.0f} s to compile (triton 3.6.0 on a 2-core CPU, {len(COMPILE_SECONDS)} kernels measured); '
+             f'{seconds:.0f} s to compile (per kernel as triton 3.6.0 took on a 2-core CPU); '
              f'{graphs} inductor graphs (their seconds: the rows\' first_s)']
     for p in plan:
         lines.append(f'  {p["step"]:<18} {p["triton"]:3d} new specializations, {p["triton_seconds"]:6.1f} s; '
@@ -828,13 +835,13 @@ def stand_in_driver(cap: int) -> Iterator[List[bool]]:
             return GPUTarget('cuda', cap, 32)
 
     hits: List[bool] = []
-    listener = knobs.compilation.listener
+    listener, active = knobs.compilation.listener, driver._active
     knobs.compilation.listener = lambda **event: hits.append(event['cache_hit'])
     driver.set_active(StandIn())
     try:
         yield hits
     finally:
-        driver.reset_active()
+        driver._active = active  # reset_active() would look for a GPU driver
         knobs.compilation.listener = listener
 
 
@@ -846,8 +853,8 @@ def jit_warmup(launch) -> None:
 
 def build_triton_cache(folder: str, cap: int = 90) -> int:
     """Compile every specialization of a run's :func:`plan_launches` for ``cap`` into the Triton cache ``folder``
-    through the JIT's own path (a stand-in driver for the card); print each kernel's median seconds and the
-    folder's size; then forget the compiled kernels and replay every launch again: each must be a cache hit."""
+    through the JIT's own path (a stand-in driver for the card), print each kernel's median seconds, keep only what
+    a cache hit reads (each kernel's metadata and cubin), then :func:`check_triton_cache`."""
     if os.environ.get('TRITON_INTERPRET', '0') not in ('', '0'):
         raise SystemExit('gpu_report: --build-triton-cache compiles the kernels: unset TRITON_INTERPRET')
     os.environ['TRITON_CACHE_DIR'] = osp.abspath(folder)
@@ -866,19 +873,71 @@ def build_triton_cache(folder: str, cap: int = 90) -> int:
             how = 'compiled' if len(events) > before and not events[-1] else 'in the folder already' if len(
                 events) > before else 'the same JIT key as an earlier launch'
             print(f'{n:4d} {kernel_name(key[0]):<22} {took:6.2f} s {how}', flush=True)
-        compiled = len(events)
-        for _, launch in launches.values():
-            launch.kernel.device_caches.clear()  # the JIT's in-memory kernels: the replay reads the folder
-        events.clear()
-        for _, launch in launches.values():
-            jit_warmup(launch)
-        hits = sum(events)
-    size = sum(osp.getsize(osp.join(d, f)) for d, _, files in os.walk(folder) for f in files)
     medians = {k: round(statistics.median(v), 2) for k, v in sorted(seconds.items())}
     print(f'median seconds per kernel: {medians}')
-    print(f'{len(launches)} specializations ({compiled} JIT compiles), {sum(map(sum, seconds.values())):.0f} s; '
-          f'replayed from the folder: {hits} of {len(events)} cache hits; {size / 2**20:.1f} MiB in {folder}')
-    return 0 if compiled == len(launches) and hits == len(events) == len(launches) else 1
+    print(f'{len(launches)} specializations in {sum(map(sum, seconds.values())):.0f} s ({len(events)} JIT compiles); '
+          f'{folder_mib(folder):.1f} MiB with every IR', flush=True)
+    trim_triton_cache(folder)
+    return check_triton_cache(folder, cap, launches)
+
+
+def folder_mib(folder: str) -> float:
+    return sum(osp.getsize(osp.join(d, f)) for d, _, files in os.walk(folder) for f in files) / 2**20
+
+
+def groups(folder: str) -> Iterator[str]:
+    """The group files of a Triton cache folder (one per compiled kernel: the paths of its files)."""
+    for d, _, files in os.walk(folder):
+        yield from (osp.join(d, f) for f in files if f.startswith('__grp__'))
+
+
+def trim_triton_cache(folder: str) -> None:
+    """Keep each kernel's metadata (``.json``) and binary (``.cubin``), what a cache hit reads; drop the IRs."""
+    for path in groups(folder):
+        with open(path) as f:
+            children = json.load(f)['child_paths']
+        kept = {c: p for c, p in children.items() if c.endswith(('.json', '.cubin'))}
+        for c, p in children.items():
+            if c not in kept and osp.exists(p):
+                os.remove(p)
+        with open(path, 'w') as f:
+            json.dump(dict(child_paths=kept), f)
+
+
+def relocate_triton_cache(folder: str) -> int:
+    """Point every group of a Triton cache folder at its files where the folder is now (a group holds absolute
+    paths, and a hit needs them to exist); the number of groups."""
+    count = 0
+    for path in groups(folder):
+        with open(path) as f:
+            children = json.load(f)['child_paths']
+        here = {c: osp.join(osp.dirname(osp.abspath(path)), osp.basename(p)) for c, p in children.items()}
+        if here != children:
+            with open(path, 'w') as f:
+                json.dump(dict(child_paths=here), f)
+        count += 1
+    return count
+
+
+def check_triton_cache(folder: str, cap: int = 90, launches: Optional[dict] = None) -> int:
+    """Replay every launch of a run through the JIT (stand-in driver) with ``folder`` as the cache: each must be a
+    cache hit. Exit status 1 otherwise."""
+    os.environ['TRITON_CACHE_DIR'] = osp.abspath(folder)
+    relocate_triton_cache(folder)
+    if launches is None:
+        launches = {}
+        for step in plan_launches(cap).values():
+            launches.update(step)
+    for _, launch in launches.values():
+        jit_function(launch.kernel).device_caches.clear()  # the in-memory kernels: the replay reads the folder
+    start = time.perf_counter()
+    with stand_in_driver(cap) as events:
+        for _, launch in launches.values():
+            jit_warmup(launch)
+    hits = sum(events)
+    print(f'replayed through the JIT from {folder}: {hits} of {len(launches)} specializations were cache hits '
+          f'({len(events) - hits} compiled), {time.perf_counter() - start:.1f} s; {folder_mib(folder):.1f} MiB')
+    return 0 if hits == len(events) == len(launches) else 1
 
 
 # -------------------------------------------------------------------------------------------------------- main
@@ -890,6 +949,8 @@ def main(argv=None) -> int:
         return 0
     if args.build_triton_cache:
         return build_triton_cache(args.build_triton_cache)
+    if args.check_triton_cache:
+        return check_triton_cache(args.check_triton_cache)
     clock = Clock(args.deadline)
     with simulated(args.simulate):
         return run_report(args, clock)
@@ -909,6 +970,10 @@ def run_report(args, clock: Clock) -> int:
         report.close()
         return 2
     cap = args.simulate or (lambda c: c[0] * 10 + c[1])(torch.cuda.get_device_capability())
+    cache = os.environ.get('TRITON_CACHE_DIR')
+    if cache and osp.isdir(cache) and not args.simulate:  # a cache built elsewhere (--build-triton-cache)
+        print(f'Triton cache {cache}: {relocate_triton_cache(cache)} kernels; a specialization found there is '
+              'loaded instead of compiled', flush=True)
     try:
         start = time.perf_counter()
         plan = compile_plan(cap)
@@ -917,6 +982,10 @@ def run_report(args, clock: Clock) -> int:
         print('\n'.join(plan_lines(plan, cap)) + f'\n  (recorded in {time.perf_counter() - start:.1f} s)', flush=True)
         if args.simulate:
             print('  (simulated: the kernels run on the interpreter, nothing is compiled in this run)', flush=True)
+        else:  # a step's default limit is for its work besides its expected compiles
+            for p in plan:
+                if p['step'] not in args.explicit:
+                    args.limits[p['step']] += p['triton_seconds']
     except Exception as e:  # noqa: BLE001  (the budget is information; the run goes on without it)
         print(f'gpu_report: no compile budget ({type(e).__name__}: {e})', flush=True)
     ctx = Context(args, REHEARSAL if args.simulate else REAL, torch.device('cpu' if args.simulate else 'cuda'),
