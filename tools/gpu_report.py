@@ -2,9 +2,11 @@
 """Every GPU figure of docs/gpu_runs.md in one process, the rows that matter first, under one deadline.
 
     python tools/gpu_report.py DIR [--release-dir RELEASE] [--deadline 420] [--limit STEP=SECONDS ...]
-    python tools/gpu_report.py --plan                 # the compile budget of a run on sm_90, printed without a GPU
+    python tools/gpu_report.py --plan                 # the compile budget of a run on sm_90, on any machine
     python tools/gpu_report.py DIR --simulate 90      # the rehearsal: simulated device, eager, smallest shapes
     python tools/gpu_report.py --build-triton-cache CACHE   # our kernels of a run, compiled for sm_90 here
+    python tools/gpu_report.py --check-triton-cache CACHE   # replay a run through Triton's JIT: all cache hits?
+    TRITON_CACHE_DIR=CACHE python tools/gpu_report.py DIR   # on the card: the kernels found there load, no compile
 
 The process imports once, builds each model once per configuration and runs every benchmark in-process. The
 steps, in order of value (:data:`STEPS`, each with its own time limit):
@@ -29,7 +31,8 @@ Each row is printed and appended to ``DIR/rows.jsonl`` the moment it is measured
 keeps every finished row. One JSON object per line, ``kind`` one of ``plan`` (the compile budget), ``row``,
 ``step`` (a step's status: ``ok``, ``failed`` (its rows or the step itself), ``cut``, ``not started``) and
 ``summary``, the last line. The run has one deadline (``--deadline``, default 420 s) and each step a limit
-(``--limit STEP=SECONDS``); steps check both between iterations (a compile in progress finishes first), a step
+(``--limit STEP=SECONDS``; by default :data:`STEPS`' seconds plus the step's expected compile seconds); steps
+check both between iterations (a compile in progress finishes first), a step
 past its limit says so and the run goes on with the next; past the deadline the remaining steps are not started.
 The summary (also ``DIR/summary.txt``) lists every step with its status.
 
@@ -43,6 +46,11 @@ counted apart (their seconds are known only from a GPU run: the rows' ``first_s`
 ``--simulate CAP`` runs the report on the simulated device (``MMPPMA_SIMULATE_CUDA=CAP``, the kernels on Triton's
 interpreter, CPU tensors), eager only, every step at its smallest shape (:data:`REHEARSAL`): it proves the steps,
 the limits and the files, and measures no speed.
+
+A Triton cache built here serves the card when it holds the JIT's own keys (the triton wheel's hash, the kernel's
+source and specialization, ptxas and target, the options): ``--build-triton-cache`` compiles every launch of a run
+through the JIT's own path with a stand-in driver for the card, keeps what a hit reads (metadata and cubin) and
+replays the launches from the folder; a run rewrites the folder's group files (absolute paths) to where it is.
 
 The models' steps need mmengine and mmpretrain (not mmcv); on a machine with only torch and triton, from a folder
 of their wheels: ``pip install --no-deps --no-index --find-links WHEELS mmengine==0.10.7 mmpretrain==1.2.0``
