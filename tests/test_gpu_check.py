@@ -172,7 +172,13 @@ def test_the_rehearsal_runs_every_step_in_order_and_a_cut_step_leaves_valid_rows
     assert records[-1] == dict(records[-1], kind='summary', steps=status)
     summary = (out / 'summary.txt').read_text().splitlines()
     assert summary[0].startswith('== summary: 8 steps') and printed.rstrip().endswith(summary[-1])
-    assert [line.split()[:2] for line in summary[1:]] == [[s['step'], s['status']] for s in steps]
+    assert [line.split()[:2] for line in summary[1:9]] == [[s['step'], s['status']] for s in steps]
+    compared = [line.split(': time')[0] for line in summary[9:]]  # the model rows measured in pairs
+    assert compared == ['cls_infer_b64 PPMA auto / cls_infer_b64 RMT auto',
+                        'cls_infer_b64 PPMA auto / cls_infer_b64 PPMA (release) release',
+                        'cls_infer_b64 PPMA torch / cls_infer_b64 PPMA (release) release',
+                        'linear_train_b64 PPMLA auto / linear_train_b64 MLLA auto',
+                        'backbone_800x1344 PPMA auto / backbone_800x1344 RMT auto'], summary
 
 
 def test_past_the_deadline_the_remaining_steps_are_not_started(gpu_report, tmp_path, capsys, monkeypatch):

@@ -250,6 +250,7 @@ class Context:
         self.args, self.sizes, self.device, self.clock = args, sizes, device, clock
         self.simulated = bool(args.simulate)
         self.models: Dict[tuple, tuple] = {}
+        self.rows: List[dict] = []  # every row written, for the summary's comparisons
         self.gpu_check = __import__('gpu_check')
 
     def model(self, name: str, impl: str, task: str, shape, batch: int):
@@ -616,6 +617,7 @@ def run_steps(ctx: Context, report: Report, steps=None) -> List[dict]:
             nonlocal rows, failed
             record = dict(kind='row', step=name, **row)
             report.write(record)
+            ctx.rows.append(record)
             print('  ' + row_text(row), flush=True)
             rows += 1
             failed += row_failed(row)
@@ -642,13 +644,37 @@ def run_steps(ctx: Context, report: Report, steps=None) -> List[dict]:
     return statuses
 
 
-def summary_lines(statuses: List[dict], report_path: str, deadline: float, elapsed: float) -> List[str]:
+#: the summary's comparisons of model rows: (step, row a, step, row b), rows named by (model, impl)
+COMPARED = [('cls_infer_b64', ('PPMA', 'auto'), 'cls_infer_b64', ('RMT', 'auto')),
+            ('cls_infer_b64', ('PPMA', 'auto'), 'cls_infer_b64', ('PPMA (release)', 'release')),
+            ('cls_infer_b64', ('PPMA', 'torch'), 'cls_infer_b64', ('PPMA (release)', 'release')),
+            ('cls_train_b64', ('PPMA', 'auto'), 'cls_train_b64', ('RMT', 'auto')),
+            ('cls_train_b64', ('PPMA', 'auto'), 'cls_train_b64', ('PPMA (release)', 'release')),
+            ('cuda_graphs_b64', ('PPMA', 'auto'), 'cls_infer_b64', ('PPMA', 'auto')),
+            ('cuda_graphs_b64', ('RMT', 'auto'), 'cls_infer_b64', ('RMT', 'auto')),
+            ('linear_train_b64', ('PPMLA', 'auto'), 'linear_train_b64', ('MLLA', 'auto')),
+            ('backbone_800x1344', ('PPMA', 'auto'), 'backbone_800x1344', ('RMT', 'auto'))]
+
+
+def comparisons(rows: List[dict]) -> List[str]:
+    """``a / b`` time ratios of the model rows both measured (:data:`COMPARED`)."""
+    timed = {(r['step'], r.get('model'), r.get('impl')): r for r in rows if 'ms' in r}
+    lines = []
+    for step_a, a, step_b, b in COMPARED:
+        ra, rb = timed.get((step_a, *a)), timed.get((step_b, *b))
+        if ra and rb:
+            lines.append(f'{step_a} {" ".join(a)} / {step_b} {" ".join(b)}: time {ra["ms"] / rb["ms"]:.2f}x')
+    return lines
+
+
+def summary_lines(statuses: List[dict], report_path: str, deadline: float, elapsed: float,
+                  rows: List[dict] = ()) -> List[str]:
     lines = [f'== summary: {len(statuses)} steps in {elapsed:.0f} s of the deadline {deadline:g} s; rows in '
              f'{report_path}']
     for s in statuses:
         lines.append(f'{s["step"]:<18} {s["status"]:<12} {s["seconds"]:7.1f} s (limit {s["limit"]:g} s) '
                      f'{s["rows"]:3d} rows  {s["message"]}'.rstrip())
-    return lines
+    return lines + comparisons(list(rows))
 
 
 # --------------------------------------------------------------------------------------------- the compile plan
@@ -999,7 +1025,7 @@ def run_report(args, clock: Clock) -> int:
     ctx = Context(args, REHEARSAL if args.simulate else REAL, torch.device('cpu' if args.simulate else 'cuda'),
                   clock)
     statuses = run_steps(ctx, report)
-    lines = summary_lines(statuses, report.path, args.deadline, clock.now() - clock.start)
+    lines = summary_lines(statuses, report.path, args.deadline, clock.now() - clock.start, ctx.rows)
     report.write(dict(kind='summary', steps={s['step']: s['status'] for s in statuses},
                       seconds=round(clock.now() - clock.start, 1)))
     report.close()
