@@ -1,5 +1,7 @@
 """tools/gpu_check.py, the check a GPU user runs, on the simulated GPU at its tiny shapes: every op with a Triton
-kernel against the dense float64 reference, deterministic; one dtype in the default tier, all three in the full."""
+kernel against the dense float64 reference, deterministic; one dtype in the default tier, all three in the full.
+tools/gpu_report.py, the whole GPU report, rehearsed there: its steps in order, a cut step, the deadline, the
+rows file and the summary."""
 import json
 import os
 import re
