@@ -1,7 +1,10 @@
 """tools/gpu_check.py, the check a GPU user runs, on the simulated GPU at its tiny shapes: every op with a Triton
-kernel against the dense float64 reference, deterministic; one dtype in the default tier, all three in the full."""
+kernel against the dense float64 reference, deterministic; one dtype in the default tier, all three in the full.
+tools/gpu_report.py, the whole GPU report, rehearsed there: its steps in order, a cut step, the deadline, the
+rows file and the summary."""
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -100,86 +103,123 @@ def test_guarded_speed_rows_report_their_error(gpu_check):
     assert gpu_check.guarded(lambda: dict(ms_fwd=1.0), {}) == (dict(ok=True, ms_fwd=1.0), '')
 
 
-def _gpu_report(tmp_path, *args):
-    """tools/gpu_report.sh DIR ARGS with a stand-in interpreter that logs its arguments (and fails the gpu_check steps
-    with exit 3) and a stand-in ``timeout`` that stops the backbone step as a timeout would (124)."""
-    import shutil
-    import subprocess
-    bin_dir = tmp_path / 'bin'
-    bin_dir.mkdir(exist_ok=True)
-    log = tmp_path / 'calls'
-    log.unlink(missing_ok=True)
-    (bin_dir / 'python').write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$*" in *gpu_check.py*) exit 3;; esac\n')
-    (bin_dir / 'timeout').write_text(f'#!/bin/sh\ncase "$*" in *"--task backbone"*) exit 124;; esac\n'
-                                     f'exec {shutil.which("timeout")} "$@"\n')
-    for tool in ('python', 'timeout'):
-        (bin_dir / tool).chmod(0o755)
-    env = dict(os.environ, PYTHON=str(bin_dir / 'python'), PATH=f'{bin_dir}{os.pathsep}{os.environ["PATH"]}')
-    done = subprocess.run(['bash', str(REPO_ROOT / 'tools' / 'gpu_report.sh'), *map(str, args)], env=env,
-                          capture_output=True, text=True, timeout=60)
-    calls = log.read_text().splitlines() if log.exists() else []
-    return done, calls
-
-
-def test_gpu_report_runs_every_step_within_its_budget_and_sums_them_up(gpu_check, tmp_path, monkeypatch):
-    """Each part's timeouts sum to at most 9 minutes; each command is one the tools accept; a failing step and a timed
-    out one are named in the summary and the steps after them still run."""
-    import re
-    import shlex
-    import sys
-    for name in ('PPMA.py', 'RMT.py'):  # --release-dir wants the release's two model files there
-        (tmp_path / name).write_text('')
+@pytest.fixture
+def gpu_report(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO_ROOT / 'tools'))
-    sys.modules.pop('benchmark_model', None)
-    import benchmark_model
-    requirements = (REPO_ROOT / 'requirements.txt').read_text()
-    pins = [re.search(rf'^{name}==\S+', requirements, re.M).group(0) for name in ('mmengine', 'mmpretrain')]
-    expected = {'1': ['card', 'gpu_check', 'cls_infer_b64', 'cls_train_b64'],
-                '2': ['ops_800x1344', 'linear_train_b64', 'backbone_800x1344', 'release_train_b64']}
-    runs, checks = [], []
-    for part, names in expected.items():
-        out = tmp_path / f'out{part}'
-        done, calls = _gpu_report(tmp_path, out, *(['--part', part] if part == '2' else []), '--release-dir', tmp_path)
-        assert done.returncode == 1, done.stdout + done.stderr
-        steps = re.findall(r'^== (\w+) \(timeout (\d+) s\)', done.stdout, re.M)
-        assert [name for name, _ in steps] == names
-        assert sum(int(seconds) for _, seconds in steps) <= 9 * 60
-        assert f'pip install {" ".join(pins)}' in done.stdout
-        assert calls[0] == '-c import mmengine, mmpretrain'  # the check for mmengine and mmpretrain
-        if part == '1':  # the card, then the quick check
-            assert calls[1].startswith('-c import sys, torch, triton')
-        calls = [shlex.split(line) for line in calls[1:]]
-        if part == '1':
-            args = gpu_check.parse_args(calls[1][1:])
-            assert calls[1][0] == 'tools/gpu_check.py' and args.quick and args.json == str(out / 'gpu_check.json')
-            calls = calls[2:]
-        runs += [benchmark_model.parse_args(call[1:]) for call in calls if call[0] == 'tools/benchmark_model.py']
-        checks += [gpu_check.parse_args(call[1:]) for call in calls if call[0] == 'tools/gpu_check.py']
-        summary = (out / 'summary.txt').read_text()
-        assert re.search(r'^(gpu_check|ops_800x1344) +FAILED .*exit 3', summary, re.M), summary
-        assert len(re.findall(r'^\w+ +ok ', summary, re.M)) == 3 - (part == '2'), summary
-        assert (out / f'{names[-1]}.log').exists()
-        if part == '2':
-            # the backbone step timed out before its interpreter ran: its command as the step's header line gives it
-            line = re.search(r'^== backbone_800x1344 \(timeout \d+ s\): \S+ (.*)$', done.stdout, re.M).group(1)
-            assert re.search(r'^backbone_800x1344 +TIMED OUT', summary, re.M), summary
-            assert line.split()[0] == 'tools/benchmark_model.py'
-            backbone = benchmark_model.parse_args(line.split()[1:])
-            assert (backbone.device, backbone.shape, backbone.batch, backbone.mode, backbone.models) == (
-                'cuda', [800, 1344], 2, 'train', ['PPMA', 'RMT'])
-    assert [(c.shapes, c.dtype, c.speed_batch) for c in checks] == [(['det_800x1344'], ['bf16'], 2)]
-    assert all((r.device, r.task, r.shape, r.amp, r.batch, r.compile) == ('cuda', 'classifier', [224, 224], 'bf16', 64,
-                                                                         ['none']) for r in runs)
-    assert [(r.mode, r.optimizer, r.models, r.impl, r.release_dir) for r in runs] == [
-        ('infer', False, ['PPMA', 'RMT'], ['auto', 'torch'], str(tmp_path)),
-        ('train', True, ['PPMA', 'RMT'], ['auto'], None),
-        ('train', True, ['PPMLA', 'MLLA'], ['auto'], None),
-        ('train', True, ['PPMA', 'RMT'], ['auto'], str(tmp_path))]
+    import gpu_report
+    return gpu_report
 
 
-@pytest.mark.parametrize('args, message', [(['--frobnicate'], "unknown option '--frobnicate'"), ([], 'usage'),
-                                           (['--release-dir'], '--release-dir needs a folder'),
-                                           (['--part', '3'], '--part takes 1 or 2')])
-def test_gpu_report_refuses_bad_arguments(tmp_path, args, message):
-    done, calls = _gpu_report(tmp_path, *([tmp_path / 'out'] if args[:1] != [] else []), *args)
-    assert done.returncode != 0 and message in done.stderr and calls == [], done.stderr
+def _release(folder):
+    """A stand-in for the release's PPMA.py and RMT.py: factories of a model with ``forward_features``."""
+    folder.mkdir()
+    for name, factory in (('PPMA', 'PPMAViT_T'), ('RMT', 'RMT_T')):
+        (folder / f'{name}.py').write_text(
+            'import torch\n\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n'
+            '        self.conv = torch.nn.Conv2d(3, 8, 4, 4)\n\n    def forward_features(self, x):\n'
+            f'        return self.conv(x).mean((-2, -1))\n\n\ndef {factory}(pretrained):\n    return Net()\n')
+    return folder
+
+
+def _records(folder):
+    return [json.loads(line) for line in (folder / 'rows.jsonl').read_text().splitlines()]
+
+
+def test_the_rehearsal_runs_every_step_in_order_and_a_cut_step_leaves_valid_rows(gpu_report, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """tools/gpu_report.py on the simulated GPU: the compile budget of a real run first, every step in order, the
+    training step cut at its limit (after its first step, a compile in progress finishes) with a message, the
+    steps after it still run, every line of rows.jsonl is JSON, the summary lists every step with its status."""
+    import sys
+    monkeypatch.delenv('MMPPMA_SIMULATE_CUDA', raising=False)
+    monkeypatch.setattr(sys, 'path', list(sys.path))  # the release's folder goes on it
+    for name in ('PPMA', 'RMT'):  # the release's modules, imported by name
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    out = tmp_path / 'out'
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: a second thread only waits, and on a loaded machine it thrashes
+    try:
+        code = gpu_report.main([str(out), '--simulate', '90', '--release-dir', str(_release(tmp_path / 'release')),
+                                '--limit', 'cls_train_b64=0'])
+    finally:
+        torch.set_num_threads(threads)
+    for name in ('PPMA', 'RMT'):
+        sys.modules.pop(name, None)
+    printed = capsys.readouterr().out
+    assert code == 1, printed
+    records = _records(out)
+    names = [name for name, _ in gpu_report.STEPS]
+    plan = [r for r in records if r['kind'] == 'plan']
+    assert [p['step'] for p in plan] == names
+    new = {p['step']: p['triton'] for p in plan}
+    assert new['gpu_check'] > 0 and new['ops_800x1344'] > 0 and new['cuda_graphs_b64'] == 0  # step 3's launches
+    assert {p['step']: p['inductor_graphs'] for p in plan if p['inductor_graphs']} == {'ops_800x1344': 6,
+                                                                                     'cuda_graphs_b64': 2}
+    assert re.search(rf'compile budget of a run on sm_90: {sum(new.values())} Triton specializations of our '
+                     r'kernels, about \d+ s to compile', printed), printed
+    steps = [r for r in records if r['kind'] == 'step']
+    assert [s['step'] for s in steps] == names
+    status = {s['step']: s['status'] for s in steps}
+    assert status == dict({name: 'ok' for name in names}, cls_train_b64='cut'), steps
+    cut = steps[names.index('cls_train_b64')]
+    assert cut['rows'] == 0 and cut['message'] == 'cut: past its limit of 0 s (after 0 rows)'
+    assert '== cls_train_b64: CUT cut: past its limit of 0 s' in printed
+    rows = [r for r in records if r['kind'] == 'row']
+    by_step = {name: [r for r in rows if r['step'] == name] for name in names}
+    assert [(r['op'], r['dtype'], r['ok']) for r in by_step['gpu_check']] == [('path_decay_tables', 'fp32', True)]
+    infer = by_step['cls_infer_b64']
+    assert [(r['model'], r['impl']) for r in infer] == [('PPMA', 'auto'), ('RMT', 'auto'), ('PPMA', 'torch'),
+                                                         ('PPMA (release)', 'release'), ('RMT (release)', 'release')]
+    assert all(r['iters'] == 1 and r['ms'] > 0 for r in infer[:3]) and [r['ran'] for r in infer] == ['torch'] * 3 + [
+        'release'] * 2
+    assert [r['op'] for r in by_step['ops_800x1344']] == ['path_decay_tables', 'ppma_attention (FlexAttention)']
+    assert by_step['cuda_graphs_b64'][0]['skipped'] == 'simulated device: eager only'
+    assert [r['model'] for r in by_step['linear_train_b64']] == ['PPMLA', 'MLLA']
+    assert [r['model'] for r in by_step['backbone_800x1344']] == ['PPMA', 'RMT']
+    assert records[-1] == dict(records[-1], kind='summary', steps=status)
+    summary = (out / 'summary.txt').read_text().splitlines()
+    assert summary[0].startswith('== summary: 8 steps') and printed.rstrip().endswith(summary[-1])
+    assert [line.split()[:2] for line in summary[1:9]] == [[s['step'], s['status']] for s in steps]
+    compared = [line.split(': time')[0] for line in summary[9:]]  # the model rows measured in pairs
+    assert compared == ['cls_infer_b64 PPMA auto / cls_infer_b64 RMT auto',
+                        'cls_infer_b64 PPMA auto / cls_infer_b64 PPMA (release) release',
+                        'cls_infer_b64 PPMA torch / cls_infer_b64 PPMA (release) release',
+                        'linear_train_b64 PPMLA auto / linear_train_b64 MLLA auto',
+                        'backbone_800x1344 PPMA auto / backbone_800x1344 RMT auto'], summary
+
+
+def test_past_the_deadline_the_remaining_steps_are_not_started(gpu_report, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv('MMPPMA_SIMULATE_CUDA', raising=False)
+    """The card step's row is taken when the clock is past the run's deadline: the step is cut after it and no
+    later step starts; each says why."""
+    monkeypatch.setattr(gpu_report, 'compile_plan', lambda cap: [])
+    now = [0.0]
+    clock = gpu_report.Clock
+    monkeypatch.setattr(gpu_report, 'Clock', lambda deadline: clock(deadline, now=lambda: now[0]))
+    card = gpu_report.STEP_FUNCTIONS['card']
+
+    def late_card(ctx):
+        for row in card(ctx):
+            now[0] = 150.0
+            yield row
+
+    monkeypatch.setitem(gpu_report.STEP_FUNCTIONS, 'card', late_card)
+    out = tmp_path / 'out'
+    assert gpu_report.main([str(out), '--simulate', '90', '--deadline', '100']) == 1
+    steps = [r for r in _records(out) if r['kind'] == 'step']
+    assert [(s['step'], s['status']) for s in steps] == [('card', 'cut')] + [
+        (name, 'not started') for name, _ in gpu_report.STEPS[1:]]
+    assert steps[0]['rows'] == 1 and 'past its deadline of 100 s' in steps[0]['message']
+    assert '== gpu_check: not started (the run is past its deadline of 100 s)' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('args, message', [
+    ([], 'DIR is required'), (['out', '--limit', 'nope=3'], "--limit takes STEP=SECONDS with STEP one of card"),
+    (['out', '--limit', 'gpu_check=soon'], "--limit gpu_check: the seconds must be a number >= 0, not 'soon'"),
+    (['out', '--deadline', '0'], '--deadline must be a positive number'),
+    (['out', '--plan'], '--plan and the Triton cache options run no step'),
+    (['out', '--release-dir', '.'], 'no PPMA.py, RMT.py there')])
+def test_gpu_report_refuses_bad_arguments(gpu_report, args, message, capsys):
+    with pytest.raises(SystemExit) as raised:
+        gpu_report.parse_args(args)
+    assert raised.value.code == 2 and message in capsys.readouterr().err

@@ -116,10 +116,16 @@ def make_case(op: str, shape: tuple, device, dtype, seed: int = 0) -> Tuple[Call
     from mmppma import ops
     g = torch.Generator().manual_seed(seed)
 
+    meta = torch.device(device).type == 'meta'  # no data: the launches only (tools/gpu_report.py's budget)
+
     def randn(*s, scale=1.0):
+        if meta:
+            return torch.empty(*s, device=device, dtype=dtype)
         return (torch.randn(*s, generator=g) * scale).to(device=device, dtype=dtype)
 
     def decay(*s):
+        if meta:
+            return torch.empty(*s, device=device)
         return (-torch.rand(*s, generator=g) * 0.5).to(device)
 
     if op == 'polyline_mask_matvec_3d':
@@ -161,7 +167,9 @@ def forward_backward(call, inputs, impl, cotangent=None):
     import torch
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     out = call(*leaves, impl)
-    if cotangent is None:
+    if cotangent is None and out.device.type == 'meta':
+        cotangent = torch.empty_like(out)
+    elif cotangent is None:
         cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
     grads = torch.autograd.grad(out, leaves, cotangent.to(out.dtype), allow_unused=True)
     return [out.detach()] + [torch.zeros_like(t) if gr is None else gr for t, gr in zip(leaves, grads)], cotangent
