@@ -6,6 +6,7 @@
     python tools/check_kernels.py --arch 86 --dtype fp16 --shapes upernet_512 --jobs 2
     python tools/check_kernels.py --jobs 2 --write         # rewrite docs/generated/check_kernels.md
     python tools/check_kernels.py --sass --dtype bf16 fp16 # with each key loop's SASS cost against plain flash
+    python tools/check_kernels.py --model --shapes det_800x1344 --dtype bf16 --arch 90   # predicted op times
 
 The launches are found by running the ops themselves (forward and backward, through ``impl='triton'``) on
 ``meta`` tensors while :func:`mmppma.ops.triton_support.launch.recording` collects them instead of launching: the same
@@ -26,6 +27,12 @@ products, :mod:`sass_cost`): SASS instructions per score by class, and the ratio
 kernels) compiled in the same run with the same tiles, warps, stages, dtype and target. ``--sass-limit``: the half
 precision rows of the attention kernels also fail above :data:`SASS_LIMITS` (the scan, PPMLA's fused kernels,
 which have no flash analogue, and float32 rows are reported without a limit).
+
+``--model``: each op call's predicted kernel time (:mod:`kernel_model`: key-loop SASS by pipe x computed scores,
+occupancy, waves) against flash attention with FlashAttention-2's tiles over the same real scores;
+``--model-limit`` fails the calls outside :data:`MODEL_LIMITS`, :data:`REAL_SHARE` and :data:`FORWARD_WARPS`;
+``--validate`` sets the model against the H200 run (``docs/kernel_model.md``); ``--kernels-at REV`` compiles the
+kernels and launch tables of ``mmppma/`` at a git revision.
 """
 import argparse
 import concurrent.futures
