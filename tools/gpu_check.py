@@ -217,19 +217,22 @@ def time_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def speed_row(op, label, shape, dtype_name, repeats) -> Dict:
-    """Forward and forward + backward of the op's kernels against flash SDPA on (B, heads, H * W, d)."""
+def speed_row(op, label, shape, dtype_name, repeats, device='cuda', timer=None) -> Dict:
+    """Forward and forward + backward of the op's kernels against SDPA on (B, heads, H * W, d) (its flash backend
+    on a GPU), each the median of ``timer(fn, repeats)`` (default :func:`time_ms`: CUDA events)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16}[dtype_name]
-    call, inputs = make_case(op, shape, 'cuda', dtype)
+    dtype = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}[dtype_name]
+    timer = timer or time_ms
+    call, inputs = make_case(op, shape, device, dtype)
     leaves = [t.requires_grad_() for t in inputs]
     b, heads, h, w, d = shape
-    flat = [torch.randn(b, heads, h * w, d, device='cuda', dtype=dtype, requires_grad=True) for _ in range(3)]
+    flat = [torch.randn(b, heads, h * w, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
+    on_gpu = torch.device(device).type == 'cuda'
 
     def sdpa():
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if on_gpu else contextlib.nullcontext():
             return F.scaled_dot_product_attention(*flat)
 
     def both(fn):
@@ -243,7 +246,7 @@ def speed_row(op, label, shape, dtype_name, repeats) -> Dict:
     for key, fn in (('ms_fwd', ours), ('ms_fwd_bwd', both(ours)), ('sdpa_ms_fwd', sdpa),
                     ('sdpa_ms_fwd_bwd', both(sdpa))):
         with torch.no_grad() if key.endswith('fwd') else torch.enable_grad():
-            row[key] = time_ms(fn, repeats)
+            row[key] = timer(fn, repeats)
     return row
 
 
@@ -262,26 +265,33 @@ def guarded(fn, row: Dict, *args) -> Tuple[Dict, str]:
 
 
 @contextlib.contextmanager
-def environment(simulate: Optional[int]) -> Iterator[None]:
-    """Within the block: the simulated device's variables (``--simulate``) and float32 products without TF32; the
+def simulated(cap: Optional[int], tool: str = 'gpu_check') -> Iterator[None]:
+    """Within the block: the simulated device of capability ``cap`` (None: nothing), the kernels interpreted; the
     caller's settings after it (``main`` may run in a caller's process)."""
     saved = {name: os.environ.get(name) for name in ('MMPPMA_SIMULATE_CUDA', 'TRITON_INTERPRET')}
-    if simulate:
+    if cap:
         interpreted = os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
         if not interpreted and any(name.endswith('.triton_impl') for name in sys.modules):
-            raise SystemExit('gpu_check: --simulate needs the kernels interpreted, but they were imported compiled; '
+            raise SystemExit(f'{tool}: --simulate needs the kernels interpreted, but they were imported compiled; '
                              'run it in a fresh process')
-        os.environ.update(MMPPMA_SIMULATE_CUDA=str(simulate), TRITON_INTERPRET='1')
-    from mmppma.ops.triton_support.launch import tf32_matmuls
+        os.environ.update(MMPPMA_SIMULATE_CUDA=str(cap), TRITON_INTERPRET='1')
     try:
-        with tf32_matmuls(False):  # float32 rows are checked against exact products
-            yield
+        yield
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+@contextlib.contextmanager
+def environment(simulate: Optional[int]) -> Iterator[None]:
+    """Within the block: the simulated device's variables (``--simulate``) and float32 products without TF32."""
+    with simulated(simulate):
+        from mmppma.ops.triton_support.launch import tf32_matmuls
+        with tf32_matmuls(False):  # float32 rows are checked against exact products
+            yield
 
 
 def main(argv=None) -> int:

@@ -213,29 +213,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-@contextlib.contextmanager
-def simulated(cap: Optional[int]) -> Iterator[None]:
-    """The simulated device's variables within the block (``cap`` None: nothing), the caller's after it."""
-    if not cap:
-        yield
-        return
-    names = ('MMPPMA_SIMULATE_CUDA', 'TRITON_INTERPRET')
-    saved = {name: os.environ.get(name) for name in names}
-    interpreted = os.environ.get('TRITON_INTERPRET', '0') not in ('', '0')
-    if not interpreted and any(name.endswith('.triton_impl') for name in sys.modules):
-        raise SystemExit('gpu_report: --simulate needs the kernels interpreted, but they were imported compiled; '
-                         'run it in a fresh process')
-    os.environ.update(MMPPMA_SIMULATE_CUDA=str(cap), TRITON_INTERPRET='1')
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def install_line() -> str:
     with open(osp.join(ROOT, 'requirements.txt')) as f:
         pins = re.findall(r'^((?:mmengine|mmpretrain)==\S+)', f.read(), re.M)
@@ -442,36 +419,11 @@ def time_ms(ctx: Context, fn: Callable, repeats: int) -> float:
 
 
 def op_speed(ctx: Context, op: str, label: str, shape: tuple, dtype_name: str, repeats: int) -> dict:
-    """Forward and forward + backward of the op's kernels against SDPA on (B, heads, H * W, d): flash on a GPU."""
-    import torch
-    import torch.nn.functional as F
-    dtype = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}[dtype_name]
-    device = ctx.device
-    call, inputs = ctx.gpu_check.make_case(op, shape, device, dtype)
-    leaves = [t.requires_grad_() for t in inputs]
-    b, heads, h, w, d = shape
-    flat = [torch.randn(b, heads, h * w, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
-
-    def sdpa():
-        if device.type != 'cuda':
-            return F.scaled_dot_product_attention(*flat)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(*flat)
-
-    def both(fn):
-        def run():
-            out = fn()
-            out.backward(torch.ones_like(out))
-        return run
-
-    ours = lambda: call(*leaves, 'triton')  # noqa: E731
-    row = dict(op=op, shape=label, size=list(shape), dtype=dtype_name)
-    for key, fn in (('ms_fwd', ours), ('ms_fwd_bwd', both(ours)), ('sdpa_ms_fwd', sdpa),
-                    ('sdpa_ms_fwd_bwd', both(sdpa))):
-        with torch.no_grad() if key.endswith('fwd') else torch.enable_grad():
-            row[key] = time_ms(ctx, fn, repeats)
-    return row
+    """Forward and forward + backward of the op's kernels against SDPA on (B, heads, H * W, d): flash on a GPU
+    (``gpu_check.speed_row``, timed by :func:`time_ms`)."""
+    row = ctx.gpu_check.speed_row(op, label, shape, dtype_name, repeats, device=ctx.device,
+                                  timer=lambda fn, count: time_ms(ctx, fn, count))
+    return dict(row, size=list(shape))
 
 
 def flex_speed(ctx: Context, label: str, shape: tuple, dtype_name: str, repeats: int) -> dict:
@@ -986,7 +938,8 @@ def main(argv=None) -> int:
     if args.check_triton_cache:
         return check_triton_cache(args.check_triton_cache)
     clock = Clock(args.deadline)
-    with simulated(args.simulate):
+    import gpu_check  # tools/: on sys.path
+    with gpu_check.simulated(args.simulate, 'gpu_report'):
         return run_report(args, clock)
 
 
