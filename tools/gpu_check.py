@@ -202,19 +202,21 @@ def check_row(op, label, shape, dtype_name, device, dense_tokens) -> Dict:
                 grad_error=max(errors[1:]), limit=limit, deterministic=deterministic, finite=finite, ok=ok)
 
 
-def time_ms(fn, repeats: int) -> float:
+def event_ms(fn) -> float:
+    """Milliseconds of one call of ``fn`` on the GPU, by CUDA events."""
     import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def time_ms(fn, repeats: int) -> float:
     for _ in range(3):
         fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(event_ms(fn) for _ in range(repeats))
 
 
 def speed_row(op, label, shape, dtype_name, repeats, device='cuda', timer=None) -> Dict:

@@ -398,19 +398,13 @@ QUICK_REPEATS = 10
 def time_ms(ctx: Context, fn: Callable, repeats: int) -> float:
     """Median milliseconds of ``fn`` after a warm-up call (the rehearsal: none; CUDA events on a GPU), the clock
     checked between runs."""
-    import torch
     for _ in range(ctx.sizes['warmup']):
         fn()
     times = []
     for _ in range(repeats):
         ctx.clock.check()
         if ctx.device.type == 'cuda':
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
+            times.append(ctx.gpu_check.event_ms(fn))
         else:
             start = time.perf_counter()
             fn()
