@@ -99,14 +99,7 @@ def test_the_fit_recovers_a_known_share_and_overhead():
     # measured SDPA forward consistent with the share and overhead (the rows are priced at share 1)
     run = {key: (m[0], m[1], (100.0 if 'stage3' in key[0] else 20.0) / share / 1e3 + overhead, m[3])
            for key, m in model.H200_RUN.items()}
-    original = dict(model.H200_RUN)
-    model.H200_RUN.clear()
-    model.H200_RUN.update(run)
-    try:
-        fit, out = model.validate(rows, 1.0)
-    finally:
-        model.H200_RUN.clear()
-        model.H200_RUN.update(original)
+    fit, out = model.validate(rows, 1.0, run)
     assert fit['fwd']['issue_share'] == pytest.approx(share) and fit['fwd']['overhead_ms'] == pytest.approx(overhead)
     whole = next(row for row in out if row['kind'] == 'whole' and 'stage3' in row['label'] and row['phase'] == 'fwd')
     assert whole['ours'] == pytest.approx(0.3 / share + model.HOST_RATIOS['whole'][0] * overhead)

@@ -248,19 +248,20 @@ def _fit_line(points: List[Tuple[float, float]]) -> Tuple[float, float]:
     return slope, my - slope * mx
 
 
-def validate(rows: List[dict], issue_share: float) -> Tuple[dict, List[dict]]:
-    """The model against :data:`H200_RUN`, from ``rows`` (check_kernels' --model rows of sm_90 bf16 priced at
-    ``issue_share``): the issue share and SDPA's call overhead fitted on the SDPA rows alone (flash's predicted
-    issue-bound time against SDPA's measured forward, stages 3 and 4; the forward and backward's overhead at that
-    share), then each op call predicted as its kernels at
-    that share plus its host time (:data:`HOST_RATIOS` times SDPA's overhead). Returns (fit, per call and phase:
-    predicted and measured ms, ratios to SDPA)."""
+def validate(rows: List[dict], issue_share: float, run: Optional[dict] = None) -> Tuple[dict, List[dict]]:
+    """The model against a measured run (``run``, default :data:`H200_RUN`), from ``rows`` (check_kernels' --model
+    rows of sm_90 bf16 priced at ``issue_share``): the issue share and SDPA's call overhead fitted on the SDPA rows
+    alone (flash's predicted issue-bound time against SDPA's measured forward, stages 3 and 4; the forward and
+    backward's overhead at that share), then each op call predicted as its kernels at that share plus its host time
+    (:data:`HOST_RATIOS` times SDPA's overhead). Returns (fit, per call and phase: predicted and measured ms,
+    ratios to SDPA)."""
+    run = H200_RUN if run is None else run
     by_call = {(row['label'], row['kind'], row['phase']): row for row in rows
                if row['arch'] == 90 and row['dtype'] == 'bf16'}
     fit = {}
     for index, phase in enumerate(('fwd', 'fwd+bwd')):
         points = []
-        for (label, kind), measured in H200_RUN.items():
+        for (label, kind), measured in run.items():
             if kind in ('whole', 'manhattan') and (label, kind, 'fwd') in by_call:
                 flash = sum(by_call[label, kind, p]['flash'] for p in (('fwd', ) if index == 0 else ('fwd', 'bwd')))
                 points.append((flash * issue_share / 1e3, measured[2 + index]))
@@ -274,7 +275,7 @@ def validate(rows: List[dict], issue_share: float) -> Tuple[dict, List[dict]]:
             overhead = sum(y - x / share for x, y in points) / len(points)
         fit[phase] = dict(issue_share=share, overhead_ms=overhead, points=len(points))
     out = []
-    for (label, kind), measured in H200_RUN.items():
+    for (label, kind), measured in run.items():
         if (label, kind, 'fwd') not in by_call or (label, kind, 'bwd') not in by_call:
             continue
         for index, phase in enumerate(('fwd', 'fwd+bwd')):
