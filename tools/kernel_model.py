@@ -176,14 +176,18 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
                     programs = bh * _cdiv(rows * cols, own)
                 parts.append((path, (programs, iterations, own, other)))
         return parts
-    if kernel == '_whole_bwd':
+    if kernel == '_whole_bwd':  # own tiles of BLOCK_OWN consecutive map tokens, or (BLOCK_V / BLOCK_H) of one row
         parts = []
         for path in ('v2h', 'h2v'):
             if c[path.upper()]:
                 image = (path == 'v2h') != bool(c['KEYS'])
                 rows, cols = (h, w) if image else (w, h)
-                own, chunk = (c['BLOCK_V'], c['COLS_V']) if image else (c['BLOCK_H'], c['COLS_H'])
-                parts.append((path, _map_tiles(bh, rows, cols, own, c['BLOCK_OTHER'], chunk)))
+                own, chunk = (c.get('BLOCK_V'), c['COLS_V']) if image else (c.get('BLOCK_H'), c['COLS_H'])
+                programs, iterations, own, other = _map_tiles(bh, rows, cols, own or c['BLOCK_OWN'],
+                                                              c['BLOCK_OTHER'], chunk)
+                if 'BLOCK_OWN' in c:
+                    programs = bh * _cdiv(rows * cols, own)
+                parts.append((path, (programs, iterations, own, other)))
         return parts
     if kernel in ('_line_fwd', '_line_bwd'):
         length, lines = (h, w) if c['COLUMNS'] else (w, h)

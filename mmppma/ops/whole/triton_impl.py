@@ -10,8 +10,8 @@ tables swapped: the kernel reads the same tensors with the row and column stride
 consecutive map tokens, whose corner entries are gathered once per key column chunk (see :func:`_fwd_map`). q, k
 and v are read by strides in the caller's layout; o and lse are written in the image's order.
 
-The backward has one kernel form too (:func:`_bwd_map`): own tiles of one map row, the corners in the own row.
-The queries' programs run on the path's forward map; the keys' programs on its transpose, where the same path
+The backward has one kernel form too (:func:`_bwd_map`): own tiles of consecutive map tokens, the corners in the
+own tokens' rows. The queries' programs run on the path's forward map; the keys' programs on its transpose, where the same path
 puts the corner in the key's row (V2H's corner, the query's row and the key's column, is the transpose's row of
 the key). One launch holds the queries' programs of every path, another the keys' (:func:`_whole_bwd`). Each
 program recomputes its tiles and reduces the bias gradient onto the tables from one (own token x column) sum of the
@@ -144,103 +144,117 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, heads
 
 @triton.jit
 def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr, c1_ptr,
-             c2_ptr, scale, scale2, weight, pid, N, D, DV, x_r, x_c, v_r, v_c, o_r, o_c, t_r, t_c, slot_stride,
-             W: tl.constexpr, KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
-             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, PRECISION: tl.constexpr):
-    """Own tile ``pid`` of one slice: BLOCK_OWN columns of one row of a map W tokens wide, keys (KEYS) or queries,
-    against every other token, in tiles of (BLOCK_OTHER // COLS map rows x COLS columns), column chunk by column
-    chunk. The path's corners lie in the own row: the map is the one on which the path puts the corner at (own
-    row, other column) - for queries the forward's map, for keys its transpose (see the module's doc). Map token
-    (r, c) lies at ``r * x_r + c * x_c`` in q and k (``v_r``, ``v_c`` in v, ``o_r``, ``o_c`` in the output
-    gradient, ``t_r``, ``t_c`` in the tables, lse, delta and every gradient buffer, which are in the image's
-    order).
+             c2_ptr, scale, scale2, weight, pid, D, DV, x_r, x_c, v_r, v_c, o_r, o_c, t_r, t_c, slot_stride,
+             H: tl.constexpr, W: tl.constexpr, KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr,
+             BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr,
+             PRECISION: tl.constexpr):
+    """Own tile ``pid`` of one slice on an H x W map: BLOCK_OWN consecutive map tokens (row-major: a tile spans map
+    rows, only the map's last tile pads), keys (KEYS) or queries, against every other token, in tiles of
+    (BLOCK_OTHER // COLS map rows x COLS columns), column chunk by column chunk. The map is the one on which the
+    path puts the corner at (own row, other column) - for queries the forward's map, for keys its transpose (see
+    the module's doc). Map token (r, c) lies at ``r * x_r + c * x_c`` in q and k (``v_r``, ``v_c`` in v, ``o_r``,
+    ``o_c`` in the output gradient, ``t_r``, ``t_c`` in the tables, lse, delta and every gradient buffer, which are
+    in the image's order).
 
     Log2 units, as the forward: x = scale2 s - lse2 + m, with the log-mask m = -|T1[own] - T1[c]| - |T2[c] -
-    T2[other]| at the corner c, T1 the map's row table and T2 its column table (scaled per loaded vector). Per score
-    that is one difference and one absolute value: the corner entries and the other tokens' column segments are
-    per-other vectors.
+    T2[other]| at the corner c, T1 the map's row table and T2 its column table (scaled as loaded). The corner
+    entries and the row segment's term are (own token x column) tiles gathered once per column chunk; per score
+    the bias costs one difference and one absolute value, and (keys) the queries' log-normaliser.
 
     g1 = dk, g2 = dv (KEYS) or g1 = dq (float32, image order), and ``self_ptr``: T1's gradient at the own tokens.
-    The queries' programs also store T1's and T2's gradients at the corners (own row, every column), summed over
-    the own tokens and the other rows, at ``c1_ptr`` / ``c2_ptr`` plus the slot of the program's column chunk
-    (``slot_stride`` apart): one writer per entry, no atomics. Both come from the score gradient summed per (own
-    token, column of the chunk) over the chunk's tiles, by products with a (other tokens x COLS) column spreader,
-    and the signs applied once per chunk. Signs follow the segment sums' index order (exact at ties): the row
-    segment runs from the own column j to the other column l, the column segment from the own row i to the other
-    row k."""
-    chunks: tl.constexpr = (W + BLOCK_OWN - 1) // BLOCK_OWN
-    H = N // W
-    row = pid // chunks
-    chunk = pid % chunks
-    cols_own = chunk * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
-    mask_own = cols_own < W
-    tok_own = row * t_r + cols_own * t_c
+    The queries' programs also store T1's and T2's gradients at the corners (the own rows, every column), summed
+    over the own tokens of a row and the other rows, at ``c1_ptr`` / ``c2_ptr`` plus the slot ``pid % SLOTS``
+    (``slot_stride`` apart; the tiles that touch one map row are at most SLOTS consecutive ones): one writer per
+    entry, no atomics. Both come from the score gradient summed per (own token, column of the chunk) over the
+    chunk's tiles, by products with a (other tokens x COLS) column spreader, and the signs applied once per chunk
+    (the column segment's, which depends on the own and the other row, per score). Signs follow the segment sums'
+    index order (exact at ties): the row segment runs from the own column j to the other column l, the column
+    segment from the own row i to the other row k."""
+    SLOTS: tl.constexpr = (W + BLOCK_OWN - 2) // BLOCK_OWN + 1
+    SPAN: tl.constexpr = (BLOCK_OWN + W - 2) // W + 1  # map rows one own tile touches, at most
+    ROWS: tl.constexpr = BLOCK_OTHER // COLS
+    tok = pid * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
+    mask_own = tok < H * W
+    row_own = tok // W
+    col_own = tok % W
+    tok_own = row_own * t_r + col_own * t_c
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     if KEYS:
-        a = load_rows(k_ptr, row * x_r + cols_own * x_c, mask_own, offs_d, D)
-        da = load_rows(v_ptr, row * v_r + cols_own * v_c, mask_own, offs_dv, DV)
+        a = load_rows(k_ptr, row_own * x_r + col_own * x_c, mask_own, offs_d, D)
+        da = load_rows(v_ptr, row_own * v_r + col_own * v_c, mask_own, offs_dv, DV)
         b_ptr, db_ptr, b_r, b_c, db_r, db_c = q_ptr, do_ptr, x_r, x_c, o_r, o_c
     else:
-        a = load_rows(q_ptr, row * x_r + cols_own * x_c, mask_own, offs_d, D)
-        da = load_rows(do_ptr, row * o_r + cols_own * o_c, mask_own, offs_dv, DV)
+        a = load_rows(q_ptr, row_own * x_r + col_own * x_c, mask_own, offs_d, D)
+        da = load_rows(do_ptr, row_own * o_r + col_own * o_c, mask_own, offs_dv, DV)
         b_ptr, db_ptr, b_r, b_c, db_r, db_c = k_ptr, v_ptr, x_r, x_c, v_r, v_c
     da = (da.to(tl.float32) * weight).to(da.dtype)  # the path's weight (1 or 1/2: exact) in dP once, not per score
-    # own tokens past the row: P = 0
+    # own tokens past the map: P = 0
     t1_own = tl.load(t1_ptr + tok_own, mask=mask_own, other=float('inf')) * LOG2E_
     g1 = tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32)
     g2 = tl.zeros([BLOCK_OWN, BLOCK_DV], tl.float32)
     self_own = tl.zeros([BLOCK_OWN], tl.float32)
-    ROWS: tl.constexpr = BLOCK_OTHER // COLS
     # other token -> its column of the chunk: the score gradient summed per (own token, column) by a product
     spread = tl.where((tl.arange(0, BLOCK_OTHER) % COLS)[:, None] == tl.arange(0, COLS)[None, :], 1.0, 0.0)
-    if not KEYS:  # the own queries' log-normaliser, log2 units (past the row: any finite value, P = 0 there)
+    tile_rows = tl.arange(0, BLOCK_OTHER) // COLS
+    if not KEYS:  # the own queries' log-normaliser, log2 units (past the map: any finite value, P = 0 there)
         lse_own = tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0) * LOG2E_
         delta_own = tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight
     for c0 in range(0, W, COLS):
         per_column = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # sum over the chunk's rows of ds, per column
-        if not KEYS:
-            per_column_signed = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # the same, signed by row
+        if not KEYS:  # the same over the other rows above the own token's
+            above = tl.zeros([BLOCK_OWN, COLS], tl.float32)
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
         in_row = cols < W
-        corner = row * t_r + cols * t_c
-        t2c = tl.load(t2_ptr + corner, mask=in_row, other=0.0) * LOG2E_
+        corner = row_own[:, None] * t_r + cols[None, :] * t_c  # (own row, other column)
+        on_map = mask_own[:, None] & in_row[None, :]
+        t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0) * LOG2E_
         # the row segment, per (own token, column): built once per chunk; the queries' log-normaliser with it
-        chunk_bias = -tl.abs(t1_own[:, None] - tl.load(t1_ptr + corner, mask=in_row, other=0.0)[None, :] * LOG2E_)
+        chunk_bias = -tl.abs(t1_own[:, None] - tl.load(t1_ptr + corner, mask=on_map, other=0.0) * LOG2E_)
         if not KEYS:
             chunk_bias -= lse_own[:, None]
         for r0 in range(0, H, ROWS):
-            rows = r0 + tl.arange(0, BLOCK_OTHER) // COLS
+            rows = r0 + tile_rows
             mask = (rows < H) & in_row
-            tok = rows * t_r + cols * t_c
-            # per other token: the column segment (-inf past the map) and, for the keys' programs, the queries'
-            # log-normaliser
-            per_other = -tl.abs(t2c - tl.load(t2_ptr + tok, mask=mask, other=float('inf')) * LOG2E_)
+            tok_other = rows * t_r + cols * t_c
+            # the other tokens' column table (+inf past the map: a bias of -inf)
+            t2_other = tl.load(t2_ptr + tok_other, mask=mask, other=float('inf')) * LOG2E_
             b = load_rows(b_ptr, rows * b_r + cols * b_c, mask, offs_d, D)
             db = load_rows(db_ptr, rows * db_r + cols * db_c, mask, offs_dv, DV)
-            if KEYS:
-                per_other -= tl.load(lse_ptr + tok, mask=mask, other=0.0) * LOG2E_
-                delta = tl.load(delta_ptr + tok, mask=mask, other=0.0)[None, :] * weight
-            else:
-                delta = delta_own[:, None]
             s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
-            p = tl.math.exp2(s * scale2 + (chunk_bias + per_other[None, :]))
+            if KEYS:  # the other queries' log-normaliser
+                lse_other = tl.load(lse_ptr + tok_other, mask=mask, other=0.0) * LOG2E_
+                x = s * scale2 + (chunk_bias - (tl.abs(t2_corner - t2_other[None, :]) + lse_other[None, :]))
+                delta = tl.load(delta_ptr + tok_other, mask=mask, other=0.0)[None, :] * weight
+            else:
+                x = s * scale2 + (chunk_bias - tl.abs(t2_corner - t2_other[None, :]))
+                delta = delta_own[:, None]
+            p = tl.math.exp2(x)
             if KEYS:
                 g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
             ds = (p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)).to(b.dtype)  # P (w dP - delta)
+            if not KEYS:  # the corners' column segment: an own token on the tile's row r0 + j takes the sum so far
+                for j in tl.static_range(ROWS):
+                    if j == 0:
+                        so_far = per_column
+                    else:  # and the tile's rows before j
+                        so_far = tl.dot(ds, tl.where(tile_rows[:, None] < j, spread, 0.0).to(b.dtype), per_column,
+                                        input_precision=PRECISION)
+                    above = tl.where((row_own == r0 + j)[:, None], so_far, above)
             per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
-            if not KEYS:  # the corners: the column segment's sign: the other row against the own
-                per_column_signed = tl.dot(ds, tl.where(row > rows[:, None], spread, -spread).to(b.dtype),
-                                           per_column_signed, input_precision=PRECISION)
             g1 += tl.dot(ds, b, input_precision=PRECISION)
         # the row segment's sign, own column j against the chunk's column l: d m / d T1[own] = -d m / d T1[c]
-        signed = per_column * tl.where(cols_own[:, None] >= c0 + tl.arange(0, COLS)[None, :], 1.0, -1.0)
+        signed = per_column * tl.where(col_own[:, None] >= c0 + tl.arange(0, COLS)[None, :], 1.0, -1.0)
         self_own += tl.sum(signed, 1)
-        if not KEYS:  # the corners, into the slot of the program's column chunk
-            at = row * t_r + (c0 + tl.arange(0, COLS)) * t_c + chunk * slot_stride
+        if not KEYS:  # the corners, per own row, into the program's slot
+            signed_rows = 2 * above - per_column  # + above the own row, - at and below it
+            first = pid * BLOCK_OWN // W
             keep = c0 + tl.arange(0, COLS) < W
-            tl.store(c1_ptr + at, -tl.sum(signed, 0), mask=keep)
-            tl.store(c2_ptr + at, tl.sum(per_column_signed, 0), mask=keep)
+            for r in tl.static_range(SPAN):
+                here = (row_own == first + r)[:, None]
+                at = (first + r) * t_r + (c0 + tl.arange(0, COLS)) * t_c + (pid % SLOTS) * slot_stride
+                tl.store(c1_ptr + at, -tl.sum(tl.where(here, signed, 0.0), 0), mask=keep & (first + r < H))
+                tl.store(c2_ptr + at, tl.sum(tl.where(here, signed_rows, 0.0), 0), mask=keep & (first + r < H))
     store_tile(g1_ptr, tok_own, mask_own, offs_d, D, g1 * scale)
     if KEYS:
         store_tile(g2_ptr, tok_own, mask_own, offs_dv, DV, g2 * weight)
@@ -251,19 +265,19 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
 def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gt_ptr, scale,
                scale2, weight, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b, v_n, v_h, v_w, o_b, o_n, o_h, o_w, TILES, BH,
                SLOT_V, SLOT_H, HH: tl.constexpr, WW: tl.constexpr, KEYS: tl.constexpr, V2H: tl.constexpr,
-               H2V: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, COLS_V: tl.constexpr,
-               COLS_H: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               H2V: tl.constexpr, BLOCK_OWN: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr,
+               BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                PRECISION: tl.constexpr):
     """Whole attention's backward: the queries' programs (or, KEYS, the keys') of every path of the form in one
     launch. Axis 1 is the path (V2H, then H2V), axis 0 the (slice, own tile) programs, slice-major, TILES per slice
-    (the larger map's count; the rest idle). A path's queries run on its forward map, its keys on the transpose:
-    :func:`_bwd_map` on the image (map width WW, own tiles of BLOCK_V, column chunks of COLS_V; row table Ca) or on
-    its transpose (HH, BLOCK_H, COLS_H; row table Cb). q, k, v and the output gradient are read by strides ((B,
+    (own tiles of BLOCK_OWN consecutive tokens of the path's map). A path's queries run on its forward map, its keys
+    on the transpose: :func:`_bwd_map` on the image (map width WW, column chunks of COLS_V; row table Ca) or on its
+    transpose (HH, COLS_H; row table Cb). q, k, v and the output gradient are read by strides ((B,
     heads, H, W, .) with strides (x_b, x_n, x_h, x_w, 1)); the tables (BH, H, W), lse and delta (paths, BH, H, W)
     are contiguous. Every buffer written is float32 in the image's order: g1, g2 (paths, BH, H, W, .) - dq, or dk
     and dv - and the table gradients ``gt`` (slots, 2, BH, H, W), Ca's plane then Cb's per slot: slot 0 (queries)
-    or 1 (keys) the own tokens' row-table gradient, slots ``2 + SLOT_V + chunk`` (V2H) and ``2 + SLOT_H + chunk``
-    (H2V) the queries' corner sums."""
+    or 1 (keys) the own tokens' row-table gradient, slots ``2 + SLOT_V + s`` (V2H) and ``2 + SLOT_H + s`` (H2V)
+    the queries' corner sums (see :func:`_bwd_map`)."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
     path = tl.program_id(1)
@@ -284,55 +298,53 @@ def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, 
         if path == 0:
             if KEYS:
                 _bwd_transpose(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr,
-                               gb_ptr, corners + SLOT_V * 2 * plane, plane, scale, scale2, weight, tile, N, D, DV, q_h,
-                               q_w, v_h, v_w, o_h, o_w, HH, KEYS, BLOCK_H, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_H,
+                               gb_ptr, corners + SLOT_V * 2 * plane, plane, scale, scale2, weight, tile, D, DV, q_h,
+                               q_w, v_h, v_w, o_h, o_w, HH, WW, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_H,
                                PRECISION)
             else:
                 _bwd_image(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr,
-                           gb_ptr, corners + SLOT_V * 2 * plane, plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w,
-                           v_h, v_w, o_h, o_w, WW, KEYS, BLOCK_V, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_V, PRECISION)
+                           gb_ptr, corners + SLOT_V * 2 * plane, plane, scale, scale2, weight, tile, D, DV, q_h, q_w,
+                           v_h, v_w, o_h, o_w, HH, WW, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_V, PRECISION)
     if H2V:
         if path == h2v_index:
             if KEYS:
                 _bwd_image(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr,
-                           gb_ptr, corners + SLOT_H * 2 * plane, plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w,
-                           v_h, v_w, o_h, o_w, WW, KEYS, BLOCK_V, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_V, PRECISION)
+                           gb_ptr, corners + SLOT_H * 2 * plane, plane, scale, scale2, weight, tile, D, DV, q_h, q_w,
+                           v_h, v_w, o_h, o_w, HH, WW, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_V, PRECISION)
             else:
                 _bwd_transpose(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr,
-                               gb_ptr, corners + SLOT_H * 2 * plane, plane, scale, scale2, weight, tile, N, D, DV, q_h,
-                               q_w, v_h, v_w, o_h, o_w, HH, KEYS, BLOCK_H, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_H,
+                               gb_ptr, corners + SLOT_H * 2 * plane, plane, scale, scale2, weight, tile, D, DV, q_h,
+                               q_w, v_h, v_w, o_h, o_w, HH, WW, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS_H,
                                PRECISION)
 
 
 @triton.jit
 def _bwd_image(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr, gb_ptr,
-               at_ptr, plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w, v_h, v_w, o_h, o_w, W: tl.constexpr,
-               KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_DV: tl.constexpr, COLS: tl.constexpr, PRECISION: tl.constexpr):
-    """:func:`_bwd_map` on the image (W = its width): rows along H, row table Ca."""
-    if tile < N // W * ((W + BLOCK_OWN - 1) // BLOCK_OWN):
-        _bwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr, at_ptr,
-                 at_ptr + plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w, v_h, v_w, o_h, o_w, W, 1, 2 * plane,
-                 W, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS, PRECISION)
+               at_ptr, plane, scale, scale2, weight, tile, D, DV, q_h, q_w, v_h, v_w, o_h, o_w, H: tl.constexpr,
+               W: tl.constexpr, KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
+               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_bwd_map` on the image (H x W): rows along H, row table Ca."""
+    _bwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr, at_ptr,
+             at_ptr + plane, scale, scale2, weight, tile, D, DV, q_h, q_w, v_h, v_w, o_h, o_w, W, 1, 2 * plane, H, W,
+             KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS, PRECISION)
 
 
 @triton.jit
 def _bwd_transpose(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, ga_ptr, gb_ptr,
-                   at_ptr, plane, scale, scale2, weight, tile, N, D, DV, q_h, q_w, v_h, v_w, o_h, o_w,
-                   W: tl.constexpr, KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr, PRECISION: tl.constexpr):
-    """:func:`_bwd_map` on the image's transpose (W = the image's height): its rows are the image's columns, its
-    row table Cb, its column table Ca."""
-    if tile < N // W * ((W + BLOCK_OWN - 1) // BLOCK_OWN):
-        _bwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gb_ptr,
-                 at_ptr + plane, at_ptr, scale, scale2, weight, tile, N, D, DV, q_w, q_h, v_w, v_h, o_w, o_h, 1, N // W,
-                 2 * plane, W, KEYS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS, PRECISION)
+                   at_ptr, plane, scale, scale2, weight, tile, D, DV, q_h, q_w, v_h, v_w, o_h, o_w,
+                   H: tl.constexpr, W: tl.constexpr, KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr,
+                   BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, COLS: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """:func:`_bwd_map` on the transpose of an H x W image: its rows are the image's columns, its row table Cb,
+    its column table Ca."""
+    _bwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gb_ptr, at_ptr + plane,
+             at_ptr, scale, scale2, weight, tile, D, DV, q_w, q_h, v_w, v_h, o_w, o_h, 1, W, 2 * plane, W, H, KEYS,
+             BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_DV, COLS, PRECISION)
 
 
 def query_block(width: int, block_m: int, least: int = 16) -> int:
-    """The own tile's tokens on a line of ``width`` tokens (the forward's query tiles: the map's tokens; the
-    backward's own tiles: one map row): of ``least`` up to ``block_m``, the one that pads the line least (the
-    larger on ties)."""
+    """The own tile's tokens on a line of ``width`` tokens (the kernels' own tiles: consecutive tokens of the map):
+    of ``least`` up to ``block_m``, the one that pads the line least (the larger on ties)."""
     return min((block for block in (16, 32, 64, 128) if least <= block <= max(least, block_m)),
                key=lambda block: (triton.cdiv(width, block) * block, -block))
 
@@ -392,15 +404,15 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
 
 def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
     """Per kind (queries, keys): (grid, constexprs, config, tiles per slice, first path) of the backward's launches,
-    cached per call site, and the corner slots per path (the column chunks of its forward map's own tiles). A
-    kind's paths share one launch when their maps take the same configuration, else one each."""
+    cached per call site, and the corner slots per path (the most own tiles that touch one row of its forward map).
+    A kind's paths share one launch when their maps take the same configuration, else one each."""
     key = (q.shape, v.shape[-1], q.dtype, cap, form, lp.precision(q.dtype))
     plans = _BWD_PLANS.get(key)
     if plans is not None:
         return plans
     bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
     names = paths(form)
-    launches, chunks = [], {}
+    launches, slots = [], {}
     for keys in (False, True):
         family = 'whole_bwd_kv' if keys else 'whole_bwd_q'
         tiles = {}
@@ -409,28 +421,26 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             image = (path == 'v2h') != keys
             width = ww if image else hh
             cfg = lp.config(family, n, q.dtype, cap, width)
-            own = query_block(width, cfg.block_m)
-            if q.dtype != torch.float32 and width >= lp.NARROW:  # tensor-core tiles: 16 own rows per warp at least
-                own = max(own, 16 * cfg.num_warps)
+            # own tiles of consecutive map tokens: tensor-core tiles take 16 own rows per warp at least
+            least = 16 * cfg.num_warps if q.dtype != torch.float32 and width >= lp.NARROW else 16
+            own = query_block(n, cfg.block_m, least)
             # the column spreader's product needs 16 columns at least; the (own x column) sums are held through
             # the chunk: the largest tiles (128 x 64) take 32 columns at most (64 spill)
             cols = key_columns(width, n // width, cfg.block_n, least=16, most=32 if own * cfg.block_n >= 8192 else 128)
-            tiles[path] = (cfg, image, own, cols, n // width * lp.cdiv(width, own))
+            tiles[path] = (cfg, image, own, cols)
             if not keys:
-                chunks[path] = lp.cdiv(width, own)
+                slots[path] = (width + own - 2) // own + 1
         groups = [names] if len({tiles[p][0] for p in names}) == 1 else [(p, ) for p in names]
         for group in groups:
-            cfg = tiles[group[0]][0]
-            on_image = [tiles[p] for p in group if tiles[p][1]]
-            on_transpose = [tiles[p] for p in group if not tiles[p][1]]
-            block_v, cols_v = on_image[0][2:4] if on_image else (16, 16)
-            block_h, cols_h = on_transpose[0][2:4] if on_transpose else (16, 16)
-            count = max(tiles[p][4] for p in group)
-            constexprs = dict(HH=hh, WW=ww, KEYS=keys, V2H='v2h' in group, H2V='h2v' in group, BLOCK_V=block_v,
-                              BLOCK_H=block_h, COLS_V=cols_v, COLS_H=cols_h, BLOCK_OTHER=cfg.block_n,
-                              BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
+            cfg, _, own, _ = tiles[group[0]]
+            cols_v = next((tiles[p][3] for p in group if tiles[p][1]), 16)
+            cols_h = next((tiles[p][3] for p in group if not tiles[p][1]), 16)
+            count = lp.cdiv(n, own)
+            constexprs = dict(HH=hh, WW=ww, KEYS=keys, V2H='v2h' in group, H2V='h2v' in group, BLOCK_OWN=own,
+                              COLS_V=cols_v, COLS_H=cols_h, BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d),
+                              BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
             launches.append(((count * bh, len(group)), constexprs, cfg, count, names.index(group[0])))
-    plans = _BWD_PLANS[key] = (launches, chunks)
+    plans = _BWD_PLANS[key] = (launches, slots)
     return plans
 
 
@@ -444,7 +454,7 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
     dout: (B, heads, H, W, .) as :func:`forward_launches` takes them; o, lse as it returns them."""
     b, heads, hh, ww, d = q.shape
     bh, dv = b * heads, v.shape[-1]
-    plans, chunks = _bwd_plans(q, v, hh, ww, form, cap)
+    plans, slots = _bwd_plans(q, v, hh, ww, form, cap)
     count = len(paths(form))
     weight = 1.0 / count
     # rowsum(dP_p * P_p) = weight * (dout . o_p): the kernels weigh it
@@ -453,8 +463,8 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
     dq = torch.empty(count, bh, hh, ww, d, **f32)
     dk = torch.empty(count, bh, hh, ww, d, **f32)
     dv_ = torch.empty(count, bh, hh, ww, dv, **f32)
-    slot_h = chunks.get('v2h', 0)
-    tables = torch.zeros(2 + slot_h + chunks.get('h2v', 0), 2, bh, hh, ww, **f32)
+    slot_h = slots.get('v2h', 0)
+    tables = torch.zeros(2 + slot_h + slots.get('h2v', 0), 2, bh, hh, ww, **f32)
     qs, vs, os_ = q.stride(), v.stride(), dout.stride()
     launches = []
     for grid, constexprs, cfg, tiles, first in plans:
