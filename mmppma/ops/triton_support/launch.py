@@ -108,32 +108,30 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
     True: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89)}},
 }
 
-# (family, long sequence, half precision) -> {capability (0: any other): config}. In the tensor-core layout a
-# tile's rows are split over the warps 16 rows each, so num_warps = own block / 16 and no warp holds a replica;
-# each vector along the other axis costs (other block) / 4 registers per thread. Half precision at LARGE tokens
-# or more: the forwards take 64 x 64 tiles (FlashAttention's), but whole attention's, which holds two (query x key)
-# tiles of corner terms per column chunk, 64 x 32 where its products' operands sit in registers (every target but
-# sm_90's warp-group products: 64 x 64 spills 16-376 B there). Whole attention's backward holds (own token x
-# column) sums of the score gradient besides its tiles: 64 own tokens against 32 others (64 others spill on sm_80
-# to sm_89). Its own tiles are one image row's columns, at least 16 per warp; 128 own tokens on sm_90 pad the rows
-# of the configs' maps (50, 84, 64 tokens...) to 128 and are predicted slower per real score
-# (tools/kernel_model.py). Exact float32 products run
-# on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The forward
-# families take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current
-# block's math), which holds the prefetched block in registers too; the float32 whole-attention and line forwards
-# take 8 warps on short sequences for it (4 spill: on sm_90, and on every target at d 32 for the line forward) and
-# the whole-attention one 32 x 16 tiles on sm_86 / sm_89 / sm_90 (64 x 32 spill). The remaining
-# choices are the ones that compile without spills at the checked shapes (tools/check_kernels.py). sm_100 (B200)
-# takes the default rows, its 4-warp tiles on tensor-memory products (tcgen05) and the smaller ones on warp-level
-# products (HMMA); sm_120 (RTX 50) takes them on HMMA, but for whole attention's half-precision backward on long
-# sequences: 64 own tokens against 16 others (64 x 32 spills there, 128-240 B), and PPMLA's half-precision
-# backward, 64 x 16 as on sm_86 / sm_89 (64 x 32 spills 24-124 B).
+# (family, long sequence (:func:`long_tiles`), half precision) -> {capability (0: any other): config}. In the
+# tensor-core layout a tile's rows are split over the warps 16 rows each, so num_warps = own block / 16 and no warp
+# holds a replica; each vector along the other axis costs (other block) / 4 registers per thread. Half precision at
+# LARGE tokens or more: the forwards take 64 x 64 tiles (FlashAttention's), but whole attention's, which holds two
+# (query x key) tiles of corner terms per column chunk, 64 x 32 where its products' operands sit in registers (every
+# target but sm_90's warp-group products: 64 x 64 spills 16-376 B there). Whole attention's backward holds (own token
+# x column) sums of the score gradient besides its tiles: 64 own tokens against 32 others (64 others spill on sm_80 to
+# sm_89). Its own tiles are consecutive map tokens, at least 16 per warp (128 own tokens over 8 warps on sm_90 are
+# predicted slower per real score: tools/kernel_model.py). Exact float32 products run on the FMA units, whose operand
+# tiles cost more registers, so float32 tiles are 16-32 wide. The forward families take 2 stages: their key loops are
+# software-pipelined (the next key block's loads overlap the current block's math), which holds the prefetched block
+# in registers too; the float32 whole-attention and line forwards take 8 warps on short sequences for it (4 spill: on
+# sm_90, and on every target at d 32 for the line forward) and the whole-attention one 32 x 16 tiles on sm_86 / sm_89
+# / sm_90 (64 x 32 spill). The remaining choices are the ones that compile without spills at the checked shapes
+# (tools/check_kernels.py). sm_100 (B200) takes the default rows, its 4-warp tiles on tensor-memory products (tcgen05)
+# and the smaller ones on warp-level products (HMMA); sm_120 (RTX 50) takes them on HMMA, but for whole attention's
+# half-precision backward on long sequences: 64 own tokens against 16 others (64 x 32 spills there, 128-240 B), and
+# PPMLA's half-precision backward, 64 x 16 as on sm_86 / sm_89 (64 x 32 spills 24-124 B).
 _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('whole_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('whole_fwd', True, False): {0: Config(64, 32, 8, 2), **{cap: Config(32, 16, 8, 2) for cap in (86, 89, 90)}},
     ('whole_fwd', True, True): {0: Config(64, 32, 4, 2), 90: Config(64, 64, 4, 2)},
-    # backward: the own tile (one image row's columns, keys or queries) is block_m, the other tokens' block_n. The
+    # backward: the own tile (consecutive map tokens, keys or queries) is block_m, the other tokens' block_n. The
     # queries' programs also sum the corner table gradients.
     ('whole_bwd_q', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_q', False, True): {0: Config(32, 16, 2, 1)},
@@ -179,9 +177,25 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
         narrow = _NARROW[dtype != torch.float32]
         chosen = narrow.get(cap, narrow[0])
     else:
-        row = _TABLE[(family, length >= LARGE, dtype != torch.float32)]
+        row = _TABLE[(family, long_tiles(family, length, dtype), dtype != torch.float32)]
         chosen = row.get(cap, row[0])
     return dataclasses.replace(chosen, family=family)
+
+
+#: the families whose half-precision lines take the long row below LARGE tokens too (:func:`long_tiles`)
+LINE_FAMILIES = ('line_fwd', 'line_bwd')
+LINE_LONG = 48
+
+
+def long_tiles(family: str, length: int, dtype: torch.dtype) -> bool:
+    """Whether ``family`` takes its table's long row for ``length`` tokens: at LARGE tokens or more, and the
+    criss-cross kernels' half-precision lines of LINE_LONG or more that the long row's 64 own tokens pad no more than
+    the short row's 32 (lines of 56, 100 or 168 tokens; not 200 or 336): per score the 64 x 64 tiles over 4 warps
+    issue less than 32 x 32 over 2 (tools/kernel_model.py)."""
+    if length >= LARGE:
+        return True
+    return (family in LINE_FAMILIES and dtype != torch.float32 and length >= LINE_LONG
+            and cdiv(length, 64) * 64 == cdiv(length, 32) * 32)
 
 
 def table_configs(cap: int) -> FrozenSet[Config]:
