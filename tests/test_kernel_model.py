@@ -51,6 +51,22 @@ def test_whole_forward_tiles_match_a_walk_of_its_loops(h, w, own, other, cols):
     assert path == 'h2v' and tile[0] * tile[1] * tile[2] * tile[3] == _walk_whole_fwd(w, h, own, other, cols)[0]
 
 
+@pytest.mark.parametrize('h, w, own, other, cols', [(5, 7, 16, 8, 4), (7, 13, 32, 16, 8), (25, 42, 64, 32, 16)])
+def test_whole_backward_own_tiles_of_consecutive_tokens(h, w, own, other, cols):
+    """The backward's own tiles of BLOCK_OWN consecutive map tokens (only the map's last tile pads) against the keys'
+    column-chunked tiles: the queries on the forward's map, the keys on its transpose; counted by a walk."""
+    def walk(h, w):
+        tiles = -(-h * w // own)
+        chunks, row_tiles = -(-w // cols), -(-h // (other // cols))
+        return tiles * chunks * row_tiles * own * other
+    base = dict(V2H=True, H2V=False, BLOCK_OWN=own, COLS_V=cols, COLS_H=cols, BLOCK_OTHER=other)
+    for keys, (rows, columns) in ((False, (h, w)), (True, (w, h))):
+        desc = dict(kernel='_whole_bwd', constexprs=dict(base, KEYS=keys))
+        [(path, (programs, iterations, o, t))] = model.tiles(desc, h, w, 2)
+        assert path == 'v2h' and programs * iterations * o * t == 2 * walk(rows, columns)
+        assert programs == 2 * -(-h * w // own)
+
+
 def test_keys_of_consecutive_tokens_and_lines():
     """Without column chunks the keys come in blocks of consecutive tokens; a line kernel pads each line."""
     desc = dict(kernel='_whole_fwd', constexprs=dict(V2H=True, H2V=False, BLOCK_V=32, BLOCK_H=64, BLOCK_N=64))

@@ -43,13 +43,15 @@ def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
 
 
 def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
-    """Criss-cross lines below LARGE tokens take the long row's 64 own tokens where 32 would pad as much: lines of
-    56, 100 and 168 tokens (the configs' 224 and 800 x 1344 maps), not 28, 200 or 336; float32 and whole attention
-    keep the short row."""
-    half = {n: lp.long_tiles('line_fwd', n, torch.float16) for n in (28, 56, 100, 168, 200, 336, 1024)}
+    """Criss-cross lines below LARGE tokens take the long row's 64 own tokens on sm_90 where 32 would pad as much:
+    lines of 56, 100 and 168 tokens (the configs' 224 and 800 x 1344 maps), not 28, 200 or 336; float32, whole
+    attention and sm_80 keep the short row."""
+    half = {n: lp.long_tiles('line_fwd', n, torch.float16, 90) for n in (28, 56, 100, 168, 200, 336, 1024)}
     assert half == {28: False, 56: True, 100: True, 168: True, 200: False, 336: False, 1024: True}
     assert lp.config('line_bwd', 168, torch.bfloat16, 90) == lp.config('line_bwd', lp.LARGE, torch.bfloat16, 90)
-    assert not lp.long_tiles('line_fwd', 168, torch.float32) and not lp.long_tiles('whole_fwd', 168, torch.float16)
+    assert not lp.long_tiles('line_fwd', 168, torch.float32, 90) and not lp.long_tiles('whole_fwd', 168,
+                                                                                        torch.float16, 90)
+    assert not lp.long_tiles('line_bwd', 168, torch.float16, 80)  # the long row's backward spills there
 
 
 def test_a_grid_over_the_limits_is_refused():

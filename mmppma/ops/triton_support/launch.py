@@ -177,24 +177,27 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
         narrow = _NARROW[dtype != torch.float32]
         chosen = narrow.get(cap, narrow[0])
     else:
-        row = _TABLE[(family, long_tiles(family, length, dtype), dtype != torch.float32)]
+        row = _TABLE[(family, long_tiles(family, length, dtype, cap), dtype != torch.float32)]
         chosen = row.get(cap, row[0])
     return dataclasses.replace(chosen, family=family)
 
 
-#: the families whose half-precision lines take the long row below LARGE tokens too (:func:`long_tiles`)
+#: the families whose half-precision lines take the long row below LARGE tokens too (:func:`long_tiles`), and the
+#: capabilities where they do: the long row's backward spills on the others at the configs' head dims (d 32, 64
+#: values: 24-212 B on sm_80)
 LINE_FAMILIES = ('line_fwd', 'line_bwd')
 LINE_LONG = 48
+LINE_LONG_CAPS = (90, )
 
 
-def long_tiles(family: str, length: int, dtype: torch.dtype) -> bool:
-    """Whether ``family`` takes its table's long row for ``length`` tokens: at LARGE tokens or more, and the
-    criss-cross kernels' half-precision lines of LINE_LONG or more that the long row's 64 own tokens pad no more than
-    the short row's 32 (lines of 56, 100 or 168 tokens; not 200 or 336): per score the 64 x 64 tiles over 4 warps
-    issue less than 32 x 32 over 2 (tools/kernel_model.py)."""
+def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int) -> bool:
+    """Whether ``family`` takes its table's long row for ``length`` tokens on capability ``cap``: at LARGE tokens or
+    more, and (sm_90) the criss-cross kernels' half-precision lines of LINE_LONG or more that the long row's 64 own
+    tokens pad no more than the short row's 32 (lines of 56, 100 or 168 tokens; not 200 or 336): per score the
+    64 x 64 tiles over 4 warps issue less than 32 x 32 over 2 (tools/kernel_model.py)."""
     if length >= LARGE:
         return True
-    return (family in LINE_FAMILIES and dtype != torch.float32 and length >= LINE_LONG
+    return (family in LINE_FAMILIES and cap in LINE_LONG_CAPS and dtype != torch.float32 and length >= LINE_LONG
             and cdiv(length, 64) * 64 == cdiv(length, 32) * 32)
 
 

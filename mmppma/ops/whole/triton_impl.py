@@ -73,7 +73,7 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     that subtracts the row maximum. Keys past the map read T2 as +inf: a bias of -inf, no per-score mask. The key
     loop (over the chunk's rows) holds no loop of its own and is software-pipelined."""
     ROWS: tl.constexpr = BLOCK_N // COLS
-    EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0 and ROWS * COLS == BLOCK_N
+    EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0
     tok = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = tok < H * W
     row = tok // W
@@ -86,7 +86,7 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     tile_rows = tl.arange(0, BLOCK_N) // COLS
     for c0 in range(0, W, COLS):
         key_c = c0 + tl.arange(0, BLOCK_N) % COLS
-        in_row = (key_c < W) & (tl.arange(0, BLOCK_N) < ROWS * COLS)  # a key slot past the tile's rows: none
+        in_row = key_c < W
         corner = row[:, None] * t_r + key_c[None, :] * t_c  # (query row, key column)
         on_map = mask_m[:, None] & in_row[None, :]
         t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0)
@@ -171,8 +171,6 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
     index order (exact at ties): the row segment runs from the own column j to the other column l, the column
     segment from the own row i to the other row k."""
     SLOTS: tl.constexpr = (W + BLOCK_OWN - 2) // BLOCK_OWN + 1
-    # the column sums' width: COLS up to a power of two, 16 at least (a product's)
-    SPREAD: tl.constexpr = 16 if COLS <= 16 else (32 if COLS <= 32 else (64 if COLS <= 64 else 128))
     SPAN: tl.constexpr = (BLOCK_OWN + W - 2) // W + 1  # map rows one own tile touches, at most
     ROWS: tl.constexpr = BLOCK_OTHER // COLS
     tok = pid * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
@@ -197,17 +195,17 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
     g2 = tl.zeros([BLOCK_OWN, BLOCK_DV], tl.float32)
     self_own = tl.zeros([BLOCK_OWN], tl.float32)
     # other token -> its column of the chunk: the score gradient summed per (own token, column) by a product
-    spread = tl.where((tl.arange(0, BLOCK_OTHER) % COLS)[:, None] == tl.arange(0, SPREAD)[None, :], 1.0, 0.0)
+    spread = tl.where((tl.arange(0, BLOCK_OTHER) % COLS)[:, None] == tl.arange(0, COLS)[None, :], 1.0, 0.0)
     tile_rows = tl.arange(0, BLOCK_OTHER) // COLS
     if not KEYS:  # the own queries' log-normaliser, log2 units (past the map: any finite value, P = 0 there)
         lse_own = tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0) * LOG2E_
         delta_own = tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight
     for c0 in range(0, W, COLS):
-        per_column = tl.zeros([BLOCK_OWN, SPREAD], tl.float32)  # sum over the chunk's rows of ds, per column
+        per_column = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # sum over the chunk's rows of ds, per column
         if not KEYS:  # the same over the other rows above the own token's
-            above = tl.zeros([BLOCK_OWN, SPREAD], tl.float32)
+            above = tl.zeros([BLOCK_OWN, COLS], tl.float32)
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
-        in_row = (cols < W) & (tl.arange(0, BLOCK_OTHER) < ROWS * COLS)  # a slot past the tile's rows: none
+        in_row = cols < W
         corner = row_own[:, None] * t_r + cols[None, :] * t_c  # (own row, other column)
         on_map = mask_own[:, None] & in_row[None, :]
         t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0) * LOG2E_
@@ -246,15 +244,15 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
             per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
             g1 += tl.dot(ds, b, input_precision=PRECISION)
         # the row segment's sign, own column j against the chunk's column l: d m / d T1[own] = -d m / d T1[c]
-        signed = per_column * tl.where(col_own[:, None] >= c0 + tl.arange(0, SPREAD)[None, :], 1.0, -1.0)
+        signed = per_column * tl.where(col_own[:, None] >= c0 + tl.arange(0, COLS)[None, :], 1.0, -1.0)
         self_own += tl.sum(signed, 1)
         if not KEYS:  # the corners, per own row, into the program's slot
             signed_rows = 2 * above - per_column  # + above the own row, - at and below it
             first = pid * BLOCK_OWN // W
-            keep = (tl.arange(0, SPREAD) < COLS) & (c0 + tl.arange(0, SPREAD) < W)
+            keep = c0 + tl.arange(0, COLS) < W
             for r in tl.static_range(SPAN):
                 here = (row_own == first + r)[:, None]
-                at = (first + r) * t_r + (c0 + tl.arange(0, SPREAD)) * t_c + (pid % SLOTS) * slot_stride
+                at = (first + r) * t_r + (c0 + tl.arange(0, COLS)) * t_c + (pid % SLOTS) * slot_stride
                 tl.store(c1_ptr + at, -tl.sum(tl.where(here, signed, 0.0), 0), mask=keep & (first + r < H))
                 tl.store(c2_ptr + at, tl.sum(tl.where(here, signed_rows, 0.0), 0), mask=keep & (first + r < H))
     store_tile(g1_ptr, tok_own, mask_own, offs_d, D, g1 * scale)
@@ -353,12 +351,13 @@ def query_block(width: int, block_m: int, least: int = 16) -> int:
                key=lambda block: (triton.cdiv(width, block) * block, -block))
 
 
-def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int = 128, pow2: bool = False) -> int:
+def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int = 128) -> int:
     """The columns of a tile of ``block_n`` other tokens (``block_n // columns`` map rows) on a map ``width`` x
-    ``height``: of ``least`` up to ``block_n`` and ``most`` (powers of two only with ``pow2``), the one whose tiles
-    cover the map with the fewest slots (the wider on ties: fewer column chunks)."""
-    fits = [cols for cols in range(least, min(block_n, most) + 1) if not pow2 or cols & (cols - 1) == 0]
-    return min(fits, key=lambda cols: (lp.cdiv(width, cols) * lp.cdiv(height, block_n // cols), -cols))
+    ``height``: of ``least`` up to ``block_n`` and ``most``, the one that pads the map least (the wider on ties:
+    fewer column chunks)."""
+    return min((cols for cols in (8, 16, 32, 64, 128) if least <= cols <= min(block_n, most)),
+               key=lambda cols: (lp.cdiv(width, cols) * cols * lp.cdiv(height, block_n // cols)
+                                 * (block_n // cols), -cols))
 
 
 def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
@@ -428,10 +427,8 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             least = 16 * cfg.num_warps if q.dtype != torch.float32 and width >= lp.NARROW else 16
             own = query_block(n, cfg.block_m, least)
             # the column spreader's product needs 16 columns at least; the (own x column) sums are held through
-            # the chunk: the largest tiles (128 x 64) take 32 columns at most (64 spill). Powers of two: tiles of
-            # several map rows take integer work per other token otherwise (more than their padding costs)
-            cols = key_columns(width, n // width, cfg.block_n, least=16, most=32 if own * cfg.block_n >= 8192 else 128,
-                               pow2=True)
+            # the chunk: the largest tiles (128 x 64) take 32 columns at most (64 spill)
+            cols = key_columns(width, n // width, cfg.block_n, least=16, most=32 if own * cfg.block_n >= 8192 else 128)
             tiles[path] = (cfg, image, own, cols)
             if not keys:
                 slots[path] = (width + own - 2) // own + 1
