@@ -170,3 +170,30 @@ def test_every_configuration_against_the_float64_reference(cap, case, dtype, mon
         err = (norm(a - b) / norm(b).clamp_min(1e-30)).item()
         assert err <= (1e-4 if dtype == 'fp32' else 1e-2) or b.abs().max() == a.abs().max() == 0, \
             f'tensor {i} (0: out): error {err:.2e}'
+
+
+@pytest.mark.heavy
+@pytest.mark.slow(minutes=2)
+@pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
+def test_sm90_lines_below_large_on_the_long_tiles_against_the_float64_reference(dtype, monkeypatch):
+    """On sm_90 a 3 x 56 map's rows (56 tokens: one ragged 64-token tile) take the long tiles, its columns the short
+    ones; output and input gradients within 1e-2 in relative norm of the float64 reference."""
+    if torch.cuda.is_available():
+        pytest.skip('the simulated device runs CPU tensors on the interpreter')
+    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    g = torch.Generator().manual_seed(7)
+    shape = (1, 2, 3, 56, 16)
+    inputs = [(torch.randn(*shape, generator=g) * 0.5).to(DTYPES[dtype]).requires_grad_() for _ in range(3)]
+    inputs += [(-torch.rand(*shape[:-1], generator=g) * 0.5).requires_grad_() for _ in range(2)]
+    with lp.executed() as ran:
+        out = ops.criss_cross_attention(*inputs, scale=0.25, form='release', impl='auto')
+        cotangent = torch.randn(out.shape, generator=g).to(out.dtype)
+        got = [out] + list(torch.autograd.grad(out, inputs, cotangent))
+    long = lp.config('line_fwd', lp.LARGE, torch.float16, 90)
+    assert long.block_m == 64 and long in {c for _, c in ran} and {c.block_m for _, c in ran} == {32, 64}
+    wide = [t.detach().double().requires_grad_() for t in inputs]
+    want = ops.criss_cross_attention(*wide, scale=0.25, form='release', impl='reference')
+    want = [want] + list(torch.autograd.grad(want, wide, cotangent.double()))
+    for i, (a, b) in enumerate(zip(got, want)):
+        err = (torch.linalg.vector_norm(a.detach().double() - b) / torch.linalg.vector_norm(b)).item()
+        assert err <= 1e-2, f'tensor {i} (0: out): error {err:.2e}'
