@@ -148,11 +148,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _map_tiles(bh: int, rows: int, cols: int, own: int, other: int, chunk: Optional[int]):
-    """(programs, iterations, own, other) of own tiles of ``own`` columns of one map row against the map's tokens in
-    tiles of ``other``: (other // chunk rows x chunk columns) blocks, column chunk by column chunk, or (chunk None)
-    blocks of ``other`` consecutive tokens."""
-    programs = bh * rows * _cdiv(cols, own)
+def _map_tiles(bh: int, rows: int, cols: int, own: int, other: int, chunk: Optional[int], consecutive: bool):
+    """(programs, iterations, own, other) of own tiles of ``own`` consecutive map tokens (``consecutive``) or of
+    ``own`` columns of one map row against the map's tokens in tiles of ``other``: (other // chunk rows x chunk
+    columns) blocks, column chunk by column chunk, or (chunk None) blocks of ``other`` consecutive tokens."""
+    programs = bh * (_cdiv(rows * cols, own) if consecutive else rows * _cdiv(cols, own))
     if chunk:
         iterations = _cdiv(cols, chunk) * _cdiv(rows, other // chunk)
     else:
@@ -171,10 +171,8 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
                                      ('h2v', c['H2V'], c.get('BLOCK_H'), c.get('COLS_H'))):
             if on:
                 rows, cols = (h, w) if path == 'v2h' else (w, h)
-                programs, iterations, own, other = _map_tiles(bh, rows, cols, own or c['BLOCK_M'], c['BLOCK_N'], chunk)
-                if 'BLOCK_M' in c:
-                    programs = bh * _cdiv(rows * cols, own)
-                parts.append((path, (programs, iterations, own, other)))
+                parts.append((path, _map_tiles(bh, rows, cols, own or c['BLOCK_M'], c['BLOCK_N'], chunk,
+                                               'BLOCK_M' in c)))
         return parts
     if kernel == '_whole_bwd':  # own tiles of BLOCK_OWN consecutive map tokens, or (BLOCK_V / BLOCK_H) of one row
         parts = []
@@ -183,11 +181,8 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
                 image = (path == 'v2h') != bool(c['KEYS'])
                 rows, cols = (h, w) if image else (w, h)
                 own, chunk = (c.get('BLOCK_V'), c['COLS_V']) if image else (c.get('BLOCK_H'), c['COLS_H'])
-                programs, iterations, own, other = _map_tiles(bh, rows, cols, own or c['BLOCK_OWN'],
-                                                              c['BLOCK_OTHER'], chunk)
-                if 'BLOCK_OWN' in c:
-                    programs = bh * _cdiv(rows * cols, own)
-                parts.append((path, (programs, iterations, own, other)))
+                parts.append((path, _map_tiles(bh, rows, cols, own or c['BLOCK_OWN'], c['BLOCK_OTHER'], chunk,
+                                               'BLOCK_OWN' in c)))
         return parts
     if kernel in ('_line_fwd', '_line_bwd'):
         length, lines = (h, w) if c['COLUMNS'] else (w, h)

@@ -142,6 +142,13 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, heads
                      1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
 
 
+@triton.constexpr_function
+def corner_slots(width, own):
+    """The most own tiles of ``own`` consecutive tokens that touch one row of a map ``width`` tokens wide: the
+    backward's corner slots per path (the kernel and the host's buffer both take them from here)."""
+    return (width + own - 2) // own + 1
+
+
 @triton.jit
 def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr, c1_ptr,
              c2_ptr, scale, scale2, weight, pid, D, DV, x_r, x_c, v_r, v_c, o_r, o_c, t_r, t_c, slot_stride,
@@ -170,7 +177,7 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
     (the column segment's, which depends on the own and the other row, per score). Signs follow the segment sums'
     index order (exact at ties): the row segment runs from the own column j to the other column l, the column
     segment from the own row i to the other row k."""
-    SLOTS: tl.constexpr = (W + BLOCK_OWN - 2) // BLOCK_OWN + 1
+    SLOTS: tl.constexpr = corner_slots(W, BLOCK_OWN)
     SPAN: tl.constexpr = (BLOCK_OWN + W - 2) // W + 1  # map rows one own tile touches, at most
     ROWS: tl.constexpr = BLOCK_OTHER // COLS
     tok = pid * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
@@ -200,6 +207,8 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
     if not KEYS:  # the own queries' log-normaliser, log2 units (past the map: any finite value, P = 0 there)
         lse_own = tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0) * LOG2E_
         delta_own = tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight
+        first_row = pid * BLOCK_OWN // W  # of the own tile; its corner sums go to slot pid % SLOTS
+        slot = (pid % SLOTS) * slot_stride
     for c0 in range(0, W, COLS):
         per_column = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # sum over the chunk's rows of ds, per column
         if not KEYS:  # the same over the other rows above the own token's
@@ -248,13 +257,13 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
         self_own += tl.sum(signed, 1)
         if not KEYS:  # the corners, per own row, into the program's slot
             signed_rows = 2 * above - per_column  # + above the own row, - at and below it
-            first = pid * BLOCK_OWN // W
             keep = c0 + tl.arange(0, COLS) < W
             for r in tl.static_range(SPAN):
-                here = (row_own == first + r)[:, None]
-                at = (first + r) * t_r + (c0 + tl.arange(0, COLS)) * t_c + (pid % SLOTS) * slot_stride
-                tl.store(c1_ptr + at, -tl.sum(tl.where(here, signed, 0.0), 0), mask=keep & (first + r < H))
-                tl.store(c2_ptr + at, tl.sum(tl.where(here, signed_rows, 0.0), 0), mask=keep & (first + r < H))
+                here = (row_own == first_row + r)[:, None]
+                at = (first_row + r) * t_r + (c0 + tl.arange(0, COLS)) * t_c + slot
+                keep_row = keep & (first_row + r < H)
+                tl.store(c1_ptr + at, -tl.sum(tl.where(here, signed, 0.0), 0), mask=keep_row)
+                tl.store(c2_ptr + at, tl.sum(tl.where(here, signed_rows, 0.0), 0), mask=keep_row)
     store_tile(g1_ptr, tok_own, mask_own, offs_d, D, g1 * scale)
     if KEYS:
         store_tile(g2_ptr, tok_own, mask_own, offs_dv, DV, g2 * weight)
@@ -431,7 +440,7 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             cols = key_columns(width, n // width, cfg.block_n, least=16, most=32 if own * cfg.block_n >= 8192 else 128)
             tiles[path] = (cfg, image, own, cols)
             if not keys:
-                slots[path] = (width + own - 2) // own + 1
+                slots[path] = corner_slots(width, own)
         groups = [names] if len({tiles[p][0] for p in names}) == 1 else [(p, ) for p in names]
         for group in groups:
             cfg, _, own, _ = tiles[group[0]]
