@@ -4,27 +4,20 @@ import ast
 from pathlib import Path
 
 MMPPMA = Path(__file__).resolve().parents[1] / 'mmppma'
-#: modules kept at an old import path, which raise an ImportError naming the new one
-SHIMS = {
-    'mmppma.deploy_mask_rcnn': 'mmppma.deploy.mask_rcnn',
-    'mmppma.models.layers.adaptive_pool': 'mmppma.deploy.pools',
-    'mmppma.models.utils': 'mmppma.models.conversion',
-    'mmppma.models.backbones.release_format': 'mmppma.models.backbones.release',
-    'mmppma.utils.launch': 'mmppma.utils.runner_setup',
-}
 
 
 def module_files(root: Path):
     """Dotted module name -> file, for every module and package under ``root`` (a folder of mmppma)."""
     base = tuple(root.relative_to(MMPPMA.parent).parts)
-    files = {'.'.join((*base, *p.relative_to(root).with_suffix('').parts)).removesuffix('.__init__'): p
-             for p in sorted(root.rglob('*.py'))}
-    return {name: path for name, path in files.items() if name not in SHIMS}
+    return {'.'.join((*base, *p.relative_to(root).with_suffix('').parts)).removesuffix('.__init__'): p
+            for p in sorted(root.rglob('*.py'))}
 
 
 def imports(module: str, files: dict, scope: str):
-    """The modules and packages of ``scope`` (a dotted prefix) that importing ``module`` loads, lazy imports
-    included, except the packages it lies in."""
+    """The modules and packages of ``scope`` (a dotted prefix) that ``module`` imports, lazy imports included: each
+    named module or package, and the packages above it that importing it initializes, except those ``module``
+    lies in (Python has initialized them before ``module`` runs). A package that ``module`` lies in counts where
+    ``module`` names it."""
     package = module if files[module].name == '__init__.py' else module.rpartition('.')[0]
     for node in ast.walk(ast.parse(files[module].read_text())):
         if isinstance(node, ast.ImportFrom):
@@ -34,6 +27,9 @@ def imports(module: str, files: dict, scope: str):
         else:
             targets = [a.name for a in node.names] if isinstance(node, ast.Import) else []
         for target in targets:
+            if target.startswith(scope) and target in files and target != module:
+                yield target
+            target = target.rpartition('.')[0]
             while target.startswith(scope) and not module.startswith(target + '.'):
                 if target in files and target != module:
                     yield target

@@ -1,6 +1,7 @@
 """The model an OpenMMLab 2.0 config describes, built with its library's registry: one helper for the tools and the
-checkpoint converters. mmppma is imported, and the library the config's ``default_scope`` names is imported and
-registered, only when a config is built."""
+checkpoint converters. The library the config's ``default_scope`` names is imported and registered only when a
+config is built; mmppma's own modules are registered already (importing this module initializes the mmppma package
+first)."""
 import copy
 import importlib
 from typing import Optional, Union
@@ -15,13 +16,12 @@ _PIP_NAMES = {'mmseg': 'mmsegmentation'}
 
 
 def register_scope_modules(default_scope: Optional[str]) -> None:
-    """Import mmppma and register the modules of the library named by ``default_scope``.
+    """Register the modules of the library named by ``default_scope`` (mmppma's are registered on import).
 
     ``None`` or ``'mmengine'`` registers nothing beyond mmppma. A library without
     ``utils.register_all_modules`` is imported as a plain package (its registries' ``locations`` do
     the rest).
     """
-    import mmppma  # noqa: F401  (registers mmppma's modules and the checkpoint allowlist)
     if default_scope in (None, 'mmengine', 'mmppma'):
         return
     package = _SCOPE_PACKAGES.get(default_scope, default_scope)
