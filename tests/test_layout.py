@@ -9,11 +9,13 @@ from .import_graph import MMPPMA, cycles, imports, module_files
 
 FILES = module_files(MMPPMA)
 GRAPH = {m: set(imports(m, FILES, 'mmppma')) for m in FILES}
-#: modules every layer may import: the registry, the version, the argument checks, the checkpoint allowlist
-BASE = {'mmppma.version', 'mmppma.registry', 'mmppma.utils', 'mmppma.utils.checks', 'mmppma.utils.checkpoint'}
+#: modules every layer may import: the registry, the version, the argument checks, the checkpoint allowlist, a
+#: config's model built through the registries
+BASE = {'mmppma.version', 'mmppma.registry', 'mmppma.utils', 'mmppma.utils.checks', 'mmppma.utils.checkpoint',
+        'mmppma.utils.configs'}
 #: package prefix -> layer, inner to outer; the first prefix that matches decides; anything else is the top
 LAYERS = (('mmppma.ops', 1), ('mmppma.models.layers', 2), ('mmppma.models.backbones', 3), ('mmppma.deploy', 4),
-          ('mmppma.models', 5), ('mmppma.engine', 5), ('mmppma.utils.configs', 5))
+          ('mmppma.models', 5), ('mmppma.engine', 5))
 
 
 def layer(module: str) -> int:

@@ -19,6 +19,7 @@ from mmppma.ops import export_mode
 
 from .pools import runtime_pools
 from .runtime import ExportError
+from .targets import ONNXRUNTIME_CPU, ExportTarget
 
 #: what each kind of model exports (:func:`export_module`)
 OUTPUTS = {
@@ -130,10 +131,11 @@ def traced_input(x: torch.Tensor) -> torch.Tensor:
     return x.repeat(2, 1, 1, 1) if x.shape[0] == 1 else x
 
 
-def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = False, opset: int = 18,
-                optimize: bool = True) -> None:
-    """Export ``module`` (one tensor in) at input ``x`` to the ONNX file ``path`` (weights inside), tracing its plain
-    PyTorch paths (:func:`mmppma.ops.export_mode`), fixed-grid pools in their run-time form
+def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = False,
+                target: ExportTarget = ONNXRUNTIME_CPU, optimize: bool = True) -> None:
+    """Export ``module`` (one tensor in) at input ``x`` to the ONNX file ``path`` (weights inside) for the runtime
+    ``target`` (:mod:`mmppma.deploy.targets`: its opset and the ops' export forms), tracing its plain PyTorch paths
+    (:func:`mmppma.ops.export_mode`), fixed-grid pools in their run-time form
     (:func:`~mmppma.deploy.pools.runtime_pools`). ``dynamic``: batch, height and width are dynamic wherever the model
     allows (``torch.export.Dim.AUTO``: an axis the model fixes stays static; see :func:`dynamic_axes`). ``optimize``:
     run onnxscript's graph optimizer on the result (constant folding, fusions). Raises :class:`ExportError` naming the
@@ -151,8 +153,8 @@ def export_onnx(module: nn.Module, x: torch.Tensor, path: str, dynamic: bool = F
         shapes = ({axis: torch.export.Dim.AUTO for axis in (0, 2, 3)}, )
         x = traced_input(x)
     try:
-        with export_mode(), runtime_pools(module), torch.no_grad():
-            torch.onnx.export(module, (x, ), path, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
+        with export_mode(target), runtime_pools(module), torch.no_grad():
+            torch.onnx.export(module, (x, ), path, dynamo=True, opset_version=target.opset, dynamic_shapes=shapes,
                               external_data=False, input_names=['input'], optimize=optimize, verbose=False,
                               output_names=list(getattr(module, 'output_names', ())) or None,
                               custom_translation_table={**TRANSLATIONS,

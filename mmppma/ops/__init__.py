@@ -40,7 +40,7 @@ plus the table helpers ``decay_tables``, ``segment_sum``, ``row_segment_sums``, 
 """
 from .criss_cross import criss_cross_attention, rmt_criss_cross_attention
 from .decays import path_decay_tables
-from .dispatch import IMPLEMENTATIONS, IMPLS, export_mode, exporting, resolve_impl
+from .dispatch import IMPLEMENTATIONS, IMPLS, export_mode, export_target, exporting, resolve_impl
 from .manhattan import manhattan_attention
 from .mask3d import polyline_mask_3d, polyline_mask_matvec_3d
 from .masks import (
@@ -60,7 +60,8 @@ OPS = ('ppma_attention', 'criss_cross_attention', 'manhattan_attention', 'rmt_cr
        'decay_scan_1d', 'path_decay_tables', 'polyline_mask', 'polyline_mask_3d', 'manhattan_decay_mask')
 
 __all__ = [
-    'OPS', 'IMPLS', 'IMPLEMENTATIONS', 'resolve_impl', 'export_mode', 'exporting', 'decay_tables', 'segment_sum',
+    'OPS', 'IMPLS', 'IMPLEMENTATIONS', 'resolve_impl', 'export_mode', 'export_target', 'exporting', 'decay_tables',
+    'segment_sum',
     'row_segment_sums', 'column_segment_sums', 'whole_attention_branch', 'ppma_attention', 'criss_cross_attention',
     'manhattan_attention', 'rmt_criss_cross_attention', 'ppma_linear_attention', 'ppma_decomposed_attention',
     'polyline_mask_matvec', 'polyline_mask_matvec_3d', 'decay_scan_1d', 'polyline_mask', 'polyline_mask_3d',

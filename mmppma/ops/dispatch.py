@@ -37,6 +37,7 @@ from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
 
+from .export_target import ExportTarget
 from .forms import CRISS_CROSS_FORMS, MASK_FORMS, WHOLE_FORMS
 
 IMPLS = ('auto', 'torch', 'triton', 'reference')
@@ -84,7 +85,9 @@ def environ(name: str) -> Optional[str]:
 _ALL = ('reference', 'torch', 'triton')
 _NO_KERNEL = ('reference', 'torch')
 # a plain global, not a ContextVar: dynamo reads (and guards on) a global, but cannot trace ContextVar.get
-_EXPORT_MODE = False
+_EXPORTING = False
+_EXPORT_TARGET = ExportTarget('plain')  # no runtime's choices: the ops loop only in a dynamic export
+_PLAIN_TARGET = _EXPORT_TARGET
 #: The implementations of every public op that takes ``impl``, per ``form`` (None: the op takes no form): the
 #: one table :func:`resolve_impl` reads. The matvecs and the linear / decomposed attention run their 1D scans
 #: on the Triton scan kernel; whole attention's paper form (probabilities times the mask after the softmax) has
@@ -106,21 +109,31 @@ IMPLEMENTATIONS: Dict[str, Tuple[str, ...]] = {
 
 
 @contextlib.contextmanager
-def export_mode() -> Iterator[None]:
-    """Run mmppma's ops and layers as plain PyTorch inside this context (see the module docstring); for
-    exporters that trace without ``torch.export``, and for checking the export paths in eager mode."""
-    global _EXPORT_MODE
-    before, _EXPORT_MODE = _EXPORT_MODE, True
+def export_mode(target: Optional[ExportTarget] = None) -> Iterator[None]:
+    """Run mmppma's ops and layers as plain PyTorch inside this context (see the module docstring), their export
+    forms chosen for ``target`` (:class:`~mmppma.ops.export_target.ExportTarget`; None: no runtime's choices, the
+    ops loop only in a dynamic export); for exporters, and for checking the export paths in eager mode."""
+    global _EXPORTING, _EXPORT_TARGET
+    if target is not None and not isinstance(target, ExportTarget):
+        raise TypeError(f'export_mode: target must be an ExportTarget (mmppma.deploy.targets) or None; got {target!r}')
+    before = _EXPORTING, _EXPORT_TARGET
+    _EXPORTING, _EXPORT_TARGET = True, target or _PLAIN_TARGET
     try:
         yield
     finally:
-        _EXPORT_MODE = before
+        _EXPORTING, _EXPORT_TARGET = before
 
 
 def exporting() -> bool:
     """Whether the ops and layers take their plain PyTorch paths: inside :func:`export_mode`, or while
     ``torch.export`` traces."""
-    return _EXPORT_MODE or torch.compiler.is_exporting()
+    return _EXPORTING or torch.compiler.is_exporting()
+
+
+def export_target() -> ExportTarget:
+    """The target of the export in progress (:func:`export_mode`'s; a ``torch.export`` trace outside it: none of
+    a runtime's choices)."""
+    return _EXPORT_TARGET
 
 
 # what torch.backends.cuda.matmul.fp32_precision reads, without the module's Python attribute lookup

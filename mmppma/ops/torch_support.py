@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from .dispatch import device_memory, exporting
+from .dispatch import device_memory, export_target, exporting
 
 #: on a GPU, one score tensor of a torch path may take this share of the device's memory (a call holds a few at
 #: once, and autograd keeps the probabilities of every layer until the backward)
@@ -70,12 +70,12 @@ def pad_last(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
     return torch.cat([t, t.new_full((*t.shape[:-1], length - t.shape[-1]), value)], -1)
 
 
-def export_loops(tokens, threshold: int) -> bool:
-    """Whether an op's export form loops over slices (:func:`scan_slices`) for maps of ``tokens``: always in a
+def export_loops(op: str, tokens) -> bool:
+    """Whether ``op``'s export form (``'whole'``, ``'criss_cross'``) loops over slices (:func:`scan_slices`) for
+    maps of ``tokens``, as the export's target decides (:func:`~mmppma.ops.dispatch.export_target`): always in a
     dynamic export (``tokens`` a traced size: the file serves every size, and loops win on large maps), in a
-    fixed-size one above ``threshold`` tokens (below it the one-shot form is faster: each step of an onnxruntime
-    ``Scan`` costs tens of microseconds)."""
-    return not isinstance(tokens, int) or tokens > threshold
+    fixed-size one above the target's threshold for ``op``."""
+    return export_target().loops(op, tokens)
 
 
 def scan_slices(body: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ def test_benchmark_table(tmp_path, capsys):
     config.write_text(f"model = dict(type='mmppma.PPMA', arch={arch!r}, out_indices=(0, ))\n")
     tool = load_tool('deployment/benchmark_onnx.py')
     torch.manual_seed(0)
-    module, _ = deploy.export_module(tool.build_model(str(config), cfg_options={'model.arch.embed_dims': [8]}))
+    module, _ = deploy.export_module(deploy.build_model(str(config), cfg_options={'model.arch.embed_dims': [8]}))
     written = tmp_path / 'written.onnx'
     deploy.export_onnx(module, torch.randn(1, 3, 32, 32), str(written))
     assert tool.main(['--file', str(config), '1', '32', '32', str(written), '--case', str(config), '2', '32', '48',
@@ -33,7 +33,7 @@ def test_benchmark_table(tmp_path, capsys):
     assert all(float(row.rstrip(' |').rsplit('| ', 1)[1]) <= 1e-4 for row in rows)
     median, best = (float(rows[0].split(' | ')[i]) for i in (4, 5))
     assert best <= median
-    modules = {'.'.join(('model', name)).rstrip('.') for name, _ in tool.build_model(str(config)).named_modules()}
+    modules = {'.'.join(('model', name)).rstrip('.') for name, _ in deploy.build_model(str(config)).named_modules()}
     profile = deploy.profile_onnx(str(written), {'input': torch.randn(1, 3, 32, 32).numpy()}, threads=1)
     assert profile.total == pytest.approx(sum(profile.ops.values())) == pytest.approx(sum(profile.parts.values()))
     assert 'Gelu' in profile.ops and 'Erf' not in profile.ops  # the GELUs exported as onnxruntime fuses them

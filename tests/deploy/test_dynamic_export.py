@@ -109,7 +109,7 @@ def test_tiny_upernet_dynamic_two_batches_two_sizes(tmp_path, capsys):
     assert [line.split(' at input ')[1].split(':')[0] for line in lines] == [
         '(1, 3, 64, 64)', '(2, 3, 64, 64)', '(2, 3, 32, 96)']
     torch.manual_seed(0)  # the tool's --seed: the same random weights
-    module, _ = deploy.export_module(tool.build_model(str(config)))
+    module, _ = deploy.export_module(deploy.build_model(str(config)))
     [(_, diff)] = deploy.compare_onnx(str(out), module, [torch.randn(3, 3, 96, 48)])
     assert diff <= deploy.TOLERANCE
 

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
+from mmppma import deploy
+
 from ..conftest import REPO_ROOT, load_tool
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec('mmdet') is None, reason='needs mmdet'),
@@ -128,9 +130,8 @@ def test_tie_broken_proposals_are_mmdets_without_ties():
     without ties (the tiny config's RPN deltas, distinct logits), and puts the lower index first among equal
     scores."""
     from mmppma.deploy.mask_rcnn import data_samples, tie_broken_proposals
-    tool = load_tool('deployment/pytorch2onnx.py')
     torch.manual_seed(0)
-    model = tool.build_model(str(REPO_ROOT / 'configs' / 'tiny' / 'mask_rcnn_ppma_t_tiny_coco.py'))
+    model = deploy.build_model(str(REPO_ROOT / 'configs' / 'tiny' / 'mask_rcnn_ppma_t_tiny_coco.py'))
     x = torch.randn(1, 3, 96, 128)
     with torch.no_grad():
         cls_maps, delta_maps = model.rpn_head(model.extract_feat(x))
@@ -273,7 +274,7 @@ def seeded_model(tool, config, path, batch, height, width, cls_std, cls_seed):
     with the box head's classifier drawn again, N(0, cls_std^2) from ``cls_seed``, bias 0, so that scores
     spread over the proposals and the top ones are far apart; the weights saved to ``path``."""
     torch.manual_seed(0)
-    model = tool.build_model(str(config))
+    model = deploy.build_model(str(config))
     x = torch.randn(batch, 3, height, width)
     fc = model.roi_head.bbox_head.fc_cls
     fc.weight.data = torch.randn(fc.weight.shape, generator=torch.Generator().manual_seed(cls_seed)) * cls_std
@@ -424,7 +425,7 @@ def test_no_detections(tmp_path):
     assert tool.main([str(config), '--shape', '160', '192', '--batch', '2', '--out', str(out), '--cfg-options',
                       *(f'{k}={v}' for k, v in options.items())]) == 0
     torch.manual_seed(0)
-    model = tool.build_model(str(config), cfg_options=options)
+    model = deploy.build_model(str(config), cfg_options=options)
     x = torch.randn(2, 3, 160, 192)
     with torch.no_grad():
         assert [len(r.pred_instances) for r in model.predict(x, tool_samples(x))] == [0, 0]

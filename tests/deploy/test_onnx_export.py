@@ -1,11 +1,11 @@
 """ONNX export (mmppma.deploy, tools/deployment/pytorch2onnx.py): every backbone family and variant, exported and
 run in onnxruntime, gives torch eager's outputs (separate inference code); shipped classifier configs in the full
 tier (segmentors with dynamic sizes: test_dynamic_export.py; the tool's failures: test_tool_failures.py)."""
+from dataclasses import replace
+
 import pytest
 import torch
 
-import mmppma.ops.criss_cross.torch_impl as criss_cross_torch
-import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma import deploy
 from mmppma.models import MLLA, PPMA, RMT, VMINet
 from mmppma.models.layers.conv import conv2d_op
@@ -35,17 +35,20 @@ BACKBONES = {  # VMINet traced at another size than its token-weight tables are 
 
 
 @pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.heavy if '-' in n else ()) for n in BACKBONES])
-def test_backbone_export_matches_eager(name, tmp_path, monkeypatch):
+def test_backbone_export_matches_eager(name, tmp_path):
+    target = deploy.ONNXRUNTIME_CPU
     if name in ('PPMA', 'RMT'):  # their attention in the export forms that loop over rows and columns (ONNX Scan)
-        monkeypatch.setattr(whole_torch, 'EXPORT_LOOP_TOKENS', 0)
-        monkeypatch.setattr(criss_cross_torch, 'EXPORT_LOOP_TOKENS', 0)
+        target = replace(target, loop_tokens=dict(whole=0, criss_cross=0))
     module, kind = deploy.export_module(BACKBONES[name]().eval())
     assert kind == 'backbone'
     x = torch.randn(1, 3, 32, 32)
     path = str(tmp_path / 'model.onnx')
-    deploy.export_onnx(module, x, path, optimize=False)  # the optimizer is onnxscript's, and slow: the tool runs it
+    deploy.export_onnx(module, x, path, target=target, optimize=False)  # the optimizer is onnxscript's, and slow
     [(_, diff)] = deploy.compare_onnx(path, module, [x])
     assert diff <= deploy.TOLERANCE
+    import onnx
+    opsets = {o.domain: o.version for o in onnx.load(path, load_external_data=False).opset_import}
+    assert opsets[''] == target.opset == 18
 
 
 def test_export_mode_takes_the_torch_path():

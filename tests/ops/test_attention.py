@@ -9,6 +9,7 @@ import torch
 import mmppma.ops.criss_cross.torch_impl as criss_cross_torch
 import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma import ops
+from mmppma.ops.export_target import ExportTarget
 
 from . import oracle
 from .oracle import decays, inputs, leaf, out_and_grads, qkv
@@ -100,21 +101,37 @@ def test_inference_and_autograd_paths_match_oracle(hw, slice_elements, monkeypat
 
 @pytest.mark.parametrize('loops', [True, False])
 @pytest.mark.parametrize('hw', [(1, 6), (5, 1), (4, 7)])
-def test_export_forms_match_oracle(hw, loops, monkeypatch):
+def test_export_forms_match_oracle(hw, loops):
     """The forms an export traces (:func:`mmppma.ops.export_mode`), run eagerly, against the oracle: above the
     loop thresholds whole attention row by row per head and criss-cross attention line by line, below them the
     one-shot forms."""
-    if loops:
-        monkeypatch.setattr(whole_torch, 'EXPORT_LOOP_TOKENS', 0)
-        monkeypatch.setattr(criss_cross_torch, 'EXPORT_LOOP_TOKENS', 0)
+    target = ExportTarget('test', loop_tokens={op: 0 if loops else 99 for op in ('whole', 'criss_cross')})
     q, k, v = qkv(2, 3, *hw, 4, seed=sum(hw) + 1, dv=5)
     la, lb = decays(2, 3, *hw, seed=hw[0] * hw[1] + 1)
     log_decay = torch.tensor([[-0.1, -0.5, -1.3], [-0.7, -0.2, -2.0]], dtype=torch.float64)
     assert ops.whole_attention_branch(2, 3, *hw, form='release', grad=False) == 'inference'
-    with ops.export_mode():
+    with ops.export_mode(target):
+        assert ops.export_target() is target
         assert ops.whole_attention_branch(2, 3, *hw, form='release', grad=False) == ('export' if loops else 'autograd')
         for name, op, want in oracle_cases(q, k, v, la, lb, log_decay):
             np.testing.assert_allclose(op(q, k, v, impl='torch').numpy(), want, **CLOSE, err_msg=name)
+
+
+def test_an_export_target_names_its_ops_and_a_bad_value():
+    with pytest.raises(ValueError, match=r"loop_tokens has no op \['wholes'\]; the ops are \('whole', 'criss_cross'\)"):
+        ExportTarget('x', loop_tokens=dict(wholes=10))
+    with pytest.raises(ValueError, match='opset must be a positive int'):
+        ExportTarget('x', opset=0)
+    with pytest.raises(TypeError, match='target must be an ExportTarget'):
+        with ops.export_mode('onnxruntime'):
+            pass
+    target = ExportTarget('x', loop_tokens=dict(whole=10))
+    assert [target.loops('whole', n) for n in (10, 11)] == [False, True]
+    assert not target.loops('criss_cross', 10**6)  # no threshold: one-shot at every fixed size
+    assert target.loops('criss_cross', object())  # a traced size (not an int): the file serves every size
+    with ops.export_mode():  # no target: no runtime's choices
+        assert ops.export_target().loop_tokens == {} and ops.export_target().opset is None
+    assert not ops.exporting()
 
 
 @pytest.mark.parametrize('form', ['2d', 'v2h', 'h2v'])

@@ -38,11 +38,9 @@ import time
 import torch
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))  # run from a checkout
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-
-from pytorch2onnx import build_model  # noqa: E402
 
 from mmppma.deploy import (  # noqa: E402
+    build_model,
     compare_onnx,
     dynamic_axes,
     export_module,

@@ -36,17 +36,20 @@ import os.path as osp
 import sys
 import traceback
 import warnings
+from dataclasses import replace
 
 import torch
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..', '..'))  # run from a checkout
 
 from mmppma.deploy import (  # noqa: E402
+    ONNXRUNTIME_CPU,
     OUTPUTS,
     TOLERANCE,
     ExportError,
     OnnxRuntimeFailure,
     OutputMismatch,
+    build_model,
     compare_onnx,
     dynamic_axes,
     export_module,
@@ -84,7 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='Mask R-CNN: also paste the masks into the image in the file (output masks, '
                         '(B, K, H, W) bool) besides mask_probs at RoI resolution')
     parser.add_argument('--backbone-only', action='store_true', help="export the config's backbone alone")
-    parser.add_argument('--opset', type=int, default=18, help='ONNX opset version (default 18)')
+    parser.add_argument('--opset', type=int, default=ONNXRUNTIME_CPU.opset,
+                        help=f'ONNX opset version (default {ONNXRUNTIME_CPU.opset}, onnxruntime\'s target)')
     parser.add_argument('--seed', type=int, default=0, help='seed of the random weights and inputs')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
                         help='override config entries, e.g. model.backbone.form=v2h')
@@ -93,20 +97,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.batch < 1 or min(args.shape) < 1:
         parser.error(f'--batch and --shape must be positive; got --batch {args.batch} --shape {args.shape}')
     return args
-
-
-def build_model(config: str, checkpoint=None, backbone_only: bool = False, cfg_options=None) -> torch.nn.Module:
-    """The config's model (or its backbone) on CPU in eval mode, SyncBN reverted to BatchNorm, with the
-    checkpoint's weights if given."""
-    from mmengine.model import revert_sync_batchnorm
-    from mmengine.runner import load_checkpoint
-
-    from mmppma.utils.configs import build_config_model
-    model = build_config_model(config, backbone_only=backbone_only, cfg_options=cfg_options)
-    if checkpoint:
-        load_checkpoint(model, checkpoint, map_location='cpu', revise_keys=[(r'^backbone\.', '')] if backbone_only
-                        else [(r'^module\.', '')])
-    return revert_sync_batchnorm(model).eval()
 
 
 def check_inputs(x: torch.Tensor, axes) -> list:
@@ -147,7 +137,7 @@ def convert(args: argparse.Namespace) -> int:
     if pools:
         print(f'exported with bins taken from the input size at run time: {", ".join(pools)} (fixed-grid pools)')
     try:
-        export_onnx(module, x, out, dynamic=args.dynamic, opset=args.opset)
+        export_onnx(module, x, out, dynamic=args.dynamic, target=replace(ONNXRUNTIME_CPU, opset=args.opset))
     except ExportError as err:
         raise StepFailed('export', str(err).splitlines()[0]) from err
     inputs = [x]

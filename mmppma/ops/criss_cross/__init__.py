@@ -12,7 +12,6 @@ from ..line.torch_impl import SegmentMaskedSoftmax, padded_segment_bias, segment
 from ..masks import decay_tables, head_decay_map, head_decay_tables, manhattan_segment_sums, table_decays
 from ..plan import run
 from ..torch_support import eager_inference, export_loops, pad_last, padded
-from . import torch_impl
 from .reference import criss_cross_reference
 from .torch_impl import (
     SegmentCrissCrossRelease,
@@ -64,7 +63,7 @@ def _criss_cross_torch(q, k, v, la, lb, scale: float, form: str, tables: bool = 
         out = criss_cross_slices(q, k, v_in, padded_segment_bias(ca, dtype),
                                  padded_segment_bias(cb.transpose(-1, -2), dtype), scale, form)
     elif exporting():
-        if export_loops(ca.shape[-1] * ca.shape[-2], torch_impl.EXPORT_LOOP_TOKENS):
+        if export_loops('criss_cross', ca.shape[-1] * ca.shape[-2]):
             rows = (segment_bias(ca.shape[-1], dtype, q.device), (ca.permute(2, 0, 1, 3), ))
             cols = (segment_bias(cb.shape[-2], dtype, q.device), (cb.permute(3, 0, 1, 2), ))
             out = criss_cross_export(q, k, v_in, rows, cols, scale, form)
@@ -124,7 +123,7 @@ def _rmt_torch(q, k, v, log_decay, scale: float):
             table = pad_last(table, padded(table.shape[-1], table.device), float('-inf')).expand(b, -1, -1, -1, -1)
             return lambda s, i0, i1, n0, n1: s.add_(table[i0:i1, n0:n1])
         out = criss_cross_slices(q, k, v_in, head_bias(sa), head_bias(sb), scale, 'h2v')
-    elif exporting() and export_loops(h * w, torch_impl.EXPORT_LOOP_TOKENS):
+    elif exporting() and export_loops('criss_cross', h * w):
         out = criss_cross_export(q, k, v_in, (lambda s: s + sa[:, :, 0], ()), (lambda s: s + sb[:, :, 0], ()), scale,
                                  'h2v')
     else:

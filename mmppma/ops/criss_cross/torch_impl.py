@@ -3,17 +3,13 @@
 CPU the group's maps kept in cache, on a GPU as many as a share of its memory holds (:func:`criss_cross_slices`);
 under autograd, eager and without autocast, form 'release' is one autograd.Function with a hand backward
 (:class:`SegmentCrissCrossRelease`); otherwise plain autograd. In an export, each image row's and column's maps
-on their own, in loops the exporter keeps (:func:`criss_cross_export`), on maps above ``EXPORT_LOOP_TOKENS`` tokens
+on their own, in loops the exporter keeps (:func:`criss_cross_export`), on maps above the export target's threshold
 or of a dynamic size; below, the one-shot maps."""
 import torch
 
 from ..line.torch_impl import segment_softmax_, segment_softmax_backward_
 from ..torch_support import padded, scan_slices, score_elements, softmax_
 
-#: in a fixed-size export, criss-cross attention loops over image rows and columns (:func:`criss_cross_export`) above
-#: this many tokens; below, it exports the one-shot maps (onnxruntime CPU, 4 heads: 6.4 ms against 11.4 at 56 x 56,
-#: 99 against 85 at 100 x 168, 703 against 548 at 200 x 336)
-EXPORT_LOOP_TOKENS = 8192
 # on a CPU: score elements of one group of (image, head) slices on the no-autograd criss-cross path, so that a
 # group's row and column maps stay in cache from their bias to their last product (on a GPU: a share of its memory)
 SLICE_ELEMENTS = 1 << 18

@@ -8,7 +8,7 @@ v, softmax rows padded for the CPU kernel) and ``'blockwise'`` when it is (block
 built from the tables, only q, k, v and the tables saved; the backward recomputes each block's probabilities and
 reduces the bias gradient back into the tables). In an export, ``'export'``: per head, one query image row at a
 time, the row's bias broadcast from slices of the tables, in a loop the exporter keeps (ONNX ``Scan``), on maps
-above ``EXPORT_LOOP_TOKENS`` tokens or of a dynamic size (below, ``'autograd'``). Scores and
+above the export target's threshold or of a dynamic size (below, ``'autograd'``). Scores and
 softmaxes are float32 (float64 for float64 inputs).
 
 What fits is sized by the device (:func:`~mmppma.ops.torch_support.score_elements`): on a GPU a share of its
@@ -35,10 +35,6 @@ from ..torch_support import (
     softmax_backward_,
 )
 
-#: in a fixed-size export, whole attention loops over query rows (the ``'export'`` branch) above this many tokens;
-#: below, it exports the ``'autograd'`` branch (onnxruntime CPU: 1.4 ms against 2.6 at 14 x 14, 8 heads, the same at
-#: 24 x 24, 53 against 28 at 32 x 32)
-EXPORT_LOOP_TOKENS = 576
 # on a CPU: elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the blockwise path
 BLOCK_ELEMENTS = 1 << 21
 # on a CPU: up to this many (B * heads * N * N) score elements, whole attention keeps its probabilities for the
@@ -353,14 +349,14 @@ def whole_attention_branch(batch: int, heads: int, height: int, width: int, form
     """The branch the ``torch`` path of whole attention (:func:`~mmppma.ops.ppma_attention`,
     :func:`~mmppma.ops.manhattan_attention`) takes for q (batch, heads, height, width, d) on ``device`` (None: a
     CPU): ``'dense'`` (form 'paper'); in an export (:func:`mmppma.ops.dispatch.exporting`) ``'export'`` in a
-    dynamic one or above ``EXPORT_LOOP_TOKENS``, else ``'autograd'``; otherwise ``'autograd'`` while the
+    dynamic one or above the export target's threshold, else ``'autograd'``; otherwise ``'autograd'`` while the
     batch * heads * N^2 score elements fit (on a GPU :func:`~mmppma.ops.torch_support.score_elements`, a share of
     its memory; on a CPU ``SMALL_ELEMENTS`` = 2^22 with ``grad``, none without); otherwise ``'inference'``
     (autograd not recording: ``grad=False``) or ``'blockwise'``. See the module docstring."""
     if form == 'paper':
         return 'dense'
     if exporting():  # plain ops; on large maps (or any, in a dynamic export) in a loop over rows the exporter keeps
-        return 'export' if export_loops(height * width, EXPORT_LOOP_TOKENS) else 'autograd'
+        return 'export' if export_loops('whole', height * width) else 'autograd'
     cpu = SMALL_ELEMENTS if grad else -1  # a CPU runs inference in blocks whatever the size
     if batch * heads * (height * width)**2 <= (cpu if device is None else score_elements(device, cpu)):
         return 'autograd'
