@@ -65,12 +65,3 @@ def test_an_old_attribute_name_names_the_new_one(module, old, new):
     assert hasattr(importlib.import_module(module), new)
     with pytest.raises(AttributeError, match='no attribute'):  # other missing names keep the usual error
         getattr(importlib.import_module(module), 'no_such_name')
-
-
-@pytest.mark.parametrize('old, new', [('classify', 'classifier_options'), ('dense', 'dense_options')])
-def test_an_old_family_field_names_the_new_one(old, new):
-    from mmppma.timm_models import TIMM_FAMILIES
-    family = TIMM_FAMILIES['ppma']
-    with pytest.raises(AttributeError, match=f'Family.{old} is now Family.{new}'):
-        getattr(family, old)
-    assert getattr(family, new) == dict(out_norm=old == 'dense')

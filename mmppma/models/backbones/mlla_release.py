@@ -1,12 +1,11 @@
 """The MLLA release's checkpoint format (LeapLabTHU/MLLA), as data for
-:func:`~mmppma.models.backbones.release.from_release`.
+:func:`~mmppma.models.backbones.release.from_release` (the family's spec: :mod:`.mlla_spec`).
 
 The backbone keeps the release's module names; a classifier's ``norm`` is ``backbone.norm{last}`` and its
 ``head`` mmpretrain's ``LinearClsHead.fc``. The classification release's RoPE buffers
 (``*.attn.rope.rotations``) are dropped: mmppma computes RoPE per input size (:func:`rope_rotations` writes
 them back for the release).
 """
-import sys
 from typing import Dict, Mapping
 
 import torch
@@ -26,7 +25,8 @@ ROPE_SUFFIX = '.attn.rope.rotations'
 
 def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
     """The settings visible in an MLLA backbone state dict's shapes (num_heads is not: the named archs use head
-    dim 32): embed_dims, depths, mlp_ratio, and the dense output norms ``out_norms`` (``norm{i}``)."""
+    dim 32): embed_dims, depths, mlp_ratio, the dense output norms ``out_norms`` (``norm{i}``) and the backbone's
+    ``out_norm`` they need."""
     if 'patch_embed.conv1.conv.weight' not in backbone:
         raise CheckpointMismatchError('not an MLLA backbone: no patch_embed.conv1.conv.weight; keys start with '
                                       f'{sorted(backbone)[:5]}')
@@ -39,7 +39,8 @@ def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
             raise CheckpointMismatchError(f'MLLA backbone: stage {s} has no {key}')
         dims.append(backbone[key].shape[0])
     ratio = backbone['layers.0.blocks.0.mlp.fc1.weight'].shape[0] / dims[0]
-    return dict(embed_dims=dims, depths=depths, mlp_ratio=ratio, out_norms=out_norm_indices(backbone))
+    out_norms = out_norm_indices(backbone)
+    return dict(embed_dims=dims, depths=depths, mlp_ratio=ratio, out_norms=out_norms, out_norm=bool(out_norms))
 
 
 def map_backbone(backbone: dict, measured: dict, downstream: bool, info: dict) -> dict:
@@ -74,11 +75,6 @@ def rope_rotations(height: int, width: int, dim: int, base: float = 10000.0) -> 
     :func:`~mmppma.models.layers.mlla.mlla_rope_tables` (one angle per pair)."""
     sin, cos = mlla_rope_tables(height, width, dim, base=base)
     return torch.stack([cos[..., 0::2], sin[..., 0::2]], dim=-1)
-
-
-def from_release(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """A release state dict (classification or downstream) -> mmppma's keys, unchecked."""
-    return release.from_release(state, sys.modules[__name__]).state()
 
 
 def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
