@@ -1,10 +1,13 @@
-"""mmppma's classifiers in timm: ``import mmppma`` registers PPMA, RMT, MLLA, PPMLA and VMINet, every size, with
-timm, so that ``timm.create_model(name, pretrained=True)``, ``features_only=True`` and timm's data config work.
+"""mmppma's classifiers in timm: ``import mmppma`` registers every variant of every registered family (PPMA, RMT,
+MLLA, PPMLA and VMINet; :mod:`mmppma.models.backbones.family`), every size, with timm as ``<variant>_<size>``, so
+that ``timm.create_model(name, pretrained=True)``, ``features_only=True`` and timm's data config work. A family
+registered later is registered with timm then.
 
 A timm model here is :class:`MMPPMAClassifier`: the backbone class mmpretrain, mmdet and mmseg build (the
-same modules) under ``backbone``, and the release's classification head under ``head`` (PPMA / RMT:
+same modules) under ``backbone``, and the family's release classification head under ``head`` (PPMA / RMT:
 :class:`~mmppma.models.heads.PPMAClsHead`; MLLA / PPMLA / VMINet: average pool and ``head.fc``, the keys of
-mmpretrain's ``LinearClsHead``), so an mmpretrain checkpoint of the same classifier loads key for key.
+mmpretrain's ``LinearClsHead``; :func:`~mmppma.models.heads.release_head`), so an mmpretrain checkpoint of the same
+classifier loads key for key.
 
 * Classification (the default): the backbone as the release classifier has it: one output, the last stage's
   (PPMA / RMT without a norm; MLLA / PPMLA with the release's final LayerNorm ``norm3``; VMINet with its
@@ -28,15 +31,12 @@ ImageNet mean and std: the test pipeline of the configs (mmpretrain's ``imagenet
 """
 import functools
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import timm
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import yaml
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
@@ -44,85 +44,46 @@ from timm.models._features import feature_take_indices
 from timm.models._pretrained import PretrainedCfg
 from timm.models._registry import get_pretrained_cfg
 
-from .models.backbones import MLLA, PPMA, RMT, VMINet, mlla_release, ppma_release, vminet_release
+from .models.backbones.family import FamilySpec, Variant, on_register
 from .models.backbones.release import (
     CheckpointMismatchError,
     _log,
     check_keys,
     convert_and_check,
+    family_format,
     is_release_layout,
     read_checkpoint_state,
     unwrap_state,
 )
-from .models.heads import PPMAClsHead
-from .utils.checks import renamed_attributes
+from .models.heads import release_head, set_classifier
 
 METAFILES = Path(__file__).resolve().parent / '.mim' / 'metafiles'
-
-
-@dataclass(frozen=True)
-class Family:
-    """One registered family: its backbone class and options, the head, the release format and weights."""
-    backbone: type
-    release: ModuleType
-    sizes: Dict[str, str]  # timm size name -> the backbone's arch name
-    head: str  # 'ppma' (PPMAClsHead) or 'linear' (average pool, head.fc)
-    options: dict = field(default_factory=dict)  # backbone options of every model of the family
-    classifier_options: dict = field(default_factory=dict)  # the classifier's output norm
-    dense_options: dict = field(default_factory=dict)  # the mmdet / mmseg backbone's output norms
-    metafile: Optional[str] = None  # the model index's family (mmppma/.mim/metafiles/<family>)
-    paper: str = ''
-    code: str = ''
-    no_weights: str = ''  # where the weights are published when there is no direct download
-
-    def __getattr__(self, name: str):
-        new = {'classify': 'classifier_options', 'dense': 'dense_options'}.get(name)
-        raise AttributeError(f'Family.{name} is now Family.{new}' if new else
-                             f'{type(self).__name__!r} object has no attribute {name!r}')
-
-
-PPMA_SIZES = dict(tiny='t', small='s', base='b')
-TIMM_FAMILIES: Dict[str, Family] = {
-    'ppma': Family(PPMA, ppma_release, PPMA_SIZES, 'ppma', classifier_options=dict(out_norm=False),
-                   dense_options=dict(out_norm=True), metafile='ppma', paper='arXiv:2506.15940', code='https://github.com/zhongchenzhao/PPMA'),
-    'rmt': Family(RMT, ppma_release, PPMA_SIZES, 'ppma', classifier_options=dict(out_norm=False),
-                  dense_options=dict(out_norm=True), paper='arXiv:2309.11523', code='https://github.com/qhfan/RMT',
-                  no_weights='the RMT release (github.com/qhfan/RMT) links its ImageNet weights only as a Baidu '
-                  'Netdisk share, and the PPMA release publishes no RMT file: there is no direct download'),
-    'mlla': Family(MLLA, mlla_release, PPMA_SIZES, 'linear', classifier_options=dict(out_norm=True),
-                   dense_options=dict(out_norm=True), metafile='mlla', paper='arXiv:2405.16605', code='https://github.com/LeapLabTHU/MLLA'),
-    'ppmla': Family(MLLA, mlla_release, PPMA_SIZES, 'linear', options=dict(mask='polyline'),
-                    classifier_options=dict(out_norm=True), dense_options=dict(out_norm=True), paper='arXiv:2506.15940',
-                    code='https://github.com/zhongchenzhao/PPMA',
-                    no_weights='no PPMLA weights are published (the PPMA release has none)'),
-    'vminet': Family(VMINet, vminet_release, dict(tiny='ti', xsmall='xs', small='s', base='b'), 'linear',
-                     options=dict(vminet_release.RELEASE_REVISIONS['7c2632c']), classifier_options=dict(out_norm='BN'),
-                     dense_options=dict(out_norm='LN'), metafile='vminet', code='https://github.com/yws-wxs/VMINet',
-                     no_weights='the VMINet release publishes no VMINet-B weights (its README says "retraining")'),
-}
-#: the head's projection width (PPMAClsHead, the release's 1024)
-PPMA_HEAD_HIDDEN = 1024
+#: timm's family name (a variant's key) -> the variant, for every registered family
+TIMM_FAMILIES: Dict[str, Variant] = {}
 #: timm name -> (family, size), e.g. 'vminet_xsmall' -> ('vminet', 'xsmall')
-MODEL_NAMES = {f'{family}_{size}': (family, size) for family, spec in TIMM_FAMILIES.items() for size in spec.sizes}
+MODEL_NAMES: Dict[str, Tuple[str, str]] = {}
 NUM_STAGES = 4
 
 
+def _spec(family: str) -> FamilySpec:
+    return TIMM_FAMILIES[family].family
+
+
 @functools.lru_cache(maxsize=None)
-def _metafile_models(family: str) -> list:
-    """The ``Models`` of a family's metafile, parsed once."""
-    return yaml.safe_load((METAFILES / family / 'metafile.yml').read_text())['Models']
+def _metafile_models(metafile: str) -> list:
+    """The ``Models`` of a metafile, parsed once."""
+    return yaml.safe_load((METAFILES / metafile / 'metafile.yml').read_text())['Models']
 
 
 def _index_entry(family: str, size: str) -> Optional[dict]:
     """The model index's classification entry of a named size (``mmppma_<family>-<arch>_3rdparty_in1k`` or,
     without release weights, ``..._in1k``), or None."""
-    spec = TIMM_FAMILIES[family]
-    if spec.metafile is None:
+    variant = TIMM_FAMILIES[family]
+    if variant.metafile is None:
         return None
-    arch = spec.sizes[size]
-    models = _metafile_models(spec.metafile)
-    names = (f'mmppma_{spec.metafile}-{arch}_3rdparty_in1k', f'mmppma_{spec.metafile}-{arch}_in1k')
-    return next((m for m in models if m['Name'] in names), None)
+    arch = _spec(family).sizes[size]
+    names = (f'mmppma_{variant.metafile}-{arch}_3rdparty_in1k', f'mmppma_{variant.metafile}-{arch}_in1k')
+    return next((m for m in _metafile_models(variant.metafile) if m['Name'] in names), None)
 
 
 def release_url(name: str) -> Optional[str]:
@@ -132,48 +93,34 @@ def release_url(name: str) -> Optional[str]:
 
 
 def _eval_cfg(name: str) -> dict:
-    family, size = MODEL_NAMES[name]
-    spec = TIMM_FAMILIES[family]
-    stem = {PPMA: 'backbone.patch_embed.proj.0', RMT: 'backbone.patch_embed.proj.0',
-            MLLA: 'backbone.patch_embed.conv1.conv', VMINet: 'backbone.stem.0.conv'}[spec.backbone]
+    family, _ = MODEL_NAMES[name]
+    variant = TIMM_FAMILIES[family]
     cfg = dict(num_classes=1000, input_size=(3, 224, 224), pool_size=(7, 7), crop_pct=0.875, crop_mode='center',
-               interpolation='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD, first_conv=stem,
-               classifier='head.fc', fixed_input_size=False, origin_url=spec.code)
-    if spec.paper:
-        cfg['paper_ids'] = spec.paper
+               interpolation='bicubic', mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD,
+               first_conv=f'backbone.{_spec(family).stem}', classifier='head.fc', fixed_input_size=False,
+               origin_url=variant.code)
+    if variant.paper:
+        cfg['paper_ids'] = variant.paper
     url = release_url(name)
     if url:
         cfg.update(url=url, notes=('the release file, converted on load (mmppma.timm_models.checkpoint_filter_fn)', ))
     return cfg
 
 
-def _default_cfgs() -> dict:
+def _default_cfgs(names: Sequence[str]) -> dict:
     """``name.in1k`` for the names with a release download, the untagged name for the others."""
     cfgs = {}
-    for name in MODEL_NAMES:
+    for name in names:
         cfg = _eval_cfg(name)
         cfgs[f'{name}.in1k' if cfg.get('url') else name] = cfg
     return generate_default_cfgs(cfgs)
-
-
-class LinearHead(nn.Module):
-    """Average pool and ``fc``: mmpretrain's ``GlobalAveragePooling`` neck and ``LinearClsHead`` (same keys)."""
-
-    def __init__(self, in_channels: int) -> None:
-        super().__init__()
-        self.in_channels = in_channels
-        self.fc: nn.Module = nn.Identity()  # MMPPMAClassifier.reset_classifier sets it
-
-    @staticmethod
-    def pool(x: torch.Tensor) -> torch.Tensor:
-        return F.adaptive_avg_pool2d(x, 1).flatten(1)
 
 
 class MMPPMAClassifier(nn.Module):
     """An mmppma backbone and the release classification head, with timm's model interface.
 
     Args:
-        family: a key of :data:`TIMM_FAMILIES` ('ppma', 'rmt', 'mlla', 'ppmla', 'vminet').
+        family: a key of :data:`TIMM_FAMILIES` (a variant's: 'ppma', 'rmt', 'mlla', 'ppmla', 'vminet').
         arch: the backbone's arch: a name of its arch table or a custom dict (see the backbone class).
         num_classes: classes; 0 gives the pooled pre-logits features.
         global_pool: 'avg' or '' (no pooling: ``forward`` gives maps).
@@ -181,7 +128,7 @@ class MMPPMAClassifier(nn.Module):
         dense_outputs: build the backbone as the mmdet / mmseg configs do (every stage an output with its
             LayerNorm), as ``features_only=True`` does; otherwise as the release classifier.
         **kwargs: the backbone's own keywords (``drop_path_rate``, ``impl``, VMINet's ``context_mask`` /
-            ``proj_norm``, ...), over the family's options.
+            ``proj_norm``, ...), over the variant's options.
     """
 
     def __init__(self, family: str, arch: Union[str, dict], num_classes: int = 1000, global_pool: str = 'avg',
@@ -189,7 +136,7 @@ class MMPPMAClassifier(nn.Module):
         super().__init__()
         if family not in TIMM_FAMILIES:
             raise ValueError(f'family={family!r}; choose one of {", ".join(TIMM_FAMILIES)}')
-        spec = TIMM_FAMILIES[family]
+        variant, spec = TIMM_FAMILIES[family], _spec(family)
         for name in ('out_indices', 'out_norm'):
             if name in kwargs:
                 raise TypeError(f'{name} is set by the timm model: features_only=True gives the dense backbone '
@@ -197,17 +144,13 @@ class MMPPMAClassifier(nn.Module):
         outputs = dict(out_indices=tuple(range(NUM_STAGES)), **spec.dense_options) if dense_outputs else \
             dict(out_indices=(-1, ), **spec.classifier_options)
         self.family, self.dense_outputs = family, dense_outputs
-        self.backbone = spec.backbone(arch, in_chans, **{**spec.options, **kwargs}, **outputs)
+        self.backbone = variant.build(arch, in_chans, **kwargs, **outputs)
         self.num_stages = len(self.backbone.depths)
         if dense_outputs and self.num_stages != NUM_STAGES:
             raise ValueError(f'dense outputs are for {NUM_STAGES} stages; the arch has {self.num_stages}')
         self.num_features = self.backbone.embed_dims[-1]
-        if spec.head == 'ppma':
-            self.head = PPMAClsHead(1, self.num_features, PPMA_HEAD_HIDDEN, loss=nn.Identity())
-            self.head_hidden_size = PPMA_HEAD_HIDDEN
-        else:
-            self.head = LinearHead(self.num_features)
-            self.head_hidden_size = self.num_features
+        self.head = release_head(spec.head, self.num_features, 0)
+        self.head_hidden_size = self.head.hidden_channels
         self.global_pool = ''
         self.reset_classifier(num_classes, global_pool)
         stages = self.backbone.stages_name
@@ -228,12 +171,8 @@ class MMPPMAClassifier(nn.Module):
             self.global_pool = global_pool
         if not isinstance(num_classes, int) or num_classes < 0:
             raise ValueError(f'num_classes must be an int >= 0 (0: no classifier); got {num_classes!r}')
-        self.num_classes = self.head.num_classes = num_classes
-        fc = nn.Linear(self.head_hidden_size, num_classes) if num_classes else nn.Identity()
-        if num_classes:
-            nn.init.trunc_normal_(fc.weight, std=0.02)
-            nn.init.zeros_(fc.bias)
-        self.head.fc = fc
+        set_classifier(self.head, num_classes)
+        self.num_classes = num_classes
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Every block under ``torch.utils.checkpoint`` while grad mode is on (the backbone's ``with_cp``)."""
@@ -249,12 +188,9 @@ class MMPPMAClassifier(nn.Module):
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """forward_features' map -> logits; ``pre_logits``: the pooled (B, head_hidden_size) features."""
-        if isinstance(self.head, PPMAClsHead):
-            x = self.head.project(x)
-            if self.global_pool:
-                x = x.mean(dim=(2, 3))  # as PPMAClsHead.pre_logits
-        elif self.global_pool:
-            x = self.head.pool(x)
+        x = self.head.project(x)
+        if self.global_pool:
+            x = x.mean(dim=(2, 3))  # as PPMAClsHead.pre_logits and mmpretrain's GlobalAveragePooling
         if pre_logits:
             return x
         if x.dim() == 4:  # no pooling: the classifier at every position
@@ -332,7 +268,7 @@ def checkpoint_filter_fn(state_dict: Mapping[str, torch.Tensor], model: MMPPMACl
     (:class:`~mmppma.models.backbones.release.CheckpointMismatchError` names those that do not).
     """
     backbone = model.backbone
-    fmt, name = type(backbone).release_format, type(backbone).__name__
+    fmt, name = family_format(backbone), type(backbone).__name__
     state = dict(unwrap_state(state_dict))
     expected = model.state_dict()
     # head.fc: timm drops it when the model's num_classes differs from the checkpoint's
@@ -401,7 +337,7 @@ def _create(name: str, pretrained: bool = False, **kwargs) -> nn.Module:
     if pretrained:
         kwargs['pretrained_cfg_overlay'] = _resolve_pretrained(name, kwargs.get('pretrained_cfg'),
                                                                kwargs.get('pretrained_cfg_overlay'))
-    kwargs.setdefault('arch', TIMM_FAMILIES[family].sizes[size])
+    kwargs.setdefault('arch', _spec(family).sizes[size])
     model = build_model_with_cfg(MMPPMAClassifier, name, pretrained, family=family,
                                  pretrained_filter_fn=checkpoint_filter_fn,
                                  feature_cfg=dict(feature_cls='getter', out_indices=tuple(range(NUM_STAGES))),
@@ -420,18 +356,29 @@ def _entrypoint(name: str):
     family, size = MODEL_NAMES[name]
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
-    entry = TIMM_FAMILIES[family]
-    create.__doc__ = (f'{entry.backbone.__name__} ({family}, arch {entry.sizes[size]!r}) classifier; '
-                      'see mmppma.timm_models.')
+    create.__doc__ = (f'{TIMM_FAMILIES[family].backbone.__name__} ({family}, arch {_spec(family).sizes[size]!r}) '
+                      'classifier; see mmppma.timm_models.')
     return create
 
 
 #: the pretrained cfgs timm's register_model reads (``default_cfgs`` of this module)
-default_cfgs = _default_cfgs()
+default_cfgs: dict = {}
 __all__ = ['MMPPMAClassifier', 'checkpoint_filter_fn', 'release_url', 'TIMM_FAMILIES', 'MODEL_NAMES']
-__getattr__ = renamed_attributes(__name__, FAMILIES='TIMM_FAMILIES (the timm model families)')
-for _name in MODEL_NAMES:
-    globals()[_name] = register_model(_entrypoint(_name))
+
+
+def register_family(spec: FamilySpec) -> None:
+    """Register every variant and size of a family with timm (``<variant>_<size>``, :data:`MODEL_NAMES`): each
+    family registered with :func:`~mmppma.models.backbones.family.register_family`, now or later."""
+    names = [f'{v.key}_{size}' for v in spec.variants for size in spec.sizes]
+    for variant in spec.variants:
+        TIMM_FAMILIES[variant.key] = variant
+        MODEL_NAMES.update({f'{variant.key}_{size}': (variant.key, size) for size in spec.sizes})
+    default_cfgs.update(_default_cfgs(names))
+    for name in names:
+        globals()[name] = register_model(_entrypoint(name))
+
+
+on_register(register_family)
 
 
 def registered_names(pretrained: bool = False) -> Sequence[str]:

@@ -17,6 +17,7 @@ from mmengine.registry import DefaultScope
 from mmpretrain.registry import MODELS
 
 from mmppma.models import MLLA, PPMA, RMT, VMINet
+from mmppma.models.backbones import mlla_release
 from mmppma.models.conversion import checkpoint_convert as cc
 from mmppma.models.conversion.checkpoint_convert import (
     CheckpointMismatchError,
@@ -274,7 +275,7 @@ def test_downstream_checkpoints(family):
 
 def test_family_arch_and_layout_errors(tmp_path, converter_main):
     assert cc.check_family('rmt') == 'PPMA' and cc.check_family('vminet') == 'VMINet'
-    with pytest.raises(ValueError, match='choose one of PPMA, MLLA, VMINet'):
+    with pytest.raises(ValueError, match=r'choose one of MLLA, PPMA, VMINet \(or a variant: PPMLA, RMT\)'):
         release_to_mmppma({}, 'ResNet')
     mlla, vminet = family_state('MLLA', 'T'), family_state('VMINet', 'Ti')
     torch.save({'model': vminet}, tmp_path / 'release.pth')
@@ -300,7 +301,7 @@ def test_family_arch_and_layout_errors(tmp_path, converter_main):
     with torch.device('meta'):
         shared = PPMA(settings, mask='shared', out_indices=(3, ), out_norm=False).state_dict()
     shared = {k: torch.zeros(v.shape) for k, v in shared.items()}
-    with pytest.raises(CheckpointMismatchError, match='matches no arch'):
+    with pytest.raises(CheckpointMismatchError, match='matches no named arch.*with attn_types'):
         release_to_mmppma(shared, 'PPMA', backbone_only=True)
     assert release_to_mmppma(shared, 'PPMA', backbone_only=True, arch=settings)[1]['mask'] == 'shared'
 
@@ -320,7 +321,7 @@ def test_state_containers():
 def test_mlla_rope_tables_are_the_release_buffers_and_our_rope():
     """The release buffer follows the release formula and is the RoPE our MLLA computes: dropping it loses nothing."""
     h, w, dim = 7, 5, 16
-    rot = cc.mlla_rope_rotations(h, w, dim).double()
+    rot = mlla_release.rope_rotations(h, w, dim).double()
     assert rot.shape == (h, w, dim // 2, 2)
     quarter = dim // 4
     for i, j, m in [(0, 0, 0), (3, 4, 1), (6, 2, 3), (5, 1, 4), (2, 4, 7)]:

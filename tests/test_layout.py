@@ -1,9 +1,7 @@
 """The layout of the whole of mmppma, read from its imports (lazy ones inside functions included): no import circle
 anywhere, each layer importing only those below it (docs/code_layout.md), and the old import paths naming the
 new ones."""
-import importlib
 
-import pytest
 
 from .import_graph import MMPPMA, cycles, imports, module_files
 
@@ -62,28 +60,3 @@ def test_the_graph_counts_a_named_package_the_module_lies_in(tmp_path):
     assert set(imports('pkg.sub.a', files, 'pkg')) == {'pkg', 'pkg.sub.b', 'pkg.sub'}
     assert set(imports('pkg.sub.b', files, 'pkg')) == {'pkg.other'}
     assert cycles({m: set(imports(m, files, 'pkg')) for m in files}) == [['pkg.sub', 'pkg.sub.a', 'pkg.sub']]
-
-
-@pytest.mark.parametrize('module, old, new', [
-    ('mmppma.timm_models', 'FAMILIES', 'TIMM_FAMILIES'),
-    ('mmppma.models.conversion', 'FAMILIES', 'RELEASE_FAMILIES'),
-    ('mmppma.models.conversion.checkpoint_convert', 'FAMILIES', 'RELEASE_FAMILIES'),
-    ('mmppma.models.backbones.ppma_release', 'inspect', 'measure'),
-    ('mmppma.models.backbones.mlla_release', 'inspect', 'measure'),
-    ('mmppma.models.backbones.vminet_release', 'inspect', 'measure'),
-])
-def test_an_old_attribute_name_names_the_new_one(module, old, new):
-    with pytest.raises(ImportError, match=rf'{old} is now {new}\b'):
-        exec(f'from {module} import {old}', {})
-    assert hasattr(importlib.import_module(module), new)
-    with pytest.raises(AttributeError, match='no attribute'):  # other missing names keep the usual error
-        getattr(importlib.import_module(module), 'no_such_name')
-
-
-@pytest.mark.parametrize('old, new', [('classify', 'classifier_options'), ('dense', 'dense_options')])
-def test_an_old_family_field_names_the_new_one(old, new):
-    from mmppma.timm_models import TIMM_FAMILIES
-    family = TIMM_FAMILIES['ppma']
-    with pytest.raises(AttributeError, match=f'Family.{old} is now Family.{new}'):
-        getattr(family, old)
-    assert getattr(family, new) == dict(out_norm=old == 'dense')

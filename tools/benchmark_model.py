@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""PPMA vs RMT (and PPMLA, MLLA): training-step (or inference) time and peak memory, eager or compiled, every
-model, impl and compile mode in one run.
+"""PPMA vs RMT (and PPMLA, MLLA: every variant of a registered family whose attention takes an ``impl``,
+``Variant.op``): training-step (or inference) time and peak memory, eager or compiled, every model, impl and
+compile mode in one run.
 
     python tools/benchmark_model.py [--arch tiny] [--shape 512 768] [--batch 1] [--iters 3] [--device cpu]
                                     [--impl auto [torch reference ...]] [--models PPMA RMT [PPMLA MLLA]]
@@ -14,7 +15,8 @@ The inference table of docs/benchmarks.md (PPMA-T and RMT-T against the release'
         --shape 224 224 --batch 8 --rounds 3 --release-dir <folder with the release's PPMA.py and RMT.py>
 
 ``--models``: PPMA, RMT, PPMLA (MLLA with ``mask='polyline'``) and MLLA, each from its config where the task
-has one (``configs/{ppma,rmt,ppmla,mlla}_t_*``; PPMLA only in tiny).
+has one (``configs/{ppma,rmt,ppmla,mlla}_t_*``; PPMLA only in tiny). The summary gives each model against its
+baseline (``Variant.baseline``: PPMA / RMT, PPMLA / MLLA) where both ran.
 
 ``--compile`` takes one or more of ``none`` (eager), ``default`` (``torch.compile(step)``, as mmengine's
 ``compile=True``) and ``reduce-overhead`` (``torch.compile(step, mode='reduce-overhead')``: inductor and, on a
@@ -32,8 +34,8 @@ features; the loss is their sum). ``--task mask_rcnn`` times a whole Mask R-CNN 
 FPN, RPN and RoI heads with their losses, on a synthetic batch (random images, three boxes with masks each).
 
 ``--impl`` takes one or more attention implementations; every model runs once per impl, and the summary
-gives PPMA / RMT per impl and, when ``reference`` is among them, each impl's PPMA against PPMA's
-``reference`` path (the #5 targets: time ratio and peak-memory share).
+gives each model against its baseline per impl and, when ``reference`` is among them, each model's impls against
+its ``reference`` path (for PPMA the #5 targets: time ratio and peak-memory share).
 
 ``--mode infer`` times inference (``eval()``, ``torch.inference_mode``) instead of a training step and
 prints images per second as well; ``--amp`` runs under ``torch.autocast`` with that dtype (CUDA for fp16),
@@ -47,8 +49,9 @@ run's per-op profile (``torch.profiler`` over two steps, top ops by self CPU tim
 
 ``--release-dir DIR`` also times the official release's models (``zhongchenzhao/PPMA``,
 ``classification/models/{PPMA,RMT}.py`` placed in DIR, not part of this project; they import timm and
-einops) through their ``forward_features`` (the classification trunk up to the pooled features, the work of
-``--task classifier``, which it requires), and prints ours against theirs.
+einops; the variants with a ``Variant.release_model``) through their ``forward_features`` (the classification
+trunk up to the pooled features, the work of ``--task classifier``, which it requires), and prints ours against
+theirs.
 
 Each (model, impl) runs in its own fresh subprocess, one after the other, so that none sees another's
 allocations or caches. Per run: build the model, make the input, then run the step ``1 + iters`` times.
@@ -73,22 +76,31 @@ import sys
 import time
 
 IMPLS = ['auto', 'torch', 'triton', 'reference']
-MODELS = ['PPMA', 'RMT', 'PPMLA', 'MLLA']
 #: --compile -> torch.compile's mode (None: eager)
 COMPILE_MODES = {'none': None, 'default': 'default', 'reduce-overhead': 'reduce-overhead'}
 ROOT = osp.join(osp.dirname(osp.abspath(__file__)), '..')
 RELEASE = 'release'  # the impl column of the release's models
-RELEASE_FACTORIES = {'PPMA': 'PPMAViT_', 'RMT': 'RMT_'}  # + T | S | B, in the release's PPMA.py / RMT.py
+sys.path.insert(0, ROOT)  # run from a checkout
+
+from mmppma.models.backbones.family import variant_of, variants  # noqa: E402
+
+#: the models: the variants whose attention takes an impl, by name
+VARIANTS = {v.name: v for v in variants() if v.op}
+#: the release's models, + T | S | B, in the release's <name>.py
+RELEASE_FACTORIES = {name: v.release_model for name, v in VARIANTS.items() if v.release_model}
+
+
+def config(variant: str, arch: str, template: str = '{variant}_{arch}_8xb128_in1k.py') -> str:
+    """A repository config of the variant and arch: configs/<template> with its key and the config arch name."""
+    v = variant_of(variant)
+    return osp.join(ROOT, 'configs', template.format(variant=v.key, arch=v.family.config_arch(arch)))
 
 
 def build_backbone(args, device):
     """The backbone alone; the step's loss is the sum of its four outputs."""
     import torch
 
-    from mmppma.models import MLLA, PPMA, RMT
-    build = dict(PPMA=PPMA, RMT=RMT, PPMLA=lambda arch, impl: MLLA(arch, mask='polyline', impl=impl),
-                 MLLA=lambda arch, impl: MLLA(arch, mask='none', impl=impl))[args.worker]
-    model = build(args.arch, impl=args.impl).to(device)
+    model = VARIANTS[args.worker].build(args.arch, impl=args.impl).to(device)
     x = torch.randn(args.batch, 3, *args.shape, device=device)
 
     def loss(train: bool):
@@ -108,7 +120,7 @@ def build_classifier(args, device):
 
     import mmppma  # noqa: F401  (registers the backbones and the head)
     from mmppma.registry import MODELS
-    path = osp.join(ROOT, 'configs', f'{args.worker.lower()}_{args.arch[0].lower()}_8xb128_in1k.py')
+    path = config(args.worker, args.arch)
     cfg = Config.fromfile(path).model
     backbone = MODELS.build(dict(cfg.backbone, impl=args.impl))
     if cfg.get('neck') is not None:
@@ -163,7 +175,7 @@ def build_mask_rcnn(args, device):
     import mmppma  # noqa: F401  (registers the backbones)
     register_all_modules(init_default_scope=False)
     init_default_scope('mmdet')
-    path = osp.join(ROOT, 'configs', f'mask_rcnn_{args.worker.lower()}_{args.arch[0].lower()}_1x_coco.py')
+    path = config(args.worker, args.arch, 'mask_rcnn_{variant}_{arch}_1x_coco.py')
     cfg = Config.fromfile(path)
     cfg.model.backbone.update(impl=args.impl, init_cfg=None)
     model = MODELS.build(cfg.model).to(device)
@@ -197,7 +209,6 @@ def build_mask_rcnn(args, device):
 
 
 def worker(args: argparse.Namespace) -> dict:
-    sys.path.insert(0, ROOT)
     import torch
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -260,11 +271,11 @@ def worker(args: argparse.Namespace) -> dict:
     if args.impl == RELEASE:
         return dict(common, impl=RELEASE, resolved=RELEASE, stage_s=[])
     backbone = model if args.task == 'backbone' else model.backbone
-    stages = stage_times(backbone, x, device, max(1, args.iters)) if (train and args.stages and mode is None
-                                                                 and args.worker in ('PPMA', 'RMT')) else []
+    # the stages of a backbone whose stages differ in attention (its arch's attn_types)
+    stages = stage_times(backbone, x, device, max(1, args.iters)) if (
+        train and args.stages and mode is None and 'attn_types' in backbone.arch_settings) else []
     from mmppma.ops.dispatch import resolve_impl
-    op = 'ppma_linear_attention' if args.worker in ('PPMLA', 'MLLA') else 'ppma_attention'
-    resolved = resolve_impl(args.impl, op, [torch.empty(0, device=device)])
+    resolved = resolve_impl(args.impl, VARIANTS[args.worker].op, [torch.empty(0, device=device)])
     return dict(common, impl=args.impl, resolved=resolved, stage_s=stages)
 
 
@@ -299,9 +310,9 @@ def stage_times(model, x, device, iters: int) -> list:
     the time goes. Stage i's input is the previous stages' output computed without gradients."""
     import torch
     with torch.no_grad():
-        h = model.patch_embed(x)
+        h = getattr(model, model.stem_name)(x)
     result = []
-    for layer in model.layers:
+    for layer in getattr(model, model.stages_name):
         inp = h.detach().requires_grad_()
         runs = []
         for _ in range(iters):
@@ -320,14 +331,15 @@ def stage_times(model, x, device, iters: int) -> list:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--arch', default='tiny', choices=['tiny', 'small', 'base', 't', 's', 'b'])
+    archs = sorted({name for v in VARIANTS.values() for name in v.backbone.arch_zoo})
+    parser.add_argument('--arch', default='tiny', choices=archs)
     parser.add_argument('--shape', type=int, nargs=2, default=[512, 768], metavar=('H', 'W'))
     parser.add_argument('--batch', type=int, default=1)
     parser.add_argument('--iters', type=int, default=3, help='timed runs after the first')
     parser.add_argument('--device', default='cpu')
     parser.add_argument('--impl', '--impls', dest='impl', nargs='+', default=['auto'], choices=IMPLS,
                         help='attention implementation(s) passed to the ops; each model runs once per impl')
-    parser.add_argument('--models', nargs='+', default=['PPMA', 'RMT'], choices=MODELS,
+    parser.add_argument('--models', nargs='+', default=['PPMA', 'RMT'], choices=list(VARIANTS),
                         help="the backbones; PPMLA is MLLA with mask='polyline'")
     parser.add_argument('--task', default='backbone', choices=['backbone', 'classifier', 'mask_rcnn'],
                         help='time the backbone alone, the classification trunk (configs/*_8xb128_in1k.py: '
@@ -341,7 +353,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--optimizer', action='store_true',
                         help='add an AdamW step to the training step (forward, backward, optimizer)')
     parser.add_argument('--no-stages', dest='stages', action='store_false',
-                        help='skip the per-stage breakdown of the backbone (PPMA, RMT; eager train mode)')
+                        help='skip the per-stage breakdown of the backbone (those whose stages differ in attention, '
+                        'PPMA and RMT; eager train mode)')
     parser.add_argument('--rounds', type=int, default=1,
                         help='measure every run this many times, alternating the runs; report the best round')
     parser.add_argument('--profile', action='store_true', help="print each run's per-op profile (last round)")
@@ -350,7 +363,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'with OMP_NUM_THREADS=1 a measure that other jobs on the machine barely disturb)')
     parser.add_argument('--release-dir', metavar='DIR',
                         help="also time the release's models from DIR/PPMA.py and DIR/RMT.py (with --task classifier)")
-    parser.add_argument('--worker', choices=MODELS, help=argparse.SUPPRESS)
+    parser.add_argument('--worker', choices=list(VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument('--worker-impl', choices=IMPLS + [RELEASE], help=argparse.SUPPRESS)
     parser.add_argument('--worker-compile', choices=list(COMPILE_MODES), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -375,7 +388,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         missing = [f'{name}.py' for name in released if not osp.isfile(osp.join(args.release_dir, f'{name}.py'))]
         if missing:
             parser.error(f'--release-dir {args.release_dir}: no {", ".join(missing)} there; put the release\'s '
-                         'classification/models/PPMA.py and RMT.py in it')
+                         f'classification/models/{" and ".join(f"{n}.py" for n in RELEASE_FACTORIES)} in it')
     return args
 
 
@@ -454,14 +467,16 @@ def main(argv=None) -> int:
 
     for mode in args.compile:
         for impl in args.impl:
-            if ('PPMA', impl, mode) in results and ('RMT', impl, mode) in results:
-                print(f'PPMA / RMT, {label(impl, mode).replace(" ", ", ")}: '
-                      f'{ratio(("PPMA", impl, mode), ("RMT", impl, mode))}')
-        if ('PPMA', 'reference', mode) in results:
-            for impl in args.impl:
-                if impl != 'reference' and ('PPMA', impl, mode) in results:
-                    print(f'PPMA {label(impl, mode)} / impl=reference: '
-                          f'{ratio(("PPMA", impl, mode), ("PPMA", "reference", mode))}')
+            for name in args.models:
+                base = VARIANTS[name].baseline
+                if (name, impl, mode) in results and (base, impl, mode) in results:
+                    print(f'{name} / {base}, {label(impl, mode).replace(" ", ", ")}: '
+                          f'{ratio((name, impl, mode), (base, impl, mode))}')
+        for name in args.models:
+            for impl in args.impl if (name, 'reference', mode) in results else ():
+                if impl != 'reference' and (name, impl, mode) in results:
+                    print(f'{name} {label(impl, mode)} / impl=reference: '
+                          f'{ratio((name, impl, mode), (name, "reference", mode))}')
         for impl in args.impl:
             for name in args.models:
                 for theirs in RELEASE_FACTORIES if args.release_dir else ():

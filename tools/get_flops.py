@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """FLOPs and parameters with mmengine's counter, attention included (mmppma.models.flops).
 
-    # a PPMA/RMT classifier (backbone + release head, 1000 classes), no downstream library needed
+    # a release classifier (backbone + its family's release head, 1000 classes), no downstream library needed:
+    # any variant of a registered family (PPMA, RMT, MLLA, PPMLA, VMINet; PPMA's mask and form as options)
     python tools/get_flops.py --model PPMA --arch tiny [--mask polyline] [--form release] [--shape 224 224]
     # any OpenMMLab 2.0 config whose model runs as model(x, mode='tensor') (mmpretrain, mmseg, mmdet)
     python tools/get_flops.py configs/ppma_t_8xb128_in1k.py [--backbone-only] [--shape 224 224]
@@ -18,20 +19,22 @@ import torch.nn as nn
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))  # run from a checkout
 
-from mmppma.models import PPMA, RMT, PPMAClsHead  # noqa: E402
+from mmppma.models.backbones.family import variant_of, variants  # noqa: E402
 from mmppma.models.flops import count_flops  # noqa: E402
+from mmppma.models.heads import release_head  # noqa: E402
 
 
 class Classifier(nn.Module):
-    """Backbone + PPMAClsHead: the release classifier, built without mmpretrain."""
+    """Backbone + the family's release head (``FamilySpec.head``): the release classifier, built without
+    mmpretrain."""
 
-    def __init__(self, backbone: nn.Module, num_classes: int = 1000) -> None:
+    def __init__(self, backbone: nn.Module, head: str, num_classes: int = 1000) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = PPMAClsHead(num_classes, in_channels=backbone.embed_dims[-1], loss=nn.Identity())
+        self.head = release_head(head, backbone.embed_dims[-1], num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(x))
+        return self.head.fc(self.head.project(self.backbone(x)[-1]).mean(dim=(2, 3)))
 
 
 class TensorMode(nn.Module):
@@ -48,10 +51,10 @@ class TensorMode(nn.Module):
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('config', nargs='?', help='OpenMMLab config file (or use --model)')
-    parser.add_argument('--model', choices=['PPMA', 'RMT'], help='build a classifier directly')
-    parser.add_argument('--arch', default='tiny', help="with --model: 'tiny' | 'small' | 'base'")
-    parser.add_argument('--mask', default='polyline', help="with --model PPMA: the mask's decays (Table 4)")
-    parser.add_argument('--form', default='release', help="with --model PPMA: the ops' form (release, paper, v2h)")
+    parser.add_argument('--model', choices=[v.name for v in variants()], help='build a classifier directly')
+    parser.add_argument('--arch', default='tiny', help="with --model: a name of its arch table ('tiny', ...)")
+    parser.add_argument('--mask', help="with --model PPMA: the mask's decays (Table 4; default polyline)")
+    parser.add_argument('--form', help="with --model PPMA: the ops' form (release, paper, v2h; default release)")
     parser.add_argument('--shape', type=int, nargs=2, default=[224, 224], metavar=('H', 'W'))
     parser.add_argument('--backbone-only', action='store_true', help='count the backbone only')
     parser.add_argument('--by-operator', action='store_true', help='print the per-operator breakdown')
@@ -63,10 +66,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace) -> Tuple[nn.Module, str]:
     if args.model:
-        backbone = (PPMA(args.arch, mask=args.mask, form=args.form, out_indices=(3, ), out_norm=False)
-                    if args.model == 'PPMA' else RMT(args.arch, out_indices=(3, ), out_norm=False))
-        name = f'{args.model}-{args.arch}' + (f' ({args.mask} mask, form {args.form})' if args.model == 'PPMA' else '')
-        return (backbone if args.backbone_only else Classifier(backbone)), name
+        variant = variant_of(args.model)
+        spec = variant.family
+        given = {k: v for k, v in (('mask', args.mask), ('form', args.form)) if v is not None}
+        backbone = variant.build(args.arch, out_indices=(-1, ), **spec.classifier_options, **given)
+        name = f'{args.model}-{args.arch}' + (f' ({", ".join(f"{k} {v}" for k, v in given.items())})' if given else '')
+        return (backbone if args.backbone_only else Classifier(backbone, spec.head)), name
     from mmppma.utils.configs import build_config_model
     model = build_config_model(args.config)
     return (model.backbone if args.backbone_only else TensorMode(model)), osp.basename(args.config)

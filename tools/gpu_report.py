@@ -110,7 +110,6 @@ CLS_MODELS = {'cls_infer_b64': [('PPMA', 'auto'), ('RMT', 'auto'), ('PPMA', 'tor
               'cls_train_b64': [('PPMA', 'auto'), ('RMT', 'auto'), ('PPMA', 'release'), ('RMT', 'release')],
               'cuda_graphs_b64': [('PPMA', 'auto'), ('RMT', 'auto')],
               'linear_train_b64': [('PPMLA', 'auto'), ('MLLA', 'auto')]}
-STAGE_MODELS = {'PPMA': 'ppma_t', 'RMT': 'rmt_t', 'PPMLA': 'mlla_t'}  # MLLA (mask='none') launches no kernel
 
 
 class Cut(BaseException):
@@ -708,7 +707,7 @@ def plan_launches(cap: int) -> Dict[str, Dict[str, tuple]]:
     launches of our ops."""
     import torch
 
-    from mmppma.models.backbones.stages import model_shapes
+    from mmppma.models.backbones.stages import SHIPPED, model_shapes
     from mmppma.ops import dispatch
     from mmppma.ops.triton_support import launch as lp
     ctx = argparse.Namespace(simulated=False, gpu_check=__import__('gpu_check'), args=None)
@@ -722,7 +721,9 @@ def plan_launches(cap: int) -> Dict[str, Dict[str, tuple]]:
             work['gpu_check'] += [(op, shape, dtype, False, True), (op, shape, dtype, True, True)]
 
     def models(step, names, image, batch, train):
-        labels = [STAGE_MODELS[n] for n in names if n in STAGE_MODELS]
+        # the kernel tools' tiny model of each variant that has kernels (MLLA, mask='none', launches none)
+        tiny = {name: label for label, (name, arch) in SHIPPED.items() if arch == 'tiny'}
+        labels = [tiny[n] for n in names if n in tiny]
         for _, kind, shape in model_shapes([image], labels, batch):
             for op in MODEL_OPS[kind]:
                 work[step].append((op, shape, 'bf16', train, True))

@@ -48,7 +48,6 @@ SIMULATE = 'MMPPMA_SIMULATE_CUDA'
 MODELS = ('PPMA-T', 'RMT-T', 'PPMLA-T')
 MODES = ('infer-fp32', 'infer-bf16', 'train-fp32', 'train-bf16')
 REGIONS = ('attention', 'decays', 'qk_rope', 'rest')
-RELEASE = {'release PPMA-T': ('PPMA', 'PPMAViT_T'), 'release RMT-T': ('RMT', 'RMT_T')}
 #: the bounds ``--check`` enforces (the test tier runs it): PPMA-T's launches per inference and training step and
 #: its Python calls per inference step
 BOUNDS = dict(launches={'infer-fp32': 345, 'train-fp32': 1505}, python_calls=3300)
@@ -266,18 +265,27 @@ def _python_calls(step: Callable[[], None]) -> int:
     return calls - 1  # step itself
 
 
+def release_models() -> Dict[str, Tuple[str, str]]:
+    """'release PPMA-T' -> (the release's module, the factory of its tiny classifier), for every family variant with
+    a release model (``Variant.release_model``: PPMA, RMT)."""
+    from mmppma.models.backbones.family import variants
+    return {f'release {v.name}-T': (v.name, f'{v.release_model}T') for v in variants() if v.release_model}
+
+
 def build(name: str, release_dir: Optional[str] = None):
-    """The model ``name`` (:data:`MODELS` or a key of :data:`RELEASE`) and the call that runs it on a batch."""
+    """The model ``name`` (``<variant>-<size>`` of :data:`MODELS`, or a key of :func:`release_models`) and the call
+    that runs it on a batch."""
     import importlib
 
-    from mmppma.models import MLLA, PPMA, RMT
-    if name in RELEASE:
+    from mmppma.models.backbones.family import variant_of
+    release = release_models()
+    if name in release:
         sys.path.insert(0, osp.abspath(release_dir))
-        module, factory = RELEASE[name]
+        module, factory = release[name]
         model = getattr(importlib.import_module(module), factory)(None)
         return model, model.forward_features
-    model = {'PPMA-T': lambda: PPMA('tiny', impl='auto'), 'RMT-T': lambda: RMT('tiny', impl='auto'),
-             'PPMLA-T': lambda: MLLA('tiny', mask='polyline', impl='auto')}[name]()
+    variant, size = name.rsplit('-', 1)
+    model = variant_of(variant).build(size.lower(), impl='auto')
     return model, model
 
 
@@ -466,7 +474,7 @@ def main(argv=None) -> int:
     models = args.models or (['PPMA-T'] if args.quick else list(MODELS))
     modes = args.modes or (['infer-fp32', 'train-fp32'] if args.quick else list(MODES))
     repeats = args.repeats or (50 if args.quick else 300)
-    names = list(models) + (list(RELEASE) if args.release_dir else [])
+    names = list(models) + (list(release_models()) if args.release_dir else [])
     print(f'host cost per step: simulated sm_{os.environ[SIMULATE]}, impl=auto, input {batch} x 3 x {shape[0]} x '
           f'{shape[1]}, launches stubbed', flush=True)
     results = {}

@@ -1,6 +1,7 @@
-"""The release models' index (``mmppma/.mim/model-index.yml``, one ``metafile.yml`` per family) and its
-registration with mmpretrain's ``ModelHub``, so that ``mmpretrain.list_models('*ppma*')``,
-``get_model(name, pretrained=True)`` and the Inferencers find mmppma's release models by name.
+"""The release models' index (one ``metafile.yml`` per family variant that has one, named by its family's spec;
+``mmppma/.mim/model-index.yml`` lists them for mim) and its registration with mmpretrain's ``ModelHub``, so that
+``mmpretrain.list_models('*ppma*')``, ``get_model(name, pretrained=True)`` and the Inferencers find mmppma's
+release models by name.
 
 ``import mmppma`` registers the index once mmpretrain's ``mmpretrain.apis.model`` is imported: at once if it
 already is, else right after it is (a one-shot finder on ``sys.meta_path``); mmppma itself never imports
@@ -18,11 +19,12 @@ import os.path as osp
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 from urllib.parse import urlparse
 
 PACKAGE = Path(__file__).resolve().parents[1]
 MODEL_INDEX = PACKAGE / '.mim' / 'model-index.yml'
+METAFILES = PACKAGE / '.mim' / 'metafiles'
 #: the release hosts whose files are cached under a name unique to the URL (:func:`cache_name`)
 RELEASE_HOSTS = ('https://huggingface.co/ZhongchenZhao/PPMA/', 'https://cloud.tsinghua.edu.cn/f/',
                  'https://github.com/yws-wxs/VMINet/releases/')
@@ -64,12 +66,20 @@ def register_release_url_loader() -> None:
     _state['loader'] = True
 
 
+def metafiles() -> List[Path]:
+    """The metafile of every registered family variant that has one (``Variant.metafile``)."""
+    from mmppma.models.backbones.family import variants
+    return [METAFILES / v.metafile / 'metafile.yml' for v in variants() if v.metafile]
+
+
 def register_model_index() -> None:
-    """Register :data:`MODEL_INDEX` with mmpretrain's ``ModelHub`` (once per process)."""
+    """Register the registered families' metafiles (:func:`metafiles`) with mmpretrain's ``ModelHub`` (once per
+    process)."""
     if _state['registered']:
         return
     from mmpretrain.apis.model import ModelHub
-    ModelHub.register_model_index(str(MODEL_INDEX), config_prefix=str(config_root()))
+    for path in metafiles():
+        ModelHub.register_model_index(str(path), config_prefix=str(config_root()))
     _state['registered'] = True
 
 

@@ -39,10 +39,15 @@ def test_no_import_circles(run_python):
     run_python(['-c', IMPORT_EACH_FIRST.format(mmppma=str(MMPPMA), models=str(MODELS)), *FILES])
     graph = {m: set(imports(m, FILES, 'mmppma.models')) for m in FILES}
     assert not cycles(graph), f'import circles: {cycles(graph)}'
-    # the release formats sit beside the backbones, below the converter that checks them against models
-    assert graph['mmppma.models.backbones.ppma'] >= {'mmppma.models.backbones.ppma_release'}
+    # each family's spec sits beside its backbone and release format; the converter knows the families only
+    # through the registry
+    for family in ('ppma', 'mlla', 'vminet'):
+        assert graph[f'mmppma.models.backbones.{family}_spec'] >= {
+            f'mmppma.models.backbones.{family}', f'mmppma.models.backbones.{family}_release',
+            'mmppma.models.backbones.family'}
     assert 'mmppma.models.backbones.release' in graph['mmppma.models.backbones.base']
-    assert 'mmppma.models.backbones.ppma_release' in graph['mmppma.models.conversion.checkpoint_convert']
+    assert 'mmppma.models.backbones.family' in graph['mmppma.models.conversion.checkpoint_convert']
+    assert not {m for m in graph['mmppma.models.conversion.checkpoint_convert'] if m.endswith(('_release', '_spec'))}
 
 
 @pytest.mark.parametrize('family', ['ppma', 'mlla', 'vminet'])

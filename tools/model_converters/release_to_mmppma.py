@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Convert a release checkpoint of PPMA / RMT, MLLA or VMINet to mmppma's layout.
+"""Convert a release checkpoint of a registered family (PPMA / RMT, MLLA or VMINet) to mmppma's layout.
 
     python tools/model_converters/release_to_mmppma.py --family {PPMA,RMT,MLLA,VMINet} SRC DST [--arch ARCH]
         [--arch-json JSON] [--backbone-only] [--backbone-out PATH] [--key KEY] [--config CONFIG] [--allow-pickle]
@@ -51,9 +51,8 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run from a checkout
 
-from mmppma.models.backbones.vminet_release import RELEASE_RECORD  # noqa: E402
+from mmppma.models.backbones.family import FAMILIES, family_of  # noqa: E402
 from mmppma.models.conversion.checkpoint_convert import (  # noqa: E402
-    RELEASE_FAMILIES,
     CheckpointMismatchError,
     check_family,
     extract_state_dict,
@@ -64,14 +63,17 @@ from mmppma.models.conversion.checkpoint_convert import (  # noqa: E402
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--family', required=True, type=check_family, metavar='{PPMA,RMT,MLLA,VMINet}',
-                        help=f'the release: {", ".join(RELEASE_FAMILIES)} (RMT: PPMA)')
+    names = [n for spec in FAMILIES.values() for n in dict.fromkeys([spec.name, *(v.name for v in spec.variants)])]
+    parser.add_argument('--family', required=True, type=check_family, metavar='{' + ','.join(names) + '}',
+                        help=f'the release: {", ".join(FAMILIES)}, or a variant in its family\'s layout '
+                        f'({", ".join(n for n in names if n not in FAMILIES)})')
     parser.add_argument('src', help='release checkpoint (.pth / .pth.tar)')
     parser.add_argument('dst', help='output mmppma checkpoint (.pth)')
     parser.add_argument('--arch', type=str.lower, help='arch name (e.g. tiny, t, ti, xs); default: detected from '
                         'the shapes')
-    parser.add_argument('--arch-json', help='PPMA / RMT: custom arch as JSON (keys of PPMA arch dicts) when the '
-                        'checkpoint matches no named arch')
+    parser.add_argument('--arch-json', help='custom arch as JSON (keys of the arch dicts) when the checkpoint matches '
+                        'no named arch, for a family whose custom arch needs settings the weights do not show (PPMA: '
+                        'its attn_types)')
     parser.add_argument('--backbone-only', action='store_true', help='write only the backbone.* keys to DST')
     parser.add_argument('--backbone-out', help='also write a backbone-only checkpoint to this path')
     parser.add_argument('--key', help='where the state dict is (default: first of model, model_ema, models, '
@@ -86,8 +88,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.arch_json and args.arch:
         parser.error('give --arch or --arch-json, not both')
-    if args.arch_json and args.family != 'PPMA':
-        parser.error(f'--arch-json is for PPMA / RMT; for {args.family} give --arch or --config')
+    if args.arch_json and not family_of(args.family).custom_arch:
+        custom = ', '.join(name for name, spec in FAMILIES.items() if spec.custom_arch)
+        parser.error(f'--arch-json is for {custom}; for {args.family} give --arch or --config')
     if args.model_config and (args.config or args.backbone_only or args.backbone_out or args.arch or args.arch_json):
         parser.error('--model-config converts a whole detector / segmentor: give it without --config, --arch, '
                      '--arch-json, --backbone-only and --backbone-out')
@@ -148,9 +151,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 config=config, backbone_overrides=info['backbone_overrides'], dropped=len(info['dropped']))
     if 'mask' in info:
         meta['mask'] = info['mask']
-    release = info.get('release')
+    release, record = info.get('release'), family_of(family).record
     if release:
-        meta[RELEASE_RECORD] = release
+        meta[record] = release
     torch.save(dict(meta=meta, state_dict=converted), args.dst)
     print(f'{args.src} [{where or "<root>"}] -> {args.dst}: {name}'
           + (f' ({info["mask"]} mask)' if 'mask' in info else '') + f', {len(converted)} tensors'
@@ -173,7 +176,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f'load: mmpretrain.apis.init_model({config!r}, {args.dst!r})')
     if args.backbone_out:
         backbone = {k: v for k, v in converted.items() if k.startswith('backbone.')}
-        backbone = with_release_record(backbone, release) if release else backbone
+        backbone = with_release_record(backbone, release, record) if release else backbone
         torch.save(dict(meta=dict(meta, backbone_only=True), state_dict=backbone), args.backbone_out)
         print(f'backbone only -> {args.backbone_out}: {len(backbone)} tensors')
     return 0

@@ -22,7 +22,6 @@ import torch.nn as nn
 from mmppma.registry import register_model
 
 from ..layers.mlla import MLLA_MASKS, MLLABlock, MLLADownsample, MLLAStage, MLLAStem
-from . import mlla_release
 from .base import StagedBackbone, check_choice, resolve_arch_settings
 
 _TINY = dict(embed_dims=[64, 128, 256, 512], depths=[2, 4, 8, 4], num_heads=[2, 4, 8, 16], mlp_ratio=4.0)
@@ -75,7 +74,6 @@ class MLLA(StagedBackbone):
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices, for any H, W >= 1.
     """
     arch_zoo = MLLA_ARCH_ZOO
-    release_format = mlla_release
 
     def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3, mask: str = 'none',
                  impl: str = 'auto', *, out_norm: bool = True, **kwargs) -> None:

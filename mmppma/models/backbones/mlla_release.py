@@ -1,17 +1,15 @@
 """The MLLA release's checkpoint format (LeapLabTHU/MLLA), as data for
-:func:`~mmppma.models.backbones.release.from_release`.
+:func:`~mmppma.models.backbones.release.from_release` (the family's spec: :mod:`.mlla_spec`).
 
 The backbone keeps the release's module names; a classifier's ``norm`` is ``backbone.norm{last}`` and its
 ``head`` mmpretrain's ``LinearClsHead.fc``. The classification release's RoPE buffers
 (``*.attn.rope.rotations``) are dropped: mmppma computes RoPE per input size (:func:`rope_rotations` writes
 them back for the release).
 """
-import sys
 from typing import Dict, Mapping
 
 import torch
 
-from ...utils.checks import renamed_attributes
 from ..layers.mlla import mlla_rope_tables
 from . import release
 from .release import CheckpointMismatchError, block_indices, out_norm_indices, stage_count
@@ -26,7 +24,8 @@ ROPE_SUFFIX = '.attn.rope.rotations'
 
 def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
     """The settings visible in an MLLA backbone state dict's shapes (num_heads is not: the named archs use head
-    dim 32): embed_dims, depths, mlp_ratio, and the dense output norms ``out_norms`` (``norm{i}``)."""
+    dim 32): embed_dims, depths, mlp_ratio, the dense output norms ``out_norms`` (``norm{i}``) and the backbone's
+    ``out_norm`` they need."""
     if 'patch_embed.conv1.conv.weight' not in backbone:
         raise CheckpointMismatchError('not an MLLA backbone: no patch_embed.conv1.conv.weight; keys start with '
                                       f'{sorted(backbone)[:5]}')
@@ -39,7 +38,8 @@ def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
             raise CheckpointMismatchError(f'MLLA backbone: stage {s} has no {key}')
         dims.append(backbone[key].shape[0])
     ratio = backbone['layers.0.blocks.0.mlp.fc1.weight'].shape[0] / dims[0]
-    return dict(embed_dims=dims, depths=depths, mlp_ratio=ratio, out_norms=out_norm_indices(backbone))
+    out_norms = out_norm_indices(backbone)
+    return dict(embed_dims=dims, depths=depths, mlp_ratio=ratio, out_norms=out_norms, out_norm=bool(out_norms))
 
 
 def map_backbone(backbone: dict, measured: dict, downstream: bool, info: dict) -> dict:
@@ -76,11 +76,6 @@ def rope_rotations(height: int, width: int, dim: int, base: float = 10000.0) -> 
     return torch.stack([cos[..., 0::2], sin[..., 0::2]], dim=-1)
 
 
-def from_release(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """A release state dict (classification or downstream) -> mmppma's keys, unchecked."""
-    return release.from_release(state, sys.modules[__name__]).state()
-
-
 def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
                img_size: int = 224) -> Dict[str, torch.Tensor]:
     """mmppma keys -> the release's, the RoPE buffers regenerated for ``img_size`` (the releases use 224)."""
@@ -96,6 +91,3 @@ def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
     if downstream:
         return {**release.prefixed(backbone, 'backbone.'), **others}
     return release.linear_head_to_release(backbone, others, stages)
-
-
-__getattr__ = renamed_attributes(__name__, inspect='measure')

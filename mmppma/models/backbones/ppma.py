@@ -5,7 +5,7 @@ last followed by a stride-2 conv downsample -> per ``out_indices`` the stage out
 LayerNorm'ed (eps 1e-5, ``outnorm{i}``) when ``out_norm``, as NCHW.
 
 Module names follow the release's checkpoint layout (docs/method.md §8), so official weights load with an
-identity key mapping (:mod:`.ppma_release`).
+identity key mapping (:mod:`.ppma_release`; the family's spec: :mod:`.ppma_spec`).
 """
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -15,7 +15,6 @@ import torch.nn as nn
 from mmppma.registry import register_model
 
 from ..layers import ConvDownsample, ConvStem, PPMABlock, PPMAStage, RasterRoPE2D, check_variant
-from . import ppma_release
 from .base import StagedBackbone, resolve_arch_settings
 
 CC, WHOLE = 'criss_cross', 'whole'
@@ -89,7 +88,6 @@ class PPMA(StagedBackbone):
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
     arch_zoo = ARCH_ZOO
-    release_format = ppma_release
 
     def __init__(self,
                  arch: Union[str, dict] = 'tiny',

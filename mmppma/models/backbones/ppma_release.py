@@ -1,16 +1,13 @@
 """The PPMA / RMT release's checkpoint format (layout: docs/method.md §8, docs/checkpoints.md), as data for
-:func:`~mmppma.models.backbones.release.from_release`.
+:func:`~mmppma.models.backbones.release.from_release` (the family's spec: :mod:`.ppma_spec`).
 
 The backbone keeps the release's module names, so its key map is the identity; the classifier head's
 ``proj``, ``norm``, ``head`` are :class:`~mmppma.models.heads.PPMAClsHead`'s ``head.{proj,norm,fc}``.
 """
-import sys
 from typing import Dict, Mapping, Tuple
 
 import torch
 
-from ...utils.checks import renamed_attributes
-from . import release
 from .release import CheckpointMismatchError, block_indices, out_norm_indices, stage_count
 
 FAMILY = 'PPMA'
@@ -36,8 +33,8 @@ def detect_mask(backbone: Mapping[str, torch.Tensor]) -> str:
 
 def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
     """PPMA/RMT settings visible in shapes: embed_dims, depths, num_heads, mlp_ratios, layer_scales, and
-    ``variant`` ('PPMA' | 'RMT'), ``mask`` (:func:`detect_mask`), ``out_norms`` (``outnorm{i}``). The
-    attention type per stage is not visible in weights."""
+    ``variant`` ('PPMA' | 'RMT'), ``mask`` (:func:`detect_mask`), ``out_norms`` (``outnorm{i}``) and the
+    backbone's ``out_norm`` they need. The attention type per stage is not visible in weights."""
     if 'patch_embed.proj.9.weight' not in backbone:
         raise CheckpointMismatchError('not a PPMA/RMT backbone: no patch_embed.proj.9.weight; keys start with '
                                       f'{sorted(backbone)[:5]}')
@@ -53,9 +50,9 @@ def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
         mlps.append(backbone[p + 'ffn.fc1.weight'].shape[0] / dims[-1])
         scales.append(p + 'gamma_1' in backbone)
     mlps = [int(m) if float(m).is_integer() else m for m in mlps]
-    mask = detect_mask(backbone)
+    mask, out_norms = detect_mask(backbone), out_norm_indices(backbone, 'outnorm')
     return dict(embed_dims=dims, depths=depths, num_heads=heads, mlp_ratios=mlps, layer_scales=scales,
-                variant='RMT' if mask == 'rmt' else 'PPMA', mask=mask, out_norms=out_norm_indices(backbone, 'outnorm'))
+                variant='RMT' if mask == 'rmt' else 'PPMA', mask=mask, out_norms=out_norms, out_norm=bool(out_norms))
 
 
 def map_backbone(backbone: dict, measured: dict, downstream: bool, info: dict) -> dict:
@@ -81,11 +78,6 @@ def release_only(state: Mapping[str, torch.Tensor]) -> bool:
     return False
 
 
-def from_release(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """A release state dict (classification or downstream) -> mmppma's keys, unchecked."""
-    return release.from_release(state, sys.modules[__name__]).state()
-
-
 def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False) -> Dict[str, torch.Tensor]:
     """mmppma keys -> the release's (classification, or downstream with ``downstream=True``)."""
     inverse = {v: k for k, v in HEAD_MAP.items()}
@@ -97,6 +89,3 @@ def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False) -> D
         prefix = None if downstream else next((p for p in inverse if k.startswith(p)), None)
         out[inverse[prefix] + k[len(prefix):] if prefix else k] = v
     return out
-
-
-__getattr__ = renamed_attributes(__name__, inspect='measure')

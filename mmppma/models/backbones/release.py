@@ -1,11 +1,16 @@
-"""Release checkpoints as data: each backbone family's sibling module (``ppma_release``, ``mlla_release``,
-``vminet_release``) holds its key map and revision rules; :func:`from_release` applies one of them, and
-:func:`convert_and_check` - the one route of a release state dict into a model - converts, checks and logs.
+"""Release checkpoints as data: each backbone family's release format (``ppma_release``, ``mlla_release``,
+``vminet_release``; named by the family's spec, :mod:`.family`) holds its key map and revision rules;
+:func:`from_release` applies one of them, and :func:`convert_and_check` - the one route of a release state dict
+into a model - converts, checks and logs.
 
-A family module provides ``FAMILY``, ``ROOTS`` (the backbone's key prefixes in a classification release),
-``measure(backbone)`` (settings visible in shapes), ``map_backbone(backbone, measured, downstream, info)``,
-``map_head(rest, last)``, ``release_only(state)`` (keys only the release has) and ``to_release(state, ...)``.
-A backbone class names its family module as ``release_format``.
+A release format (a module or namespace) provides ``FAMILY``, ``ROOTS`` (the backbone's key prefixes in a
+classification release), ``ARCH_NAMES`` (the canonical arch names, in detection order), ``IMPLIED`` (arch settings
+the weights do not show), ``HEAD_IN_BACKBONE`` (a classifier's head part maps keys into the backbone, its final
+norm, which a backbone-only conversion keeps),
+``measure(backbone)`` (the settings visible in shapes, ``out_norms`` and ``out_norm`` among them),
+``map_backbone(backbone, measured, downstream, info)``, ``map_head(rest, last)``, ``release_only(state)`` (keys
+only the release has) and ``to_release(state, downstream, ...)``. A backbone's format is its family's
+(:func:`family_format`).
 
 Loading (no conversion command needed):
 
@@ -27,12 +32,14 @@ initialization, and says so in the log.
 """
 import functools
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
+
+from .family import FAMILIES, family_of
 
 STATE_KEYS = ('model', 'model_ema', 'models', 'state_dict')
 _HOOKED = '_mmppma_release_hook'
@@ -63,11 +70,6 @@ def extract_state_dict(checkpoint: Mapping, key: Optional[str] = None) -> Tuple[
     if state and all(k.startswith('module.') for k in state):
         state = {k[len('module.'):]: v for k, v in state.items()}
     return state, where
-
-
-def check_state_against(state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], what: str) -> None:
-    """Raise :class:`CheckpointMismatchError` listing missing, unexpected and mis-shaped keys (:func:`check_keys`)."""
-    check_keys(state, expected, what)
 
 
 def prefixed(state: Mapping[str, torch.Tensor], prefix: str) -> Dict[str, torch.Tensor]:
@@ -114,6 +116,35 @@ def linear_head_to_release(backbone: dict, others: dict, stages: int) -> dict:
     return out
 
 
+def article(name: str) -> str:
+    """'a' or 'an' before a family's name: 'an' before a vowel, or an initialism spoken from a vowel (MLLA, RMT)."""
+    spoken = name[0] in 'AEIOU' or (name[:2].isupper() and name[0] in 'FHLMNRSX')
+    return 'an' if spoken else 'a'
+
+
+def with_release_record(state: Mapping[str, torch.Tensor], record: dict,
+                        key: str) -> 'OrderedDict[str, torch.Tensor]':
+    """``state`` as an OrderedDict whose load metadata (``_metadata``, kept by torch.save / torch.load and by
+    mmengine's ``load_checkpoint``) holds ``record`` as ``key`` (the family's ``FamilySpec.record``) at the root and
+    under ``backbone``."""
+    out = OrderedDict(state)
+    out._metadata = OrderedDict((prefix, {key: dict(record)}) for prefix in ('', 'backbone'))
+    return out
+
+
+def read_release_record(filename: str, key: str, prefix: str = '') -> Optional[dict]:
+    """The release record ``key`` of a checkpoint file (its state dict's metadata for ``prefix``, else its
+    ``meta``), or None."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+    checkpoint = _load_checkpoint(filename, map_location='cpu')
+    state = checkpoint.get('state_dict', checkpoint)
+    record = (getattr(state, '_metadata', None) or {}).get(prefix.rstrip('.'), {}).get(key)
+    meta = checkpoint.get('meta')
+    if record is None and isinstance(meta, Mapping):
+        record = meta.get(key)
+    return record
+
+
 # ---------------------------------------------------------------- applying a family's format
 @dataclass
 class Conversion:
@@ -127,7 +158,7 @@ class Conversion:
     rest: dict
     measured: dict
     info: dict = field(default_factory=dict)
-    fmt: Optional[ModuleType] = None
+    fmt: Optional[Any] = None
 
     def state(self, backbone_only: bool = False) -> Dict[str, torch.Tensor]:
         """The converted state dict: ``backbone.*``, then the head (classification) or the downstream model's
@@ -138,7 +169,7 @@ class Conversion:
         return out
 
 
-def split_state(fmt: ModuleType, state: Mapping[str, torch.Tensor]) -> Tuple[bool, dict, dict]:
+def split_state(fmt: Any, state: Mapping[str, torch.Tensor]) -> Tuple[bool, dict, dict]:
     """(downstream?, backbone keys without any ``backbone.`` prefix, everything else)."""
     downstream = any(k.startswith('backbone.') for k in state)
     backbone, rest = {}, {}
@@ -152,14 +183,14 @@ def split_state(fmt: ModuleType, state: Mapping[str, torch.Tensor]) -> Tuple[boo
     return downstream, backbone, rest
 
 
-def from_release(state: Mapping[str, torch.Tensor], fmt: ModuleType, backbone_only: bool = False) -> Conversion:
-    """Apply the family module ``fmt`` to a release state dict (classification, or ``backbone.``-prefixed
+def from_release(state: Mapping[str, torch.Tensor], fmt: Any, backbone_only: bool = False) -> Conversion:
+    """Apply the release format ``fmt`` to a release state dict (classification, or ``backbone.``-prefixed
     downstream): keys only, no check against a model (the caller checks against the module it loads)."""
     downstream, backbone, rest = split_state(fmt, state)
     if not backbone:
-        article = 'an' if fmt.FAMILY == 'MLLA' else 'a'
-        raise CheckpointMismatchError(f'not {article} {fmt.FAMILY} backbone: no {"backbone." if downstream else ""}'
-                                      f'{"* / ".join(fmt.ROOTS)}* keys; keys start with {sorted(state)[:5]}')
+        raise CheckpointMismatchError(f'not {article(fmt.FAMILY)} {fmt.FAMILY} backbone: no '
+                                      f'{"backbone." if downstream else ""}{"* / ".join(fmt.ROOTS)}* keys; keys start '
+                                      f'with {sorted(state)[:5]}')
     measured = fmt.measure(backbone)
     info = dict(family=measured.get('variant', fmt.FAMILY), downstream=downstream, backbone_overrides={},
                 dropped=[], passthrough=[], out_indices=measured['out_norms'], notes=[], revision=None, release=None)
@@ -174,15 +205,17 @@ def from_release(state: Mapping[str, torch.Tensor], fmt: ModuleType, backbone_on
 
 
 # ---------------------------------------------------------------- the one route of a release state dict
-def family_format(backbone: nn.Module) -> ModuleType:
-    """The family module of an mmppma backbone (its class's ``release_format``)."""
-    fmt = getattr(type(backbone), 'release_format', None)
-    if fmt is None:
-        raise TypeError(f'{type(backbone).__name__} is not an mmppma backbone (PPMA, RMT, MLLA, VMINet)')
-    return fmt
+def family_format(backbone: nn.Module) -> Any:
+    """The release format of an mmppma backbone (its family's, :func:`~.family.family_of`)."""
+    return family_of(type(backbone)).release
 
 
-def is_release_layout(state: Mapping[str, torch.Tensor], fmt: ModuleType) -> bool:
+def is_family_backbone(module: nn.Module) -> bool:
+    """Whether ``module`` is a backbone of a registered family."""
+    return any(isinstance(module, v.backbone) for spec in FAMILIES.values() for v in spec.variants)
+
+
+def is_release_layout(state: Mapping[str, torch.Tensor], fmt: Any) -> bool:
     """Whether ``state`` is a classification release state dict of the family ``fmt``: its backbone keys at
     the root (no ``backbone.`` prefix) with the release's ``head.weight`` (the mmppma classifier has
     ``head.fc.weight``), or keys only the release has (``fmt.release_only``)."""
@@ -254,7 +287,7 @@ def load_report(where: str, conversion: Conversion, tensors: int, arch_zoo: Opti
     return '; '.join(parts + info['notes'])
 
 
-def convert_and_check(state: Mapping[str, torch.Tensor], fmt: ModuleType,
+def convert_and_check(state: Mapping[str, torch.Tensor], fmt: Any,
                       target: Union[None, Mapping[str, torch.Tensor], Callable[[Conversion], Optional[Mapping]]],
                       where: str, *, backbone_only: bool = False, rename: Optional[Callable[[str], str]] = None,
                       keep: KeyRule = None, drop: KeyRule = None, loose_shapes: KeyRule = None,
@@ -371,7 +404,7 @@ def _release_pre_hook(module: nn.Module, state_dict: dict, prefix: str, local_me
 def install_parent_hook(parent: nn.Module, name: str, child: nn.Module) -> None:
     """Module-registration hook: when an mmppma backbone becomes the child ``name`` of ``parent``, give the
     parent the release pre-hook (once per parent and child name)."""
-    if getattr(type(child), 'release_format', None) is None:
+    if not is_family_backbone(child):
         return
     hooked = parent.__dict__.setdefault(_HOOKED, set())
     if name in hooked:

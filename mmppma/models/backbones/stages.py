@@ -1,16 +1,13 @@
 """The attention stages of the shipped backbones at the shipped configs' input sizes, read from the arch tables:
-the shapes the kernel tools check and time (tools/check_kernels.py, tools/gpu_check.py)."""
+the shapes the kernel tools check and time (tools/check_kernels.py, tools/gpu_check.py). The models and the op kind
+of each stage's attention are the family specs' (``FamilySpec.kernel_models``, ``Variant.kernels``; 'linear': PPMLA's
+polyline-masked linear attention, the decay-scan kernel)."""
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .mlla import MLLA_ARCH_ZOO
-from .ppma import ARCH_ZOO
+from .family import FAMILIES, variant_of
 
-#: label -> (family, arch name of its table)
-SHIPPED = {f'{family}_{arch[0]}': (family, arch) for family in ('ppma', 'rmt') for arch in ('tiny', 'small', 'base')}
-SHIPPED.update(mlla_t=('mlla', 'tiny'), mlla_b=('mlla', 'base'))
-#: the op kind of each stage's attention, by family and the arch table's ``attn_types`` entry ('linear': MLLA's
-#: polyline-masked linear attention, the decay-scan kernel)
-KINDS = {'ppma': {'criss_cross': 'cc', 'whole': 'whole'}, 'rmt': {'criss_cross': 'rmt_cc', 'whole': 'manhattan'}}
+#: label -> (variant name, arch name of its table), of every registered family
+SHIPPED = {label: model for spec in FAMILIES.values() for label, model in spec.kernel_models.items()}
 #: the stride of each stage's token grid
 STRIDES = (4, 8, 16, 32)
 #: input sizes (H, W) of the shipped configs, padded to a multiple of 32 as their data pipelines do, and the images
@@ -27,12 +24,12 @@ IMAGES: Dict[str, Tuple[Tuple[int, int], int]] = {
 def attention_stages(label: str) -> Tuple[Tuple[str, ...], Tuple[int, ...], Tuple[int, ...]]:
     """(op kind per stage, heads per stage, head dims per stage) of a :data:`SHIPPED` backbone, from its arch
     table."""
-    family, arch = SHIPPED[label]
-    settings = (MLLA_ARCH_ZOO if family == 'mlla' else ARCH_ZOO)[arch]
+    name, arch = SHIPPED[label]
+    variant = variant_of(name)
+    settings = variant.backbone.arch_zoo[arch]
     heads = tuple(settings['num_heads'])
     dims = tuple(e // h for e, h in zip(settings['embed_dims'], heads))
-    kinds = ('linear', ) * len(heads) if family == 'mlla' else tuple(KINDS[family][t] for t in settings['attn_types'])
-    return kinds, heads, dims
+    return variant.stage_kinds(arch), heads, dims
 
 
 def model_shapes(images: Sequence[str], models: Sequence[str],

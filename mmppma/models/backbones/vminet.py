@@ -13,9 +13,9 @@ from mmppma.registry import register_model
 
 from ..layers.conv import ConvBN
 from ..layers.vminet import VMINET_CONTEXT_MASKS, VMISABlock, VMIStage, stage_sizes
-from . import vminet_release
 from .base import StagedBackbone, check_choice, resolve_arch_settings
-from .vminet_release import RELEASE_RECORD, read_release_record
+from .release import read_release_record
+from .vminet_release import RELEASE_RECORD
 
 _DEPTHS = [2, 2, 18, 2]  # the release: every size has 24 blocks, as Vim's 24 Mamba blocks
 
@@ -81,7 +81,6 @@ class VMINet(StagedBackbone):
     Outputs: tuple of (B, C_i, ceil(H / 2^(i+2)), ceil(W / 2^(i+2))) for i in out_indices.
     """
     arch_zoo = ARCH_ZOO
-    release_format = vminet_release
     stem_name = 'stem'
     stages_name = 'stages'
     channels_last_stages = False
@@ -189,7 +188,7 @@ class VMINet(StagedBackbone):
         prefix path, so its release record is read from the file here and checked first."""
         for cfg in self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]:
             if isinstance(cfg, Mapping) and cfg.get('type') == 'Pretrained' and cfg.get('prefix'):
-                record = read_release_record(cfg['checkpoint'], cfg['prefix'])
+                record = read_release_record(cfg['checkpoint'], RELEASE_RECORD, cfg['prefix'])
                 if record:
                     self.check_release_record(record)
         super().init_weights()

@@ -1,20 +1,17 @@
 """The VMINet release's checkpoint format (github.com/yws-wxs/VMINet) and its revisions, as data for
-:func:`~mmppma.models.backbones.release.from_release`.
+:func:`~mmppma.models.backbones.release.from_release` (the family's spec: :mod:`.vminet_spec`).
 
 The backbone keeps the release's module names; a classifier's ``norm`` is ``backbone.norm{last}`` and its
 ``head`` mmpretrain's ``LinearClsHead.fc``. Revision 7c2632c names the blocks' 7x7 ConvBN ``conv`` (ours:
-``dwconv``). A converted state records its revision and the options it needs (:data:`RELEASE_RECORD`).
+``dwconv``). A converted state records its revision and the options it needs (:data:`RELEASE_RECORD`,
+:func:`~.release.with_release_record`).
 """
 import math
 import re
-import sys
-from collections import OrderedDict
 from typing import Dict, Mapping, Optional
 
 import torch
 
-from ...utils.checks import renamed_attributes
-from . import release
 from .release import (
     CheckpointMismatchError,
     block_indices,
@@ -47,8 +44,8 @@ RELEASE_RECORD = 'mmppma_vminet_release'
 def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
     """The settings visible in a VMINet backbone state dict: embed_dims, depths, mlp_ratios, stem_channels,
     kernel_size, the name of the blocks' 7x7 ConvBN (``block_conv``: 'dwconv', or 'conv' as the release revision
-    7c2632c), ``proj_norm`` (``g.bn`` present), the stage-0 token table side ``base_size`` and the dense output
-    norms (``norm{i}``: 'BN', ``outnorm{i}``: 'LN')."""
+    7c2632c), ``proj_norm`` (``g.bn`` present), the stage-0 token table side ``base_size``, the dense output
+    norms ``out_norms`` and the backbone's ``out_norm`` they need (``norm{i}``: 'BN', ``outnorm{i}``: 'LN')."""
     if 'stem.0.conv.weight' not in backbone:
         raise CheckpointMismatchError('not a VMINet backbone: no stem.0.conv.weight; keys start with '
                                       f'{sorted(backbone)[:5]}')
@@ -78,7 +75,7 @@ def measure(backbone: Mapping[str, torch.Tensor]) -> dict:
         proj_norm=any(k.endswith('.g.bn.weight') for k in backbone),
         base_size=math.isqrt(table),
         out_norms=bn or ln,
-        out_norm_type='BN' if bn else ('LN' if ln else None))
+        out_norm='BN' if bn else ('LN' if ln else None))
 
 
 def revision(measured: dict, downstream: bool) -> Optional[str]:
@@ -122,39 +119,10 @@ def release_only(state: Mapping[str, torch.Tensor]) -> bool:
     return any(OLD_CONV.match(k) for k in state)
 
 
-def with_release_record(state: Dict[str, torch.Tensor], record: dict) -> 'OrderedDict[str, torch.Tensor]':
-    """``state`` as an OrderedDict whose load metadata (``_metadata``, kept by torch.save / torch.load and by
-    mmengine's ``load_checkpoint``) holds ``record`` at the root and under ``backbone``."""
-    out = OrderedDict(state)
-    out._metadata = OrderedDict((prefix, {RELEASE_RECORD: dict(record)}) for prefix in ('', 'backbone'))
-    return out
-
-
-def read_release_record(filename: str, prefix: str = '') -> Optional[dict]:
-    """The ``RELEASE_RECORD`` of a checkpoint file (its state dict's metadata for ``prefix``, else its
-    ``meta``), or None."""
-    from mmengine.runner.checkpoint import _load_checkpoint
-    checkpoint = _load_checkpoint(filename, map_location='cpu')
-    state = checkpoint.get('state_dict', checkpoint)
-    record = (getattr(state, '_metadata', None) or {}).get(prefix.rstrip('.'), {}).get(RELEASE_RECORD)
-    meta = checkpoint.get('meta')
-    if record is None and isinstance(meta, Mapping):
-        record = meta.get(RELEASE_RECORD)
-    return record
-
-
-def from_release(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """A release state dict (classification or downstream) -> mmppma's keys, unchecked, carrying the release
-    record (:func:`with_release_record`)."""
-    conversion = release.from_release(state, sys.modules[__name__])
-    record = conversion.info['release']
-    return with_release_record(conversion.state(), record) if record else conversion.state()
-
-
 def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
                revision: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """mmppma keys -> the release's. ``revision='7c2632c'`` writes that revision's block names (``conv`` for
-    ``dwconv``); the default is the revision the state records (:func:`with_release_record`), else '6b11d4a'."""
+    ``dwconv``); the default is the revision the state records (:data:`RELEASE_RECORD`), else '6b11d4a'."""
     backbone = {k[len('backbone.'):]: v for k, v in state.items() if k.startswith('backbone.')}
     others = {k: v for k, v in state.items() if not k.startswith('backbone.')}
     if revision is None:
@@ -167,6 +135,3 @@ def to_release(state: Mapping[str, torch.Tensor], downstream: bool = False,
     if downstream:
         return {**prefixed(backbone, 'backbone.'), **others}
     return linear_head_to_release(backbone, others, stage_count(backbone, 'stages'))
-
-
-__getattr__ = renamed_attributes(__name__, inspect='measure')

@@ -1,7 +1,6 @@
 """Release checkpoints converted and checked against models: :mod:`.checkpoint_convert` (backbones and
 classifiers, the converter behind tools/model_converters/release_to_mmppma.py) and :mod:`.whole_model_convert`
 (whole detectors and segmentors). The families' key maps are beside the backbones."""
-from ...utils.checks import renamed_attributes
 from .checkpoint_convert import (
     RELEASE_FAMILIES,
     CheckpointMismatchError,
@@ -15,4 +14,3 @@ __all__ = [
     'RELEASE_FAMILIES', 'CheckpointMismatchError', 'extract_state_dict', 'match_arch', 'mmppma_to_release',
     'release_to_mmppma'
 ]
-__getattr__ = renamed_attributes(__name__, FAMILIES='RELEASE_FAMILIES')

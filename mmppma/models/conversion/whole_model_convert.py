@@ -8,12 +8,12 @@ mmdet 3 and mmseg 1 kept for these models (FPN ``neck.{lateral,fpn}_convs``, ``r
 UPerHead ``decode_head.{psp_modules,bottleneck,lateral_convs,fpn_convs,fpn_bottleneck,conv_seg}``, FCNHead
 ``auxiliary_head.{convs,conv_seg}``). What changed is the meta: mmdet 3 / mmseg 1 read the class names from
 ``meta['dataset_meta']``. :func:`convert_whole_release` converts the backbone, checks every key and shape of
-the result against the model the config builds (on the meta device: no memory) and rewrites the meta.
+the result once, against the model the config builds (on the meta device: no memory), and rewrites the meta.
 """
 from pathlib import Path
 from typing import Dict, Mapping, Tuple, Union
 
-from ..backbones.release import CheckpointMismatchError, check_state_against, extract_state_dict
+from ..backbones.release import CheckpointMismatchError, check_keys, extract_state_dict
 from .checkpoint_convert import release_to_mmppma
 
 #: release meta keys -> ``dataset_meta`` keys of mmdet 3 / mmseg 1
@@ -37,14 +37,14 @@ def convert_whole_release(checkpoint: Mapping, family: str, config: Union[str, P
     and shapes, else :class:`CheckpointMismatchError` lists the missing, unexpected and mis-shaped ones.
     """
     state, _ = extract_state_dict(checkpoint)
-    converted, info = release_to_mmppma(state, family)
+    converted, info = release_to_mmppma(state, family, check=False)  # checked below, with the detector's keys
     if not info['downstream']:
         raise CheckpointMismatchError(f'not a detector / segmentor checkpoint: no backbone.* keys (a {family} '
                                       f'classification checkpoint converts without --model-config)')
     from mmppma.utils.configs import build_config_model
     model = build_config_model(config, device='meta')
     expected = model.state_dict()
-    check_state_against(converted, expected, f'{info["family"]} release model -> {type(model).__name__} of {config}')
+    check_keys(converted, expected, f'{info["family"]} release model -> {type(model).__name__} of {config}')
     meta = dataset_meta(checkpoint.get('meta') or {})
     info['model'] = type(model).__name__
     info['config'] = str(config)
