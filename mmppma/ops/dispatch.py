@@ -90,9 +90,9 @@ _NO_KERNEL = ('reference', 'torch')
 # a plain global, not a ContextVar: dynamo reads (and guards on) a global, but cannot trace ContextVar.get
 _EXPORT_MODE = False
 #: The implementations of every public op that takes ``impl``, per ``form`` (None: the op takes no form): the
-#: one table :func:`resolve_impl` reads. The matvecs and the linear / decomposed attention run their 1D scans
-#: on the Triton scan kernel; whole attention's paper form (probabilities times the mask after the softmax) has
-#: no kernel.
+#: one table :func:`resolve_impl` reads. The matvecs run their 1D scans on the Triton scan kernel, the linear /
+#: decomposed attention the fused PPMLA kernels; whole attention's paper form (probabilities times the mask after
+#: the softmax) has no kernel.
 IMPLEMENTATIONS_BY_FORM: Dict[Tuple[str, Optional[str]], Tuple[str, ...]] = {
     **{('ppma_attention', form): _NO_KERNEL if form == 'paper' else _ALL for form in WHOLE_FORMS},
     **{('criss_cross_attention', form): _ALL for form in CRISS_CROSS_FORMS},

@@ -1,9 +1,9 @@
 """Launch plans: the one dispatch path of every op.
 
 Each public op declares itself as an :class:`Op` - its name, the check of its arguments (:mod:`mmppma.ops.checks`)
-and the builders of its paths, one per implementation, beside the code they run (the package's ``reference.py``,
-``torch_impl.py``, ``triton_impl.py``) - and hands every call to :func:`run`: the op, its options, the requested
-implementation (its ``impl`` argument) and its tensors.
+and the modules that build its paths, one per implementation, beside the code they run (the package's
+``reference.py``, ``torch_impl.py``, ``triton_impl.py``) - and hands every call to :func:`run`: the op, its options,
+the requested implementation (its ``impl`` argument) and its tensors.
 
 What an op does with its inputs depends on the op, its form and options, the inputs' shapes, strides, dtypes and
 device, the grad mode, the TF32 setting (float32 kernels) and the ``MMPPMA_*`` / ``TRITON_INTERPRET`` variables.
