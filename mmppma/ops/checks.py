@@ -2,7 +2,8 @@
 the expected layout instead of a broadcasting error deep inside a matmul. Each public op's check (the ``check`` of
 its :class:`~mmppma.ops.plan.Op`) takes its tensors and options as the op's paths do, and returns the form that
 :func:`~mmppma.ops.dispatch.resolve_impl` looks up (None for an op without forms)."""
-from typing import Optional
+import functools
+from typing import Optional, Sequence
 
 import torch
 
@@ -66,18 +67,16 @@ def table_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return dtype
 
 
-def check_whole(q, k, v, la, lb, scale: float, form: str, tables: bool) -> str:
-    """:func:`~mmppma.ops.ppma_attention`'s arguments."""
-    check_choice('form', form, WHOLE_FORMS)
+def check_attention(forms: Sequence[str], q, k, v, la, lb, scale: float, form: str, tables: bool) -> str:
+    """The arguments of a softmax attention of (q, k, v, la, lb) in ``form``, one of ``forms``."""
+    check_choice('form', form, forms)
     check_qkv(q, k, v, la, lb)
     return form
 
 
-def check_criss_cross(q, k, v, la, lb, scale: float, form: str, tables: bool) -> str:
-    """:func:`~mmppma.ops.criss_cross_attention`'s arguments."""
-    check_choice('form', form, CRISS_CROSS_FORMS)
-    check_qkv(q, k, v, la, lb)
-    return form
+#: :func:`~mmppma.ops.ppma_attention`'s and :func:`~mmppma.ops.criss_cross_attention`'s checks
+check_whole = functools.partial(check_attention, WHOLE_FORMS)
+check_criss_cross = functools.partial(check_attention, CRISS_CROSS_FORMS)
 
 
 def check_fixed_decay(q, k, v, log_decay, scale: float) -> None:

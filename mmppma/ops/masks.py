@@ -39,6 +39,14 @@ def on_tables(path: Callable[..., torch.Tensor], tables: bool) -> Callable[..., 
     return lambda q, k, v, la, lb: path(q, k, v, *decay_tables(la, lb))
 
 
+def on_decays(path: Callable[..., torch.Tensor], tables: bool) -> Callable[..., torch.Tensor]:
+    """An op of (q, k, v, la, lb) from ``path(q, k, v, la, lb)`` on log-decays: with ``tables`` la, lb are decay
+    tables, whose :func:`table_decays` are taken first, else the path itself."""
+    if not tables:
+        return path
+    return lambda q, k, v, ca, cb: path(q, k, v, *table_decays(ca, cb))
+
+
 def segment_sum(c: torch.Tensor) -> torch.Tensor:
     """``out[..., t, s] = c[..., max(t,s)] - c[..., min(t,s)]`` for a cumsum ``c`` (..., L) -> (..., L, L)."""
     return (c.unsqueeze(-1) - c.unsqueeze(-2)) * sign_table(c.shape[-1], c.dtype, c.device)

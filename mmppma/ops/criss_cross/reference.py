@@ -4,7 +4,7 @@ products; float64 for float64 inputs (the test oracle)."""
 import torch
 
 from ..checks import table_dtype
-from ..masks import head_decay_map, polyline_mask, table_decays
+from ..masks import head_decay_map, on_decays, polyline_mask
 from ..torch_support import flatten
 
 
@@ -28,11 +28,7 @@ def criss_cross_reference(q, k, v, la, lb, scale: float, form: str) -> torch.Ten
 
 def criss_cross_attention_plan(q, k, v, la, lb, scale: float, form: str, tables: bool):
     """The reference path of :func:`~mmppma.ops.criss_cross_attention` (:class:`~mmppma.ops.plan.Op`)."""
-    def dense(q, k, v, la, lb):
-        if tables:
-            la, lb = table_decays(la, lb)
-        return criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype)
-    return dense
+    return on_decays(lambda q, k, v, la, lb: criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype), tables)
 
 
 def rmt_criss_cross_attention_plan(q, k, v, log_decay, scale: float):

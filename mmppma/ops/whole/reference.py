@@ -5,7 +5,7 @@ import torch
 
 from ..checks import table_dtype
 from ..forms import paths
-from ..masks import manhattan_decay_mask, polyline_mask, table_decays
+from ..masks import manhattan_decay_mask, on_decays, polyline_mask
 from ..torch_support import flatten
 
 
@@ -26,11 +26,8 @@ def whole_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.
 
 def ppma_attention_plan(q, k, v, la, lb, scale: float, form: str, tables: bool):
     """The reference path of :func:`~mmppma.ops.ppma_attention` (:class:`~mmppma.ops.plan.Op`): the dense mask."""
-    def dense(q, k, v, la, lb):
-        if tables:
-            la, lb = table_decays(la, lb)
-        return whole_reference(q, k, v, polyline_mask(la, lb, form='v2h'), scale, form)
-    return dense
+    return on_decays(lambda q, k, v, la, lb: whole_reference(q, k, v, polyline_mask(la, lb, form='v2h'), scale, form),
+                     tables)
 
 
 def manhattan_attention_plan(q, k, v, log_decay, scale: float):
