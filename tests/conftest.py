@@ -108,13 +108,26 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
-def forget_preflight(monkeypatch) -> None:
-    """Forget what the Triton paths' preflight found and the ops' launch plans built on it
-    (:mod:`mmppma.ops.plan`), for the rest of the test."""
-    from mmppma.ops import plan
-    from mmppma.ops.triton_support import preflight
-    monkeypatch.setattr(preflight, '_PREFLIGHT', {})
-    monkeypatch.setattr(plan, '_PLANS', {})
+#: whether the running test emptied the ops' caches (:func:`forget_preflight`)
+_FORGOT = []
+
+
+def forget_preflight() -> None:
+    """Forget what the ops learnt - the Triton paths' preflight verdicts, the launch plans built on them, the
+    kernels' launch parameters (:func:`mmppma.ops.clear_caches`) - for the rest of the test; what the test makes them
+    learn (under its patches) is forgotten again when it ends."""
+    from mmppma.ops import clear_caches
+    clear_caches()
+    _FORGOT.append(True)
+
+
+@pytest.fixture(autouse=True)
+def _forget_after():
+    yield
+    if _FORGOT:
+        _FORGOT.clear()
+        from mmppma.ops import clear_caches
+        clear_caches()
 
 
 @functools.lru_cache(maxsize=None)

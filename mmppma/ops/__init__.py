@@ -12,8 +12,12 @@ One vocabulary for every op (docs/method.md §2-5 for the math):
 * Then keyword-only, in this order: ``scale`` (of q k^T); ``form``, the path(s) the mask takes
   (:mod:`mmppma.ops.forms`: ``'v2h'``, ``'h2v'``; ``'2d'`` for the summed mask L2D = L + L^T; the softmax
   attentions' ``'release'``, the mean of the two one-path softmaxes, and ``'paper'``); the op's own options;
-  ``impl`` (:mod:`mmppma.ops.dispatch`, whose ``IMPLEMENTATIONS`` lists which op has which); tuning knobs
-  (``chunk``).
+  ``impl``, the requested implementation (:mod:`mmppma.ops.dispatch`, whose ``IMPLEMENTATIONS`` lists which op has
+  which); tuning knobs (``chunk``).
+
+Every op runs through one dispatch path, its launch plan (:mod:`mmppma.ops.plan`). What the ops remember - launch
+plans, the preflight's verdicts, launch parameters, device properties - sits in bounded caches that
+:func:`clear_caches` empties (:mod:`mmppma.ops.caches`).
 
 Public op names (stable; what a ``torch.library`` registration uses):
 
@@ -38,9 +42,11 @@ manhattan_decay_mask         (log_decay, height, width)                  dense
 
 plus the table helpers ``decay_tables``, ``segment_sum``, ``row_segment_sums``, ``column_segment_sums``.
 """
+from .caches import clear_caches
 from .criss_cross import criss_cross_attention, rmt_criss_cross_attention
 from .decays import path_decay_tables
 from .dispatch import IMPLEMENTATIONS, IMPLS, export_mode, export_target, exporting, resolve_impl
+from .linear import ppma_decomposed_attention, ppma_linear_attention
 from .manhattan import manhattan_attention
 from .mask3d import polyline_mask_3d, polyline_mask_matvec_3d
 from .masks import (
@@ -51,7 +57,7 @@ from .masks import (
     row_segment_sums,
     segment_sum,
 )
-from .scan import decay_scan_1d, polyline_mask_matvec, ppma_decomposed_attention, ppma_linear_attention
+from .scan import decay_scan_1d, polyline_mask_matvec
 from .whole import ppma_attention, whole_attention_branch
 
 #: The public ops, by their stable names.
@@ -60,10 +66,10 @@ OPS = ('ppma_attention', 'criss_cross_attention', 'manhattan_attention', 'rmt_cr
        'decay_scan_1d', 'path_decay_tables', 'polyline_mask', 'polyline_mask_3d', 'manhattan_decay_mask')
 
 __all__ = [
-    'OPS', 'IMPLS', 'IMPLEMENTATIONS', 'resolve_impl', 'export_mode', 'export_target', 'exporting', 'decay_tables',
-    'segment_sum',
-    'row_segment_sums', 'column_segment_sums', 'whole_attention_branch', 'ppma_attention', 'criss_cross_attention',
-    'manhattan_attention', 'rmt_criss_cross_attention', 'ppma_linear_attention', 'ppma_decomposed_attention',
-    'polyline_mask_matvec', 'polyline_mask_matvec_3d', 'decay_scan_1d', 'polyline_mask', 'polyline_mask_3d',
-    'manhattan_decay_mask', 'path_decay_tables'
+    'OPS', 'IMPLS', 'IMPLEMENTATIONS', 'resolve_impl', 'export_mode', 'export_target', 'exporting', 'clear_caches',
+    'decay_tables',
+    'segment_sum', 'row_segment_sums', 'column_segment_sums', 'whole_attention_branch', 'ppma_attention',
+    'criss_cross_attention', 'manhattan_attention', 'rmt_criss_cross_attention', 'ppma_linear_attention',
+    'ppma_decomposed_attention', 'polyline_mask_matvec', 'polyline_mask_matvec_3d', 'decay_scan_1d', 'polyline_mask',
+    'polyline_mask_3d', 'manhattan_decay_mask', 'path_decay_tables'
 ]

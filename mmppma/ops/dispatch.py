@@ -1,5 +1,8 @@
 """The one place where an op's implementation is chosen, and the table of which op has which.
 
+An op is called with ``impl``, the *requested* implementation, one of the four below; :func:`resolve_impl` turns it
+into the *resolved* one, which the op runs: 'torch', 'triton' or 'reference', never 'auto'. In the code the two
+carry these two names, ``requested`` and ``resolved``, past the ops' signatures (:mod:`mmppma.ops.plan`).
 ``impl`` is one of:
 
 * ``'reference'`` - dense and obviously correct: forms the whole N x N mask (test oracle);
@@ -37,6 +40,7 @@ from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 import torch
 
+from .caches import register_cache
 from .export_target import ExportTarget
 from .forms import CRISS_CROSS_FORMS, MASK_FORMS, WHOLE_FORMS
 
@@ -57,7 +61,7 @@ SIMULATED_MEMORY_GIB = {75: 16, 80: 80, 86: 24, 89: 24, 90: 80, 100: 180, 120: 3
 # os.environ's own mapping and its keys encoded once: a read costs no Python calls, where os.environ.get costs four
 # (the ops read the variables on every call)
 _ENVIRON = getattr(os.environ, '_data', None)
-_ENCODED: Dict[str, object] = {}
+_ENCODED = register_cache('environment_keys', 64)
 _FS_ENCODING = sys.getfilesystemencoding()
 
 
@@ -89,9 +93,9 @@ _EXPORTING = False
 _EXPORT_TARGET = ExportTarget('plain')  # no runtime's choices: the ops loop only in a dynamic export
 _PLAIN_TARGET = _EXPORT_TARGET
 #: The implementations of every public op that takes ``impl``, per ``form`` (None: the op takes no form): the
-#: one table :func:`resolve_impl` reads. The matvecs and the linear / decomposed attention run their 1D scans
-#: on the Triton scan kernel; whole attention's paper form (probabilities times the mask after the softmax) has
-#: no kernel.
+#: one table :func:`resolve_impl` reads. The matvecs run their 1D scans on the Triton scan kernel, the linear /
+#: decomposed attention the fused PPMLA kernels; whole attention's paper form (probabilities times the mask after
+#: the softmax) has no kernel.
 IMPLEMENTATIONS_BY_FORM: Dict[Tuple[str, Optional[str]], Tuple[str, ...]] = {
     **{('ppma_attention', form): _NO_KERNEL if form == 'paper' else _ALL for form in WHOLE_FORMS},
     **{('criss_cross_attention', form): _ALL for form in CRISS_CROSS_FORMS},
@@ -177,7 +181,7 @@ def simulated_capability() -> int:
     return cached
 
 
-_SIMULATED: Dict[Tuple[str, Optional[str]], int] = {}
+_SIMULATED = register_cache('simulated_capability', 16)
 
 
 def _simulated(value: str) -> int:
@@ -207,7 +211,7 @@ def device_capability(device: torch.device) -> int:
     return simulated_capability() if device.type == 'cpu' else 0
 
 
-_CUDA_CAPABILITIES: Dict[int, int] = {}
+_CUDA_CAPABILITIES = register_cache('cuda_capabilities', 64)
 
 
 def device_memory(device: torch.device) -> int:
@@ -229,8 +233,8 @@ def device_memory(device: torch.device) -> int:
     return memory
 
 
-_CUDA_MEMORY: Dict[int, int] = {}
-_SIMULATED_MEMORY: Dict[Tuple[int, Optional[str]], int] = {}
+_CUDA_MEMORY = register_cache('cuda_memory', 64)
+_SIMULATED_MEMORY = register_cache('simulated_memory', 16)
 
 
 def _simulated_memory(cap: int, value: str) -> int:
@@ -254,10 +258,11 @@ def device_name(device: torch.device) -> str:
     return f'simulated sm_{cap} ({device})' if cap else str(device)
 
 
-def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], form: Optional[str] = None) -> str:
-    """Return the concrete implementation ('torch' | 'triton' | 'reference') of ``op`` in ``form`` (a key of
-    :data:`IMPLEMENTATIONS_BY_FORM`; ``form=None`` for an op that takes forms: what any of its forms has) for
-    ``impl`` and the device of ``tensors``."""
+def resolve_impl(requested: str, op: str, tensors: Iterable[torch.Tensor], form: Optional[str] = None) -> str:
+    """The implementation an op runs, resolved ('torch' | 'triton' | 'reference'; never 'auto'), from the one it is
+    called with, ``requested`` (its ``impl`` argument: one of :data:`IMPLS`), for ``op`` in ``form`` (a key of
+    :data:`IMPLEMENTATIONS_BY_FORM`; ``form=None`` for an op that takes forms: what any of its forms has) and the
+    device of ``tensors``."""
     if op not in IMPLEMENTATIONS:
         raise KeyError(f'{op!r} is not an op with implementations; the ops are {", ".join(IMPLEMENTATIONS)}')
     if form is None:
@@ -267,24 +272,25 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], form: Opti
     else:
         raise ValueError(f'{op}: form={form!r} is not one of its forms '
                          f'{", ".join(repr(f) for name, f in IMPLEMENTATIONS_BY_FORM if name == op)}')
-    if impl not in IMPLS:
-        raise ValueError(f'impl={impl!r} is not supported; choose one of {", ".join(map(repr, IMPLS))}')
-    if impl == 'auto':
-        forced = (environ(ENV_VAR) or '').strip()
+    if requested not in IMPLS:
+        raise ValueError(f'impl={requested!r} is not supported; choose one of {", ".join(map(repr, IMPLS))}')
+    resolved = requested
+    if requested == 'auto':
+        forced = forced_impl()
         if forced:
             if forced not in IMPLS:
                 raise ValueError(f'{ENV_VAR}={forced!r} is not supported; set it to one of '
                                  f'{", ".join(IMPLS)} or unset it')
-            impl = forced
-    if exporting() and impl in ('auto', 'triton'):
+            resolved = forced
+    if exporting() and resolved in ('auto', 'triton'):
         return 'torch'
     tensors = list(tensors)
     gpu = next((t.device for t in tensors if on_gpu(t)), None)
     on_cuda = gpu is not None
     has_kernel = 'triton' in impls
-    if impl == 'auto':
+    if resolved == 'auto':
         return 'triton' if (on_cuda and has_kernel and triton_available() and _tabled(gpu)) else 'torch'
-    if impl == 'triton':
+    if resolved == 'triton':
         if on_cuda and device_capability(gpu) not in CAPABILITIES:
             raise RuntimeError(f"{op}: {_untabled(gpu)}; use impl='auto' or impl='torch' on this GPU")
         if not has_kernel:
@@ -298,10 +304,16 @@ def resolve_impl(impl: str, op: str, tensors: Iterable[torch.Tensor], form: Opti
             raise RuntimeError(f"{op}: impl='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before "
                                f"triton is imported, for CPU debugging); use impl='torch' or impl='auto' "
                                f"on this device")
-    return impl
+    return resolved
 
 
-_WARNED_UNTABLED = set()
+def forced_impl() -> str:
+    """What ``MMPPMA_IMPL`` sets ``impl='auto'`` to; '' when it is unset."""
+    return (environ(ENV_VAR) or '').strip()
+
+
+#: the capabilities without a launch table whose one warning was given
+_WARNED_UNTABLED = register_cache('untabled_warnings', 16)
 
 
 def _untabled(device: torch.device) -> str:
@@ -315,6 +327,6 @@ def _tabled(device: torch.device) -> bool:
     if cap in CAPABILITIES:
         return True
     if cap not in _WARNED_UNTABLED:
-        _WARNED_UNTABLED.add(cap)
+        _WARNED_UNTABLED[cap] = True
         warnings.warn(f"{_untabled(device)}; impl='auto' takes the torch path on this GPU")
     return False

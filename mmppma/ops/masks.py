@@ -10,7 +10,7 @@ V2H mask between query (i, j) and key (k, l): ``M = Sa(i; j, l) + Sb(l; i, k)`` 
 then the key's column). H2V is its transpose. Every entry is O(1) from the O(N) cumsum tables;
 :func:`polyline_mask` materializes the mask densely (tests, small inputs) or the rows of given queries.
 """
-from typing import Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -29,6 +29,22 @@ def table_decays(ca: torch.Tensor, cb: torch.Tensor) -> Tuple[torch.Tensor, torc
     """The log-decays (la, lb) whose :func:`decay_tables` are (Ca, Cb): differences along rows and columns."""
     return (torch.diff(ca, dim=-1, prepend=torch.zeros_like(ca[..., :1])),
             torch.diff(cb, dim=-2, prepend=torch.zeros_like(cb[..., :1, :])))
+
+
+def on_tables(path: Callable[..., torch.Tensor], tables: bool) -> Callable[..., torch.Tensor]:
+    """An op of (q, k, v, la, lb) from ``path(q, k, v, ca, cb)`` on decay tables: with ``tables`` la, lb are the
+    tables (the path itself), else their :func:`decay_tables` are taken first."""
+    if tables:
+        return path
+    return lambda q, k, v, la, lb: path(q, k, v, *decay_tables(la, lb))
+
+
+def on_decays(path: Callable[..., torch.Tensor], tables: bool) -> Callable[..., torch.Tensor]:
+    """An op of (q, k, v, la, lb) from ``path(q, k, v, la, lb)`` on log-decays: with ``tables`` la, lb are decay
+    tables, whose :func:`table_decays` are taken first, else the path itself."""
+    if not tables:
+        return path
+    return lambda q, k, v, ca, cb: path(q, k, v, *table_decays(ca, cb))
 
 
 def segment_sum(c: torch.Tensor) -> torch.Tensor:

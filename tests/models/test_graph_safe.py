@@ -59,7 +59,7 @@ def kernels(monkeypatch):
     from now on, recorded instead of run (the preflight's recording on meta tensors goes on as it is); earlier
     preflight verdicts forgotten."""
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
-    forget_preflight(monkeypatch)
+    forget_preflight()
     seen, run = [], launch.run
 
     def record(launches):

@@ -76,7 +76,7 @@ NO_PRODUCTS = 'no products'
 @pytest.fixture
 def launched(monkeypatch):
     """The (kernel name, dot precision) of every launch the test runs; earlier preflight verdicts forgotten."""
-    forget_preflight(monkeypatch)
+    forget_preflight()
     seen = set()
     call = launch.Launch.__call__
 

@@ -49,8 +49,8 @@ def test_resolve_impl_reads_the_one_table_and_the_environment(monkeypatch):
         resolve_impl('cuda', 'ppma_attention', [x])
     monkeypatch.setenv('MMPPMA_IMPL', 'reference')
     assert resolve_impl('auto', 'ppma_attention', [x]) == 'reference'
-    calls, original = [], mmppma.ops.whole.whole_reference
-    monkeypatch.setattr(mmppma.ops.whole, 'whole_reference', lambda *a: calls.append(1) or original(*a))
+    calls, original = [], mmppma.ops.whole.reference.whole_reference
+    monkeypatch.setattr(mmppma.ops.whole.reference, 'whole_reference', lambda *a: calls.append(1) or original(*a))
     ops.ppma_attention(*inputs(1, 1, 2, 3, 4))
     assert calls, 'MMPPMA_IMPL=reference did not route auto to the reference implementation'
     monkeypatch.setenv('MMPPMA_IMPL', 'fast')

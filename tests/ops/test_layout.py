@@ -20,3 +20,28 @@ def test_no_import_circles(run_python):
     graph = {m: set(imports(m, FILES, 'mmppma.ops')) for m in FILES}
     assert not cycles(graph), f'import circles: {cycles(graph)}'
     assert graph['mmppma.ops.criss_cross.triton_impl'] >= {'mmppma.ops.line.triton_impl', 'mmppma.ops.line'}
+
+
+def test_every_op_dispatches_through_its_plan():
+    """Each op with implementations is declared once, in its package's ``__init__``, as a
+    :class:`~mmppma.ops.plan.Op` of its name, whose reference, torch and Triton modules hold its path builders."""
+    import importlib
+
+    import pytest
+
+    from mmppma.ops.dispatch import IMPLEMENTATIONS
+    from mmppma.ops.plan import Op
+    pytest.importorskip('triton')
+    declared = {}
+    for name in FILES:
+        for value in vars(importlib.import_module(name)).values():
+            if isinstance(value, Op):
+                declared.setdefault(value.name, {})[name] = value
+    assert set(declared) == set(IMPLEMENTATIONS), declared
+    for op, where in declared.items():
+        assert len(where) == 1 and next(iter(where)).count('.') == 2, (op, where)  # mmppma.ops.<package>
+        spec = next(iter(where.values()))
+        modules = {'reference': spec.reference, 'torch_impl': spec.torch, 'triton_impl': spec.triton()}
+        for kind, module in modules.items():
+            assert module.__name__.rsplit('.', 1)[-1] in (kind, 'torch_impl'), (op, kind, module)
+            assert callable(getattr(module, f'{op}_plan', None)), (op, module)

@@ -1,4 +1,4 @@
-"""PPMLA's and PPMDA's fused Triton kernels (mmppma/ops/scan/linear_triton.py) on the interpreter against a float64
+"""PPMLA's and PPMDA's fused Triton kernels (mmppma/ops/linear/triton_impl.py) on the interpreter against a float64
 dense oracle written from the definitions with explicit loops: output and the gradients of q, k, v, both log-decays
 and the normalizer's q', k', for every form, odd sizes, 1 x N and N x 1 maps, ties and extreme decays."""
 import numpy as np
@@ -177,8 +177,8 @@ def test_decomposed_half_precision_on_the_simulated_gpu(case, monkeypatch):
 def test_library_ops(normalize):
     """mmppma::linear_attention_triton and its backward as torch.library checks them (schema, fake tensors,
     autograd registration, AOT dispatch)."""
+    from mmppma.ops.linear.triton_impl import linear_attention_backward_op, linear_attention_op
     from mmppma.ops.masks import decay_tables
-    from mmppma.ops.scan.linear_triton import linear_attention_backward_op, linear_attention_op
     g = torch.Generator().manual_seed(0)
     q, k, qn, kn = (torch.rand(1, 2, 3, 5, 4, generator=g).to(DEVICE) for _ in range(4))
     v = torch.randn(1, 2, 3, 5, 3, generator=g).to(DEVICE)

@@ -5,6 +5,7 @@ import torch
 
 from mmppma import ops
 from mmppma.ops import dispatch
+from mmppma.ops.caches import registered
 from mmppma.ops.dispatch import resolve_impl
 
 from ..conftest import forget_preflight
@@ -148,7 +149,7 @@ def assert_one_fallback_warning(record, op, args, kind):
 def assert_raises_as(kind, op, args, call):
     """``call()`` raises what ``kind`` raises on a GPU: out of memory and CUDA errors as they are, anything else as
     KernelLaunchError naming the op, the shape, the dtype, the GPU and the cause."""
-    from mmppma.ops.triton_support.preflight import KernelLaunchError
+    from mmppma.ops.triton_support.calls import KernelLaunchError
     want = RUN_FAILURES[kind] or KernelLaunchError
     with pytest.raises(want) as raised:
         call()
@@ -166,19 +167,19 @@ def test_auto_falls_back_to_torch_only_for_what_the_preflight_finds(op, kind, mo
     """On the simulated sm_90 every launch is found unable to run before any kernel runs; in each grad mode
     impl='auto' returns the torch path's result with one warning naming the op, shape, dtype, GPU and cause (once
     per input signature); impl='triton' raises naming them and impl='torch'."""
-    from mmppma.ops.triton_support import preflight
+    from mmppma.ops.triton_support.calls import KernelLaunchError
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
     _inject(kind, monkeypatch)
     call, args = _case(op)
     want = call(*args, impl='torch')
     for mode in GRAD_MODES.values():
-        forget_preflight(monkeypatch)
+        forget_preflight()
         with mode(), pytest.warns(UserWarning) as record:
             got = [call(*args, impl='auto') for _ in range(2)]
         assert_one_fallback_warning(record, op, args, kind)
         for out in got:
             torch.testing.assert_close(out, want, rtol=0, atol=0)
-    with pytest.raises(preflight.KernelLaunchError,
+    with pytest.raises(KernelLaunchError,
                        match=rf"{op}: .*simulated sm_90.*{PREFLIGHT_FAILURES[kind]}.*impl='torch'"):
         call(*args, impl='triton')
 
@@ -191,9 +192,8 @@ def test_a_failure_while_the_kernels_run_raises_and_is_not_remembered(op, kind, 
     launches the kernels again."""
     import warnings
 
-    from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
-    forget_preflight(monkeypatch)
+    forget_preflight()
     call, args = _case(op)
     _inject(kind, monkeypatch)
     tries = []
@@ -208,7 +208,7 @@ def test_a_failure_while_the_kernels_run_raises_and_is_not_remembered(op, kind, 
                         before = len(tries)
                         assert_raises_as(kind, op, args, lambda: call(*args, impl=impl))
                         assert len(tries) == before + 1
-    assert set(preflight._PREFLIGHT.values()) == {None}
+    assert set(registered()['preflight'].values()) == {None}
 
 
 @pytest.mark.parametrize('kind', RUN_FAILURES)
@@ -219,9 +219,8 @@ def test_a_failing_backward_launch_raises_and_is_not_remembered(op, kind, monkey
     call launches the kernels again."""
     import warnings
 
-    from mmppma.ops.triton_support import preflight
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
-    forget_preflight(monkeypatch)
+    forget_preflight()
     call, args = _case(op)
     args = [t.requires_grad_() for t in args]
     tries = []
@@ -238,14 +237,14 @@ def test_a_failing_backward_launch_raises_and_is_not_remembered(op, kind, monkey
         tries.clear()
         torch.autograd.grad(call(*args, impl='auto'), args, grad)
         assert tries
-    assert set(preflight._PREFLIGHT.values()) == {None}
+    assert set(registered()['preflight'].values()) == {None}
 
 
 def test_a_gpu_outside_the_tables_takes_the_torch_path_with_one_message(monkeypatch):
     """A simulated sm_75: impl='auto' takes the torch path with one warning naming it and the tabled capabilities,
     no kernel launched; impl='triton' raises naming impl='auto'."""
     import warnings
-    monkeypatch.setattr(dispatch, '_WARNED_UNTABLED', set())
+    forget_preflight()  # the warnings given too
     ran = launched(monkeypatch)
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
     with pytest.warns(UserWarning) as record:
@@ -269,7 +268,7 @@ def test_the_preflight_runs_in_any_grad_mode_and_outside_inference_mode(mode, mo
     """Under no_grad and inference_mode the kernels run (no fallback, no warning) and equal the reference; the
     preflight records its launches with autograd on, outside the caller's inference mode."""
     monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
-    forget_preflight(monkeypatch)
+    forget_preflight()
     modes, recording = [], lp.recording
 
     def recording_modes(cap):

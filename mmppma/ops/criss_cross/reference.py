@@ -4,7 +4,7 @@ products; float64 for float64 inputs (the test oracle)."""
 import torch
 
 from ..checks import table_dtype
-from ..masks import polyline_mask
+from ..masks import head_decay_map, on_decays, polyline_mask
 from ..torch_support import flatten
 
 
@@ -24,3 +24,17 @@ def criss_cross_reference(q, k, v, la, lb, scale: float, form: str) -> torch.Ten
     cols_first = a_rows @ (a_cols @ vf)  # 'v2h'
     out = {'h2v': rows_first, 'v2h': cols_first, 'release': 0.5 * rows_first + 0.5 * cols_first}[form]
     return out.reshape(*v.shape)
+
+
+def criss_cross_attention_plan(q, k, v, la, lb, scale: float, form: str, tables: bool):
+    """The reference path of :func:`~mmppma.ops.criss_cross_attention` (:class:`~mmppma.ops.plan.Op`)."""
+    return on_decays(lambda q, k, v, la, lb: criss_cross_reference(q, k, v, la, lb, scale, form).to(v.dtype), tables)
+
+
+def rmt_criss_cross_attention_plan(q, k, v, log_decay, scale: float):
+    """The reference path of :func:`~mmppma.ops.rmt_criss_cross_attention`: the fixed decay as a per-token map,
+    rows first (form 'h2v')."""
+    def dense(q, k, v, log_decay):
+        decay = head_decay_map(log_decay.to(table_dtype(q, k, v, log_decay)), q.shape[:-1])
+        return criss_cross_reference(q, k, v, decay, decay, scale, 'h2v').to(v.dtype)
+    return dense

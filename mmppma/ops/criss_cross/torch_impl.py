@@ -4,11 +4,24 @@ CPU the group's maps kept in cache, on a GPU as many as a share of its memory ho
 under autograd, eager and without autocast, form 'release' is one autograd.Function with a hand backward
 (:class:`SegmentCrissCrossRelease`); otherwise plain autograd. In an export, each image row's and column's maps
 on their own, in loops the exporter keeps (:func:`criss_cross_export`), on maps above the export target's threshold
-or of a dynamic size; below, the one-shot maps."""
+or of a dynamic size; below, the one-shot maps. The torch paths of :func:`~mmppma.ops.criss_cross_attention` and
+:func:`~mmppma.ops.rmt_criss_cross_attention`."""
+import functools
+
 import torch
 
-from ..line.torch_impl import segment_softmax_, segment_softmax_backward_
-from ..torch_support import padded, scan_slices, score_elements, softmax_
+from ..checks import table_dtype
+from ..dispatch import exporting
+from ..line.torch_impl import (
+    SegmentMaskedSoftmax,
+    padded_segment_bias,
+    segment_bias,
+    segment_softmax,
+    segment_softmax_,
+    segment_softmax_backward_,
+)
+from ..masks import decay_tables, manhattan_segment_sums
+from ..torch_support import eager_inference, export_loops, pad_last, padded, scan_slices, score_elements, softmax_
 
 # on a CPU: score elements of one group of (image, head) slices on the no-autograd criss-cross path, so that a
 # group's row and column maps stay in cache from their bias to their last product (on a GPU: a share of its memory)
@@ -171,3 +184,59 @@ def criss_cross_slices(q, k, v, row_bias, col_bias, scale, form):
         out[i0:i1, n0:n1] = compose_criss_cross(lambda x: rows @ x,
                                                 lambda x: (cols @ x.transpose(2, 3)).transpose(2, 3), vg, form)
     return out
+
+
+def criss_cross_torch(q, k, v, la, lb, scale: float, form: str, tables: bool = False):
+    """:func:`~mmppma.ops.criss_cross_attention` on the torch path (see the module docstring)."""
+    dtype = table_dtype(q, k, v, la, lb)
+    ca, cb = (la.to(dtype), lb.to(dtype)) if tables else decay_tables(la, lb)
+    q, k, v_in = q.to(dtype), k.to(dtype), v.to(dtype)
+    if eager_inference(q, k, v_in, la, lb):
+        out = criss_cross_slices(q, k, v_in, padded_segment_bias(ca, dtype),
+                                 padded_segment_bias(cb.transpose(-1, -2), dtype), scale, form)
+    elif exporting():
+        if export_loops('criss_cross', ca.shape[-1] * ca.shape[-2]):
+            rows = (segment_bias(ca.shape[-1], dtype, q.device), (ca.permute(2, 0, 1, 3), ))
+            cols = (segment_bias(cb.shape[-2], dtype, q.device), (cb.permute(3, 0, 1, 2), ))
+            out = criss_cross_export(q, k, v_in, rows, cols, scale, form)
+        else:
+            out = criss_cross_core(q, k, v_in, lambda s: segment_softmax(s, ca),
+                                   lambda s: segment_softmax(s, cb.transpose(-1, -2)), scale, form)
+    elif form == 'release' and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(q.device.type):
+        # eager, no autocast (under autocast the products' dtypes differ): one autograd.Function
+        out = SegmentCrissCrossRelease.apply(q * scale if scale != 1.0 else q, k, v_in, ca, cb.transpose(-1, -2))
+    else:
+        out = criss_cross_core(q, k, v_in, lambda s: SegmentMaskedSoftmax.apply(s, ca),
+                               lambda s: SegmentMaskedSoftmax.apply(s, cb.transpose(-1, -2)), scale, form)
+    return out.to(v.dtype)
+
+
+def rmt_criss_cross_torch(q, k, v, log_decay, scale: float):
+    """:func:`~mmppma.ops.rmt_criss_cross_attention` on the torch path: one (W, W) and one (H, H) bias per head."""
+    b, heads, h, w, _ = q.shape
+    dtype = table_dtype(q, k, v, log_decay)
+    sa, sb = manhattan_segment_sums(log_decay, h, w, dtype)
+    sa, sb = sa[:, :, :1], sb[:, :, :1]  # one (W, W) and one (H, H) bias per head, broadcast
+    q, k, v_in = q.to(dtype), k.to(dtype), v.to(dtype)
+    if eager_inference(q, k, v_in, log_decay):
+        def head_bias(table):  # (B|1, heads, 1, L, L) -> -inf in the padding of the rows
+            table = pad_last(table, padded(table.shape[-1], table.device), float('-inf')).expand(b, -1, -1, -1, -1)
+            return lambda s, i0, i1, n0, n1: s.add_(table[i0:i1, n0:n1])
+        out = criss_cross_slices(q, k, v_in, head_bias(sa), head_bias(sb), scale, 'h2v')
+    elif exporting() and export_loops('criss_cross', h * w):
+        out = criss_cross_export(q, k, v_in, (lambda s: s + sa[:, :, 0], ()), (lambda s: s + sb[:, :, 0], ()), scale,
+                                 'h2v')
+    else:
+        out = criss_cross_core(q, k, v_in, lambda s: s.add_(sa).softmax(-1), lambda s: s.add_(sb).softmax(-1), scale,
+                               'h2v')
+    return out.to(v.dtype)
+
+
+def criss_cross_attention_plan(q, k, v, la, lb, scale: float, form: str, tables: bool):
+    """The torch path of :func:`~mmppma.ops.criss_cross_attention` (:class:`~mmppma.ops.plan.Op`)."""
+    return functools.partial(criss_cross_torch, scale=scale, form=form, tables=tables)
+
+
+def rmt_criss_cross_attention_plan(q, k, v, log_decay, scale: float):
+    """The torch path of :func:`~mmppma.ops.rmt_criss_cross_attention`."""
+    return functools.partial(rmt_criss_cross_torch, scale=scale)

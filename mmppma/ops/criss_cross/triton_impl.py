@@ -1,12 +1,16 @@
 """Criss-cross attention, Triton path: the line kernels (:mod:`mmppma.ops.line.triton_impl`) along rows and
 columns, composed as the torch path composes its maps. Eager calls under autograd run every pass as one autograd
 node whose backward accumulates the passes' q, k and table gradients in the kernels (one buffer each)."""
+import functools
+from typing import Optional
+
 import torch
 
 from ..line import triton_impl as line
 from ..line.triton_impl import line_attention
+from ..masks import head_decay_tables, on_tables
 from ..triton_support import launch as lp
-from ..triton_support.preflight import call_kernels
+from ..triton_support.calls import Caller, call_kernels
 from .torch_impl import compose_criss_cross
 
 
@@ -84,25 +88,42 @@ def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):
     return grads['dq'].to(q.dtype), grads['dk'].to(k.dtype), d_v.to(v.dtype), grads['rows'], grads['cols']
 
 
-#: the eager path under autograd (:class:`~mmppma.ops.triton_support.preflight.KernelFunction`): every pass in one
+#: the eager path under autograd (:class:`~mmppma.ops.triton_support.calls.KernelFunction`): every pass in one
 #: node, its inputs, outputs and log-normalisers saved
 CRISS_CROSS_KERNELS = (_forward, _backward, 5)
 
 
-def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = 'criss_cross_attention',
-                                 traced=None):
+def criss_cross_attention_triton(q, k, v, ca, cb, scale: float, form: str, caller: Caller,
+                                 traced: Optional[bool] = None):
     """Criss-cross attention of ``form`` (:func:`~mmppma.ops.criss_cross_attention`) on the line kernels.
     q, k: (B, heads, H, W, d); v: (B, heads, H, W, dv); ca (row), cb (column) decay tables: (B, heads, H, W);
-    ``op`` names the public op in errors; ``traced`` as :func:`line_attention`'s. The kernels read q, k
-    and v in the caller's layout."""
+    ``caller``: what errors name; ``traced`` as :func:`line_attention`'s. The kernels read q, k and v in the
+    caller's layout."""
     if torch.compiler.is_compiling() if traced is None else traced:
         def rows(x):
-            return line_attention(q, k, x, ca, scale, False, op, traced)
+            return line_attention(q, k, x, ca, scale, False, caller, traced)
 
         def cols(x):
-            return line_attention(q, k, x, cb, scale, True, op, traced)
+            return line_attention(q, k, x, cb, scale, True, caller, traced)
 
         return compose_criss_cross(rows, cols, v, form)
     q, k, v = lp.kernel_layout(q, k, v)
     ca, cb = ca.float().contiguous(), cb.float().contiguous()
-    return call_kernels(op, None, CRISS_CROSS_KERNELS, _infer, False, q, k, v, ca, cb, float(scale), form)
+    return call_kernels(caller, None, CRISS_CROSS_KERNELS, _infer, False, q, k, v, ca, cb, float(scale), form)
+
+
+def criss_cross_attention_plan(q, k, v, la, lb, scale: float, form: str, tables: bool, traced: Optional[bool]):
+    """The Triton path of :func:`~mmppma.ops.criss_cross_attention` (:class:`~mmppma.ops.plan.Op`)."""
+    return on_tables(functools.partial(criss_cross_attention_triton, scale=scale, form=form,
+                                       caller=Caller.of('criss_cross_attention', q), traced=traced), tables)
+
+
+def rmt_criss_cross_attention_plan(q, k, v, log_decay, scale: float, traced: Optional[bool]):
+    """The Triton path of :func:`~mmppma.ops.rmt_criss_cross_attention`: the line kernels on per-head decay tables,
+    rows first (form 'h2v')."""
+    caller = Caller.of('rmt_criss_cross_attention', q)
+
+    def rmt(q, k, v, log_decay):
+        return criss_cross_attention_triton(q, k, v, *head_decay_tables(log_decay, q.shape[:-1]), scale, 'h2v',
+                                            caller, traced)
+    return rmt

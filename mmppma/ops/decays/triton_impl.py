@@ -2,12 +2,16 @@
 the row's log-decays from its tokens and keeps the column cumsum running; the backward walks the rows in
 reverse with the suffix sums of the table gradients, writes the tokens' gradient and each program's sums for the
 parameters, which the host adds over the images."""
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from ..caches import register_cache
 from ..triton_support import launch as lp
-from ..triton_support.preflight import raise_named
+from ..triton_support.calls import Caller, raise_named
+from .torch_impl import decay_tables_torch
 
 #: tokens x channels of one row's tile at most (larger rows take the torch path: :func:`_config`)
 MAX_TILE = 1 << 15
@@ -124,7 +128,7 @@ def _plan(x: torch.Tensor, weight: torch.Tensor):
     return plan
 
 
-_PLANS = {}
+_PLANS = register_cache('decay_tables_launches', 256)
 
 
 def forward_launches(x, weight, dt_bias, a_log):
@@ -156,13 +160,13 @@ def backward_launches(gca, gcb, x, weight, dt_bias, a_log):
                       dict(constexprs, BLOCK_HEADS=lp.pow2(heads, 1)), cfg, x.device)], dx, part
 
 
-def _tables(x, weight, dt_bias, a_log):
-    """The forward's launch run: (Ca, Cb); a failure named for the op."""
+def _tables(caller, x, weight, dt_bias, a_log):
+    """The forward's launch run: (Ca, Cb); a failure named for ``caller``."""
     try:
         launches, ca, cb = forward_launches(x, weight, dt_bias, a_log)
         lp.run(launches)
     except Exception as e:
-        raise_named('path_decay_tables', x, 'while running', e)
+        raise_named(caller, 'while running', e)
     return ca, cb
 
 
@@ -170,16 +174,17 @@ class DecayTablesFunction(torch.autograd.Function):
     """The kernels as one autograd node of two outputs (Ca, Cb); a missing table gradient is zeros."""
 
     @staticmethod
-    def forward(ctx, x, weight, dt_bias, a_log):
+    def forward(ctx, caller, x, weight, dt_bias, a_log):
         ctx.set_materialize_grads(False)
-        ca, cb = _tables(x, weight, dt_bias, a_log)
+        ca, cb = _tables(caller, x, weight, dt_bias, a_log)
         ctx.save_for_backward(x, weight, dt_bias, a_log)
+        ctx.caller = caller
         return ca, cb
 
     @staticmethod
     def backward(ctx, gca, gcb):
         if gca is None and gcb is None:
-            return None, None, None, None
+            return None, None, None, None, None
         x, weight, dt_bias, a_log = ctx.saved_tensors
         gca = torch.zeros_like(gcb) if gca is None else gca
         gcb = torch.zeros_like(gca) if gcb is None else gcb
@@ -187,17 +192,25 @@ class DecayTablesFunction(torch.autograd.Function):
             launches, dx, part = backward_launches(gca, gcb, x, weight, dt_bias, a_log)
             lp.run(launches)
         except Exception as e:
-            raise_named('path_decay_tables', x, 'in the backward', e)
+            raise_named(ctx.caller, 'in the backward', e)
         heads = dt_bias.shape[0]
         d_bias, d_a_log, d_weight = part.sum(0).split((heads, heads, weight.numel()))
-        return dx, d_weight.view(weight.shape).to(weight.dtype), d_bias.to(dt_bias.dtype), d_a_log.to(a_log.dtype)
+        return None, dx, d_weight.view(weight.shape).to(weight.dtype), d_bias.to(dt_bias.dtype), d_a_log.to(a_log.dtype)
 
 
-def decay_tables_triton(x, weight, dt_bias, a_log):
-    """:func:`~mmppma.ops.decays.path_decay_tables` on the kernels: (Ca, Cb)."""
+def decay_tables_triton(x, weight, dt_bias, a_log, caller: Caller):
+    """:func:`~mmppma.ops.decays.path_decay_tables` on the kernels: (Ca, Cb); ``caller``: what errors name."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or dt_bias.requires_grad
                                     or a_log.requires_grad):
-        return DecayTablesFunction.apply(x, weight, dt_bias, a_log)
-    return _tables(x, weight, dt_bias, a_log)
+        return DecayTablesFunction.apply(caller, x, weight, dt_bias, a_log)
+    return _tables(caller, x, weight, dt_bias, a_log)
+
+
+def path_decay_tables_plan(x, weight, dt_bias, a_log, traced):
+    """The Triton path of :func:`~mmppma.ops.path_decay_tables` (:class:`~mmppma.ops.plan.Op`); the torch path while
+    torch.compile traces or a model is exported (``traced`` not False: inductor fuses it)."""
+    if traced is not False:
+        return decay_tables_torch
+    return functools.partial(decay_tables_triton, caller=Caller.of('path_decay_tables', x))

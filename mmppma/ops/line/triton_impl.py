@@ -14,8 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from ..caches import register_cache
 from ..triton_support import launch as lp
-from ..triton_support.preflight import call_kernels
+from ..triton_support.calls import Caller, call_kernels
 from ..triton_support.tiles import head_offset, load_rows, load_tile, online_softmax_start, store_tile, token_block
 
 LOG2E = 1.4426950408889634
@@ -402,7 +403,7 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
     return [launch], out, lse, mean
 
 
-_FWD_PLANS = {}
+_FWD_PLANS = register_cache('line_forward_launches', 1024)
 
 
 def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dtype, length: int) -> dict:
@@ -498,16 +499,16 @@ def _forward_saving_out(q, k, x, c, scale: float, columns: bool):
     return out, out, lse
 
 
-#: the eager path of :data:`line_attention_op` (:class:`KernelFunction`): out and lse saved, lse not returned
+#: the eager path of :data:`line_attention_op` (:class:`~mmppma.ops.triton_support.calls.KernelFunction`): out and
+#: lse saved, lse not returned
 LINE_KERNELS = (_forward_saving_out, _backward, 4)
 
 
-def line_attention(q, k, x, c, scale: float, columns: bool, op: str = 'criss_cross_attention',
-                   traced: Optional[bool] = None):
+def line_attention(q, k, x, c, scale: float, columns: bool, caller: Caller, traced: Optional[bool] = None):
     """Masked attention along rows (columns=False) or columns of q, k (B, heads, H, W, d), x (B, heads, H, W, dx)
-    with the table c (B, heads, H, W) cumulated along them; ``op`` names the public op in errors; ``traced``:
-    whether torch.compile traces the call (None: ask)."""
+    with the table c (B, heads, H, W) cumulated along them; ``caller``: what errors name; ``traced``: whether
+    torch.compile traces the call (None: ask)."""
     q, k, x = lp.kernel_layout(q, k, x)
     c = c.float().contiguous()
-    out = call_kernels(op, line_attention_op, LINE_KERNELS, _forward, traced, q, k, x, c, float(scale), columns)
+    out = call_kernels(caller, line_attention_op, LINE_KERNELS, _forward, traced, q, k, x, c, float(scale), columns)
     return out.to(x.dtype)

@@ -1,5 +1,5 @@
 """The 3D polyline path mask (paper Appendix C.2), dense: :func:`polyline_mask_3d`, the public dense op and the
-reference of :func:`~mmppma.ops.polyline_mask_matvec_3d`."""
+reference path of :func:`~mmppma.ops.polyline_mask_matvec_3d`."""
 import torch
 
 from ..checks import check_choice, table_dtype
@@ -29,3 +29,14 @@ def polyline_mask_3d(la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, *, sp
     m = m.reshape(bsz, heads, d * h * w, d * h * w)
     return m if space == 'log' else m.exp()
 
+
+def matvec_3d_reference(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor) -> torch.Tensor:
+    """``L3D @ x`` with the dense mask; x (B, heads, D, H, W, C)."""
+    lmask = polyline_mask_3d(la, lb, lc, space='linear')
+    flat = x.to(lmask.dtype).reshape(*x.shape[:2], -1, x.shape[-1])
+    return (lmask @ flat).reshape(x.shape).to(x.dtype)
+
+
+def polyline_mask_matvec_3d_plan(x, la, lb, lc, chunk: int):
+    """The reference path of :func:`~mmppma.ops.polyline_mask_matvec_3d` (:class:`~mmppma.ops.plan.Op`)."""
+    return matvec_3d_reference

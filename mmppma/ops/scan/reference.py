@@ -1,7 +1,11 @@
-"""Decay scan and the 2-D mask products, dense references: the L x L (or N x N) mask formed and multiplied,
-float64 for float64 inputs (the test oracles)."""
+"""Decay scan and the 2-D mask-vector product, dense references: the L x L (or N x N) mask formed and multiplied,
+float64 for float64 inputs (the test oracles); the reference paths of :func:`~mmppma.ops.decay_scan_1d` and
+:func:`~mmppma.ops.polyline_mask_matvec`."""
+import functools
+
 import torch
 
+from ..checks import table_dtype
 from ..masks import polyline_mask, segment_sum
 
 
@@ -17,9 +21,19 @@ def matvec_reference(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, form: 
     return (lmask @ x.to(lmask.dtype).reshape(b, heads, h * w, d)).reshape(x.shape).to(x.dtype)
 
 
-def decomposed_reference(s1, s2, v, la, lb, form: str) -> torch.Tensor:
-    """``((s1 s2^T) * L) v`` with the dense mask of ``form``; all in one float dtype."""
-    b, heads, h, w, r = s1.shape
-    lmask = polyline_mask(la, lb, form=form, space='linear')
-    attn = (s1.reshape(b, heads, h * w, r) @ s2.reshape(b, heads, h * w, r).transpose(-1, -2)) * lmask
-    return (attn @ v.reshape(b, heads, h * w, -1)).reshape(*v.shape)
+def in_table_dtype(scan, x: torch.Tensor, log_decay: torch.Tensor, *args) -> torch.Tensor:
+    """``scan(x, log_decay, *args)`` computed in the table dtype (float32 at least), returned in x's dtype."""
+    dtype = table_dtype(x, log_decay)
+    return scan(x.to(dtype), log_decay.to(dtype), *args).to(x.dtype)
+
+
+def decay_scan_1d_plan(x, log_decay, chunk: int):
+    """The reference path of :func:`~mmppma.ops.decay_scan_1d` (:class:`~mmppma.ops.plan.Op`)."""
+    return functools.partial(in_table_dtype, decay_scan_reference)
+
+
+def polyline_mask_matvec_plan(x, la, lb, form: str, chunk: int):
+    """The reference path of :func:`~mmppma.ops.polyline_mask_matvec`: the dense mask ('2d': of each path)."""
+    if form == '2d':
+        return lambda x, la, lb: matvec_reference(x, la, lb, 'v2h') + matvec_reference(x, la, lb, 'h2v')
+    return functools.partial(matvec_reference, form=form)

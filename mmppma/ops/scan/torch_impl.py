@@ -1,10 +1,15 @@
 """Decay scan, torch path: the bidirectional scan as a causal chunkwise scan (Mamba2's SSD: dense tiles inside
-chunks, a scan of chunk states between them, O(L) in time and memory) plus the same scan of the reversed line."""
+chunks, a scan of chunk states between them, O(L) in time and memory) plus the same scan of the reversed line; the
+mask-vector product composed of 1D scans (:func:`matvec`, Algorithm 1), which the Triton path runs on its scans."""
+import functools
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
 from ..dispatch import exporting
 from ..masks import segment_sum
+from .reference import in_table_dtype
 
 
 def _causal_chunked_scan(x: torch.Tensor, log_decay: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -47,3 +52,34 @@ def decay_scan_torch(x: torch.Tensor, log_decay: torch.Tensor, chunk: int) -> to
     reversed_decay = F.pad(log_decay.flip(-1)[..., :-1], (1, 0))
     backward = _causal_chunked_scan(x.flip(-2), reversed_decay, chunk).flip(-2)
     return forward + backward - x
+
+
+def scan_torch(x: torch.Tensor, log_decay: torch.Tensor, chunk: int) -> torch.Tensor:
+    """:func:`~mmppma.ops.decay_scan_1d` on the torch path: in the table dtype, returned in x's."""
+    return in_table_dtype(decay_scan_torch, x, log_decay, chunk)
+
+
+def scan_columns(scan: Callable[..., torch.Tensor], x: torch.Tensor, lb: torch.Tensor) -> torch.Tensor:
+    """The 1D ``scan(x, log_decay)`` down every column: x (..., H, W, D), lb (..., H, W)."""
+    return scan(x.transpose(-3, -2), lb.transpose(-1, -2)).transpose(-3, -2)
+
+
+def matvec(scan: Callable[..., torch.Tensor], x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor,
+           form: str) -> torch.Tensor:
+    """``L @ x`` for the mask of ``form`` as Algorithm 1 composes it from the 1D ``scan(x, log_decay)`` (the torch
+    or the Triton one): V2H a scan down every column, then along every row; H2V the other order; '2d' their sum."""
+    if form == '2d':
+        return matvec(scan, x, la, lb, 'v2h') + matvec(scan, x, la, lb, 'h2v')
+    if form == 'v2h':
+        return scan(scan_columns(scan, x, lb), la)
+    return scan_columns(scan, scan(x, la), lb)
+
+
+def decay_scan_1d_plan(x, log_decay, chunk: int):
+    """The torch path of :func:`~mmppma.ops.decay_scan_1d` (:class:`~mmppma.ops.plan.Op`)."""
+    return functools.partial(scan_torch, chunk=chunk)
+
+
+def polyline_mask_matvec_plan(x, la, lb, form: str, chunk: int):
+    """The torch path of :func:`~mmppma.ops.polyline_mask_matvec`: Algorithm 1 on the chunkwise scan."""
+    return functools.partial(matvec, functools.partial(scan_torch, chunk=chunk), form=form)

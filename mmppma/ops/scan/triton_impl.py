@@ -4,13 +4,19 @@ building block).
 Tiled as a masked matrix product along each line (tensor cores, O(L^2 D) per line - lines are image
 rows/columns, so O(N^1.5) in total). The mask is symmetric, so the input gradient is the same scan of
 the output gradient; the decay gradient comes from two *signed* scans (weights +w below the diagonal,
--w above, 0 on it): ``dC = dy . signed(x) + x . signed(dy)``.
+-w above, 0 on it): ``dC = dy . signed(x) + x . signed(dy)``. The mask-vector products
+(:func:`~mmppma.ops.polyline_mask_matvec`, :func:`~mmppma.ops.polyline_mask_matvec_3d`) run their scans here.
 """
+import functools
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from ..triton_support import launch as lp
+from ..triton_support.calls import Caller, call_kernels
+from .torch_impl import matvec
 
 
 @triton.jit
@@ -85,9 +91,41 @@ def _gradients(ctx, dy):
 scan_op.register_autograd(_gradients, setup_context=_save)
 
 
-def decay_scan_triton(x: torch.Tensor, log_decay: torch.Tensor) -> torch.Tensor:
-    """x: (..., L, D); log_decay: (..., L) -> (..., L, D), like :func:`mmppma.ops.decay_scan_1d`."""
+def _forward(x: torch.Tensor, c: torch.Tensor):
+    return (_scan(x, c, False), )
+
+
+def _backward(dy: torch.Tensor, x: torch.Tensor, c: torch.Tensor):
+    """dx in x's dtype and dc (float32) from the float32 output gradient ``dy`` (read in x's dtype)."""
+    dy = dy.to(x.dtype).contiguous()
+    dc = (dy.float() * _scan(x, c, True)).sum(-1) + (x.float() * _scan(dy, c, True)).sum(-1)
+    return _scan(dy, c, False).to(x.dtype), dc
+
+
+def _library(x: torch.Tensor, c: torch.Tensor):
+    return (scan_op(x, c, False), )
+
+
+#: the eager path of :data:`scan_op` (:class:`~mmppma.ops.triton_support.calls.KernelFunction`)
+SCAN_KERNELS = (_forward, _backward, 2)
+
+
+def decay_scan_triton(x: torch.Tensor, log_decay: torch.Tensor, caller: Caller,
+                      traced: Optional[bool] = None) -> torch.Tensor:
+    """x: (..., L, D); log_decay: (..., L) -> (..., L, D), like :func:`mmppma.ops.decay_scan_1d`; ``caller``: what
+    errors name; ``traced``: whether torch.compile traces the call (None: ask)."""
     *lead, length, d = x.shape
     c = log_decay.float().cumsum(-1).reshape(-1, length).contiguous()
-    y = scan_op(x.reshape(-1, length, d).contiguous(), c, False).to(x.dtype)
-    return y.reshape(*lead, length, d)
+    y = call_kernels(caller, _library, SCAN_KERNELS, _forward, traced, x.reshape(-1, length, d).contiguous(), c)
+    return y.to(x.dtype).reshape(*lead, length, d)
+
+
+def decay_scan_1d_plan(x, log_decay, chunk: int, traced: Optional[bool]):
+    """The Triton path of :func:`~mmppma.ops.decay_scan_1d` (:class:`~mmppma.ops.plan.Op`)."""
+    return functools.partial(decay_scan_triton, caller=Caller.of('decay_scan_1d', x), traced=traced)
+
+
+def polyline_mask_matvec_plan(x, la, lb, form: str, chunk: int, traced: Optional[bool]):
+    """The Triton path of :func:`~mmppma.ops.polyline_mask_matvec`: Algorithm 1 on the scan kernel."""
+    scan = functools.partial(decay_scan_triton, caller=Caller.of('polyline_mask_matvec', x), traced=traced)
+    return functools.partial(matvec, scan, form=form)

@@ -153,7 +153,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('scan', False, True): {0: Config(32, 32, 2, 2)},
     ('scan', True, False): {0: Config(64, 32, 8, 2)},
     ('scan', True, True): {0: Config(64, 64, 4, 2)},
-    # PPMLA's fused kernels (scan/linear_triton.py): own tiles of one image row (block_m columns) against other
+    # PPMLA's fused kernels (linear/triton_impl.py): own tiles of one image row (block_m columns) against other
     # rows in chunks of block_n columns
     **{('ppmla_fwd', long, False): {0: Config(32, 32, 8, 2)} for long in (False, True)},
     **{('ppmla_fwd', long, True): {0: Config(64, 64, 4, 2)} for long in (False, True)},
@@ -335,6 +335,11 @@ def executed() -> Iterator[Set[Tuple[int, Config]]]:
         yield ran
     finally:
         _EXECUTED.pop()
+
+
+def is_recording() -> bool:
+    """Whether the ops record their launches (inside :func:`recording`) instead of running them."""
+    return bool(_RECORDING)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,13 @@ import torch
 from ..checks import table_dtype
 from ..dispatch import exporting
 from ..forms import paths
-from ..masks import v2h_log_mask
+from ..masks import (
+    column_segment_sums,
+    manhattan_segment_sums,
+    row_segment_sums,
+    segment_sum,
+    v2h_log_mask,
+)
 from ..torch_support import (
     export_loops,
     flatten,
@@ -34,6 +40,7 @@ from ..torch_support import (
     softmax_,
     softmax_backward_,
 )
+from . import reference
 
 # on a CPU: elements of one (B, heads, rows*W, N) score block; bounds the transient memory of the blockwise path
 BLOCK_ELEMENTS = 1 << 21
@@ -380,3 +387,22 @@ def whole_torch(q, k, v, sa, sb, scale, form):
     else:
         out = whole_attention_blockwise(qf, kf, vf, sa, sb, form)
     return out.reshape(*v.shape).to(v.dtype)
+
+
+def ppma_attention_plan(q, k, v, la, lb, scale: float, form: str, tables: bool):
+    """The torch path of :func:`~mmppma.ops.ppma_attention` (:class:`~mmppma.ops.plan.Op`): the paper form's is the
+    dense one (its mask multiplies the probabilities after the softmax: no blockwise log-sum-exp trick applies)."""
+    if form == 'paper':
+        return reference.ppma_attention_plan(q, k, v, la, lb, scale, form, tables)
+    if tables:
+        return lambda q, k, v, ca, cb: whole_torch(q, k, v, segment_sum(ca), segment_sum(cb.transpose(-1, -2)), scale,
+                                                   form)
+    return lambda q, k, v, la, lb: whole_torch(q, k, v, row_segment_sums(la), column_segment_sums(lb), scale, form)
+
+
+def manhattan_attention_plan(q, k, v, log_decay, scale: float):
+    """The torch path of :func:`~mmppma.ops.manhattan_attention`: whole attention's on per-head segment sums."""
+    h, w = q.shape[2:4]
+    dtype = table_dtype(q, k, v, log_decay)
+    return lambda q, k, v, log_decay: whole_torch(q, k, v, *manhattan_segment_sums(log_decay, h, w, dtype), scale,
+                                                  'v2h')

@@ -28,9 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..caches import register_cache
 from ..forms import paths, transposed
+from ..masks import head_decay_tables, on_tables
 from ..triton_support import launch as lp
-from ..triton_support.preflight import call_kernels
+from ..triton_support.calls import Caller, call_kernels
 from ..triton_support.tiles import (
     head_offset,
     load_rows,
@@ -394,7 +396,7 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
     return plan
 
 
-_FWD_PLANS = {}
+_FWD_PLANS = register_cache('whole_forward_launches', 1024)
 
 
 def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
@@ -455,7 +457,7 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
     return plans
 
 
-_BWD_PLANS = {}
+_BWD_PLANS = register_cache('whole_backward_launches', 1024)
 
 
 def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, cap: int):
@@ -557,16 +559,17 @@ def _gradients(ctx, dout, do, dlse):
 whole_attention_op.register_autograd(_gradients, setup_context=_save)
 
 
-#: the eager path of :data:`whole_attention_op` (:class:`KernelFunction`): o and lse saved, not returned
+#: the eager path of :data:`whole_attention_op` (:class:`~mmppma.ops.triton_support.calls.KernelFunction`): o and lse
+#: saved, not returned
 WHOLE_KERNELS = (_forward, _backward, 5)
 #: the inference path: nothing saves o, so a one-path output may be a view of it
 _INFER = functools.partial(_forward, keep=False)
 
 
-def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = 'ppma_attention',
+def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, caller: Caller,
                            traced: Optional[bool] = None):
     """Whole attention of ``form`` ('release' | 'v2h' | 'h2v'). q, k: (B, heads, H, W, d); v: (B, heads, H, W,
-    dv); ca, cb: (B, heads, H, W) float32 decay tables; ``op`` names the public op in errors; ``traced``: whether
+    dv); ca, cb: (B, heads, H, W) float32 decay tables; ``caller``: what errors name; ``traced``: whether
     torch.compile traces the call (None: ask; the ops' eager plans know it is not). An image narrower
     than ``lp.NARROW`` tokens and at least that tall runs transposed, so that a block of consecutive tokens spans
     few image rows: the transpose's rows are the columns here, its Ca is Cb and its 'v2h' path 'h2v'."""
@@ -574,9 +577,27 @@ def whole_attention_triton(q, k, v, ca, cb, scale: float, form: str, op: str = '
     if ww < lp.NARROW <= hh:
         def t(x):
             return x.transpose(2, 3)
-        return t(whole_attention_triton(t(q), t(k), t(v), t(cb), t(ca), scale, transposed(form), op, traced))
+        return t(whole_attention_triton(t(q), t(k), t(v), t(cb), t(ca), scale, transposed(form), caller, traced))
     if abs(scale) < 1e-30:  # scores of zero; the backward divides the log-normaliser by the scale
         q, scale = q * 0, 1.0
     q, k, v = lp.kernel_layout(q, k, v)
     ca, cb = ca.float().contiguous(), cb.float().contiguous()
-    return call_kernels(op, whole_attention_op, WHOLE_KERNELS, _INFER, traced, q, k, v, ca, cb, float(scale), form)
+    return call_kernels(caller, whole_attention_op, WHOLE_KERNELS, _INFER, traced, q, k, v, ca, cb, float(scale),
+                        form)
+
+
+def ppma_attention_plan(q, k, v, la, lb, scale: float, form: str, tables: bool, traced: Optional[bool]):
+    """The Triton path of :func:`~mmppma.ops.ppma_attention` (:class:`~mmppma.ops.plan.Op`)."""
+    return on_tables(functools.partial(whole_attention_triton, scale=scale, form=form,
+                                       caller=Caller.of('ppma_attention', q), traced=traced), tables)
+
+
+def manhattan_attention_plan(q, k, v, log_decay, scale: float, traced: Optional[bool]):
+    """The Triton path of :func:`~mmppma.ops.manhattan_attention`: whole attention's kernels on per-head decay
+    tables."""
+    caller = Caller.of('manhattan_attention', q)
+
+    def manhattan(q, k, v, log_decay):
+        return whole_attention_triton(q, k, v, *head_decay_tables(log_decay, q.shape[:-1]), scale, 'v2h', caller,
+                                      traced)
+    return manhattan

@@ -26,9 +26,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..checks import table_dtype
 from ..forms import paths, transposed
+from ..masks import decay_tables
 from ..triton_support import launch as lp
-from ..triton_support.preflight import call_kernels
+from ..triton_support.calls import Caller, call_kernels
+from .reference import FEATURE_MAPS
 
 LOG2E_ = tl.constexpr(1.4426950408889634)
 #: the product dtype of the 16-bit tiles: 0 float32 (no rounding), 1 float16, 2 bfloat16
@@ -399,7 +402,8 @@ def _gradients(ctx, dout, do, dz):
 
 linear_attention_op.register_autograd(_gradients, setup_context=_save)
 
-#: the eager path of :data:`linear_attention_op` (:class:`KernelFunction`): o and z saved, not returned
+#: the eager path of :data:`linear_attention_op` (:class:`~mmppma.ops.triton_support.calls.KernelFunction`): o and z
+#: saved, not returned
 LINEAR_KERNELS = (_forward, _backward, 7)
 
 
@@ -408,11 +412,11 @@ def _infer(*inputs):
 
 
 def linear_attention_triton(q, k, v, qn, kn, ca, cb, form: str, normalize: bool, eps: float,
-                            dtype: torch.dtype, op: str, traced: Optional[bool] = None) -> torch.Tensor:
+                            dtype: torch.dtype, caller: Caller, traced: Optional[bool] = None) -> torch.Tensor:
     """``((q k^T) * L) v`` for the mask of ``form``, divided by ``((qn kn^T) * L) 1 + eps`` when ``normalize``
     (``qn``, ``kn`` may be q and k themselves). q, k, qn, kn: (B, heads, H, W, d) features; v: (B, heads, H, W,
-    dv); ca, cb: (B, heads, H, W) decay tables; ``dtype``: the products' (float16, bfloat16 or float32); ``op``
-    names the public op in errors; ``traced``: whether torch.compile traces the call (None: ask). An image narrower
+    dv); ca, cb: (B, heads, H, W) decay tables; ``dtype``: the products' (float16, bfloat16 or float32);
+    ``caller``: what errors name; ``traced``: whether torch.compile traces the call (None: ask). An image narrower
     than ``lp.NARROW`` tokens and at least that tall runs transposed (its rows are long)."""
     hh, ww = q.shape[2], q.shape[3]
     separate = normalize and (qn is not q or kn is not k)
@@ -422,10 +426,51 @@ def linear_attention_triton(q, k, v, qn, kn, ca, cb, form: str, normalize: bool,
         q, k = t(q), t(k)
         qn, kn = (t(qn), t(kn)) if separate else (q, k)
         return t(linear_attention_triton(q, k, t(v), qn, kn, t(cb), t(ca), transposed(form), normalize, eps, dtype,
-                                         op, traced))
+                                         caller, traced))
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     qn, kn = (qn.contiguous(), kn.contiguous()) if separate else (q, k)
     ca, cb = ca.float().contiguous(), cb.float().contiguous()
     half = _HALF_CODES.get(dtype, 0)
-    return call_kernels(op, linear_attention_op, LINEAR_KERNELS, _infer, traced, q, k, v, qn, kn, ca, cb, form,
+    return call_kernels(caller, linear_attention_op, LINEAR_KERNELS, _infer, traced, q, k, v, qn, kn, ca, cb, form,
                         normalize, separate, float(eps), half)
+
+
+def product_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype of the fused kernels' products of input tiles: the inputs' when all are float16 or all bfloat16,
+    else float32."""
+    dtype = tensors[0].dtype
+    if dtype in (torch.float16, torch.bfloat16) and all(t.dtype == dtype for t in tensors):
+        return dtype
+    return torch.float32
+
+
+def ppma_decomposed_attention_plan(s1, s2, v, la, lb, form: str, chunk: int, traced: Optional[bool]):
+    """The Triton path of :func:`~mmppma.ops.ppma_decomposed_attention` (:class:`~mmppma.ops.plan.Op`): the fused
+    kernels on s1, s2 as features, no normalizer."""
+    caller, dtype = Caller.of('ppma_decomposed_attention', s1), product_dtype(s1, s2, v)
+
+    def fused(s1, s2, v, la, lb):
+        return linear_attention_triton(s1, s2, v, s1, s2, *decay_tables(la, lb), form, False, 0.0, dtype, caller,
+                                       traced)
+    return fused
+
+
+def ppma_linear_attention_plan(q, k, v, la, lb, *normalizer_and_options):
+    """The Triton path of :func:`~mmppma.ops.ppma_linear_attention`: the fused kernels on the features (the inputs
+    themselves for the identity map: no float32 copies; else the feature map's float32 output), which keep the
+    products' sums, the mass and the division in float32. ``normalizer_and_options`` as the reference path's, then
+    ``traced``."""
+    *_, form, feature_map, normalize, eps, chunk, traced = normalizer_and_options
+    caller, dtype = Caller.of('ppma_linear_attention', q), product_dtype(q, k, v)
+    identity = feature_map is FEATURE_MAPS['identity']
+
+    def fused(q, k, v, la, lb, *normalizer):
+        if identity:
+            fq, fk, fqn, fkn = q, k, *(normalizer or (q, k))
+        else:
+            features = table_dtype(q, k, v, la, lb)
+            fq, fk = feature_map(q.to(features)), feature_map(k.to(features))
+            fqn, fkn = (feature_map(x.to(features)) for x in normalizer) if normalizer else (fq, fk)
+        return linear_attention_triton(fq, fk, v, fqn, fkn, *decay_tables(la, lb), form, normalize, eps, dtype,
+                                       caller, traced)
+    return fused
