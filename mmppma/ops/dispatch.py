@@ -89,9 +89,8 @@ def environ(name: str) -> Optional[str]:
 _ALL = ('reference', 'torch', 'triton')
 _NO_KERNEL = ('reference', 'torch')
 # a plain global, not a ContextVar: dynamo reads (and guards on) a global, but cannot trace ContextVar.get
-_EXPORTING = False
-_EXPORT_TARGET = ExportTarget('plain')  # no runtime's choices: the ops loop only in a dynamic export
-_PLAIN_TARGET = _EXPORT_TARGET
+_EXPORT_TARGET: Optional[ExportTarget] = None  # inside export_mode: its target
+_PLAIN_TARGET = ExportTarget('plain')  # no runtime's choices: the ops loop only in a dynamic export
 #: The implementations of every public op that takes ``impl``, per ``form`` (None: the op takes no form): the
 #: one table :func:`resolve_impl` reads. The matvecs run their 1D scans on the Triton scan kernel, the linear /
 #: decomposed attention the fused PPMLA kernels; whole attention's paper form (probabilities times the mask after
@@ -117,27 +116,26 @@ def export_mode(target: Optional[ExportTarget] = None) -> Iterator[None]:
     """Run mmppma's ops and layers as plain PyTorch inside this context (see the module docstring), their export
     forms chosen for ``target`` (:class:`~mmppma.ops.export_target.ExportTarget`; None: no runtime's choices, the
     ops loop only in a dynamic export); for exporters, and for checking the export paths in eager mode."""
-    global _EXPORTING, _EXPORT_TARGET
+    global _EXPORT_TARGET
     if target is not None and not isinstance(target, ExportTarget):
         raise TypeError(f'export_mode: target must be an ExportTarget (mmppma.deploy.targets) or None; got {target!r}')
-    before = _EXPORTING, _EXPORT_TARGET
-    _EXPORTING, _EXPORT_TARGET = True, target or _PLAIN_TARGET
+    before, _EXPORT_TARGET = _EXPORT_TARGET, target or _PLAIN_TARGET
     try:
         yield
     finally:
-        _EXPORTING, _EXPORT_TARGET = before
+        _EXPORT_TARGET = before
 
 
 def exporting() -> bool:
     """Whether the ops and layers take their plain PyTorch paths: inside :func:`export_mode`, or while
     ``torch.export`` traces."""
-    return _EXPORTING or torch.compiler.is_exporting()
+    return _EXPORT_TARGET is not None or torch.compiler.is_exporting()
 
 
 def export_target() -> ExportTarget:
     """The target of the export in progress (:func:`export_mode`'s; a ``torch.export`` trace outside it: none of
     a runtime's choices)."""
-    return _EXPORT_TARGET
+    return _EXPORT_TARGET or _PLAIN_TARGET
 
 
 # what torch.backends.cuda.matmul.fp32_precision reads, without the module's Python attribute lookup

@@ -2,7 +2,6 @@
 classifiers, the converter behind tools/model_converters/release_to_mmppma.py) and :mod:`.whole_model_convert`
 (whole detectors and segmentors). The families' key maps are beside the backbones."""
 from .checkpoint_convert import (
-    RELEASE_FAMILIES,
     CheckpointMismatchError,
     extract_state_dict,
     match_arch,
@@ -11,6 +10,6 @@ from .checkpoint_convert import (
 )
 
 __all__ = [
-    'RELEASE_FAMILIES', 'CheckpointMismatchError', 'extract_state_dict', 'match_arch', 'mmppma_to_release',
+    'CheckpointMismatchError', 'extract_state_dict', 'match_arch', 'mmppma_to_release',
     'release_to_mmppma'
 ]

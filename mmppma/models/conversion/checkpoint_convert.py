@@ -18,7 +18,6 @@ from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
 
-from ..backbones.family import FAMILIES as _FAMILIES
 from ..backbones.family import FamilySpec, family_of, variant_of
 from ..backbones.release import (
     CheckpointMismatchError,
@@ -31,12 +30,9 @@ from ..backbones.release import (
 from ..backbones.release import prefixed as _prefixed
 from ..heads import release_head
 
-__all__ = ['RELEASE_FAMILIES', 'CheckpointMismatchError', 'check_family', 'canonical_arch', 'extract_state_dict',
+__all__ = ['CheckpointMismatchError', 'check_family', 'canonical_arch', 'extract_state_dict',
            'match_arch', 'release_to_mmppma', 'mmppma_to_release', 'with_release_record']
 
-#: the release layouts converted when mmppma is imported (the registered families; a variant such as 'RMT', PPMA's
-#: fixed-decay baseline, converts in its family's layout)
-RELEASE_FAMILIES = tuple(_FAMILIES)
 
 
 def check_family(family: str) -> str:
