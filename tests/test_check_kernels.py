@@ -266,8 +266,8 @@ def test_half_precision_rows_need_tensor_cores_which_sm_75_lacks(compile_env):
     """--arch takes sm_75 (no launch table: impl='auto' takes the torch path there) besides the tabled sm_120;
     half-precision rows fail on sm_75, where Triton emits no tensor-core instruction, and pass on sm_120, where it
     does."""
-    from mmppma.ops import dispatch
-    assert 75 in tool.TARGETS and 75 not in dispatch.CAPABILITIES and {100, 120} <= set(dispatch.CAPABILITIES)
+    from mmppma.ops import devices
+    assert 75 in tool.TARGETS and 75 not in devices.CAPABILITIES and {100, 120} <= set(devices.CAPABILITIES)
     runs = {}
     for arch in (75, 120):
         command = [sys.executable, 'tools/check_kernels.py', '--quick', '--arch', str(arch), '--dtype', 'fp16',

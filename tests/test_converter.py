@@ -17,7 +17,7 @@ from mmengine.registry import DefaultScope
 from mmpretrain.registry import MODELS
 
 from mmppma.models import MLLA, PPMA, RMT, VMINet
-from mmppma.models.backbones import mlla_release
+from mmppma.models.backbones import mlla_spec
 from mmppma.models.conversion import checkpoint_convert as cc
 from mmppma.models.conversion.checkpoint_convert import (
     CheckpointMismatchError,
@@ -321,7 +321,7 @@ def test_state_containers():
 def test_mlla_rope_tables_are_the_release_buffers_and_our_rope():
     """The release buffer follows the release formula and is the RoPE our MLLA computes: dropping it loses nothing."""
     h, w, dim = 7, 5, 16
-    rot = mlla_release.rope_rotations(h, w, dim).double()
+    rot = mlla_spec.rope_rotations(h, w, dim).double()
     assert rot.shape == (h, w, dim // 2, 2)
     quarter = dim // 4
     for i, j, m in [(0, 0, 0), (3, 4, 1), (6, 2, 3), (5, 1, 4), (2, 4, 7)]:

@@ -40,7 +40,7 @@ def test_readme_layout_names_paths_that_exist():
     paths = set(re.findall(r'`(mmppma/[\w/.<>]+|tools/[\w/.]+\.(?:py|sh)|configs/[\w/]+/)`', README))
     missing = sorted(p for p in paths if '<' not in p and not (REPO_ROOT / p).exists())
     assert paths and not missing, missing
-    for package in ('mmppma/ops', 'mmppma/deploy/', 'mmppma/models/backbones/<family>_release.py'):
+    for package in ('mmppma/ops', 'mmppma/deploy/', 'mmppma/models/backbones/<family>_spec.py'):
         assert f'`{package}' in README, package
 
 

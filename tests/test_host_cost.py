@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mmppma.ops import dispatch
+from mmppma.ops import devices
 
 from .conftest import load_tool
 
@@ -12,7 +12,7 @@ pytest.importorskip('triton', reason='triton is part of the pinned stack (requir
 
 @pytest.fixture
 def host_cost(monkeypatch):
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     return load_tool('host_cost.py')
 
 
@@ -68,13 +68,13 @@ RELEASE_PPMA_T_INFERENCE = 1228
 
 def test_torch_path_at_batch_64_launches_no_more_kernels_than_the_release(host_cost, monkeypatch):
     """PPMA-T inference at batch 64, 224 x 224, ``impl='torch'`` on the simulated T4 (sm_75, 16 GiB, the smallest
-    card of :data:`~mmppma.ops.dispatch.SIMULATED_MEMORY_GIB`): at most the release's torch kernels, as many as at
+    card of :data:`~mmppma.ops.devices.SIMULATED_MEMORY_GIB`): at most the release's torch kernels, as many as at
     batch 2 (whole and criss-cross attention run in one piece on a GPU, not in blocks sized for a CPU). Counted on
     fake tensors: shapes only, nothing computed."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from mmppma.models import PPMA
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '75')
     model = PPMA('tiny', impl='torch')
     counts = {}
     with FakeTensorMode(allow_non_fake_inputs=True):

@@ -14,7 +14,7 @@ import yaml
 
 from mmppma.models import MLLA, PPMA, PPMAClsHead, VMINet
 from mmppma.models.backbones import release
-from mmppma.models.backbones.vminet_release import RELEASE_REVISIONS
+from mmppma.models.backbones.vminet_spec import RELEASE_REVISIONS
 from mmppma.models.conversion import CheckpointMismatchError, release_to_mmppma
 from mmppma.utils import model_zoo
 

@@ -23,7 +23,7 @@ FEATURES = [
                  for name in ('register_fake', 'register_autograd'))),
     ('torch', (2, 3), 'torch.compiler.is_compiling: the ops and layers pick their path by it',
      lambda: torch.compiler.is_compiling() is False),
-    ('torch', (2, 7), 'torch.compiler.is_exporting: every op asks it (mmppma.ops.dispatch.exporting)',
+    ('torch', (2, 7), 'torch.compiler.is_exporting: every op asks it (mmppma.ops.export.exporting)',
      lambda: torch.compiler.is_exporting() is False),
     ('triton', (3, 0), "tl.dot(..., input_precision=): every kernel's products",
      lambda: 'input_precision' in inspect.signature(importlib.import_module('triton.language').dot).parameters),

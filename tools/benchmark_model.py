@@ -274,7 +274,7 @@ def worker(args: argparse.Namespace) -> dict:
     # the stages of a backbone whose stages differ in attention (its arch's attn_types)
     stages = stage_times(backbone, x, device, max(1, args.iters)) if (
         train and args.stages and mode is None and 'attn_types' in backbone.arch_settings) else []
-    from mmppma.ops.dispatch import resolve_impl
+    from mmppma.ops.plan import resolve_impl
     resolved = resolve_impl(args.impl, VARIANTS[args.worker].op, [torch.empty(0, device=device)])
     return dict(common, impl=args.impl, resolved=resolved, stage_s=stages)
 

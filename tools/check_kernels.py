@@ -70,15 +70,15 @@ import triton  # noqa: E402
 
 import mmppma.ops as ops  # noqa: E402
 from mmppma.models.backbones.stages import IMAGES, SHIPPED, STRIDES, attention_stages, model_shapes  # noqa: E402,F401
-from mmppma.ops import dispatch  # noqa: E402
+from mmppma.ops import devices, plan  # noqa: E402
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 # 'tf32': float32 inputs with torch's TF32 setting on (the kernels' dot products on TF32 tensor cores)
 DTYPES = {'fp32': torch.float32, 'tf32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 # the capabilities with launch tables (the default), and every one the tool compiles for: a GPU outside the tables
-# (sm_75, sm_100, sm_120) gets its rows checked here before it can join them (mmppma.ops.dispatch.CAPABILITIES)
-ARCHS = dispatch.CAPABILITIES
-TARGETS = dispatch.TARGET_CAPABILITIES
+# (sm_75, sm_100, sm_120) gets its rows checked here before it can join them (mmppma.ops.devices.CAPABILITIES)
+ARCHS = devices.CAPABILITIES
+TARGETS = devices.TARGET_CAPABILITIES
 # rows whose products must run on tensor cores (unless a launch asks for exact float32 products, as the scan does
 # on its float32 state): Triton gives sm_75 none, and then the kernels are no faster than the torch path
 TENSOR_CORE_DTYPES = ('fp16', 'bf16', 'tf32')
@@ -539,7 +539,7 @@ def main(argv=None) -> int:
     modelled = model_shapes(images, models)  # at the configs' batches: the shapes --model prices
     shapes = modelled + model_shapes(images, models, GRID_BATCH)
     calls: Dict[tuple, List[Tuple[str, str, lp.Launch]]] = {}  # (arch, dtype, label, kind, shape) -> launches
-    dispatch.triton_interpreted = lambda: True  # impl='triton' accepts meta tensors; nothing is launched
+    plan.triton_interpreted = lambda: True  # impl='triton' accepts meta tensors; nothing is launched
 
     # every distinct specialization, with the shapes that launch it
     specs: Dict[str, dict] = {}

@@ -708,7 +708,7 @@ def plan_launches(cap: int) -> Dict[str, Dict[str, tuple]]:
     import torch
 
     from mmppma.models.backbones.stages import SHIPPED, model_shapes
-    from mmppma.ops import dispatch
+    from mmppma.ops import plan
     from mmppma.ops.triton_support import launch as lp
     ctx = argparse.Namespace(simulated=False, gpu_check=__import__('gpu_check'), args=None)
     dtypes = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
@@ -738,8 +738,8 @@ def plan_launches(cap: int) -> Dict[str, Dict[str, tuple]]:
     models('cuda_graphs_b64', ours('cuda_graphs_b64'), 'cls_224', REAL['cls_batch'], False)
     models('linear_train_b64', ours('linear_train_b64'), 'cls_224', REAL['cls_batch'], True)
     models('backbone_800x1344', ['PPMA', 'RMT'], REAL['det_image'], REAL['backbone_batch'], True)
-    interpreted = dispatch.triton_interpreted
-    dispatch.triton_interpreted = lambda: True  # impl='triton' takes meta tensors; nothing is launched
+    interpreted = plan.triton_interpreted
+    plan.triton_interpreted = lambda: True  # impl='triton' takes meta tensors; nothing is launched
     try:
         result, recorded = {}, {}
         for step, items in work.items():
@@ -755,7 +755,7 @@ def plan_launches(cap: int) -> Dict[str, Dict[str, tuple]]:
                     keys.setdefault(text, (key, launch))
             result[step] = keys
     finally:
-        dispatch.triton_interpreted = interpreted
+        plan.triton_interpreted = interpreted
     return result
 
 

@@ -225,7 +225,7 @@ def _host_syncs(on_sync: Callable):
     ``torch.cuda.synchronize`` reported to ``on_sync`` (then run)."""
     import torch
 
-    from mmppma.ops.dispatch import on_gpu
+    from mmppma.ops.devices import on_gpu
     saved = {name: getattr(torch.Tensor, name) for name in ('tolist', 'cpu', 'numpy')}
     sync = torch.cuda.synchronize
 

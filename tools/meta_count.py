@@ -34,7 +34,7 @@ def count(op: str = 'linear', batch: int = 64, heads: int = 2, size=(56, 56), di
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from mmppma import ops
-    from mmppma.ops import dispatch
+    from mmppma.ops import plan
     from mmppma.ops.triton_support import launch as lp
 
     class Produced(TorchDispatchMode):
@@ -66,7 +66,7 @@ def count(op: str = 'linear', batch: int = 64, heads: int = 2, size=(56, 56), di
                                                         form='2d', impl='triton'),
             'decomposed': lambda: ops.ppma_decomposed_attention(q, k, v, la, lb, form='2d', impl='triton')}[op]
     leaves = [q, k, v, la, lb] + ([qn, kn] if op == 'linear' else [])
-    interpreted, dispatch.triton_interpreted = dispatch.triton_interpreted, lambda: True  # meta tensors accepted
+    interpreted, plan.triton_interpreted = plan.triton_interpreted, lambda: True  # meta tensors accepted
     try:
         with lp.recording(cap) as forward, Produced() as produced, torch.autograd.graph.saved_tensors_hooks(
                 pack, lambda t: t):
@@ -74,7 +74,7 @@ def count(op: str = 'linear', batch: int = 64, heads: int = 2, size=(56, 56), di
         with lp.recording(cap) as backward, Produced() as produced_backward:
             torch.autograd.grad(out, leaves, torch.empty_like(out))
     finally:
-        dispatch.triton_interpreted = interpreted
+        plan.triton_interpreted = interpreted
     launches = forward + backward
     return dict(forward_bytes=sum(produced.sizes), forward_tensors=len(produced.sizes),
                 largest_bytes=max(produced.sizes + produced_backward.sizes),

@@ -1,4 +1,4 @@
-"""The runtimes an exported file is made for, as :class:`~mmppma.ops.export_target.ExportTarget` s: what each
+"""The runtimes an exported file is made for, as :class:`~mmppma.ops.export.ExportTarget` s: what each
 decides about the graph (opset, where the attention ops loop). ``ONNXRUNTIME_CPU`` is the one the tools export for.
 
 The loop thresholds are the map sizes where onnxruntime on a CPU runs the looped form faster than the one-shot maps
@@ -9,7 +9,7 @@ The loop thresholds are the map sizes where onnxruntime on a CPU runs the looped
 * criss-cross attention, 4 heads: 6.4 ms against 11.4 at 56 x 56, 99 against 85 at 100 x 168, 703 against 548 at
   200 x 336: above 8192 tokens it loops.
 """
-from mmppma.ops.export_target import ExportTarget
+from mmppma.ops.export import ExportTarget
 
 __all__ = ['ExportTarget', 'ONNXRUNTIME_CPU', 'TARGETS']
 

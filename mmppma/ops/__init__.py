@@ -12,7 +12,7 @@ One vocabulary for every op (docs/method.md §2-5 for the math):
 * Then keyword-only, in this order: ``scale`` (of q k^T); ``form``, the path(s) the mask takes
   (:mod:`mmppma.ops.forms`: ``'v2h'``, ``'h2v'``; ``'2d'`` for the summed mask L2D = L + L^T; the softmax
   attentions' ``'release'``, the mean of the two one-path softmaxes, and ``'paper'``); the op's own options;
-  ``impl``, the requested implementation (:mod:`mmppma.ops.dispatch`, whose ``IMPLEMENTATIONS`` lists which op has
+  ``impl``, the requested implementation (:mod:`mmppma.ops.plan`, whose ``IMPLEMENTATIONS`` lists which op has
   which); tuning knobs (``chunk``).
 
 Every op runs through one dispatch path, its launch plan (:mod:`mmppma.ops.plan`). What the ops remember - launch
@@ -45,7 +45,7 @@ plus the table helpers ``decay_tables``, ``segment_sum``, ``row_segment_sums``, 
 from .caches import clear_caches
 from .criss_cross import criss_cross_attention, rmt_criss_cross_attention
 from .decays import path_decay_tables
-from .dispatch import IMPLEMENTATIONS, IMPLS, export_mode, export_target, exporting, resolve_impl
+from .export import export_mode, export_target, exporting
 from .linear import ppma_decomposed_attention, ppma_linear_attention
 from .manhattan import manhattan_attention
 from .mask3d import polyline_mask_3d, polyline_mask_matvec_3d
@@ -57,6 +57,7 @@ from .masks import (
     row_segment_sums,
     segment_sum,
 )
+from .plan import IMPLEMENTATIONS, IMPLS, resolve_impl
 from .scan import decay_scan_1d, polyline_mask_matvec
 from .whole import ppma_attention, whole_attention_branch
 

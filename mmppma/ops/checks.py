@@ -1,7 +1,7 @@
 """The ops' argument checks: shapes are validated up front so that a mistake surfaces as a ``ValueError`` naming
 the expected layout instead of a broadcasting error deep inside a matmul. Each public op's check (the ``check`` of
 its :class:`~mmppma.ops.plan.Op`) takes its tensors and options as the op's paths do, and returns the form that
-:func:`~mmppma.ops.dispatch.resolve_impl` looks up (None for an op without forms)."""
+:func:`~mmppma.ops.plan.resolve_impl` looks up (None for an op without forms)."""
 import functools
 from typing import Optional, Sequence
 

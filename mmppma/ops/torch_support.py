@@ -5,7 +5,8 @@ from typing import Callable
 
 import torch
 
-from .dispatch import device_memory, export_target, exporting
+from .devices import device_memory
+from .export import export_target, exporting
 
 #: on a GPU, one score tensor of a torch path may take this share of the device's memory (a call holds a few at
 #: once, and autograd keeps the probabilities of every layer until the backward)
@@ -21,13 +22,13 @@ def needs_grad(*tensors: torch.Tensor) -> bool:
 def eager_inference(*tensors: torch.Tensor) -> bool:
     """Whether the criss-cross ops take their inference loop over groups of (image, head) maps: autograd not
     recording, and neither torch.compile tracing (a Python loop over the batch would specialise the graph on
-    its size) nor an export (:func:`mmppma.ops.dispatch.exporting`)."""
+    its size) nor an export (:func:`mmppma.ops.export.exporting`)."""
     return not needs_grad(*tensors) and not torch.compiler.is_compiling() and not exporting()
 
 
 def score_elements(device: torch.device, cpu_elements: int) -> int:
     """How many float32 score elements one block of a torch path may hold on ``device``: on a GPU (or the
-    simulated one) :data:`GPU_SCORE_SHARE` of its memory (:func:`~mmppma.ops.dispatch.device_memory`, read once
+    simulated one) :data:`GPU_SCORE_SHARE` of its memory (:func:`~mmppma.ops.devices.device_memory`, read once
     per device), elsewhere ``cpu_elements`` (sized for a CPU's caches)."""
     memory = device_memory(device)
     return int(memory * GPU_SCORE_SHARE) // 4 if memory else cpu_elements
@@ -72,7 +73,7 @@ def pad_last(t: torch.Tensor, length: int, value: float) -> torch.Tensor:
 
 def export_loops(op: str, tokens) -> bool:
     """Whether ``op``'s export form (``'whole'``, ``'criss_cross'``) loops over slices (:func:`scan_slices`) for
-    maps of ``tokens``, as the export's target decides (:func:`~mmppma.ops.dispatch.export_target`): always in a
+    maps of ``tokens``, as the export's target decides (:func:`~mmppma.ops.export.export_target`): always in a
     dynamic export (``tokens`` a traced size: the file serves every size, and loops win on large maps), in a
     fixed-size one above the target's threshold for ``op``."""
     return export_target().loops(op, tokens)

@@ -15,7 +15,7 @@ from torch._library.custom_ops import OPDEFS
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmppma.models import MLLA, PPMA, RMT
-from mmppma.ops import dispatch
+from mmppma.ops import devices
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 if torch.cuda.is_available():
@@ -50,7 +50,7 @@ HOST_DATA_OPS = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_co
 #: tensor methods and torch functions that move data between host and device
 HOST_CALLS = [(torch.Tensor, name) for name in ('item', 'tolist', 'cpu', 'numpy')] + [
     (torch, name) for name in ('tensor', 'as_tensor', 'from_numpy')]
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(dispatch.__file__)))
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(devices.__file__)))
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def kernels(monkeypatch):
     """The simulated sm_90; every kernel launch (:class:`~mmppma.ops.triton_support.launch.Launch`) on CPU tensors
     from now on, recorded instead of run (the preflight's recording on meta tensors goes on as it is); earlier
     preflight verdicts forgotten."""
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     forget_preflight()
     seen, run = [], launch.run
 
@@ -210,13 +210,13 @@ def test_the_counters_see_a_sync_inside_a_library_op(monkeypatch):
 
 
 def test_the_device_query_traces_without_a_graph_break(monkeypatch):
-    """On a real GPU the ops ask the capability (:func:`mmppma.ops.dispatch.device_capability`) while dynamo traces:
+    """On a real GPU the ops ask the capability (:func:`mmppma.ops.devices.device_capability`) while dynamo traces:
     with the device's properties stood in, that query is a constant of the graph, not a break."""
     monkeypatch.setattr(torch.cuda, 'get_device_properties',
                         lambda device=None: types.SimpleNamespace(major=9, minor=0, name='stand-in'))
 
     def scaled(x):
-        return x * dispatch.device_capability(torch.device('cuda', 0))
+        return x * devices.device_capability(torch.device('cuda', 0))
 
     torch._dynamo.reset()
     out = torch.compile(scaled, backend='eager', fullgraph=True)(torch.ones(2))

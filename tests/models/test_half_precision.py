@@ -4,7 +4,7 @@ all parameter gradients together within twice that."""
 import pytest
 import torch
 
-from mmppma.ops import dispatch
+from mmppma.ops import devices
 
 from .conftest import TWO_STAGES, TWO_WHOLE_STAGES_ARCH
 
@@ -46,7 +46,7 @@ def check_half_precision(name, dtype, monkeypatch, simulate=None):
     x = torch.randn(1, 3, 32, 44)  # stage maps 8 x 11 and 4 x 5
     outs, grads = step(model, x, None)
     if simulate:
-        monkeypatch.setenv(dispatch.SIMULATE_VAR, str(simulate))
+        monkeypatch.setenv(devices.SIMULATE_VAR, str(simulate))
         on_gpu = VARIANTS[name]('auto')
         on_gpu.load_state_dict(model.state_dict())
         model = on_gpu
@@ -60,7 +60,7 @@ def check_half_precision(name, dtype, monkeypatch, simulate=None):
 @pytest.mark.parametrize('dtype', DTYPES)
 @pytest.mark.parametrize('name', VARIANTS)
 def test_autocast_on_cpu_stays_finite_and_near_float32(name, dtype, monkeypatch):
-    monkeypatch.delenv(dispatch.SIMULATE_VAR, raising=False)
+    monkeypatch.delenv(devices.SIMULATE_VAR, raising=False)
     check_half_precision(name, DTYPES[dtype], monkeypatch)
 
 

@@ -8,8 +8,8 @@ import torch
 import mmppma.ops as ops
 import mmppma.ops.whole
 import mmppma.ops.whole.torch_impl as whole_torch
-from mmppma.ops.dispatch import IMPLEMENTATIONS, IMPLEMENTATIONS_BY_FORM, resolve_impl
 from mmppma.ops.forms import CRISS_CROSS_FORMS, MASK_FORMS, WHOLE_FORMS
+from mmppma.ops.plan import IMPLEMENTATIONS, IMPLEMENTATIONS_BY_FORM, resolve_impl
 
 from .oracle import inputs, qkv
 

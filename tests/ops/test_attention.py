@@ -9,7 +9,7 @@ import torch
 import mmppma.ops.criss_cross.torch_impl as criss_cross_torch
 import mmppma.ops.whole.torch_impl as whole_torch
 from mmppma import ops
-from mmppma.ops.export_target import ExportTarget
+from mmppma.ops.export import ExportTarget
 
 from . import oracle
 from .oracle import decays, inputs, leaf, out_and_grads, qkv

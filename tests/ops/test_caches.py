@@ -26,7 +26,7 @@ def test_clear_caches_forgets_the_plans(monkeypatch):
     """An op's call fills its plan (and, on the simulated GPU, the preflight's verdict and the launch parameters);
     ``clear_caches`` empties every registered cache, and the next call builds its plan again."""
     pytest.importorskip('triton')
-    monkeypatch.setenv(ops.dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(ops.devices.SIMULATE_VAR, '90')
     q, k, v, la, lb = oracle.inputs(1, 1, 3, 4, 16, dtype=torch.float32)
     ops.ppma_attention(q, k, v, la, lb)
     caches = registered()

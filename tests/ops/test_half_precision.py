@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmppma import ops
-from mmppma.ops import dispatch
+from mmppma.ops import devices
 
 DTYPES = {'fp16': torch.float16, 'bf16': torch.bfloat16}
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 3e-2}
@@ -85,7 +85,7 @@ def unnormalized_past_float16(op, case, dtype):
 @pytest.mark.parametrize('case', CASES)
 @pytest.mark.parametrize('op', OPS)
 def test_half_precision_on_cpu(op, case, monkeypatch):
-    monkeypatch.delenv(dispatch.SIMULATE_VAR, raising=False)
+    monkeypatch.delenv(devices.SIMULATE_VAR, raising=False)
     for dtype in DTYPES.values():
         if unnormalized_past_float16(op, case, dtype):
             out = OPS[op](*make_inputs(small(op), case, dtype), impl='torch')
@@ -106,7 +106,7 @@ def test_half_precision_on_the_simulated_gpu(op, case, monkeypatch):
     pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
     if torch.cuda.is_available():
         pytest.skip('the simulated GPU runs CPU tensors on the interpreter (a GPU is here)')
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     for dtype in DTYPES.values():
         check(OPS[op], make_inputs(small(op), case, dtype), dtype, 'auto')
 
@@ -116,7 +116,7 @@ def test_half_precision_on_the_simulated_gpu(op, case, monkeypatch):
                                 'ppma_linear_attention'])
 def test_the_largest_stage_one_map(op, dtype, monkeypatch):
     """Mask R-CNN's stage 1 at 800 x 1344 (200 x 336 tokens), batch 1, the torch path on CPU."""
-    monkeypatch.delenv(dispatch.SIMULATE_VAR, raising=False)
+    monkeypatch.delenv(devices.SIMULATE_VAR, raising=False)
     # the linear attention's work grows with d^2 (a d x d state per token), its numerics with the map: d = 8 for it
     d = 8 if op == 'ppma_linear_attention' else 32
     check(OPS[op], make_inputs((1, 1, 200, 336, d), 'no-decay', DTYPES[dtype]), DTYPES[dtype], 'torch')

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmppma import ops
-from mmppma.ops import dispatch
+from mmppma.ops import devices
 
 from ..conftest import load_tool
 from .oracle import tf32
@@ -25,7 +25,7 @@ def table(cap):
 
 
 #: one capability per distinct launch table: a launch's grid follows from its configuration and shape alone
-DISTINCT_TABLES = sorted({table(cap): cap for cap in reversed(dispatch.CAPABILITIES)}.values())
+DISTINCT_TABLES = sorted({table(cap): cap for cap in reversed(devices.CAPABILITIES)}.values())
 
 
 @pytest.mark.parametrize('cap', DISTINCT_TABLES)
@@ -102,7 +102,7 @@ DTYPES = {'fp32': torch.float32, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 # its table can return (test_the_numeric_runs_execute_every_table_configuration). At sm_86 / 89 / 90 the tall
 # narrow image, the ragged criss-cross case and the float32 15 x 3 case reach no configuration the others do not.
 REPEATS = {'whole 17x3', 'criss_cross 5x37', ('whole 15x3', 'fp32')}
-RUNS = [(cap, case, dtype) for cap in dispatch.CAPABILITIES for case in CASES for dtype in DTYPES
+RUNS = [(cap, case, dtype) for cap in devices.CAPABILITIES for case in CASES for dtype in DTYPES
         if cap == 80 or not {case, (case, dtype)} & REPEATS]
 
 
@@ -137,7 +137,7 @@ def test_the_numeric_runs_execute_every_table_configuration():
     """For each capability the cases reach exactly the configurations its table can return, so a new table entry
     without a case fails here, and that capability's numeric runs execute every one of them in every dtype a case
     reaches it in."""
-    for cap in dispatch.CAPABILITIES:
+    for cap in devices.CAPABILITIES:
         configs = {(case, dtype): reached(cap, case, dtype) for case in CASES for dtype in DTYPES}
         assert set().union(*configs.values()) == lp.table_configs(cap), cap
         everything = {(c, dtype) for (case, dtype), found in configs.items() for c in found}
@@ -154,7 +154,7 @@ def test_every_configuration_against_the_float64_reference(cap, case, dtype, mon
     largest entry, float16 / bfloat16 within 1e-2 in relative norm."""
     if torch.cuda.is_available():
         pytest.skip('the simulated device runs CPU tensors on the interpreter')
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
+    monkeypatch.setenv(devices.SIMULATE_VAR, str(cap))
     inputs = [t.requires_grad_() for t in make_inputs(case, DTYPES[dtype])]
     with lp.executed() as ran, tf32(False):
         out = call(case, inputs, 'auto')
@@ -180,7 +180,7 @@ def test_sm90_lines_below_large_on_the_long_tiles_against_the_float64_reference(
     ones; output and input gradients within 1e-2 in relative norm of the float64 reference."""
     if torch.cuda.is_available():
         pytest.skip('the simulated device runs CPU tensors on the interpreter')
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     g = torch.Generator().manual_seed(7)
     shape = (1, 2, 3, 56, 16)
     inputs = [(torch.randn(*shape, generator=g) * 0.5).to(DTYPES[dtype]).requires_grad_() for _ in range(3)]

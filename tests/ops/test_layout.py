@@ -29,8 +29,7 @@ def test_every_op_dispatches_through_its_plan():
 
     import pytest
 
-    from mmppma.ops.dispatch import IMPLEMENTATIONS
-    from mmppma.ops.plan import Op
+    from mmppma.ops.plan import IMPLEMENTATIONS, Op
     pytest.importorskip('triton')
     declared = {}
     for name in FILES:
@@ -41,7 +40,7 @@ def test_every_op_dispatches_through_its_plan():
     for op, where in declared.items():
         assert len(where) == 1 and next(iter(where)).count('.') == 2, (op, where)  # mmppma.ops.<package>
         spec = next(iter(where.values()))
-        modules = {'reference': spec.reference, 'torch_impl': spec.torch, 'triton_impl': spec.triton()}
+        modules = {'reference': spec.reference, 'torch_impl': spec.torch, 'triton_impl': spec.triton}
         for kind, module in modules.items():
             assert module.__name__.rsplit('.', 1)[-1] in (kind, 'torch_impl'), (op, kind, module)
             assert callable(getattr(module, f'{op}_plan', None)), (op, module)

@@ -140,12 +140,12 @@ def test_half_precision_products_run_on_tensor_cores(dtype):
 def test_rows_of_17_to_32_tokens_in_half_precision_on_the_simulated_gpu(monkeypatch):
     """Rows of 20 tokens on the simulated sm_90 in float16: the backward's 32-column own tiles against 16 others
     (tools/check_kernels.py), output and gradients against float32 as test_half_precision checks them."""
-    from mmppma.ops import dispatch
+    from mmppma.ops import devices
 
     from .test_half_precision import OPS, check, make_inputs
     if torch.cuda.is_available():
         pytest.skip('the simulated GPU runs CPU tensors on the interpreter (a GPU is here)')
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     inputs = make_inputs((1, 1, 2, 20, 4), 'decay-30', torch.float16)
     meta = [t.detach().to('meta').requires_grad_() for t in inputs]
     with lp.recording(90) as recorded:
@@ -162,12 +162,12 @@ def test_rows_of_17_to_32_tokens_in_half_precision_on_the_simulated_gpu(monkeypa
 def test_decomposed_half_precision_on_the_simulated_gpu(case, monkeypatch):
     """PPMDA in bfloat16 on the simulated sm_90 at extreme decays and scores of 1e5 (float16 holds no such
     unnormalized output), against float32: the checks of test_half_precision."""
-    from mmppma.ops import dispatch
+    from mmppma.ops import devices
 
     from .test_half_precision import OPS, check, make_inputs
     if torch.cuda.is_available():
         pytest.skip('the simulated GPU runs CPU tensors on the interpreter (a GPU is here)')
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     check(OPS['ppma_decomposed_attention'], make_inputs((1, 2, 5, 7, 16), case, torch.bfloat16), torch.bfloat16,
           'auto')
 

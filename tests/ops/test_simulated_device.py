@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from mmppma import ops
-from mmppma.ops import dispatch
+from mmppma.ops import devices, plan
 from mmppma.ops.caches import registered
-from mmppma.ops.dispatch import resolve_impl
+from mmppma.ops.plan import resolve_impl
 
 from ..conftest import forget_preflight
 from . import oracle
@@ -37,17 +37,17 @@ def describe(launch):
 
 
 def test_without_the_switch_nothing_changes(monkeypatch):
-    monkeypatch.delenv(dispatch.SIMULATE_VAR, raising=False)
+    monkeypatch.delenv(devices.SIMULATE_VAR, raising=False)
     x = torch.zeros(1)
-    assert not dispatch.on_gpu(x) and lp.capability(x.device) == 0
+    assert not devices.on_gpu(x) and lp.capability(x.device) == 0
     assert resolve_impl('auto', 'ppma_attention', [x]) == 'torch'
 
 
 def test_every_tabled_capability_resolves_to_the_kernels(monkeypatch):
-    for cap in dispatch.CAPABILITIES:
-        monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
+    for cap in devices.CAPABILITIES:
+        monkeypatch.setenv(devices.SIMULATE_VAR, str(cap))
         x = torch.zeros(1)
-        assert dispatch.on_gpu(x) and lp.capability(x.device) == cap and dispatch.device_capability(x.device) == cap
+        assert devices.on_gpu(x) and lp.capability(x.device) == cap and devices.device_capability(x.device) == cap
         assert resolve_impl('auto', 'ppma_attention', [x]) == 'triton'
         assert resolve_impl('auto', 'decay_scan_1d', [x]) == 'triton'
 
@@ -56,7 +56,7 @@ def test_every_tabled_capability_resolves_to_the_kernels(monkeypatch):
 def test_cpu_tensors_take_the_cuda_path_of_the_capability(cap, monkeypatch):
     """A call launches what tools/check_kernels.py records (and compiles) for that capability on meta tensors, not
     the interpreter's one configuration; the result equals the reference. One capability per distinct table."""
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, str(cap))
+    monkeypatch.setenv(devices.SIMULATE_VAR, str(cap))
     ran = launched(monkeypatch)
     q, k, v, la, lb = inputs()
     out = ops.ppma_attention(q, k, v, la, lb, impl='auto')
@@ -73,13 +73,13 @@ def test_cpu_tensors_take_the_cuda_path_of_the_capability(cap, monkeypatch):
 
 @pytest.mark.parametrize('value', ['70', 'sm_90', '9.0'])
 def test_other_capabilities_are_refused_by_name(value, monkeypatch):
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, value)
+    monkeypatch.setenv(devices.SIMULATE_VAR, value)
     with pytest.raises(ValueError, match='MMPPMA_SIMULATE_CUDA.*75, 80, 86, 89, 90, 100, 120'):
         ops.ppma_attention(*inputs(), impl='auto')
 
 
 def test_the_switch_needs_the_interpreter(monkeypatch):
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     monkeypatch.setenv('TRITON_INTERPRET', '0')
     with pytest.raises(RuntimeError, match='TRITON_INTERPRET=1'):
         ops.ppma_attention(*inputs(), impl='auto')
@@ -162,13 +162,13 @@ def assert_raises_as(kind, op, args, call):
 
 
 @pytest.mark.parametrize('kind', PREFLIGHT_FAILURES)
-@pytest.mark.parametrize('op', list(dispatch.IMPLEMENTATIONS))
+@pytest.mark.parametrize('op', list(plan.IMPLEMENTATIONS))
 def test_auto_falls_back_to_torch_only_for_what_the_preflight_finds(op, kind, monkeypatch):
     """On the simulated sm_90 every launch is found unable to run before any kernel runs; in each grad mode
     impl='auto' returns the torch path's result with one warning naming the op, shape, dtype, GPU and cause (once
     per input signature); impl='triton' raises naming them and impl='torch'."""
     from mmppma.ops.triton_support.calls import KernelLaunchError
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     _inject(kind, monkeypatch)
     call, args = _case(op)
     want = call(*args, impl='torch')
@@ -185,14 +185,14 @@ def test_auto_falls_back_to_torch_only_for_what_the_preflight_finds(op, kind, mo
 
 
 @pytest.mark.parametrize('kind', RUN_FAILURES)
-@pytest.mark.parametrize('op', list(dispatch.IMPLEMENTATIONS))
+@pytest.mark.parametrize('op', list(plan.IMPLEMENTATIONS))
 def test_a_failure_while_the_kernels_run_raises_and_is_not_remembered(op, kind, monkeypatch):
     """The preflight passes, then the first launch fails: under impl='auto' and impl='triton', in each grad mode,
     the call raises (out of memory and CUDA errors keep their type), no warning and no torch result; the next call
     launches the kernels again."""
     import warnings
 
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     forget_preflight()
     call, args = _case(op)
     _inject(kind, monkeypatch)
@@ -212,14 +212,14 @@ def test_a_failure_while_the_kernels_run_raises_and_is_not_remembered(op, kind, 
 
 
 @pytest.mark.parametrize('kind', RUN_FAILURES)
-@pytest.mark.parametrize('op', list(dispatch.IMPLEMENTATIONS))
+@pytest.mark.parametrize('op', list(plan.IMPLEMENTATIONS))
 def test_a_failing_backward_launch_raises_and_is_not_remembered(op, kind, monkeypatch):
     """The preflight and the forward pass run the kernels; then every backward launch fails: the backward raises
     (out of memory and CUDA errors keep their type) under impl='auto' and impl='triton', with no warning; the next
     call launches the kernels again."""
     import warnings
 
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     forget_preflight()
     call, args = _case(op)
     args = [t.requires_grad_() for t in args]
@@ -246,7 +246,7 @@ def test_a_gpu_outside_the_tables_takes_the_torch_path_with_one_message(monkeypa
     import warnings
     forget_preflight()  # the warnings given too
     ran = launched(monkeypatch)
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '75')
     with pytest.warns(UserWarning) as record:
         for op in ('ppma_attention', 'criss_cross_attention'):
             call, args = _case(op)
@@ -267,7 +267,7 @@ def test_a_gpu_outside_the_tables_takes_the_torch_path_with_one_message(monkeypa
 def test_the_preflight_runs_in_any_grad_mode_and_outside_inference_mode(mode, monkeypatch):
     """Under no_grad and inference_mode the kernels run (no fallback, no warning) and equal the reference; the
     preflight records its launches with autograd on, outside the caller's inference mode."""
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     forget_preflight()
     modes, recording = [], lp.recording
 
@@ -291,7 +291,7 @@ def test_the_preflight_runs_in_any_grad_mode_and_outside_inference_mode(mode, mo
 def test_paper_form_takes_the_torch_path_on_the_gpu(monkeypatch):
     """Whole attention's paper form has no kernel: impl='auto' on the (simulated) GPU takes the torch path; an
     explicit impl='triton' names impl='torch'."""
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '90')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
     ran = launched(monkeypatch)
     args = [t.detach() for t in inputs()]
     assert resolve_impl('auto', 'ppma_attention', args, 'paper') == 'torch'
@@ -307,19 +307,19 @@ def test_the_simulated_gpu_has_its_cards_memory_or_the_one_set(monkeypatch):
     """A T4's 16 GiB for sm_75 and a B200's 180 GiB for sm_100 by default, ``MMPPMA_SIMULATE_CUDA_MEMORY`` GiB when
     set; none without the simulation; a value that is no positive size is refused by name."""
     cpu = torch.device('cpu')
-    monkeypatch.delenv(dispatch.SIMULATE_MEMORY_VAR, raising=False)
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
-    assert dispatch.device_memory(cpu) == 16 * 2**30
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '100')
-    assert dispatch.device_memory(cpu) == 180 * 2**30
-    monkeypatch.setenv(dispatch.SIMULATE_MEMORY_VAR, '0.5')
-    assert dispatch.device_memory(cpu) == 2**29 and dispatch.device_memory(torch.device('meta')) == 0
+    monkeypatch.delenv(devices.SIMULATE_MEMORY_VAR, raising=False)
+    monkeypatch.setenv(devices.SIMULATE_VAR, '75')
+    assert devices.device_memory(cpu) == 16 * 2**30
+    monkeypatch.setenv(devices.SIMULATE_VAR, '100')
+    assert devices.device_memory(cpu) == 180 * 2**30
+    monkeypatch.setenv(devices.SIMULATE_MEMORY_VAR, '0.5')
+    assert devices.device_memory(cpu) == 2**29 and devices.device_memory(torch.device('meta')) == 0
     for value in ('abc', '0', '-2', 'nan', 'inf'):
-        monkeypatch.setenv(dispatch.SIMULATE_MEMORY_VAR, value)
+        monkeypatch.setenv(devices.SIMULATE_MEMORY_VAR, value)
         with pytest.raises(ValueError, match='MMPPMA_SIMULATE_CUDA_MEMORY.*in GiB'):
-            dispatch.device_memory(cpu)
-    monkeypatch.delenv(dispatch.SIMULATE_VAR)
-    assert dispatch.device_memory(cpu) == 0
+            devices.device_memory(cpu)
+    monkeypatch.delenv(devices.SIMULATE_VAR)
+    assert devices.device_memory(cpu) == 0
 
 
 def test_the_torch_paths_blocks_follow_the_simulated_memory(monkeypatch):
@@ -337,12 +337,12 @@ def test_the_torch_paths_blocks_follow_the_simulated_memory(monkeypatch):
                 whole_torch._rows_per_block(64, 8, 14, 14, cpu),
                 len(list(criss_cross_torch._slices(64, 4, 56**3, cpu))))
 
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
-    monkeypatch.delenv(dispatch.SIMULATE_MEMORY_VAR, raising=False)
+    monkeypatch.setenv(devices.SIMULATE_VAR, '75')
+    monkeypatch.delenv(devices.SIMULATE_MEMORY_VAR, raising=False)
     assert sizes() == (['autograd', 'autograd'], 14, 1)
-    monkeypatch.setenv(dispatch.SIMULATE_MEMORY_VAR, '1')
+    monkeypatch.setenv(devices.SIMULATE_MEMORY_VAR, '1')
     assert sizes() == (['inference', 'blockwise'], 2, 13)
-    monkeypatch.delenv(dispatch.SIMULATE_VAR)  # the CPU: 2^21-element blocks (1 row), 2^18-element slices (1 map)
+    monkeypatch.delenv(devices.SIMULATE_VAR)  # the CPU: 2^21-element blocks (1 row), 2^18-element slices (1 map)
     assert sizes() == (['inference', 'blockwise'], 1, 256)
 
 
@@ -350,8 +350,8 @@ def test_the_torch_paths_blocks_follow_the_simulated_memory(monkeypatch):
 def test_the_torch_path_on_the_simulated_gpu_equals_the_reference(memory, monkeypatch):
     """impl='torch' on the simulated GPU, in one piece (16 GiB) and in blocks of one query row and one map
     (1e-6 GiB: 4 score elements), with and without autograd, equals the dense reference."""
-    monkeypatch.setenv(dispatch.SIMULATE_VAR, '75')
-    monkeypatch.setenv(dispatch.SIMULATE_MEMORY_VAR, memory)
+    monkeypatch.setenv(devices.SIMULATE_VAR, '75')
+    monkeypatch.setenv(devices.SIMULATE_MEMORY_VAR, memory)
     q, k, v, la, lb = oracle.inputs(2, 2, 3, 5, 4)
     decay = -torch.rand(2, dtype=torch.float64)
     for name, op in (('whole', lambda *t, impl: ops.ppma_attention(*t, la, lb, impl=impl)),

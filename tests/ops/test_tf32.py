@@ -24,7 +24,7 @@ def restore_tf32():
 def test_precision_and_launches_follow_the_tf32_setting(api, monkeypatch):
     """lp.precision: float32 'tf32' / 'ieee', half None (tensor cores, float32 accumulation); every launch of the
     float32 ops (forward and backward, recorded for sm_90 on meta tensors) compiles with that PRECISION."""
-    monkeypatch.setattr('mmppma.ops.dispatch.triton_interpreted', lambda: True)  # impl='triton' takes meta tensors
+    monkeypatch.setattr('mmppma.ops.plan.triton_interpreted', lambda: True)  # impl='triton' takes meta tensors
     q, k, v = (torch.empty(1, 2, 8, 8, 16, device='meta', requires_grad=True) for _ in range(3))
     la, lb = (torch.empty(1, 2, 8, 8, device='meta', requires_grad=True) for _ in range(2))
     for on in (True, False):

@@ -5,7 +5,7 @@ last followed by a stride-2 conv downsample -> per ``out_indices`` the stage out
 LayerNorm'ed (eps 1e-5, ``outnorm{i}``) when ``out_norm``, as NCHW.
 
 Module names follow the release's checkpoint layout (docs/method.md §8), so official weights load with an
-identity key mapping (:mod:`.ppma_release`; the family's spec: :mod:`.ppma_spec`).
+identity key mapping (the family's release format and spec: :mod:`.ppma_spec`).
 """
 from typing import Dict, List, Optional, Tuple, Union
 

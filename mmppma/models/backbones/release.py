@@ -1,5 +1,5 @@
-"""Release checkpoints as data: each backbone family's release format (``ppma_release``, ``mlla_release``,
-``vminet_release``; named by the family's spec, :mod:`.family`) holds its key map and revision rules;
+"""Release checkpoints as data: each backbone family's release format (in its spec file, ``ppma_spec``, ``mlla_spec``,
+``vminet_spec``; :mod:`.family`) holds its key map and revision rules;
 :func:`from_release` applies one of them, and :func:`convert_and_check` - the one route of a release state dict
 into a model - converts, checks and logs.
 

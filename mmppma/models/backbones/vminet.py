@@ -15,7 +15,10 @@ from ..layers.conv import ConvBN
 from ..layers.vminet import VMINET_CONTEXT_MASKS, VMISABlock, VMIStage, stage_sizes
 from .base import StagedBackbone, check_choice, resolve_arch_settings
 from .release import read_release_record
-from .vminet_release import RELEASE_RECORD
+
+#: Where a converted checkpoint records its release revision and options: ``state_dict._metadata[prefix]``
+#: (torch's per-module load metadata, which mmengine's ``load_checkpoint`` keeps) and the checkpoint's ``meta``.
+RELEASE_RECORD = 'mmppma_vminet_release'
 
 _DEPTHS = [2, 2, 18, 2]  # the release: every size has 24 blocks, as Vim's 24 Mamba blocks
 

@@ -9,7 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmppma.ops.dispatch import exporting, on_gpu
+from mmppma.ops.devices import on_gpu
+from mmppma.ops.export import exporting
 
 from .inplace import add_into
 
@@ -95,8 +96,8 @@ conv2d_op.register_autograd(_conv2d_backward, setup_context=_conv2d_setup_contex
 
 def _as_own_ops(x: torch.Tensor) -> bool:
     """Whether the convs on ``x`` and their input copies run as the ops above: while torch.compile traces for the
-    CPU (not for a GPU, :func:`mmppma.ops.dispatch.on_gpu`, where inductor's own conv and layout handling
-    apply), not in an export (:func:`mmppma.ops.dispatch.exporting`), which needs ops that ONNX translates."""
+    CPU (not for a GPU, :func:`mmppma.ops.devices.on_gpu`, where inductor's own conv and layout handling
+    apply), not in an export (:func:`mmppma.ops.export.exporting`), which needs ops that ONNX translates."""
     return torch.compiler.is_compiling() and not exporting() and not on_gpu(x)
 
 
@@ -111,7 +112,7 @@ class Conv2d(nn.Conv2d):
     arithmetic then guards the stage sizes to those numbers (``Eq((H - 1) // 8 + 1, 12)``), so every new input
     size would compile again. Without an ``aten.convolution`` in the graph the layout optimization stays off, every
     saved activation keeps the strides it was traced with, and one dynamic graph serves all sizes. A GPU graph
-    (CUDA tensors, or the simulated device's) and an export (:func:`mmppma.ops.dispatch.exporting`) take the
+    (CUDA tensors, or the simulated device's) and an export (:func:`mmppma.ops.export.exporting`) take the
     plain conv.
     """
 

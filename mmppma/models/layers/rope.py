@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn as nn
 
-from mmppma.ops.dispatch import exporting
+from mmppma.ops.export import exporting
 
 from .inplace import records_grad
 

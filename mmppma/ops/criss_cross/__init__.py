@@ -5,20 +5,20 @@ order the ``form`` names, dispatched (:mod:`mmppma.ops.plan`) to :mod:`.referenc
 import torch
 
 from ..checks import check_criss_cross, check_fixed_decay
+from ..devices import triton_available
 from ..plan import Op, run
 from . import reference, torch_impl
+
+if triton_available():  # the Triton paths import triton
+    from . import triton_impl
+else:  # no implementation resolves to 'triton' (plan.resolve_impl)
+    triton_impl = None
 
 __all__ = ['criss_cross_attention', 'rmt_criss_cross_attention']
 
 
-def _triton_impl():
-    """The Triton paths: imported once an implementation resolves to 'triton' (the module imports triton)."""
-    from . import triton_impl
-    return triton_impl
-
-
-CRISS_CROSS_ATTENTION = Op('criss_cross_attention', check_criss_cross, reference, torch_impl, _triton_impl)
-RMT_CRISS_CROSS_ATTENTION = Op('rmt_criss_cross_attention', check_fixed_decay, reference, torch_impl, _triton_impl)
+CRISS_CROSS_ATTENTION = Op('criss_cross_attention', check_criss_cross, reference, torch_impl, triton_impl)
+RMT_CRISS_CROSS_ATTENTION = Op('rmt_criss_cross_attention', check_fixed_decay, reference, torch_impl, triton_impl)
 
 
 def criss_cross_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor,

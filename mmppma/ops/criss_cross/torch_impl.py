@@ -11,7 +11,7 @@ import functools
 import torch
 
 from ..checks import table_dtype
-from ..dispatch import exporting
+from ..export import exporting
 from ..line.torch_impl import (
     SegmentMaskedSoftmax,
     padded_segment_bias,

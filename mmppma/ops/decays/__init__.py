@@ -6,21 +6,21 @@ from typing import Tuple
 import torch
 
 from ..checks import check_decay_tables
+from ..devices import triton_available
 from ..plan import Op, run
 from . import torch_impl
 from .torch_impl import log_decays
 
+if triton_available():  # the Triton paths import triton
+    from . import triton_impl
+else:  # no implementation resolves to 'triton' (plan.resolve_impl)
+    triton_impl = None
+
 __all__ = ['path_decay_tables', 'log_decays']
 
 
-def _triton_impl():
-    """The Triton paths: imported once an implementation resolves to 'triton' (the module imports triton)."""
-    from . import triton_impl
-    return triton_impl
-
-
 #: the reference is the torch path: the tables are cumsums, no mask is formed
-PATH_DECAY_TABLES = Op('path_decay_tables', check_decay_tables, torch_impl, torch_impl, _triton_impl)
+PATH_DECAY_TABLES = Op('path_decay_tables', check_decay_tables, torch_impl, torch_impl, triton_impl)
 
 
 def path_decay_tables(x: torch.Tensor, weight: torch.Tensor, dt_bias: torch.Tensor, a_log: torch.Tensor, *,

@@ -13,22 +13,22 @@ import torch
 from mmppma.utils.checks import check_choice
 
 from ..checks import check_decomposed, check_linear
+from ..devices import triton_available
 from ..plan import Op, run
 from ..scan import DEFAULT_CHUNK
 from . import reference, torch_impl
 from .reference import FEATURE_MAPS
 
+if triton_available():  # the Triton paths import triton
+    from . import triton_impl
+else:  # no implementation resolves to 'triton' (plan.resolve_impl)
+    triton_impl = None
+
 __all__ = ['ppma_decomposed_attention', 'ppma_linear_attention']
 
 
-def _triton_impl():
-    """The Triton paths: imported once an implementation resolves to 'triton' (the module imports triton)."""
-    from . import triton_impl
-    return triton_impl
-
-
-PPMA_DECOMPOSED_ATTENTION = Op('ppma_decomposed_attention', check_decomposed, reference, torch_impl, _triton_impl)
-PPMA_LINEAR_ATTENTION = Op('ppma_linear_attention', check_linear, reference, torch_impl, _triton_impl)
+PPMA_DECOMPOSED_ATTENTION = Op('ppma_decomposed_attention', check_decomposed, reference, torch_impl, triton_impl)
+PPMA_LINEAR_ATTENTION = Op('ppma_linear_attention', check_linear, reference, torch_impl, triton_impl)
 
 
 def ppma_decomposed_attention(s1: torch.Tensor, s2: torch.Tensor, v: torch.Tensor, la: torch.Tensor,

@@ -6,18 +6,11 @@ import torch
 
 from ..checks import check_fixed_decay
 from ..plan import Op, run
-from ..whole import reference, torch_impl
+from ..whole import reference, torch_impl, triton_impl
 
 __all__ = ['manhattan_attention']
 
-
-def _triton_impl():
-    """The Triton paths: imported once an implementation resolves to 'triton' (the module imports triton)."""
-    from ..whole import triton_impl
-    return triton_impl
-
-
-MANHATTAN_ATTENTION = Op('manhattan_attention', check_fixed_decay, reference, torch_impl, _triton_impl)
+MANHATTAN_ATTENTION = Op('manhattan_attention', check_fixed_decay, reference, torch_impl, triton_impl)
 
 
 def manhattan_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *,

@@ -4,21 +4,21 @@ it (:func:`polyline_mask_matvec_3d`: a depth scan, then Algorithm 1's column and
 import torch
 
 from ..checks import check_matvec_3d
+from ..devices import triton_available
 from ..plan import Op, run
 from ..scan import DEFAULT_CHUNK
 from . import reference, torch_impl
 from .reference import polyline_mask_3d
 
+if triton_available():  # the Triton paths import triton
+    from . import triton_impl
+else:  # no implementation resolves to 'triton' (plan.resolve_impl)
+    triton_impl = None
+
 __all__ = ['polyline_mask_3d', 'polyline_mask_matvec_3d']
 
 
-def _triton_impl():
-    """The Triton paths: imported once an implementation resolves to 'triton' (the module imports triton)."""
-    from . import triton_impl
-    return triton_impl
-
-
-POLYLINE_MASK_MATVEC_3D = Op('polyline_mask_matvec_3d', check_matvec_3d, reference, torch_impl, _triton_impl)
+POLYLINE_MASK_MATVEC_3D = Op('polyline_mask_matvec_3d', check_matvec_3d, reference, torch_impl, triton_impl)
 
 
 def polyline_mask_matvec_3d(x: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, lc: torch.Tensor, *,

@@ -10,22 +10,22 @@ The 2D mask factorizes into 1D structured masks: ``L_v2h x`` is a bidirectional 
 import torch
 
 from ..checks import check_matvec, check_scan
+from ..devices import triton_available
 from ..plan import Op, run
 from . import reference, torch_impl
+
+if triton_available():  # the Triton paths import triton
+    from . import triton_impl
+else:  # no implementation resolves to 'triton' (plan.resolve_impl)
+    triton_impl = None
 
 __all__ = ['decay_scan_1d', 'polyline_mask_matvec']
 
 DEFAULT_CHUNK = 64
 
 
-def _triton_impl():
-    """The Triton paths: imported once an implementation resolves to 'triton' (the module imports triton)."""
-    from . import triton_impl
-    return triton_impl
-
-
-DECAY_SCAN_1D = Op('decay_scan_1d', check_scan, reference, torch_impl, _triton_impl)
-POLYLINE_MASK_MATVEC = Op('polyline_mask_matvec', check_matvec, reference, torch_impl, _triton_impl)
+DECAY_SCAN_1D = Op('decay_scan_1d', check_scan, reference, torch_impl, triton_impl)
+POLYLINE_MASK_MATVEC = Op('polyline_mask_matvec', check_matvec, reference, torch_impl, triton_impl)
 
 
 def decay_scan_1d(x: torch.Tensor, log_decay: torch.Tensor, *, impl: str = 'auto',

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..dispatch import exporting
+from ..export import exporting
 from ..masks import segment_sum
 from .reference import in_table_dtype
 

@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from ..dispatch import device_name, simulated_capability
+from ..devices import device_name, simulated_capability
 from .launch import is_recording
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Set
 
 import torch
 
-from ..dispatch import device_capability, tf32_matmul
+from ..devices import device_capability, tf32_matmul
 from .interpreter import exact_bf16_dots
 
 #: per-block shared memory limit in bytes, by compute capability (major * 10 + minor)
@@ -53,7 +53,7 @@ def kernel_layout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 
 def capability(device: torch.device) -> int:
     """Compute capability as major * 10 + minor of a (simulated) CUDA device
-    (:func:`mmppma.ops.dispatch.device_capability`); 0 for the interpreter (CPU tensors); the recorded capability
+    (:func:`mmppma.ops.devices.device_capability`); 0 for the interpreter (CPU tensors); the recorded capability
     inside :func:`recording`."""
     if _RECORDING:
         return _RECORDING[-1][0]

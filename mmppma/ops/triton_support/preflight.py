@@ -14,7 +14,7 @@ import torch
 from triton.runtime.errors import TritonError
 
 from ..caches import register_cache
-from ..dispatch import device_capability
+from ..devices import device_capability
 from . import launch
 from .calls import Caller, first_line, raise_named
 

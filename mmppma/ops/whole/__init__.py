@@ -8,20 +8,20 @@ All scores, biases and softmaxes are float32 (float64 for float64 inputs); outpu
 import torch
 
 from ..checks import check_whole
+from ..devices import triton_available
 from ..plan import Op, run
 from . import reference, torch_impl
 from .torch_impl import whole_attention_branch
 
+if triton_available():  # the Triton paths import triton
+    from . import triton_impl
+else:  # no implementation resolves to 'triton' (plan.resolve_impl)
+    triton_impl = None
+
 __all__ = ['ppma_attention', 'whole_attention_branch']
 
 
-def _triton_impl():
-    """The Triton paths: imported once an implementation resolves to 'triton' (the module imports triton)."""
-    from . import triton_impl
-    return triton_impl
-
-
-PPMA_ATTENTION = Op('ppma_attention', check_whole, reference, torch_impl, _triton_impl)
+PPMA_ATTENTION = Op('ppma_attention', check_whole, reference, torch_impl, triton_impl)
 
 
 def ppma_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, *,

@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..checks import table_dtype
-from ..dispatch import exporting
+from ..export import exporting
 from ..forms import paths
 from ..masks import (
     column_segment_sums,
@@ -355,7 +355,7 @@ def whole_attention_branch(batch: int, heads: int, height: int, width: int, form
                            grad: bool = True, device: Optional[torch.device] = None) -> str:
     """The branch the ``torch`` path of whole attention (:func:`~mmppma.ops.ppma_attention`,
     :func:`~mmppma.ops.manhattan_attention`) takes for q (batch, heads, height, width, d) on ``device`` (None: a
-    CPU): ``'dense'`` (form 'paper'); in an export (:func:`mmppma.ops.dispatch.exporting`) ``'export'`` in a
+    CPU): ``'dense'`` (form 'paper'); in an export (:func:`mmppma.ops.export.exporting`) ``'export'`` in a
     dynamic one or above the export target's threshold, else ``'autograd'``; otherwise ``'autograd'`` while the
     batch * heads * N^2 score elements fit (on a GPU :func:`~mmppma.ops.torch_support.score_elements`, a share of
     its memory; on a CPU ``SMALL_ELEMENTS`` = 2^22 with ``grad``, none without); otherwise ``'inference'``
