@@ -86,9 +86,9 @@ def test_the_chosen_chunk_chunks_and_equals_the_oracle():
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
 def test_extreme_decays_in_low_precision_stay_finite(dtype):
-    """Decays of -30 and 0 on a 16 x 11 map in chunks of 3 rows: finite, and as float64 within float32's error
+    """Decays of -30 and 0 on a 10 x 7 map in chunks of 3 rows: finite, and as float64 within float32's error
     (half inputs run in float32: the cores take the table dtype)."""
-    leaves = _leaves((1, 2, 16, 11), 'separate', 'extreme', seed=1)
+    leaves = _leaves((1, 1, 10, 7), 'separate', 'extreme', seed=1)
     low = [t.detach().to(dtype).requires_grad_() for t in leaves]
     got = out_and_grads(_chunked('2d', 3, 'separate'), low)
     want = out_and_grads(_chunked('2d', 3, 'separate'), leaves)
