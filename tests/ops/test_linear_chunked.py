@@ -43,8 +43,8 @@ CASES = [
 ]
 
 
-def _leaves(shape, normalizer, decays, seed, dtype=torch.float64):
-    q, k, v, la, lb = inputs(*shape, 4, seed, dtype, 3)
+def _leaves(shape, normalizer, decays, seed, dtype=torch.float64, dv=3):
+    q, k, v, la, lb = inputs(*shape, 4, seed, dtype, dv)
     la, lb = DECAYS[decays](la), DECAYS[decays](lb)
     extra = list(inputs(*shape, 4, seed + 7, dtype)[:2]) if normalizer in ('separate', 'identity') else []
     if normalizer == 'identity':
@@ -198,3 +198,37 @@ def test_an_input_wider_than_tall_runs_transposed():
     assert count.largest < 30 * 30  # no 30 x 30 mask: the chunks are single rows of the transposed map
     torch.testing.assert_close(got, masked_linear(*leaves, form='v2h', feature='identity', normalize=False))
 
+
+
+def test_the_torch_path_crossover():
+    """The chunked form where the scan form's N x d x c field passes 16 MiB per image and head (detection maps),
+    the scan form below (classification maps, the normalizer's field of one value channel) and while exporting."""
+    from mmppma.ops.dispatch import export_mode
+    from mmppma.ops.linear.torch_impl import uses_chunked
+    assert not uses_chunked(56, 56, 32, 32, '2d') and not uses_chunked(64, 64, 32, 32, 'v2h')  # 12.25, 16 MiB
+    assert uses_chunked(64, 65, 32, 32, 'v2h') and uses_chunked(200, 336, 32, 32, '2d')
+    assert not uses_chunked(200, 336, 32, 1, '2d')  # 8.2 MiB
+    with export_mode():
+        assert not uses_chunked(200, 336, 32, 32, '2d')
+
+
+@pytest.mark.parametrize('normalizer', ['none', 'separate'])
+def test_the_torch_path_past_the_crossover_equals_the_oracle(normalizer, monkeypatch):
+    """With the crossover at 0 bytes the torch path's plan runs the chunked form (at the rows it chooses: the whole
+    map for the output's product at this size, single rows for the normalizer's), output and gradients as the
+    oracle."""
+    from mmppma.ops.linear import torch_impl
+    ran = []
+    monkeypatch.setattr(torch_impl, 'CHUNKED_FIELD_BYTES', 0)
+    monkeypatch.setattr(torch_impl, 'chunked', lambda *a, **k: ran.append(1) or ck.chunked(*a, **k))
+    leaves = _leaves((1, 1, 12, 5), normalizer, 'random', seed=11, dv=16)
+    options = ('2d', 2) if normalizer == 'none' else ('2d', reference.FEATURE_MAPS['elu'], True, 1e-6, 2)
+    op = 'ppma_decomposed_attention' if normalizer == 'none' else 'ppma_linear_attention'
+    plan = getattr(torch_impl, op + '_plan')(*leaves, *options)
+    got = out_and_grads(plan, leaves)
+    products = [16] if normalizer == 'none' else [16, 1]  # the output's value channels (and the normalizer's)
+    assert len(ran) == sum(torch_impl.uses_chunked(12, 5, 4, c, '2d') for c in products) >= 1
+    want = out_and_grads(lambda *t: masked_linear(*t, form='2d', normalize=normalizer != 'none',
+                                                  feature='identity' if normalizer == 'none' else 'elu'), leaves)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12 * max(1.0, b.abs().max().item()))
