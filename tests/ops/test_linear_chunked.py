@@ -201,13 +201,14 @@ def test_an_input_wider_than_tall_runs_transposed():
 
 
 def test_the_torch_path_crossover():
-    """The chunked form where the scan form's N x d x c field passes 16 MiB per image and head (detection maps),
+    """The chunked form where the scan form's N x d x c field passes 32 MiB per image and head (detection maps),
     the scan form below (classification maps, the normalizer's field of one value channel) and while exporting."""
     from mmppma.ops.dispatch import export_mode
     from mmppma.ops.linear.torch_impl import uses_chunked
-    assert not uses_chunked(56, 56, 32, 32, '2d') and not uses_chunked(64, 64, 32, 32, 'v2h')  # 12.25, 16 MiB
-    assert uses_chunked(64, 65, 32, 32, 'v2h') and uses_chunked(200, 336, 32, 32, '2d')
-    assert not uses_chunked(200, 336, 32, 1, '2d')  # 8.2 MiB
+    assert not uses_chunked(56, 56, 32, 32, '2d') and not uses_chunked(64, 128, 32, 32, 'v2h')  # 12.25, 32 MiB
+    assert uses_chunked(64, 129, 32, 32, 'v2h') and uses_chunked(200, 336, 32, 32, '2d')
+    assert uses_chunked(100, 168, 32, 32, 'h2v') and uses_chunked(128, 128, 32, 32, '2d')
+    assert not uses_chunked(200, 336, 32, 1, '2d') and not uses_chunked(200, 336, 8, 8, '2d')  # 8.2, 16.4 MiB
     with export_mode():
         assert not uses_chunked(200, 336, 32, 32, '2d')
 
