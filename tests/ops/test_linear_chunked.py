@@ -233,3 +233,10 @@ def test_the_torch_path_past_the_crossover_equals_the_oracle(normalizer, monkeyp
                                                   feature='identity' if normalizer == 'none' else 'elu'), leaves)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12 * max(1.0, b.abs().max().item()))
+
+
+def test_the_method_doc_shows_the_counted_table():
+    """docs/method.md §5 shows budget_table() as the counts give it now."""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / 'docs' / 'method.md').read_text()
+    assert ck.budget_table() in doc

@@ -220,3 +220,23 @@ def field_bytes(h: int, w: int, d: int, c: int, itemsize: int = 4) -> int:
 def budget_ratio(h: int, w: int, d: int, c: int, reference: Tuple[int, int] = (56, 56)) -> float:
     """The chunked PPMLA's counted multiply-adds per token over the dense form's ``N (2 d + c)`` at ``reference``."""
     return linear_counts(h, w, d, c)[1].macs / (math.prod(reference) * (2 * d + c))
+
+
+#: the maps of the budget table: the 56 x 56 reference (MLLA-T's stage 1) and detection stage-1 maps
+TABLE_MAPS = ((56, 56), (128, 128), (100, 168), (200, 336))
+
+
+def budget_table(d: int = 32, c: int = 32, maps=TABLE_MAPS) -> str:
+    """The counted work of PPMLA with its own normalizer, one path, dense and chunked, as a markdown table: per token
+    multiply-adds and exponentials, the chunked one's multiply-adds over the dense form's ``N (2 d + c)`` at 56 x 56,
+    and the largest intermediate (MiB per image and head, float32) against Theorem 3's N x d x c field."""
+    lines = ['| map | chunked as | rows (out, mass) | scan block | dense MACs | chunked MACs | / 3136 (2d + c) | '
+             'dense exps | chunked exps | largest (MiB) | field (MiB) |', '|' + ' --- |' * 11]
+    for h, w in maps:
+        hh, ww = oriented(h, w)
+        dense, chunk = linear_counts(h, w, d, c)
+        rows = f'{chunk_rows(hh, ww, d, c)}, {chunk_rows(hh, ww, d, 1)}'
+        lines.append(f'| {h} x {w} | {hh} x {ww} | {rows} | {scan_block(ww, d * c)} | {dense.macs:,.0f} | '
+                     f'{chunk.macs:,.0f} | {budget_ratio(h, w, d, c):.2f} | {dense.exps:,.0f} | {chunk.exps:,.0f} | '
+                     f'{chunk.largest / 2 ** 20:.2f} | {field_bytes(h, w, d, c) / 2 ** 20:.0f} |')
+    return '\n'.join(lines)
