@@ -105,6 +105,11 @@ def test_bad_rows_raise(rows):
         ck.chunked(s1, s2, v, la, lb, 'v2h', rows)
 
 
+def test_an_empty_map_gives_an_empty_output():
+    s1, s2, v, la, lb = inputs(1, 2, 0, 5, 3, dv=2)
+    assert ck.chunked(s1, s2, v, la, lb, '2d').shape == (1, 2, 0, 5, 2)
+
+
 def test_bad_form_raises():
     s1, s2, v, la, lb = inputs(1, 1, 4, 4, 2)
     with pytest.raises(ValueError, match='form'):

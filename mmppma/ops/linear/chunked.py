@@ -45,6 +45,8 @@ def chunked(s1, s2, v, la, lb, form: str, rows: Optional[int] = None) -> torch.T
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise ValueError(f'rows: the rows of a chunk must be a positive int (or None: chosen); got {rows!r}')
     h, w = s1.shape[-3:-1]
+    if h * w == 0:  # no tokens: nothing to attend
+        return v.new_zeros(v.shape).to(table_dtype(s1, s2, v))
     if transposes(h, w):
         out = chunked(*(t.transpose(-3, -2) for t in (s1, s2, v)), lb.transpose(-1, -2), la.transpose(-1, -2),
                       transposed(form), rows)
