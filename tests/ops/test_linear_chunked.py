@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mmppma.ops.forms import transposed
 from mmppma.ops.linear import chunked as ck
 from mmppma.ops.linear import reference
 
@@ -160,7 +159,7 @@ def test_counts_match_the_operations_that_run(form, h, w, rows):
                    for a, b in ((h, w), (hh, ww)))
     with _Count({d, c, d * c}, map_sized) as count:
         ck.chunked(s1, s2, v, la, lb, form, rows)
-    counted = ck.chunked_counts(hh, ww, d, c, rows, transposed(form) if ck.transposes(h, w) else form)
+    counted = ck.chunked_counts(h, w, d, c, rows, form)
     assert (count.macs / (h * w), count.exps / (h * w), count.largest * 4) == tuple(counted)
 
 
@@ -189,9 +188,9 @@ def test_the_chosen_chunk_meets_the_budget(h, w):
     _, chunked = ck.linear_counts(h, w, d, c)
     assert chunked.macs <= 1.3 * 3136 * (2 * d + c)
     assert chunked.largest < h * w * d * c * 4
-    rows = ck.chunk_rows(hh, ww, d, c)
-    best = min(ck.chunked_counts(hh, ww, d, c, r).macs for r in range(1, hh + 1))
-    assert ck.chunked_counts(hh, ww, d, c, rows).macs == best
+    rows = ck.chunk_rows(h, w, d, c)
+    best = min(ck.chunked_counts(h, w, d, c, r).macs for r in range(1, hh + 1))
+    assert ck.chunked_counts(h, w, d, c, rows).macs == best
 
 
 def test_an_input_wider_than_tall_runs_transposed():

@@ -176,11 +176,13 @@ def _pass_counts(sizes: List[int], w: int, d: int, c: int, path: str) -> Tuple[i
 
 
 def chunked_counts(h: int, w: int, d: int, c: int, rows: int, form: str = 'v2h', itemsize: int = 4) -> Counts:
-    """The chunked form as :func:`chunked` runs it on an H x W map (as chunked: no transposition here) in chunks of
-    ``rows`` rows: the dense op inside the chunks, and per path a down and an up pass."""
+    """The chunked form as :func:`chunked` runs it on an H x W map in chunks of ``rows`` rows of the map as chunked
+    (:func:`oriented`): the dense op inside the chunks, and per path a down and an up pass."""
     check_choice('form', form, MASK_FORMS)
     if rows < 1 or h < 1 or w < 1:
         raise ValueError(f'chunked_counts: H, W and rows must be positive; got {h}, {w}, {rows}')
+    if transposes(h, w):
+        h, w, form = w, h, transposed(form)
     sizes = [min(rows, h - r0) for r0 in range(0, h, rows)]
     macs = sum((r * w) ** 2 * (d + c) for r in sizes)
     exps = sum((r * w) ** 2 for r in sizes) * len(paths(form))
@@ -195,9 +197,9 @@ def chunked_counts(h: int, w: int, d: int, c: int, rows: int, form: str = 'v2h',
 
 @functools.lru_cache(maxsize=256)
 def chunk_rows(h: int, w: int, d: int, c: int, form: str = 'v2h') -> int:
-    """The rows of a chunk that minimise :func:`chunked_counts`' multiply-adds (then exponentials, then the larger
-    chunk) on an H x W map as chunked."""
-    return min(range(1, h + 1), key=lambda r: (*chunked_counts(h, w, d, c, r, form)[:2], -r))
+    """The rows of a chunk (of the map as chunked, :func:`oriented`) that minimise :func:`chunked_counts`'
+    multiply-adds on an H x W map, then its exponentials, then the larger chunk."""
+    return min(range(1, max(h, w) + 1), key=lambda r: (*chunked_counts(h, w, d, c, r, form)[:2], -r))
 
 
 def oriented(h: int, w: int) -> Tuple[int, int]:
@@ -207,10 +209,9 @@ def oriented(h: int, w: int) -> Tuple[int, int]:
 
 def linear_counts(h: int, w: int, d: int, c: int, form: str = 'v2h', itemsize: int = 4) -> Tuple[Counts, Counts]:
     """(dense, chunked) counts of PPMLA with a normalizer of its own (two products: (d, c) and (d, 1)), the chunked
-    form on the oriented map at the chunk rows it chooses for each product."""
-    hh, ww = oriented(h, w)
+    form at the chunk rows it chooses for each product."""
     dense = [dense_counts(h, w, d, cc, form, itemsize) for cc in (c, 1)]
-    chunk = [chunked_counts(hh, ww, d, cc, chunk_rows(hh, ww, d, cc, form), form, itemsize) for cc in (c, 1)]
+    chunk = [chunked_counts(h, w, d, cc, chunk_rows(h, w, d, cc, form), form, itemsize) for cc in (c, 1)]
     return tuple(Counts(a.macs + b.macs, a.exps + b.exps, max(a.largest, b.largest)) for a, b in (dense, chunk))
 
 
@@ -237,7 +238,7 @@ def budget_table(d: int = 32, c: int = 32, maps=TABLE_MAPS) -> str:
     for h, w in maps:
         hh, ww = oriented(h, w)
         dense, chunk = linear_counts(h, w, d, c)
-        rows = f'{chunk_rows(hh, ww, d, c)}, {chunk_rows(hh, ww, d, 1)}'
+        rows = f'{chunk_rows(h, w, d, c)}, {chunk_rows(h, w, d, 1)}'
         lines.append(f'| {h} x {w} | {hh} x {ww} | {rows} | {scan_block(ww, d * c)} | {dense.macs:,.0f} | '
                      f'{chunk.macs:,.0f} | {budget_ratio(h, w, d, c):.2f} | {dense.exps:,.0f} | {chunk.exps:,.0f} | '
                      f'{chunk.largest / 2 ** 20:.2f} | {field_bytes(h, w, d, c) / 2 ** 20:.0f} |')

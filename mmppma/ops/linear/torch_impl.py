@@ -8,7 +8,7 @@ import torch
 
 from ..dispatch import exporting
 from ..scan.torch_impl import matvec, scan_torch
-from .chunked import chunk_rows, chunked, chunked_counts, field_bytes, oriented
+from .chunked import chunk_rows, chunked, chunked_counts, field_bytes
 from .reference import decomposed, linear
 
 #: the scan form's field of r x d_v states (float32 bytes per image and head) above which the chunked form runs: on
@@ -26,8 +26,7 @@ def uses_chunked(h: int, w: int, r: int, dv: int, form: str) -> bool:
     field = field_bytes(h, w, r, dv)
     if field <= CHUNKED_FIELD_BYTES:
         return False
-    hh, ww = oriented(h, w)
-    return chunked_counts(hh, ww, r, dv, chunk_rows(hh, ww, r, dv, form), form).largest < field
+    return chunked_counts(h, w, r, dv, chunk_rows(h, w, r, dv, form), form).largest < field
 
 
 def decomposed_scan(s1, s2, v, la, lb, form: str, chunk: int) -> torch.Tensor:
