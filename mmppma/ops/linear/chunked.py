@@ -6,7 +6,7 @@ part is the dense op on the chunk. Between chunks a rolling state per column (W 
 the keys of the earlier chunks to the corner row just above the chunk: the down pass walks the chunks top to
 bottom, the up pass is the same walk on the map flipped upside down (its vertical log-decays shifted by one row).
 
-* V2H, key (k, l) to query (i, j): up column l to the corner, on to row i, then along row i to column j. State
+* V2H, key (k, l) to query (i, j): down column l to the corner row, on to row i, then along row i to column j. State
   ``S[l] = sum_k exp(Cb[corner, l] - Cb[k, l]) s2_kl (x) v_kl``; the query side decays S to each of its rows and
   runs the row scan (:func:`~mmppma.ops.scan.torch_impl.decay_scan_torch`) of the decayed states: O(d c) per token.
 * H2V, key (k, l) to query (i, j): along row k to column j, then down column j. The key side runs the row scan of
@@ -38,9 +38,9 @@ def transposes(h: int, w: int) -> bool:
 
 
 def chunked(s1, s2, v, la, lb, form: str, rows: Optional[int] = None) -> torch.Tensor:
-    """``((s1 s2^T) * L) v`` chunk by chunk; s1, s2 (B, heads, H, W, r), v (B, heads, H, W, c) in one float dtype,
-    la, lb (B, heads, H, W). ``rows``: the rows of a chunk of the map as chunked (transposed when wider than tall);
-    None: :func:`chunk_rows`."""
+    """``((s1 s2^T) * L) v`` chunk by chunk, computed in float32 (float64 for float64 inputs); s1, s2
+    (B, heads, H, W, r), v (B, heads, H, W, c), la, lb (B, heads, H, W). ``rows``: the rows of a chunk of the map as
+    chunked (transposed when wider than tall); None: :func:`chunk_rows`."""
     check_choice('form', form, MASK_FORMS)
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise ValueError(f'rows: the rows of a chunk must be a positive int (or None: chosen); got {rows!r}')
