@@ -112,7 +112,8 @@ def _v2h_queries(state, decay, s1c, lac, block: int) -> torch.Tensor:
 
 
 class Counts(NamedTuple):
-    """Multiply-adds and exponentials per token, and the bytes of the largest intermediate per image and head."""
+    """Multiply-adds and exponentials per token, and the bytes of the largest intermediate per image and head besides
+    those of the map's size (copies of the inputs, the decay tables, the output)."""
     macs: float
     exps: float
     largest: int
