@@ -1,6 +1,6 @@
-"""Independent float64 oracles written from the definitions with explicit loops (numpy), sharing no code with
-mmppma.ops (a segment from s to t sums the log-decays strictly after min(s, t) up to max(s, t), docs/method.md
-§2); the tests' input makers, gradient and graph checks and TF32 switch."""
+"""Independent float64 oracles written from the definitions with explicit loops (numpy; torch where their gradients
+are checked), sharing no code with mmppma.ops (a segment from s to t sums the log-decays strictly after min(s, t)
+up to max(s, t), docs/method.md §2); the tests' input makers, gradient and graph checks and TF32 switch."""
 import contextlib
 
 import numpy as np
@@ -21,6 +21,36 @@ def mask_3d(la, lb, lc):
     """la, lb, lc: (D, H, W) -> (N, N): along W in the query's row, along H at the key's column, along D."""
     return np.array([[seg(la[i, j, :], k, nn) + seg(lb[i, :, nn], j, mm) + seg(lc[:, mm, nn], i, l)
                       for l, mm, nn in np.ndindex(la.shape)] for i, j, k in np.ndindex(la.shape)])
+
+
+def mask_v2h_torch(la, lb):
+    """:func:`mask_v2h` on (H, W) float64 tensors, differentiable: the oracle of gradients."""
+    h, w = la.shape
+    return torch.stack([torch.stack([seg(la[i], j, l) + seg(lb[:, l], i, k) for k, l in np.ndindex(h, w)])
+                        for i, j in np.ndindex(h, w)])
+
+
+def masked_linear(q, k, v, la, lb, *normalizer, form, feature, normalize, eps=1e-6):
+    """((phi(q) phi(k)^T) * L) v per (batch, head) of (B, heads, H, W, .) tensors, divided by
+    ((phi(q') phi(k')^T) * L) 1 + eps if ``normalize`` (q', k': ``normalizer``, default q, k); differentiable.
+    ``feature``: 'elu' (elu + 1) or 'identity'; ``form``: 'v2h' (L), 'h2v' (L^T), '2d' (L + L^T)."""
+    def phi(x):
+        return torch.nn.functional.elu(x) + 1 if feature == 'elu' else x
+
+    b, heads, h, w, _ = q.shape
+    out = []
+    for bi in range(b):
+        for hi in range(heads):
+            m = mask_v2h_torch(la[bi, hi], lb[bi, hi])
+            mask = {'v2h': m.exp(), 'h2v': m.T.exp(), '2d': m.exp() + m.T.exp()}[form]
+
+            def attn(x, y):
+                return (phi(x[bi, hi].reshape(h * w, -1)) @ phi(y[bi, hi].reshape(h * w, -1)).T) * mask
+            o = attn(q, k) @ v[bi, hi].reshape(h * w, -1)
+            if normalize:
+                o = o / (attn(*(normalizer or (q, k))).sum(-1, keepdim=True) + eps)
+            out.append(o.reshape(h, w, -1))
+    return torch.stack(out).reshape(*v.shape)
 
 
 def softmax(x):

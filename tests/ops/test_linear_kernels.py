@@ -1,53 +1,18 @@
 """PPMLA's and PPMDA's fused Triton kernels (mmppma/ops/linear/triton_impl.py) on the interpreter against a float64
 dense oracle written from the definitions with explicit loops: output and the gradients of q, k, v, both log-decays
 and the normalizer's q', k', for every form, odd sizes, 1 x N and N x 1 maps, ties and extreme decays."""
-import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from mmppma import ops
 
-from .oracle import inputs, out_and_grads
+from .oracle import inputs, masked_linear, out_and_grads
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
 
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
-
-
-def seg(line, s, t):
-    return line[min(s, t) + 1:max(s, t) + 1].sum()
-
-
-def mask_v2h(la, lb):
-    """la, lb: (H, W) float64 tensors -> (N, N) V2H log-mask (differentiable): query (i, j) -> key (k, l) along row
-    i from j to l, then down column l from i to k."""
-    h, w = la.shape
-    return torch.stack([torch.stack([seg(la[i], j, l) + seg(lb[:, l], i, k) for k, l in np.ndindex(h, w)])
-                        for i, j in np.ndindex(h, w)])
-
-
-def oracle(q, k, v, la, lb, *normalizer, form, feature, normalize, eps=1e-6):
-    """((phi(q) phi(k)^T) * L) v per (batch, head), divided by ((phi(q') phi(k')^T) * L) 1 + eps if ``normalize``."""
-    def phi(x):
-        return F.elu(x) + 1 if feature == 'elu' else x
-
-    b, heads, h, w, _ = q.shape
-    out = []
-    for bi in range(b):
-        for hi in range(heads):
-            m = mask_v2h(la[bi, hi], lb[bi, hi])
-            mask = {'v2h': m.exp(), 'h2v': m.T.exp(), '2d': m.exp() + m.T.exp()}[form]
-
-            def attn(x, y):
-                return (phi(x[bi, hi].reshape(h * w, -1)) @ phi(y[bi, hi].reshape(h * w, -1)).T) * mask
-            o = attn(q, k) @ v[bi, hi].reshape(h * w, -1)
-            if normalize:
-                o = o / (attn(*(normalizer or (q, k))).sum(-1, keepdim=True) + eps)
-            out.append(o.reshape(h, w, -1))
-    return torch.stack(out).reshape(*v.shape)
 
 
 DECAYS = {
@@ -94,7 +59,7 @@ def test_fused_kernels_equal_the_float64_oracle(form, shape, normalizer, decays)
     call = _call(form, normalizer)
     got = out_and_grads(lambda *t: call(*t, impl='triton'), leaves)
     wide = [t.detach().double().requires_grad_() for t in leaves]
-    want = out_and_grads(lambda *t: oracle(*t, form=form, feature='elu' if normalizer in ('self', 'separate')
+    want = out_and_grads(lambda *t: masked_linear(*t, form=form, feature='elu' if normalizer in ('self', 'separate')
                                            else 'identity',
                                            normalize=normalizer != 'none'), wide)
     names = ['out', 'q', 'k', 'v', 'la', 'lb', "q'", "k'"]

@@ -1,7 +1,8 @@
 """PPMLA and PPMDA, the O(N) linear and decomposed attentions under the polyline mask (docs/method.md §5):
 :func:`ppma_linear_attention` and :func:`ppma_decomposed_attention`, dispatched (:mod:`mmppma.ops.plan`) to
-:mod:`.reference` (dense), :mod:`.torch_impl` (the mask applied by Algorithm 1's scans, :mod:`mmppma.ops.scan`) or
-:mod:`.triton_impl` (fused dense kernels, the mask built from the tables: no field of d x d_v states).
+:mod:`.reference` (dense), :mod:`.torch_impl` (the mask applied by Algorithm 1's scans, :mod:`mmppma.ops.scan`, or
+on large maps the chunked form of :mod:`.chunked`) or :mod:`.triton_impl` (fused dense kernels, the mask built from
+the tables: no field of d x d_v states).
 
 ``((S1 S2^T) * L2D) v`` with a low-rank attention S1 S2^T is computed without any N x N tensor: per token form
 ``S2 (x) v`` (r x d_v), apply the mask to it, and contract with S1.
