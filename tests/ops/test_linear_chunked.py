@@ -208,7 +208,7 @@ def test_the_torch_path_crossover():
     """The chunked form where the scan form's N x d x c field passes 32 MiB per image and head (detection maps),
     the scan form below (classification maps, the normalizer's field of one value channel), under autograd and
     while exporting."""
-    from mmppma.ops.dispatch import export_mode
+    from mmppma.ops.export import export_mode
     from mmppma.ops.linear.torch_impl import uses_chunked
     assert not uses_chunked(56, 56, 32, 32, '2d') and not uses_chunked(64, 128, 32, 32, 'v2h')  # 12.25, 32 MiB
     assert uses_chunked(64, 129, 32, 32, 'v2h') and uses_chunked(200, 336, 32, 32, '2d')

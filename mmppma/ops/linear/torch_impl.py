@@ -7,7 +7,7 @@ import functools
 
 import torch
 
-from ..dispatch import exporting
+from ..export import exporting
 from ..scan.torch_impl import matvec, scan_torch
 from .chunked import chunk_rows, chunked, chunked_counts, field_bytes
 from .reference import decomposed, linear
