@@ -40,16 +40,55 @@ def transposes(h: int, w: int) -> bool:
 def chunked(s1, s2, v, la, lb, form: str, rows: Optional[int] = None) -> torch.Tensor:
     """``((s1 s2^T) * L) v`` chunk by chunk, computed in float32 (float64 for float64 inputs); s1, s2
     (B, heads, H, W, r), v (B, heads, H, W, c), la, lb (B, heads, H, W). ``rows``: the rows of a chunk of the map as
-    chunked (transposed when wider than tall); None: :func:`chunk_rows`."""
+    chunked (transposed when wider than tall); None: :func:`chunk_rows`. Under autograd the backward saves the
+    inputs only (:class:`_Chunked`)."""
     check_choice('form', form, MASK_FORMS)
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise ValueError(f'rows: the rows of a chunk must be a positive int (or None: chosen); got {rows!r}')
+    tensors = (s1, s2, v, la, lb)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _Chunked.apply(*tensors, form, rows)
+    return _forward(*tensors, form, rows)
+
+
+class _Chunked(torch.autograd.Function):
+    """The chunked form as one autograd node that saves its inputs only. The op is linear in each of s1, s2 and v,
+    so their gradients are the form itself on other operands (the mask transposed for s2 and v); the log-decays'
+    come from the form recomputed under autograd inside the backward, whose tensors live only while it runs."""
+
+    @staticmethod
+    def forward(ctx, s1, s2, v, la, lb, form, rows):
+        ctx.save_for_backward(s1, s2, v, la, lb)
+        ctx.form, ctx.rows = form, rows
+        return _forward(s1, s2, v, la, lb, form, rows)
+
+    @staticmethod
+    def backward(ctx, g):
+        s1, s2, v, la, lb = ctx.saved_tensors
+        form, rows = ctx.form, ctx.rows
+        back = transposed(form)  # the form of the transposed mask L^T
+        need = ctx.needs_input_grad
+        ds1 = _forward(g, v, s2, la, lb, form, rows).to(s1.dtype) if need[0] else None  # ((g v^T) * L) s2
+        ds2 = _forward(v, g, s1, la, lb, back, rows).to(s2.dtype) if need[1] else None  # ((v g^T) * L^T) s1
+        dv = _forward(s2, s1, g, la, lb, back, rows).to(v.dtype) if need[2] else None  # ((s2 s1^T) * L^T) g
+        dla = dlb = None
+        if need[3] or need[4]:
+            with torch.enable_grad():
+                tables = [t.detach().requires_grad_(n) for t, n in ((la, need[3]), (lb, need[4]))]
+                out = _forward(s1.detach(), s2.detach(), v.detach(), *tables, form, rows)
+                grads = iter(torch.autograd.grad(out, [t for t in tables if t.requires_grad], g))
+            dla, dlb = (next(grads) if n else None for n in need[3:5])
+        return ds1, ds2, dv, dla, dlb, None, None
+
+
+def _forward(s1, s2, v, la, lb, form: str, rows: Optional[int]) -> torch.Tensor:
+    """:func:`chunked` on checked arguments."""
     h, w = s1.shape[-3:-1]
     if h * w == 0:  # no tokens: nothing to attend
         return v.new_zeros(v.shape).to(table_dtype(s1, s2, v))
     if transposes(h, w):
-        out = chunked(*(t.transpose(-3, -2) for t in (s1, s2, v)), lb.transpose(-1, -2), la.transpose(-1, -2),
-                      transposed(form), rows)
+        out = _forward(*(t.transpose(-3, -2) for t in (s1, s2, v)), lb.transpose(-1, -2), la.transpose(-1, -2),
+                       transposed(form), rows)
         return out.transpose(-3, -2)
     rows = rows or chunk_rows(h, w, s1.shape[-1], v.shape[-1], form)
     dtype = table_dtype(s1, s2, v, la, lb)

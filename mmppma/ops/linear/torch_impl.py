@@ -1,8 +1,7 @@
 """PPMLA and PPMDA, torch path: ``((s1 s2^T) * L) v`` in O(N) without an N x N tensor. Small maps take the scan form:
 per token ``s2 (x) v`` (r x d_v), the mask applied to it by Algorithm 1's scans
 (:func:`~mmppma.ops.scan.torch_impl.matvec`), contracted with s1. Maps whose field of r x d_v states would be large
-take the chunked form (:mod:`.chunked`) where autograd does not record them; :func:`uses_chunked` is the
-crossover."""
+take the chunked form (:mod:`.chunked`); :func:`uses_chunked` is the crossover."""
 import functools
 
 import torch
@@ -17,13 +16,13 @@ from .reference import decomposed, linear
 CHUNKED_FIELD_BYTES = 32 * 2 ** 20
 
 
-def uses_chunked(h: int, w: int, r: int, dv: int, form: str, grad: bool = False) -> bool:
+def uses_chunked(h: int, w: int, r: int, dv: int, form: str) -> bool:
     """Whether the torch path runs the chunked form on an H x W map: once the scan form's N x r x d_v field passes
     :data:`CHUNKED_FIELD_BYTES` per image and head and the chunked form's largest intermediate is smaller than that
-    field. Below, the scan form's few batched products run faster than the loop over chunks. Not when autograd
-    records the call (``grad``: the chunked form's per-chunk tensors saved for the backward add up to more than the
-    scan form's), nor while a model is exported or compiled (their graphs keep the scan form)."""
-    if grad or exporting() or torch.compiler.is_compiling():
+    field. Below, the scan form's few batched products run faster than the loop over chunks. Under autograd the
+    chunked form saves its inputs only, the scan form its field and more. Not while a model is exported or compiled
+    (their graphs keep the scan form)."""
+    if exporting() or torch.compiler.is_compiling():
         return False
     field = field_bytes(h, w, r, dv)
     if field <= CHUNKED_FIELD_BYTES:
@@ -43,8 +42,7 @@ def decomposed_scan(s1, s2, v, la, lb, form: str, chunk: int) -> torch.Tensor:
 def decomposed_torch(s1, s2, v, la, lb, form: str, chunk: int) -> torch.Tensor:
     """``((s1 s2^T) * L) v`` in the form :func:`uses_chunked` picks for these shapes (the normalizer's product, of
     one value channel, may take the scan form where the output's takes the chunked one)."""
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (s1, s2, v, la, lb))
-    if uses_chunked(*s1.shape[-3:], v.shape[-1], form, grad):
+    if uses_chunked(*s1.shape[-3:], v.shape[-1], form):
         return chunked(s1, s2, v, la, lb, form)
     return decomposed_scan(s1, s2, v, la, lb, form, chunk)
 
