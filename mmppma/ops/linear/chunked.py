@@ -71,14 +71,20 @@ class _Chunked(torch.autograd.Function):
         ds1 = _forward(g, v, s2, la, lb, form, rows).to(s1.dtype) if need[0] else None  # ((g v^T) * L) s2
         ds2 = _forward(v, g, s1, la, lb, back, rows).to(s2.dtype) if need[1] else None  # ((v g^T) * L^T) s1
         dv = _forward(s2, s1, g, la, lb, back, rows).to(v.dtype) if need[2] else None  # ((s2 s1^T) * L^T) g
-        dla = dlb = None
-        if need[3] or need[4]:
-            with torch.enable_grad():
-                tables = [t.detach().requires_grad_(n) for t, n in ((la, need[3]), (lb, need[4]))]
-                out = _forward(s1.detach(), s2.detach(), v.detach(), *tables, form, rows)
-                grads = iter(torch.autograd.grad(out, [t for t in tables if t.requires_grad], g))
-            dla, dlb = (next(grads) if n else None for n in need[3:5])
+        dla, dlb = decay_gradients(g, s1, s2, v, la, lb, form, rows, need[3], need[4])
         return ds1, ds2, dv, dla, dlb, None, None
+
+
+def decay_gradients(g, s1, s2, v, la, lb, form: str, rows: Optional[int], need_la: bool, need_lb: bool):
+    """(dla, dlb) of ``<g, chunked(s1, s2, v, la, lb)>``, each None unless needed: the chunked form recomputed under
+    autograd on detached inputs, its tensors alive only while this runs."""
+    if not (need_la or need_lb):
+        return None, None
+    with torch.enable_grad():
+        tables = [t.detach().requires_grad_(n) for t, n in ((la, need_la), (lb, need_lb))]
+        out = _forward(s1.detach(), s2.detach(), v.detach(), *tables, form, rows)
+        grads = iter(torch.autograd.grad(out, [t for t in tables if t.requires_grad], g.to(out.dtype)))
+    return tuple(next(grads) if n else None for n in (need_la, need_lb))
 
 
 def _forward(s1, s2, v, la, lb, form: str, rows: Optional[int]) -> torch.Tensor:

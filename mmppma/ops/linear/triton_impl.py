@@ -20,6 +20,7 @@ float32 tile (scores times mask) take TF32 under half precision, float32's range
 stay float32. The features arrive as the inputs or as a feature map's float32 output, rounded to the products'
 dtype here.
 """
+import functools
 from typing import List, Optional, Tuple
 
 import torch
@@ -31,7 +32,8 @@ from ..forms import paths, transposed
 from ..masks import decay_tables
 from ..triton_support import launch as lp
 from ..triton_support.calls import Caller, call_kernels
-from .reference import FEATURE_MAPS
+from .chunked_triton import chunked_triton, uses_chunked_triton
+from .reference import FEATURE_MAPS, decomposed, linear
 
 LOG2E_ = tl.constexpr(1.4426950408889634)
 #: the product dtype of the 16-bit tiles: 0 float32 (no rounding), 1 float16, 2 bfloat16
@@ -444,10 +446,26 @@ def product_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
+def runs_chunked(s1: torch.Tensor, v: torch.Tensor, form: str, traced: Optional[bool]) -> bool:
+    """Whether the Triton path of PPMLA / PPMDA runs the chunked form (:mod:`.chunked_triton`) on these shapes:
+    where :func:`~.chunked_triton.uses_chunked_triton` counts it cheaper, and not while torch.compile traces (the
+    traced graph keeps the dense kernels' library op)."""
+    if torch.compiler.is_compiling() if traced is None else traced:
+        return False
+    return uses_chunked_triton(s1.shape[2], s1.shape[3], s1.shape[-1], v.shape[-1], form)
+
+
+def _chunked_core(form: str, caller: Caller):
+    """``core(s1, s2, v, la, lb)`` of :func:`~.reference.decomposed` by the chunked form's kernels."""
+    return functools.partial(chunked_triton, form=form, caller=caller)
+
+
 def ppma_decomposed_attention_plan(s1, s2, v, la, lb, form: str, chunk: int, traced: Optional[bool]):
     """The Triton path of :func:`~mmppma.ops.ppma_decomposed_attention` (:class:`~mmppma.ops.plan.Op`): the fused
     kernels on s1, s2 as features, no normalizer."""
     caller, dtype = Caller.of('ppma_decomposed_attention', s1), product_dtype(s1, s2, v)
+    if runs_chunked(s1, v, form, traced):
+        return functools.partial(decomposed, _chunked_core(form, caller))
 
     def fused(s1, s2, v, la, lb):
         return linear_attention_triton(s1, s2, v, s1, s2, *decay_tables(la, lb), form, False, 0.0, dtype, caller,
@@ -463,6 +481,8 @@ def ppma_linear_attention_plan(q, k, v, la, lb, *normalizer_and_options):
     *_, form, feature_map, normalize, eps, chunk, traced = normalizer_and_options
     caller, dtype = Caller.of('ppma_linear_attention', q), product_dtype(q, k, v)
     identity = feature_map is FEATURE_MAPS['identity']
+    if runs_chunked(q, v, form, traced):
+        return functools.partial(linear, _chunked_core(form, caller), feature_map, normalize, eps)
 
     def fused(q, k, v, la, lb, *normalizer):
         if identity:
