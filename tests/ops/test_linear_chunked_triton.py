@@ -1,0 +1,197 @@
+"""The chunked form on the Triton path (mmppma/ops/linear/chunked_triton.py) on the interpreter against the float64
+dense oracle: every form, odd and one-line maps, chunks that do not divide the map, the state carried over three
+chunks and more, PPMLA and PPMDA through the ops with gradients, half precision; the plan's choice and the
+forward's memory on meta tensors."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mmppma import ops
+
+from .oracle import inputs, masked_linear, out_and_grads
+
+pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
+
+from mmppma.ops.linear import chunked_triton as ct  # noqa: E402
+from mmppma.ops.linear import triton_impl  # noqa: E402
+from mmppma.ops.triton_support import launch as lp  # noqa: E402
+
+DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
+
+
+def _oracle(form, *tensors, feature='identity', normalize=False):
+    return masked_linear(*(t.detach().double() for t in tensors), form=form, feature=feature, normalize=normalize)
+
+
+def _close(got, want, name='out', rtol=1e-4, atol=1e-5):
+    assert torch.isfinite(got).all(), name
+    torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol * want.abs().max().item(), msg=name)
+
+
+# (form, (B, heads, H, W), chunk rows): the map as given for V2H, transposed for H2V
+FORWARD = [
+    ('2d', (1, 1, 7, 7), 3),  # three chunks each way
+    ('2d', (1, 1, 5, 9), 2),  # V2H three chunks, H2V five
+    ('2d', (1, 1, 9, 5), 4),  # H not a multiple of the rows: a short last chunk (padded inside the dense kernel)
+    ('2d', (1, 1, 1, 12), 5),  # one row: V2H the dense kernel alone, H2V three chunks of one-token rows
+    ('2d', (1, 1, 12, 1), 5),
+    ('v2h', (1, 1, 9, 4), 2),  # five chunks
+    ('h2v', (1, 1, 4, 9), 2),
+]
+
+
+@pytest.mark.parametrize('form, shape, rows', FORWARD, ids=str)
+def test_forward_equals_the_float64_oracle(form, shape, rows):
+    q, k, v, la, lb = (t.to(DEVICE) for t in inputs(*shape, 4, sum(shape), torch.float32, 3))
+    got = ct.chunked_triton(q, k, v, la, lb, form, rows=rows)
+    assert got.dtype == torch.float32 and got.shape == v.shape
+    _close(got, _oracle(form, q, k, v, la, lb))
+
+
+def test_one_chunk_is_the_dense_kernel_and_the_passes_are_needed():
+    """With the chunk the whole map the form is the dense kernel's output; with smaller chunks the passes carry
+    what the dense kernel on the chunks alone misses (the oracle differs from it)."""
+    q, k, v, la, lb = (t.to(DEVICE) for t in inputs(1, 1, 6, 3, 4, 3, torch.float32, 3))
+    want = _oracle('v2h', q, k, v, la, lb)
+    _close(ct.chunked_triton(q, k, v, la, lb, 'v2h', rows=6), want)
+    intra = ct.chunked_triton(q[:, :, :2], k[:, :, :2], v[:, :, :2], la[:, :, :2], lb[:, :, :2], 'v2h')
+    assert (intra.double() - want[:, :, :2]).abs().max() > 1e-2 * want.abs().max()
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """The ops' Triton path takes the chunked form at every size, in chunks of 2 rows."""
+    monkeypatch.setattr(triton_impl, 'uses_chunked_triton', lambda *args, **kwargs: True)
+    monkeypatch.setattr(ct, 'CHUNK_ROWS', 2)
+    ops.clear_caches()
+    yield
+    ops.clear_caches()
+
+
+def _leaves(shape, seed, separate, dtype=torch.float32):
+    q, k, v, la, lb = inputs(*shape, 4, seed, torch.float32, 3)
+    extra = list(inputs(*shape, 4, seed + 7, torch.float32)[:2]) if separate else []
+    return [t.to(DEVICE, dtype if i < 3 or i > 4 else torch.float32).requires_grad_()
+            for i, t in enumerate((q, k, v, la, lb, *extra))]
+
+
+def test_ppmla_with_a_separate_normalizer_and_gradients(forced):
+    """PPMLA (elu features, normalized by a separate q', k') through the op: output and the gradients of q, k, v,
+    la, lb, q', k', the state over three chunks (6 rows in chunks of 2)."""
+    leaves = _leaves((1, 1, 6, 3), 5, True)
+
+    def op(q, k, v, la, lb, qn, kn):
+        return ops.ppma_linear_attention(q, k, v, la, lb, form='v2h', feature_map='elu', normalize=True,
+                                         normalizer=(qn, kn), impl='triton')
+    with lp.recording(0) as launches:  # on meta tensors: the path taken
+        op(*(t.detach().to('meta') for t in leaves))
+    assert {x.name for x in launches} == {'_ppmla_fwd', '_queries', '_update'}
+    got = out_and_grads(op, leaves)
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    want = out_and_grads(lambda *t: masked_linear(*t, form='v2h', feature='elu', normalize=True), wide)
+    for name, a, b in zip(['out', 'q', 'k', 'v', 'la', 'lb', "q'", "k'"], got, want):
+        _close(a, b, name)
+
+
+def test_ppmda_2d_gradients(forced):
+    """PPMDA, '2d', through the op: output and the gradients of s1, s2, v, la, lb (V2H in three chunks of the
+    5 x 3 map, H2V in two of the transposed one)."""
+    leaves = _leaves((1, 1, 5, 3), 2, False)
+
+    def op(s1, s2, v, la, lb):
+        return ops.ppma_decomposed_attention(s1, s2, v, la, lb, form='2d', impl='triton')
+    got = out_and_grads(op, leaves)
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    want = out_and_grads(lambda *t: masked_linear(*t, form='2d', feature='identity', normalize=False), wide)
+    for name, a, b in zip(['out', 's1', 's2', 'v', 'la', 'lb'], got, want):
+        _close(a, b, name)
+
+
+def test_ppmla_normalized_by_its_own_features(forced):
+    leaves = [t.detach() for t in _leaves((1, 2, 5, 4), 9, False)]
+    got = ops.ppma_linear_attention(*leaves, form='h2v', feature_map='elu', normalize=True, impl='triton')
+    _close(got, _oracle('h2v', *leaves, feature='elu', normalize=True))
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=str)
+def test_half_precision_inputs(forced, dtype):
+    """fp16 / bf16 q, k, v: output and input gradients finite and within 1e-2 in relative norm of float64 on the
+    same (rounded) inputs; the output in the inputs' dtype."""
+    leaves = _leaves((1, 1, 4, 3), 4, False, dtype)
+
+    def op(q, k, v, la, lb):
+        return ops.ppma_linear_attention(q, k, v, la, lb, form='v2h', feature_map='elu', normalize=True,
+                                         impl='triton')
+    got = out_and_grads(op, leaves)
+    assert got[0].dtype == dtype
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    want = out_and_grads(lambda *t: masked_linear(*t, form='v2h', feature='elu', normalize=True), wide)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.isfinite(a).all(), i
+        err = torch.linalg.vector_norm(a.double() - b) / torch.linalg.vector_norm(b)
+        assert err <= 1e-2, (i, err.item())
+
+
+def test_bad_arguments_raise():
+    q, k, v, la, lb = inputs(1, 1, 3, 3, 4, 0, torch.float32, 3)
+    with pytest.raises(ValueError, match='rows'):
+        ct.chunked_triton(q, k, v, la, lb, 'v2h', rows=0)
+    with pytest.raises(ValueError, match='form'):
+        ct.chunked_triton(q, k, v, la, lb, 'diagonal')
+    with pytest.raises(ValueError, match='s1, s2'):
+        ct.chunked_triton(q, k[:, :, :2], v, la, lb, 'v2h')
+
+
+def test_the_plan_chooses_by_counted_work():
+    """The dense kernels at small maps, the chunked form at detection-sized ones; the choice is the counts'."""
+    assert not ct.uses_chunked_triton(16, 16, 32, 32, '2d')
+    assert not ct.uses_chunked_triton(56, 56, 32, 32, '2d')
+    assert ct.uses_chunked_triton(200, 336, 32, 32, '2d')
+    assert ct.uses_chunked_triton(800, 1344, 32, 32, '2d')
+    for h, w in ((16, 16), (56, 56), (128, 128), (200, 336)):
+        chunked = ct.MARGIN * ct.chunked_triton_counts(h, w, 32, 32, '2d')
+        assert ct.uses_chunked_triton(h, w, 32, 32, '2d') == (chunked < h * w * 64)
+    with pytest.raises(ValueError, match='positive'):
+        ct.chunked_triton_counts(0, 4, 32, 32)
+
+
+def _record(h, w, d, c, cap=90):
+    """The forward's launches of PPMDA '2d' on meta tensors at an H x W map, and every tensor allocated meanwhile."""
+    s1, s2 = (torch.empty(1, 2, h, w, d, device='meta') for _ in range(2))
+    v = torch.empty(1, 2, h, w, c, device='meta')
+    la, lb = (torch.empty(1, 2, h, w, device='meta') for _ in range(2))
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.sizes += [t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
+                           if isinstance(t, torch.Tensor)]
+            return out
+
+    ops.clear_caches()
+    with lp.recording(cap) as launches, Allocations() as allocations:
+        ops.ppma_decomposed_attention(s1, s2, v, la, lb, form='2d', impl='triton')
+    ops.clear_caches()
+    return launches, allocations.sizes
+
+
+def test_the_chunked_forward_allocates_no_field_of_states():
+    """At 200 x 336 the plan runs the chunked form; no tensor of its forward reaches N x d x c (per image and head;
+    the rolling state, W x d x c, is one buffer per path), and the dense kernel runs at 56 x 56."""
+    h, w, d, c = 200, 336, 8, 8
+    launches, sizes = _record(h, w, d, c)
+    names = [x.name for x in launches]
+    assert {'_queries', '_update'} <= set(names)
+    assert max(sizes) < 2 * h * w * d * c // 4  # B * heads = 2; the inputs are 2 N d
+    assert 2 * w * d * c in sizes and 2 * h * d * c in sizes  # the states were seen
+    states = {id(x.args[3]) for x in launches if x.name in ('_queries', '_update')}
+    assert len(states) == 2  # one per path
+    assert {tuple(x.args[3].shape) for x in launches if x.name == '_update'} == {(2, w, d, c), (2, h, d, c)}
+    # H2V on the transposed map (336 rows): 21 chunks of 16; V2H: 13; per pass and chunk boundary two launches
+    assert names.count('_queries') == names.count('_update') == 2 * (12 + 20)
+    small, _ = _record(56, 56, 32, 32)
+    assert [x.name for x in small] == ['_ppmla_fwd']
