@@ -116,7 +116,7 @@ def test_ppmla_normalized_by_its_own_features(forced):
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=str)
 def test_half_precision_inputs(forced, dtype):
     """fp16 / bf16 q, k, v: output and input gradients finite and within 1e-2 in relative norm of float64 on the
-    same (rounded) inputs; the output in the inputs' dtype."""
+    same (rounded) inputs (the gradients relative to the largest one's norm); the output in the inputs' dtype."""
     leaves = _leaves((1, 1, 4, 3), 4, False, dtype)
 
     def op(q, k, v, la, lb):
@@ -126,9 +126,10 @@ def test_half_precision_inputs(forced, dtype):
     assert got[0].dtype == dtype
     wide = [t.detach().double().requires_grad_() for t in leaves]
     want = out_and_grads(lambda *t: masked_linear(*t, form='v2h', feature='elu', normalize=True), wide)
+    scale = max(torch.linalg.vector_norm(b) for b in want[1:])  # the cotangent itself is rounded to the dtype
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.isfinite(a).all(), i
-        err = torch.linalg.vector_norm(a.double() - b) / torch.linalg.vector_norm(b)
+        err = torch.linalg.vector_norm(a.double() - b) / (torch.linalg.vector_norm(b) if i == 0 else scale)
         assert err <= 1e-2, (i, err.item())
 
 
