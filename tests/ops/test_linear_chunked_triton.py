@@ -43,7 +43,7 @@ FORWARD = [
 @pytest.mark.parametrize('form, shape, rows', FORWARD, ids=str)
 def test_forward_equals_the_float64_oracle(form, shape, rows):
     q, k, v, la, lb = (t.to(DEVICE) for t in inputs(*shape, 4, sum(shape), torch.float32, 3))
-    got = ct.chunked_triton(q, k, v, la, lb, form, rows=rows)
+    got = triton_impl.chunked_form(q, k, v, la, lb, form, rows=rows)
     assert got.dtype == torch.float32 and got.shape == v.shape
     _close(got, _oracle(form, q, k, v, la, lb))
 
@@ -53,8 +53,8 @@ def test_one_chunk_is_the_dense_kernel_and_the_passes_are_needed():
     what the dense kernel on the chunks alone misses (the oracle differs from it)."""
     q, k, v, la, lb = (t.to(DEVICE) for t in inputs(1, 1, 6, 3, 4, 3, torch.float32, 3))
     want = _oracle('v2h', q, k, v, la, lb)
-    _close(ct.chunked_triton(q, k, v, la, lb, 'v2h', rows=6), want)
-    intra = ct.chunked_triton(q[:, :, :2], k[:, :, :2], v[:, :, :2], la[:, :, :2], lb[:, :, :2], 'v2h')
+    _close(triton_impl.chunked_form(q, k, v, la, lb, 'v2h', rows=6), want)
+    intra = triton_impl.chunked_form(q[:, :, :2], k[:, :, :2], v[:, :, :2], la[:, :, :2], lb[:, :, :2], 'v2h')
     assert (intra.double() - want[:, :, :2]).abs().max() > 1e-2 * want.abs().max()
 
 
@@ -136,11 +136,11 @@ def test_half_precision_inputs(forced, dtype):
 def test_bad_arguments_raise():
     q, k, v, la, lb = inputs(1, 1, 3, 3, 4, 0, torch.float32, 3)
     with pytest.raises(ValueError, match='rows'):
-        ct.chunked_triton(q, k, v, la, lb, 'v2h', rows=0)
+        triton_impl.chunked_form(q, k, v, la, lb, 'v2h', rows=0)
     with pytest.raises(ValueError, match='form'):
-        ct.chunked_triton(q, k, v, la, lb, 'diagonal')
+        triton_impl.chunked_form(q, k, v, la, lb, 'diagonal')
     with pytest.raises(ValueError, match='s1, s2'):
-        ct.chunked_triton(q, k[:, :, :2], v, la, lb, 'v2h')
+        triton_impl.chunked_form(q, k[:, :, :2], v, la, lb, 'v2h')
 
 
 def test_the_plan_chooses_by_counted_work():

@@ -3,7 +3,8 @@
 
 Only V2H runs here; H2V is V2H on the transposed map (rows and columns swapped, la and lb swapped), '2d' the sum of
 both. A V2H path cuts the map into chunks of R full rows. Inside a chunk the dense fused kernel
-(:func:`~.triton_impl.linear_attention_triton`) runs on the chunks as a batch of R x W sub-maps. Between chunks a
+(``dense``, :func:`~.triton_impl.dense_v2h`, handed in by the caller) runs on the chunks as a batch of R x W
+sub-maps. Between chunks a
 rolling state per column, one (B * heads, W, d, c) float32 buffer per call, carries the keys of the other chunks
 to a corner row: the down pass walks the chunks top to bottom (corner: the row above the chunk), the up pass bottom
 to top (corner: the chunk's last row). Cb is monotone along a column, so every column factor is
@@ -19,7 +20,7 @@ to top (corner: the chunk's last row). Cb is monotone along a column, so every c
 on other operands; those of the log-decays come from the torch chunked form (:mod:`.chunked`) recomputed under
 autograd inside the backward. :func:`uses_chunked_triton` is the crossover against the dense kernels.
 """
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -162,10 +163,9 @@ def pass_launches(s1, s2, v, ca, cb, out, state, bounds: List[Tuple[int, int]], 
     return launches
 
 
-def _v2h(s1, s2, v, ca, cb, rows: int, caller: Caller) -> torch.Tensor:
-    """V2H's product on (B, heads, H, W, .) float32 inputs and tables (B, heads, H, W): the dense kernel inside
-    the chunks of ``rows`` rows, then the passes; float32 (B, heads, H, W, c)."""
-    from .triton_impl import linear_attention_triton  # triton_impl's plans import this module
+def _v2h(s1, s2, v, ca, cb, rows: int, dense: Callable, caller: Caller) -> torch.Tensor:
+    """V2H's product on (B, heads, H, W, .) float32 inputs and tables (B, heads, H, W): ``dense(s1, s2, v, ca, cb,
+    caller)`` inside the chunks of ``rows`` rows, then the passes; float32 (B, heads, H, W, c)."""
     b, heads, h, w, d = s1.shape
     c = v.shape[-1]
     rows = min(rows, h)
@@ -178,8 +178,7 @@ def _v2h(s1, s2, v, ca, cb, rows: int, caller: Caller) -> torch.Tensor:
 
     subs = [sub_maps(x) for x in (s1, s2, v, ca, cb)]
     with torch.no_grad():
-        out = linear_attention_triton(subs[0], subs[1], subs[2], subs[0], subs[1], subs[3], subs[4], 'v2h', False,
-                                      0.0, torch.float32, caller, traced=False)
+        out = dense(*subs, caller)
     out = out.reshape(b * heads, chunks * rows, w, c)[:, :h].contiguous()
     if chunks > 1:
         bounds = [(r0, min(r0 + rows, h)) for r0 in range(0, h, rows)]
@@ -189,18 +188,18 @@ def _v2h(s1, s2, v, ca, cb, rows: int, caller: Caller) -> torch.Tensor:
     return out.reshape(b, heads, h, w, c)
 
 
-def _forward(s1, s2, v, la, lb, form: str, rows: Optional[int], caller: Caller) -> torch.Tensor:
+def _forward(s1, s2, v, la, lb, form: str, rows: Optional[int], dense: Callable, caller: Caller) -> torch.Tensor:
     """The chunked form on float32 contiguous inputs: V2H on the map, H2V as V2H on the transposed map."""
     ca, cb = la.cumsum(-1), lb.cumsum(-2)
     out = None
     for path in paths(form):
         if path == 'v2h':
-            part = _v2h(s1, s2, v, ca.contiguous(), cb.contiguous(), rows or CHUNK_ROWS, caller)
+            part = _v2h(s1, s2, v, ca.contiguous(), cb.contiguous(), rows or CHUNK_ROWS, dense, caller)
         else:
             def t(x):
                 return x.transpose(2, 3).contiguous()
             part = _v2h(t(s1), t(s2), t(v), cb.transpose(-1, -2).contiguous(), ca.transpose(-1, -2).contiguous(),
-                        rows or CHUNK_ROWS, caller).transpose(2, 3)
+                        rows or CHUNK_ROWS, dense, caller).transpose(2, 3)
         out = part if out is None else out + part
     return out
 
@@ -210,36 +209,39 @@ class _ChunkedTriton(torch.autograd.Function):
     other operands (the mask transposed for ds2 and dv), the log-decays' gradients the torch chunked form's."""
 
     @staticmethod
-    def forward(ctx, s1, s2, v, la, lb, form, rows, caller):
+    def forward(ctx, s1, s2, v, la, lb, form, rows, dense, caller):
         ctx.save_for_backward(s1, s2, v, la, lb)
-        ctx.form, ctx.rows, ctx.caller = form, rows, caller
+        ctx.args = (rows, dense, caller)
+        ctx.form = form
         try:
-            return _forward(s1, s2, v, la, lb, form, rows, caller)
+            return _forward(s1, s2, v, la, lb, form, *ctx.args)
         except Exception as e:
             raise_named(caller, 'while running', e)
 
     @staticmethod
     def backward(ctx, g):
         s1, s2, v, la, lb = ctx.saved_tensors
-        form, rows, caller = ctx.form, ctx.rows, ctx.caller
+        form, args, caller = ctx.form, ctx.args, ctx.args[-1]
         back = transposed(form)
         need = ctx.needs_input_grad
         g = g.float().contiguous()
         try:
-            ds1 = _forward(g, v, s2, la, lb, form, rows, caller) if need[0] else None  # ((g v^T) * L) s2
-            ds2 = _forward(v, g, s1, la, lb, back, rows, caller) if need[1] else None  # ((v g^T) * L^T) s1
-            dv = _forward(s2, s1, g, la, lb, back, rows, caller) if need[2] else None  # ((s2 s1^T) * L^T) g
+            ds1 = _forward(g, v, s2, la, lb, form, *args) if need[0] else None  # ((g v^T) * L) s2
+            ds2 = _forward(v, g, s1, la, lb, back, *args) if need[1] else None  # ((v g^T) * L^T) s1
+            dv = _forward(s2, s1, g, la, lb, back, *args) if need[2] else None  # ((s2 s1^T) * L^T) g
         except Exception as e:
             raise_named(caller, 'in the backward', e)
         dla, dlb = decay_gradients(g, s1, s2, v, la, lb, form, None, need[3], need[4])
-        return ds1, ds2, dv, dla, dlb, None, None, None
+        return ds1, ds2, dv, dla, dlb, None, None, None, None
 
 
-def chunked_triton(s1, s2, v, la, lb, form: str, rows: Optional[int] = None,
+def chunked_triton(s1, s2, v, la, lb, form: str, dense: Callable, rows: Optional[int] = None,
                    caller: Optional[Caller] = None) -> torch.Tensor:
     """``((s1 s2^T) * L) v`` by the chunked form's Triton kernels, in float32: s1, s2 (B, heads, H, W, d), v
-    (B, heads, H, W, c), la, lb (B, heads, H, W) log-decays. ``rows``: the rows of a chunk (None:
-    :data:`CHUNK_ROWS`), of the map for V2H and of the transposed map for H2V; ``caller``: what errors name."""
+    (B, heads, H, W, c), la, lb (B, heads, H, W) log-decays. ``dense(s1, s2, v, ca, cb, caller)``: V2H's dense
+    kernel on float32 sub-maps and their tables (:func:`~.triton_impl.dense_v2h`); ``rows``: the rows of a chunk
+    (None: :data:`CHUNK_ROWS`), of the map for V2H and of the transposed map for H2V; ``caller``: what errors
+    name."""
     check_choice('form', form, MASK_FORMS)
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise ValueError(f'rows: the rows of a chunk must be a positive int (or None: chosen); got {rows!r}')
@@ -253,9 +255,9 @@ def chunked_triton(s1, s2, v, la, lb, form: str, rows: Optional[int] = None,
         return v.new_zeros(v.shape, dtype=torch.float32)
     tensors = [t.float().contiguous() for t in (s1, s2, v, la, lb)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return _ChunkedTriton.apply(*tensors, form, rows, caller)
+        return _ChunkedTriton.apply(*tensors, form, rows, dense, caller)
     try:
-        return _forward(*tensors, form, rows, caller)
+        return _forward(*tensors, form, rows, dense, caller)
     except Exception as e:
         raise_named(caller, 'while running', e)
 

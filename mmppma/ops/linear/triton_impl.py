@@ -455,9 +455,20 @@ def runs_chunked(s1: torch.Tensor, v: torch.Tensor, form: str, traced: Optional[
     return uses_chunked_triton(s1.shape[2], s1.shape[3], s1.shape[-1], v.shape[-1], form)
 
 
+def dense_v2h(s1, s2, v, ca, cb, caller: Caller) -> torch.Tensor:
+    """V2H's ``((s1 s2^T) * L) v`` by the fused kernels on float32 inputs and tables, no normalizer: the chunked
+    form's intra-chunk part."""
+    return linear_attention_triton(s1, s2, v, s1, s2, ca, cb, 'v2h', False, 0.0, torch.float32, caller, traced=False)
+
+
+def chunked_form(s1, s2, v, la, lb, form: str, rows: Optional[int] = None, caller: Optional[Caller] = None):
+    """:func:`~.chunked_triton.chunked_triton` with the fused kernels inside the chunks."""
+    return chunked_triton(s1, s2, v, la, lb, form, dense_v2h, rows, caller)
+
+
 def _chunked_core(form: str, caller: Caller):
     """``core(s1, s2, v, la, lb)`` of :func:`~.reference.decomposed` by the chunked form's kernels."""
-    return functools.partial(chunked_triton, form=form, caller=caller)
+    return functools.partial(chunked_form, form=form, caller=caller)
 
 
 def ppma_decomposed_attention_plan(s1, s2, v, la, lb, form: str, chunk: int, traced: Optional[bool]):
