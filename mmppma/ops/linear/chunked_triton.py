@@ -93,7 +93,7 @@ def _queries(s1_ptr, ca_ptr, cb_ptr, state_ptr, out_ptr, r0, corner, H, W, D, C,
 
 @triton.jit
 def _update(s2_ptr, v_ptr, cb_ptr, state_ptr, k0, rows, corner, old, H, W, D, C, FRESH: tl.constexpr,
-            PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+            DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     """S[l] <- exp(-|Cb[corner, l] - Cb[old, l]|) S[l] (nothing when FRESH) + sum_k exp(-|Cb[corner, l] - Cb[k, l]|)
     s2[k, l] (x) v[k, l] over the ``rows`` rows k from k0, for column l = program_id(1) and the value channels of
     block program_id(2). s2 (BH, H, W, D), v (BH, H, W, C), cb (BH, H, W), state (BH, W, D, C), float32."""
@@ -109,7 +109,7 @@ def _update(s2_ptr, v_ptr, cb_ptr, state_ptr, k0, rows, corner, old, H, W, D, C,
     weight = tl.where(mask_r, tl.exp(-tl.abs(cb_new - cb_key)), 0.0)
     s2 = tl.load(s2_ptr + toks[:, None] * D + offs_d[None, :], mask=mask_r[:, None] & (offs_d[None, :] < D), other=0.0)
     v = tl.load(v_ptr + toks[:, None] * C + offs_c[None, :], mask=mask_r[:, None] & (offs_c[None, :] < C), other=0.0)
-    acc = tl.dot(tl.trans(s2 * weight[:, None]), v, input_precision=PRECISION)
+    acc = tl.dot(tl.trans(s2 * weight[:, None]), v, input_precision=DOT_PRECISION)
     mask_dc = (offs_d[:, None] < D) & (offs_c[None, :] < C)
     at = state_ptr + (bh * W + col) * D * C + offs_d[:, None] * C + offs_c[None, :]
     if not FRESH:
@@ -145,7 +145,7 @@ def pass_launches(s1, s2, v, ca, cb, out, state, bounds: List[Tuple[int, int]], 
 
     def update(r0, r1, corner, old, fresh):
         launches.append(lp.Launch(_update, (bh, w, cblocks), (s2, v, cb, state, r0, r1 - r0, corner, old, h, w, d, c),
-                                  dict(FRESH=fresh, PRECISION=precision, BLOCK_R=lp.pow2(r1 - r0),
+                                  dict(FRESH=fresh, DOT_PRECISION=precision, BLOCK_R=lp.pow2(r1 - r0),
                                        BLOCK_D=block_d, BLOCK_C=block_c), cfg, s1.device))
 
     last = len(bounds) - 1
