@@ -231,7 +231,10 @@ class _ChunkedTriton(torch.autograd.Function):
             dv = _forward(s2, s1, g, la, lb, back, *args) if need[2] else None  # ((s2 s1^T) * L^T) g
         except Exception as e:
             raise_named(caller, 'in the backward', e)
-        dla, dlb = decay_gradients(g, s1, s2, v, la, lb, form, None, need[3], need[4])
+        if lp.is_recording():  # the torch part launches no kernel: shapes only
+            dla, dlb = (torch.empty_like(t) if n else None for t, n in ((la, need[3]), (lb, need[4])))
+        else:
+            dla, dlb = decay_gradients(g, s1, s2, v, la, lb, form, None, need[3], need[4])
         return ds1, ds2, dv, dla, dlb, None, None, None, None
 
 
