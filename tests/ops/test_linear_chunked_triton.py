@@ -58,8 +58,9 @@ def test_one_chunk_is_the_dense_kernel_and_the_passes_are_needed():
 
 @pytest.fixture
 def forced(monkeypatch):
-    """The ops' Triton path takes the chunked form at every size, in chunks of 2 rows."""
-    monkeypatch.setattr(triton_impl, 'uses_chunked_triton', lambda *args, **kwargs: True)
+    """The ops' Triton path takes the chunked form at every size, in chunks of 2 rows, with the log-decays'
+    gradients too."""
+    monkeypatch.setattr(triton_impl, 'runs_chunked', lambda *args, **kwargs: True)
     monkeypatch.setattr(ct, 'CHUNK_ROWS', 2)
     ops.clear_caches()
     yield
@@ -152,6 +153,19 @@ def test_the_plan_chooses_by_counted_work():
         assert ct.uses_chunked_triton(h, w, 32, 32, '2d') == (chunked < h * w * 64)
     with pytest.raises(ValueError, match='positive'):
         ct.chunked_triton_counts(0, 4, 32, 32)
+
+
+def test_the_plan_keeps_the_dense_kernels_where_the_decays_need_gradients():
+    """At 200 x 336 the chunked form runs where the log-decays need no gradient (inference, fixed decays); where
+    they do, the dense kernels' backward computes them (the chunked form would take them from the torch form)."""
+    s1, v = (torch.empty(1, 1, 200, 336, 32, device='meta') for _ in range(2))
+    la, lb = (torch.empty(1, 1, 200, 336, device='meta') for _ in range(2))
+    assert triton_impl.runs_chunked(s1, v, la, lb, '2d', False)
+    la.requires_grad_()
+    assert not triton_impl.runs_chunked(s1, v, la, lb, '2d', False)
+    with torch.no_grad():
+        assert triton_impl.runs_chunked(s1, v, la, lb, '2d', False)
+    assert not triton_impl.runs_chunked(s1, v, la.detach(), lb, '2d', True)  # torch.compile traces
 
 
 def _record(h, w, d, c, cap=90):

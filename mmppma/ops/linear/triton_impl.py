@@ -446,11 +446,15 @@ def product_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
-def runs_chunked(s1: torch.Tensor, v: torch.Tensor, form: str, traced: Optional[bool]) -> bool:
+def runs_chunked(s1: torch.Tensor, v: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, form: str,
+                 traced: Optional[bool]) -> bool:
     """Whether the Triton path of PPMLA / PPMDA runs the chunked form (:mod:`.chunked_triton`) on these shapes:
-    where :func:`~.chunked_triton.uses_chunked_triton` counts it cheaper, and not while torch.compile traces (the
-    traced graph keeps the dense kernels' library op)."""
+    where :func:`~.chunked_triton.uses_chunked_triton` counts it cheaper; not while torch.compile traces (the traced
+    graph keeps the dense kernels' library op), nor where autograd needs the log-decays' gradients (the chunked
+    form takes them from the torch form, a loop over the map's rows: the dense kernels' backward computes them)."""
     if torch.compiler.is_compiling() if traced is None else traced:
+        return False
+    if torch.is_grad_enabled() and (la.requires_grad or lb.requires_grad):
         return False
     return uses_chunked_triton(s1.shape[2], s1.shape[3], s1.shape[-1], v.shape[-1], form)
 
@@ -475,7 +479,7 @@ def ppma_decomposed_attention_plan(s1, s2, v, la, lb, form: str, chunk: int, tra
     """The Triton path of :func:`~mmppma.ops.ppma_decomposed_attention` (:class:`~mmppma.ops.plan.Op`): the fused
     kernels on s1, s2 as features, no normalizer."""
     caller, dtype = Caller.of('ppma_decomposed_attention', s1), product_dtype(s1, s2, v)
-    if runs_chunked(s1, v, form, traced):
+    if runs_chunked(s1, v, la, lb, form, traced):
         return functools.partial(decomposed, _chunked_core(form, caller))
 
     def fused(s1, s2, v, la, lb):
@@ -492,7 +496,7 @@ def ppma_linear_attention_plan(q, k, v, la, lb, *normalizer_and_options):
     *_, form, feature_map, normalize, eps, chunk, traced = normalizer_and_options
     caller, dtype = Caller.of('ppma_linear_attention', q), product_dtype(q, k, v)
     identity = feature_map is FEATURE_MAPS['identity']
-    if runs_chunked(q, v, form, traced):
+    if runs_chunked(q, v, la, lb, form, traced):
         return functools.partial(linear, _chunked_core(form, caller), feature_map, normalize, eps)
 
     def fused(q, k, v, la, lb, *normalizer):
