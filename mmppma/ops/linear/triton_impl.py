@@ -32,7 +32,7 @@ from ..forms import paths, transposed
 from ..masks import decay_tables
 from ..triton_support import launch as lp
 from ..triton_support.calls import Caller, call_kernels
-from .chunked_triton import chunked_triton, uses_chunked_triton
+from .chunked_triton import Dense, chunked_triton, uses_chunked_triton
 from .reference import FEATURE_MAPS, decomposed, linear
 
 LOG2E_ = tl.constexpr(1.4426950408889634)
@@ -446,15 +446,11 @@ def product_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
-def runs_chunked(s1: torch.Tensor, v: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, form: str,
-                 traced: Optional[bool]) -> bool:
+def runs_chunked(s1: torch.Tensor, v: torch.Tensor, form: str, traced: Optional[bool]) -> bool:
     """Whether the Triton path of PPMLA / PPMDA runs the chunked form (:mod:`.chunked_triton`) on these shapes:
     where :func:`~.chunked_triton.uses_chunked_triton` counts it cheaper; not while torch.compile traces (the traced
-    graph keeps the dense kernels' library op), nor where autograd needs the log-decays' gradients (the chunked
-    form takes them from the torch form, a loop over the map's rows: the dense kernels' backward computes them)."""
+    graph keeps the dense kernels' library op)."""
     if torch.compiler.is_compiling() if traced is None else traced:
-        return False
-    if torch.is_grad_enabled() and (la.requires_grad or lb.requires_grad):
         return False
     return uses_chunked_triton(s1.shape[2], s1.shape[3], s1.shape[-1], v.shape[-1], form)
 
@@ -465,9 +461,21 @@ def dense_v2h(s1, s2, v, ca, cb, caller: Caller) -> torch.Tensor:
     return linear_attention_triton(s1, s2, v, s1, s2, ca, cb, 'v2h', False, 0.0, torch.float32, caller, traced=False)
 
 
+def dense_v2h_grads(g, s1, s2, v, ca, cb, caller: Caller) -> Tuple[torch.Tensor, ...]:
+    """The gradients of ``<g, dense_v2h(s1, s2, v, ca, cb)>`` (ds1, ds2, dv, dCa, dCb) by the fused kernels'
+    backward, after their forward (which the backward reads nothing of without a normalizer)."""
+    with torch.enable_grad():
+        inputs = [t.detach().requires_grad_() for t in (s1, s2, v, ca, cb)]
+        return torch.autograd.grad(dense_v2h(*inputs, caller), inputs, g)
+
+
+#: the chunked form's dense kernels (:class:`~.chunked_triton.Dense`)
+DENSE_V2H = Dense(dense_v2h, dense_v2h_grads)
+
+
 def chunked_form(s1, s2, v, la, lb, form: str, rows: Optional[int] = None, caller: Optional[Caller] = None):
     """:func:`~.chunked_triton.chunked_triton` with the fused kernels inside the chunks."""
-    return chunked_triton(s1, s2, v, la, lb, form, dense_v2h, rows, caller)
+    return chunked_triton(s1, s2, v, la, lb, form, DENSE_V2H, rows, caller)
 
 
 def _chunked_core(form: str, caller: Caller):
@@ -479,7 +487,7 @@ def ppma_decomposed_attention_plan(s1, s2, v, la, lb, form: str, chunk: int, tra
     """The Triton path of :func:`~mmppma.ops.ppma_decomposed_attention` (:class:`~mmppma.ops.plan.Op`): the fused
     kernels on s1, s2 as features, no normalizer."""
     caller, dtype = Caller.of('ppma_decomposed_attention', s1), product_dtype(s1, s2, v)
-    if runs_chunked(s1, v, la, lb, form, traced):
+    if runs_chunked(s1, v, form, traced):
         return functools.partial(decomposed, _chunked_core(form, caller))
 
     def fused(s1, s2, v, la, lb):
@@ -496,7 +504,7 @@ def ppma_linear_attention_plan(q, k, v, la, lb, *normalizer_and_options):
     *_, form, feature_map, normalize, eps, chunk, traced = normalizer_and_options
     caller, dtype = Caller.of('ppma_linear_attention', q), product_dtype(q, k, v)
     identity = feature_map is FEATURE_MAPS['identity']
-    if runs_chunked(q, v, la, lb, form, traced):
+    if runs_chunked(q, v, form, traced):
         return functools.partial(linear, _chunked_core(form, caller), feature_map, normalize, eps)
 
     def fused(q, k, v, la, lb, *normalizer):
