@@ -17,8 +17,9 @@ tool = load_tool('check_kernels.py')
 #: tables' kernels (no products, no key loop)
 KERNELS = {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_ppmla_fwd', '_ppmla_bwd'}
 TABLES = {'_tables_fwd', '_tables_bwd'}
-#: the chunked form's passes (MLLA-T's 128 x 128 stage 1 at 512 x 512 runs it; no key loop, compiled and checked only)
-CHUNKED = {'_queries', '_update'}
+#: the chunked form's passes and its backward's walks (MLLA-T's 128 x 128 stage 1 at 512 x 512 runs them; no key loop,
+#: compiled and checked only)
+CHUNKED = {'_queries', '_update', '_grad_queries', '_grad_keys', '_update_queries'}
 
 
 @pytest.fixture

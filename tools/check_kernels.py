@@ -114,8 +114,7 @@ def grid_problems(grid: Tuple[int, ...]) -> List[str]:
 
 
 def record(kind: str, shape: tuple, dtype: torch.dtype, cap: int) -> List[Tuple[str, lp.Launch]]:
-    """Run one op forward and backward on meta tensors, and PPMLA (``'linear'``) also without autograd, as in
-    inference, where the chunked form runs at large maps; return ('fwd' | 'bwd' | 'inf', launch) for every launch."""
+    """Run one op forward and backward on meta tensors; return ('fwd' | 'bwd', launch) for every launch."""
     b, heads, h, w, d = shape
     q, k, v = (_meta(b, heads, h, w, d, dtype=dtype) for _ in range(3))
     la, lb = _meta(b, heads, h, w), _meta(b, heads, h, w)
@@ -140,11 +139,7 @@ def record(kind: str, shape: tuple, dtype: torch.dtype, cap: int) -> List[Tuple[
         with lp.recording(cap) as tables_backward:
             torch.autograd.grad(tables, [x, *params], [torch.empty_like(t) for t in tables])
         forward, backward = forward + tables_forward, backward + tables_backward
-    inference = []
-    if kind == 'linear':  # no gradients: the chunked form where it counts cheaper (docs/method.md section 5)
-        with torch.no_grad(), lp.recording(cap) as inference:
-            call()
-    return [('fwd', x) for x in forward] + [('bwd', x) for x in backward] + [('inf', x) for x in inference]
+    return [('fwd', x) for x in forward] + [('bwd', x) for x in backward]
 
 
 def priced(desc: dict) -> bool:

@@ -2,6 +2,8 @@
 dense oracle: every form, odd and one-line maps, chunks that do not divide the map, the state carried over three
 chunks and more, PPMLA and PPMDA through the ops with gradients, half precision; the plan's choice and the
 forward's memory on meta tensors."""
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -155,39 +157,70 @@ def test_the_plan_chooses_by_counted_work():
         ct.chunked_triton_counts(0, 4, 32, 32)
 
 
-def test_the_plan_keeps_the_dense_kernels_where_the_decays_need_gradients():
-    """At 200 x 336 the chunked form runs where the log-decays need no gradient (inference, fixed decays); where
-    they do, the dense kernels' backward computes them (the chunked form would take them from the torch form)."""
+def test_the_plan_runs_the_chunked_form_at_large_maps_with_or_without_gradients():
+    """At 200 x 336 the chunked form runs in inference and in training (its backward computes the log-decays'
+    gradients too); at 56 x 56 the dense kernels; never while torch.compile traces."""
     s1, v = (torch.empty(1, 1, 200, 336, 32, device='meta') for _ in range(2))
-    la, lb = (torch.empty(1, 1, 200, 336, device='meta') for _ in range(2))
-    assert triton_impl.runs_chunked(s1, v, la, lb, '2d', False)
-    la.requires_grad_()
-    assert not triton_impl.runs_chunked(s1, v, la, lb, '2d', False)
+    assert triton_impl.runs_chunked(s1, v, '2d', False)
     with torch.no_grad():
-        assert triton_impl.runs_chunked(s1, v, la, lb, '2d', False)
-    assert not triton_impl.runs_chunked(s1, v, la.detach(), lb, '2d', True)  # torch.compile traces
+        assert triton_impl.runs_chunked(s1, v, '2d', False)
+    assert not triton_impl.runs_chunked(s1, v, '2d', True)  # torch.compile traces
+    small = torch.empty(1, 1, 56, 56, 32, device='meta')
+    assert not triton_impl.runs_chunked(small, small, '2d', False)
 
 
-def _record(h, w, d, c, cap=90):
-    """The forward's launches of PPMDA '2d' on meta tensors at an H x W map, and every tensor allocated meanwhile."""
-    s1, s2 = (torch.empty(1, 2, h, w, d, device='meta') for _ in range(2))
-    v = torch.empty(1, 2, h, w, c, device='meta')
-    la, lb = (torch.empty(1, 2, h, w, device='meta') for _ in range(2))
+# (form, (B, heads, H, W), d, c, chunk rows): gradients of the form itself
+BACKWARD = [
+    ('2d', (1, 1, 5, 4), 5, 40, 2),  # two value-channel blocks, d not a power of two, both paths in chunks
+    ('v2h', (1, 2, 7, 4), 3, 1, 3),  # the mass (one channel), a short last chunk, two heads
+    ('2d', (1, 1, 1, 9), 4, 4, 2),  # one row: V2H the dense kernel alone, H2V five chunks
+]
 
-    class Allocations(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.sizes = []
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            self.sizes += [t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
-                           if isinstance(t, torch.Tensor)]
-            return out
+@pytest.mark.parametrize('form, shape, d, c, rows', BACKWARD, ids=str)
+def test_backward_equals_the_float64_oracle(form, shape, d, c, rows):
+    """The gradients of s1, s2, v, la and lb (the walks' between chunks and the dense kernels' inside them)
+    against the float64 oracle's."""
+    gen = torch.Generator().manual_seed(sum(shape) + d + c)
+    s1, s2 = (torch.randn(*shape, d, generator=gen) for _ in range(2))
+    v = torch.randn(*shape, c, generator=gen)
+    la, lb = (-0.05 - 0.7 * torch.rand(*shape, generator=gen) for _ in range(2))
+    leaves = [t.to(DEVICE).requires_grad_() for t in (s1, s2, v, la, lb)]
+    got = out_and_grads(lambda *t: triton_impl.chunked_form(*t, form, rows=rows), leaves)
+    wide = [t.detach().double().requires_grad_() for t in leaves]
+    want = out_and_grads(lambda *t: masked_linear(*t, form=form, feature='identity', normalize=False), wide)
+    for name, a, b in zip(['out', 's1', 's2', 'v', 'la', 'lb'], got, want):
+        _close(a, b, name)
 
+
+class _Allocations(TorchDispatchMode):
+    """The sizes of every tensor allocated in the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.sizes += [t.numel() for t in (out if isinstance(out, (tuple, list)) else [out])
+                       if isinstance(t, torch.Tensor)]
+        return out
+
+
+def _record(h, w, d, c, cap=90, backward=False):
+    """The launches of PPMDA '2d' on meta tensors at an H x W map (its forward, or with ``backward`` its backward
+    after an unrecorded forward), and every tensor allocated meanwhile."""
+    s1, s2 = (torch.empty(1, 2, h, w, d, device='meta', requires_grad=backward) for _ in range(2))
+    v = torch.empty(1, 2, h, w, c, device='meta', requires_grad=backward)
+    la, lb = (torch.empty(1, 2, h, w, device='meta', requires_grad=backward) for _ in range(2))
     ops.clear_caches()
-    with lp.recording(cap) as launches, Allocations() as allocations:
-        ops.ppma_decomposed_attention(s1, s2, v, la, lb, form='2d', impl='triton')
+    with lp.recording(cap) as launches:
+        with _Allocations() if not backward else contextlib.nullcontext() as allocations:
+            out = ops.ppma_decomposed_attention(s1, s2, v, la, lb, form='2d', impl='triton')
+        if backward:
+            del launches[:]
+            with _Allocations() as allocations:
+                out.backward(torch.empty_like(out))
     ops.clear_caches()
     return launches, allocations.sizes
 
@@ -208,3 +241,20 @@ def test_the_chunked_forward_allocates_no_field_of_states():
     assert names.count('_queries') == names.count('_update') == 2 * (12 + 20)
     small, _ = _record(56, 56, 32, 32)
     assert [x.name for x in small] == ['_ppmla_fwd']
+
+
+def test_the_chunked_backward_allocates_no_field_of_states():
+    """At 200 x 336 the backward runs the dense kernels' backward inside the chunks and the walks between them; no
+    tensor of it reaches N x d x c either: its scratch is two W x d x c states and one chunk's rows of queries
+    (R x W x d x c) per path; the largest, the dense kernels' table-gradient slots on the sub-maps, is 48 floats per
+    token."""
+    h, w, d, c = 200, 336, 16, 16
+    launches, sizes = _record(h, w, d, c, backward=True)
+    names = [x.name for x in launches]
+    assert max(sizes) < 2 * h * w * d * c // 4
+    assert 2 * ct.CHUNK_ROWS * w * d * c in sizes and 2 * ct.CHUNK_ROWS * h * d * c in sizes  # the chunks' queries
+    # per path the dense kernels' forward and backward (2 launches) on the sub-maps; per walk and chunk a query and a
+    # key launch (the walk's first chunk: the query launch alone), per walk and boundary two updates
+    assert names.count('_ppmla_fwd') == 2 and names.count('_ppmla_bwd') == 4
+    assert names.count('_grad_queries') == 2 * (13 + 21) and names.count('_grad_keys') == 2 * (12 + 20)
+    assert names.count('_update') == names.count('_update_queries') == 2 * (12 + 20)
