@@ -27,52 +27,66 @@ def _decayed_state(state_ptr, cb_row, cb_corner, j, tile, mask_dc, D, C):
 
 
 @triton.jit
-def _query_step(scan, prev, j, s1_ptr, ca_row, cb_row, cb_corner, state_ptr, offs_d, tile, mask_dc, D, C):
-    """One step of a row sweep of the decayed states: the scan moved from the previous column ``prev`` to j and
-    given x[j]; returns (scan, x[j], Ca[j], s1[j])."""
-    ca = tl.load(ca_row + j)
-    x = _decayed_state(state_ptr, cb_row, cb_corner, j, tile, mask_dc, D, C)
-    scan = tl.exp(-tl.abs(ca - prev)) * scan + x
-    s1 = tl.load(s1_ptr + j * D + offs_d, mask=offs_d < D, other=0.0)
-    return scan, x, ca, s1
+def _chunk_keys(s2_ptr, v_ptr, cb_ptr, keys, j, cb_i, signs, offs_d, offs_c, mask_r, mask_d, mask_c, D, C,
+                SIGNED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """sum_k exp(-|Cb[i, j] - Cb[k, j]|) s2[k, j] (x) v[k, j] over the chunk's rows k (``keys``: their tokens at
+    column 0), (BLOCK_D, BLOCK_C); with SIGNED also the same sum with each term times ``signs`` (sign(i - k))."""
+    toks = keys + j
+    weight = tl.where(mask_r, tl.exp(-tl.abs(cb_i - tl.load(cb_ptr + toks, mask=mask_r, other=0.0))), 0.0)
+    s2 = tl.load(s2_ptr + toks[:, None] * D + offs_d[None, :], mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+    v = tl.load(v_ptr + toks[:, None] * C + offs_c[None, :], mask=mask_r[:, None] & mask_c[None, :], other=0.0)
+    f = tl.dot(tl.trans(s2 * weight[:, None]), v, input_precision=DOT_PRECISION)
+    fs = f
+    if SIGNED:
+        fs = tl.dot(tl.trans(s2 * (weight * signs)[:, None]), v, input_precision=DOT_PRECISION)
+    return f, fs
 
 
 @triton.jit
-def _queries(s1_ptr, ca_ptr, cb_ptr, state_ptr, out_ptr, r0, corner, H, W, D, C, BLOCK_D: tl.constexpr,
-             BLOCK_C: tl.constexpr):
-    """out[i, j] += s1[i, j] . sum_l exp(-|Ca[i, j] - Ca[i, l]|) exp(-|Cb[i, l] - Cb[corner, l]|) S[l] for the
-    query row i = r0 + program_id(1), value channels of block program_id(2). s1 (BH, H, W, D), out (BH, H, W, C),
-    ca, cb (BH, H, W), state (BH, W, D, C), all float32 and contiguous."""
+def _queries(s1_ptr, s2_ptr, v_ptr, ca_ptr, cb_ptr, state_ptr, out_ptr, r0, rows, corner, H, W, D, C,
+             HAS_STATE: tl.constexpr, INTRA: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
+             BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """out[i, j] += s1[i, j] . sum_l exp(-|Ca[i, j] - Ca[i, l]|) x[l] for the query row i = r0 + program_id(1) of
+    the chunk of ``rows`` rows from r0, value channels of block program_id(2), where x[l] takes (HAS_STATE) the
+    state at ``corner``, exp(-|Cb[i, l] - Cb[corner, l]|) S[l], and (INTRA) the chunk's own keys,
+    sum_k exp(-|Cb[i, l] - Cb[k, l]|) s2[k, l] (x) v[k, l]. s1, s2 (BH, H, W, D), v, out (BH, H, W, C), ca, cb
+    (BH, H, W), state (BH, W, D, C), all float32 and contiguous."""
     bh = tl.program_id(0).to(tl.int64)
     row = bh * H + r0 + tl.program_id(1)
+    offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_r = offs_r < rows
+    mask_d = offs_d < D
     mask_c = offs_c < C
-    mask_dc = (offs_d[:, None] < D) & mask_c[None, :]
+    mask_dc = mask_d[:, None] & mask_c[None, :]
     tile = offs_d[:, None] * C + offs_c[None, :]
+    keys = (bh * H + r0 + offs_r) * W
     ca_row = ca_ptr + row * W
     cb_row = cb_ptr + row * W
     cb_corner = cb_ptr + (bh * H + corner) * W
     state_ptr += bh * W * D * C
     s1_ptr += row * W * D
     out_ptr += row * W * C
-    # forward sweep: scan[j] = exp(-|Ca[j] - Ca[j - 1]|) scan[j - 1] + x[j]
-    scan = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
-    prev = tl.load(ca_row)
-    for j in range(0, W):
-        scan, x, prev, s1 = _query_step(scan, prev, j, s1_ptr, ca_row, cb_row, cb_corner, state_ptr, offs_d, tile,
-                                        mask_dc, D, C)
-        at = out_ptr + j * C + offs_c
-        tl.store(at, tl.load(at, mask=mask_c, other=0.0) + tl.sum(s1[:, None] * scan, 0), mask=mask_c)
-    # backward sweep, the diagonal (x[j] itself) already counted
-    scan = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
-    prev = tl.load(ca_row + W - 1)
-    for jj in range(0, W):
-        j = W - 1 - jj
-        scan, x, prev, s1 = _query_step(scan, prev, j, s1_ptr, ca_row, cb_row, cb_corner, state_ptr, offs_d, tile,
-                                        mask_dc, D, C)
-        at = out_ptr + j * C + offs_c
-        tl.store(at, tl.load(at, mask=mask_c, other=0.0) + tl.sum(s1[:, None] * (scan - x), 0), mask=mask_c)
+    for sweep in tl.static_range(2):  # forward: scan[j] = exp(-|Ca[j] - Ca[j - 1]|) scan[j - 1] + x[j]; backward
+        scan = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
+        prev = tl.load(ca_row + (W - 1) * sweep)
+        for jj in range(0, W):
+            j = jj + sweep * (W - 1 - 2 * jj)
+            ca = tl.load(ca_row + j)
+            x = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
+            if HAS_STATE:
+                x += _decayed_state(state_ptr, cb_row, cb_corner, j, tile, mask_dc, D, C)
+            if INTRA:
+                x += _chunk_keys(s2_ptr, v_ptr, cb_ptr, keys, j, tl.load(cb_row + j), offs_r, offs_d, offs_c, mask_r,
+                                 mask_d, mask_c, D, C, False, DOT_PRECISION)[0]
+            scan = tl.exp(-tl.abs(ca - prev)) * scan + x
+            prev = ca
+            s1 = tl.load(s1_ptr + j * D + offs_d, mask=mask_d, other=0.0)
+            at = out_ptr + j * C + offs_c
+            # the backward sweep leaves out x[j] itself: the forward one counted it
+            tl.store(at, tl.load(at, mask=mask_c, other=0.0) + tl.sum(s1[:, None] * (scan - sweep * x), 0),
+                     mask=mask_c)
 
 
 @triton.jit
@@ -103,31 +117,39 @@ def _update(s2_ptr, v_ptr, cb_ptr, state_ptr, k0, rows, corner, old, H, W, D, C,
 
 
 @triton.jit
-def _grad_queries(s1_ptr, g_ptr, ca_ptr, cb_ptr, state_ptr, qbuf_ptr, ds1_ptr, node_ptr, r0, corner, sign, QROWS, BH,
-                  H, W, D, C, HAS_STATE: tl.constexpr, KEEP_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+def _grad_queries(s1_ptr, s2_ptr, v_ptr, g_ptr, ca_ptr, cb_ptr, state_ptr, qbuf_ptr, ds1_ptr, node_ptr, r0, rows,
+                  corner, sign, QROWS, BH, H, W, D, C, HAS_STATE: tl.constexpr, INTRA: tl.constexpr,
+                  KEEP_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_C: tl.constexpr):
-    """Query row i = r0 + program_id(1), value channels of block b = program_id(2), against the keys that S holds at
-    ``corner``: with F[l] = exp(-|Cb[i, l] - Cb[corner, l]|) S[l] and P[j] = s1[i, j] (x) g[i, j], and HL, HR
-    (QL, QR) the row scans of F (of P) strictly left and right of j,
+    """Query row i = r0 + program_id(1) of the chunk of ``rows`` rows from r0, value channels of block b =
+    program_id(2), against the keys x[l] of :func:`_queries` (HAS_STATE: the state at ``corner``, from keys on the
+    side ``sign`` of the query: +1 above, -1 below; INTRA: the chunk's own). With P[j] = s1[i, j] (x) g[i, j], and
+    HL, HR (QL, QR) the row scans of x (of P) strictly left and right of j,
 
-    - ds1[b, i, j] += (HL + F + HR)[j] g[j] (this block's channels of g),
-    - node[b, sweep, 0, i, j] += <P, HL - HR>[j] + <F, QL - QR>[j]: Ca's node gradient, query and corner column,
-    - node[b, sweep, 1, i, j] += sign <F, QL + P + QR>[j]: Cb's, the query row as the corner,
-    - qbuf[i - r0, j] = (QL + P + QR)[j] (KEEP_Q): the row's queries at column j, for :func:`_update_queries`.
+    - ds1[b, i, j] += (HL + x + HR)[j] g[j] (this block's channels of g),
+    - node[b, sweep, 0, i, j] += <P, HL - HR>[j] + <x, QL - QR>[j]: Ca's node gradient, query and corner column,
+    - node[b, sweep, 1, i, j] += <xs, QL + P + QR>[j]: Cb's, the query row as the corner, where xs is x with each
+      key's term times sign(i - k),
+    - qbuf[i - r0, j] = (QL + P + QR)[j] (KEEP_Q): the row's queries at column j, for :func:`_grad_keys` and
+      :func:`_update_queries`.
 
     The forward sweep adds to node slot ``sweep`` 0, the backward one to 1 (no value stored and read back by one
-    program). Without HAS_STATE only qbuf. s1 (BH, H, W, D), g (BH, H, W, C), ca, cb (BH, H, W), state (BH, W, D,
-    C), qbuf (BH, QROWS, W, D, C), ds1 (blocks, BH, H, W, D), node (blocks, 2, 2, BH, H, W), float32."""
+    program). s1, s2 (BH, H, W, D), v, g (BH, H, W, C), ca, cb (BH, H, W), state (BH, W, D, C), qbuf (BH, QROWS,
+    W, D, C), ds1 (blocks, BH, H, W, D), node (blocks, 2, 2, BH, H, W), float32."""
     bh = tl.program_id(0).to(tl.int64)
     rr = tl.program_id(1)
     blk = tl.program_id(2).to(tl.int64)
     row = bh * H + r0 + rr
+    offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     offs_c = blk * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_r = offs_r < rows
     mask_d = offs_d < D
     mask_c = offs_c < C
     mask_dc = mask_d[:, None] & mask_c[None, :]
     tile = offs_d[:, None] * C + offs_c[None, :]
+    keys = (bh * H + r0 + offs_r) * W
+    signs = tl.where(offs_r < rr, 1.0, tl.where(offs_r > rr, -1.0, 0.0))
     ca_row = ca_ptr + row * W
     cb_row = cb_ptr + row * W
     cb_corner = cb_ptr + (bh * H + corner) * W
@@ -136,68 +158,63 @@ def _grad_queries(s1_ptr, g_ptr, ca_ptr, cb_ptr, state_ptr, qbuf_ptr, ds1_ptr, n
     g_ptr += row * W * C
     tokens = BH * H * W
     ds1_ptr += (blk * tokens + row * W) * D
-    node_a = node_ptr + blk * 4 * tokens + row * W  # slot (b, sweep 0, Ca); + 2 tokens: sweep 1; + tokens: Cb
     qbuf_ptr += (bh * QROWS + rr) * W * D * C
-    # forward sweep: HL, QL strictly left of j, then j added
-    hl = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
-    ql = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
-    prev = tl.load(ca_row)
-    for j in range(0, W):
-        ca = tl.load(ca_row + j)
-        a = tl.exp(-tl.abs(ca - prev))
-        prev = ca
-        g = tl.load(g_ptr + j * C + offs_c, mask=mask_c, other=0.0)
-        p = tl.load(s1_ptr + j * D + offs_d, mask=mask_d, other=0.0)[:, None] * g[None, :]
-        ql = a * ql
-        if HAS_STATE:
-            hl = a * hl
-            f = _decayed_state(state_ptr, cb_row, cb_corner, j, tile, mask_dc, D, C)
-            at = node_a + j
-            tl.store(at, tl.load(at) + tl.sum(tl.sum(p * hl + f * ql, 1), 0))
-            at += tokens
-            tl.store(at, tl.load(at) + sign * tl.sum(tl.sum(f * (ql + p), 1), 0))
-            at = ds1_ptr + j * D + offs_d
-            tl.store(at, tl.load(at, mask=mask_d, other=0.0) + tl.sum((hl + f) * g[None, :], 1), mask=mask_d)
-            hl += f
-        ql += p
-        if KEEP_Q:
-            tl.store(qbuf_ptr + j * D * C + tile, ql, mask=mask_dc)
-    # backward sweep: HR, QR strictly right of j
-    hr = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
-    qr = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
-    prev = tl.load(ca_row + W - 1)
-    for jj in range(0, W):
-        j = W - 1 - jj
-        ca = tl.load(ca_row + j)
-        a = tl.exp(-tl.abs(ca - prev))
-        prev = ca
-        g = tl.load(g_ptr + j * C + offs_c, mask=mask_c, other=0.0)
-        p = tl.load(s1_ptr + j * D + offs_d, mask=mask_d, other=0.0)[:, None] * g[None, :]
-        qr = a * qr
-        if HAS_STATE:
-            hr = a * hr
-            f = _decayed_state(state_ptr, cb_row, cb_corner, j, tile, mask_dc, D, C)
-            at = node_a + 2 * tokens + j
-            tl.store(at, tl.load(at) - tl.sum(tl.sum(p * hr + f * qr, 1), 0))
-            at += tokens
-            tl.store(at, tl.load(at) + sign * tl.sum(tl.sum(f * qr, 1), 0))
-            at = ds1_ptr + j * D + offs_d
-            tl.store(at, tl.load(at, mask=mask_d, other=0.0) + tl.sum(hr * g[None, :], 1), mask=mask_d)
-            hr += f
-        if KEEP_Q:
-            at = qbuf_ptr + j * D * C + tile
-            tl.store(at, tl.load(at, mask=mask_dc, other=0.0) + qr, mask=mask_dc)
-        qr += p
+    for sweep in tl.static_range(2):
+        # forward sweep: h, q = HL, QL strictly left of j, then j added; backward: HR, QR strictly right
+        h = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
+        q = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
+        node_a = node_ptr + (blk * 4 + sweep * 2) * tokens + row * W  # Ca's slot; + tokens: Cb's
+        prev = tl.load(ca_row + (W - 1) * sweep)
+        for jj in range(0, W):
+            j = jj + sweep * (W - 1 - 2 * jj)
+            ca = tl.load(ca_row + j)
+            a = tl.exp(-tl.abs(ca - prev))
+            prev = ca
+            g = tl.load(g_ptr + j * C + offs_c, mask=mask_c, other=0.0)
+            p = tl.load(s1_ptr + j * D + offs_d, mask=mask_d, other=0.0)[:, None] * g[None, :]
+            q = a * q
+            if HAS_STATE or INTRA:
+                h = a * h
+                x = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
+                xs = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
+                if HAS_STATE:
+                    state = _decayed_state(state_ptr, cb_row, cb_corner, j, tile, mask_dc, D, C)
+                    x += state
+                    xs += sign * state
+                if INTRA:
+                    own, own_signed = _chunk_keys(s2_ptr, v_ptr, cb_ptr, keys, j, tl.load(cb_row + j), signs, offs_d,
+                                                  offs_c, mask_r, mask_d, mask_c, D, C, True, DOT_PRECISION)
+                    x += own
+                    xs += own_signed
+                at = node_a + j
+                side = 1.0 - 2.0 * sweep  # left of j: +, right: -
+                tl.store(at, tl.load(at) + side * tl.sum(tl.sum(p * h + x * q, 1), 0))
+                at += tokens
+                tl.store(at, tl.load(at) + tl.sum(tl.sum(xs * (q + p * (1 - sweep)), 1), 0))
+                at = ds1_ptr + j * D + offs_d
+                tl.store(at, tl.load(at, mask=mask_d, other=0.0) + tl.sum((h + x * (1 - sweep)) * g[None, :], 1),
+                         mask=mask_d)
+                h += x
+            if KEEP_Q:
+                at = qbuf_ptr + j * D * C + tile
+                if sweep == 0:
+                    tl.store(at, q + p, mask=mask_dc)
+                else:
+                    tl.store(at, tl.load(at, mask=mask_dc, other=0.0) + q, mask=mask_dc)
+            q += p
 
 
 @triton.jit
-def _grad_keys(s2_ptr, v_ptr, cb_ptr, u_ptr, ds2_ptr, dv_ptr, node_ptr, k0, rows, corner, sign, BH, H, W, D, C,
-               DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
-    """The keys of the ``rows`` rows k from k0 in column l = program_id(1), value channels of block b =
-    program_id(2), against the queries that U holds at ``corner``: with U'[k] = exp(-|Cb[corner, l] - Cb[k, l]|)
-    U[l], dv[k] += U'[k]^T s2[k] (this block's channels), ds2[b, k] += U'[k] v[k] and node[b, 0, 1, k] += sign
-    s2[k] . U'[k] v[k] (Cb's node gradient, the key row). s2, ds2 (BH, H, W, D) (ds2: blocks first), v, dv (BH, H,
-    W, C), u (BH, W, D, C), node (blocks, 2, 2, BH, H, W), float32."""
+def _grad_keys(s2_ptr, v_ptr, cb_ptr, u_ptr, qbuf_ptr, ds2_ptr, dv_ptr, node_ptr, k0, rows, corner, sign, QROWS, BH,
+               H, W, D, C, HAS_STATE: tl.constexpr, INTRA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The keys of the chunk of ``rows`` rows k from k0 in column l = program_id(1), value channels of block b =
+    program_id(2), against the queries Y[k] that reach them: (HAS_STATE) those U holds at ``corner``,
+    exp(-|Cb[corner, l] - Cb[k, l]|) U[l], from the side ``sign`` of the keys (+1 above, -1 below), and (INTRA) the
+    chunk's own rows i, sum_i exp(-|Cb[i, l] - Cb[k, l]|) qbuf[i - k0, l]: dv[k] += Y[k]^T s2[k] (this block's
+    channels), ds2[b, k] += Y[k] v[k] and node[b, 0, 1, k] += s2[k] . Ys[k] v[k] (Cb's node gradient, the key
+    row), Ys the sum with each query's term times sign(k - i). s2 (BH, H, W, D), v, dv (BH, H, W, C), u (BH, W, D,
+    C), qbuf (BH, QROWS, W, D, C), ds2 (blocks, BH, H, W, D), node (blocks, 2, 2, BH, H, W), float32."""
     bh = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1)
     blk = tl.program_id(2).to(tl.int64)
@@ -207,24 +224,41 @@ def _grad_keys(s2_ptr, v_ptr, cb_ptr, u_ptr, ds2_ptr, dv_ptr, node_ptr, k0, rows
     mask_r = offs_r < rows
     mask_d = offs_d < D
     mask_c = offs_c < C
-    toks = (bh * H + k0 + offs_r) * W + col
-    cb_corner = tl.load(cb_ptr + (bh * H + corner) * W + col)
-    weight = tl.where(mask_r, tl.exp(-tl.abs(cb_corner - tl.load(cb_ptr + toks, mask=mask_r, other=0.0))), 0.0)
-    u = tl.load(u_ptr + (bh * W + col) * D * C + offs_d[:, None] * C + offs_c[None, :],
-                mask=mask_d[:, None] & mask_c[None, :], other=0.0)
     mask_rd = mask_r[:, None] & mask_d[None, :]
     mask_rc = mask_r[:, None] & mask_c[None, :]
-    s2 = tl.load(s2_ptr + toks[:, None] * D + offs_d[None, :], mask=mask_rd, other=0.0) * weight[:, None]
+    mask_dc = mask_d[:, None] & mask_c[None, :]
+    tile = offs_d[:, None] * C + offs_c[None, :]
+    cb_col = cb_ptr + bh * H * W + col
+    toks = (bh * H + k0 + offs_r) * W + col
+    cb_keys = tl.load(cb_ptr + toks, mask=mask_r, other=0.0)
+    s2 = tl.load(s2_ptr + toks[:, None] * D + offs_d[None, :], mask=mask_rd, other=0.0)
     v = tl.load(v_ptr + toks[:, None] * C + offs_c[None, :], mask=mask_rc, other=0.0)
-    us2 = tl.dot(s2, u, input_precision=DOT_PRECISION)  # (R, BLOCK_C): the rows' U'^T s2
+    ys2 = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)  # the rows' Y^T s2
+    yv = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)  # the rows' Y v
+    node = tl.zeros([BLOCK_R], tl.float32)
+    if HAS_STATE:
+        weight = tl.where(mask_r, tl.exp(-tl.abs(tl.load(cb_col + corner * W) - cb_keys)), 0.0)
+        u = tl.load(u_ptr + (bh * W + col) * D * C + tile, mask=mask_dc, other=0.0)
+        t = tl.dot(s2, u, input_precision=DOT_PRECISION) * weight[:, None]
+        ys2 += t
+        yv += tl.dot(v, tl.trans(u), input_precision=DOT_PRECISION) * weight[:, None]
+        node += sign * tl.sum(t * v, 1)
+    if INTRA:
+        qbuf_ptr += (bh * QROWS * W + col) * D * C
+        for i in range(0, rows):
+            weight = tl.where(mask_r, tl.exp(-tl.abs(tl.load(cb_col + (k0 + i) * W) - cb_keys)), 0.0)
+            q = tl.load(qbuf_ptr + i * W * D * C + tile, mask=mask_dc, other=0.0)
+            t = tl.dot(s2, q, input_precision=DOT_PRECISION) * weight[:, None]
+            ys2 += t
+            yv += tl.dot(v, tl.trans(q), input_precision=DOT_PRECISION) * weight[:, None]
+            node += tl.where(offs_r > i, 1.0, tl.where(offs_r < i, -1.0, 0.0)) * tl.sum(t * v, 1)
     at = dv_ptr + toks[:, None] * C + offs_c[None, :]
-    tl.store(at, tl.load(at, mask=mask_rc, other=0.0) + us2, mask=mask_rc)
-    uv = tl.dot(v * weight[:, None], tl.trans(u), input_precision=DOT_PRECISION)  # (R, BLOCK_D): U' v
+    tl.store(at, tl.load(at, mask=mask_rc, other=0.0) + ys2, mask=mask_rc)
     tokens = BH * H * W
     at = ds2_ptr + (blk * tokens + toks[:, None]) * D + offs_d[None, :]
-    tl.store(at, tl.load(at, mask=mask_rd, other=0.0) + uv, mask=mask_rd)
+    tl.store(at, tl.load(at, mask=mask_rd, other=0.0) + yv, mask=mask_rd)
     at = node_ptr + blk * 4 * tokens + tokens + toks
-    tl.store(at, tl.load(at, mask=mask_r, other=0.0) + sign * tl.sum(us2 * v, 1), mask=mask_r)
+    tl.store(at, tl.load(at, mask=mask_r, other=0.0) + node, mask=mask_r)
 
 
 @triton.jit
@@ -264,24 +298,29 @@ def block_c(c: int) -> int:
 
 
 def pass_launches(s1, s2, v, ca, cb, out, state, bounds: Bounds, cap: int) -> List[lp.Launch]:
-    """The launches of V2H's down and up passes over the chunks ``bounds`` (top to bottom), adding to ``out``:
-    s1, s2 (BH, H, W, d), v and out (BH, H, W, c), ca, cb (BH, H, W), state (BH, W, d, c), float32, contiguous."""
+    """The forward's launches over the chunks ``bounds`` (top to bottom), adding V2H's product to ``out``: the down
+    walk (each chunk's own keys and the state of those above it), then the up walk (the state of those below).
+    s1, s2 (BH, H, W, d), v and out (BH, H, W, c), ca, cb (BH, H, W), state (BH, W, d, c) scratch; float32,
+    contiguous."""
     bh, h, w, d = s1.shape
     c = v.shape[-1]
     cfg = config(cap)
     blocks = dict(BLOCK_D=lp.pow2(d), BLOCK_C=block_c(c))
     cblocks = lp.cdiv(c, blocks['BLOCK_C'])
+    precision = lp.precision(torch.float32)
     launches = []
 
-    def query(r0, r1, corner, *_):
-        if corner is not None:
-            launches.append(lp.Launch(_queries, (bh, r1 - r0, cblocks), (s1, ca, cb, state, out, r0, corner, h, w, d,
-                                                                       c), blocks, cfg, s1.device))
+    def visit(r0, r1, corner, n, last, down):
+        if down or corner is not None:
+            launches.append(lp.Launch(_queries, (bh, r1 - r0, cblocks), (
+                s1, s2, v, ca, cb, state, out, r0, r1 - r0, corner or 0, h, w, d, c),
+                dict(HAS_STATE=corner is not None, INTRA=down, DOT_PRECISION=precision, BLOCK_R=lp.pow2(r1 - r0),
+                     **blocks), cfg, s1.device))
 
-    def update(r0, r1, corner, old, fresh):
+    def move(r0, r1, corner, old, fresh):
         launches.append(_state_update(s2, v, cb, state, r0, r1, corner, old, fresh, cfg))
 
-    _walks(bounds, query, update)
+    _walks(bounds, visit, move)
     return launches
 
 
@@ -313,35 +352,39 @@ def _walks(bounds: Bounds, visit, move) -> None:
 
 def grad_launches(g, s1, s2, v, ca, cb, state, u, qbuf, ds1, ds2, dv, node, bounds: Bounds,
                   cap: int) -> List[lp.Launch]:
-    """The launches of the backward's down and up walks over the chunks ``bounds`` (top to bottom): for the pairs of
-    tokens in different chunks, ds1 and ds2 (per value-channel block: (blocks, BH, H, W, d)), dv (BH, H, W, c) and
-    the node gradients of the tables (blocks, 2 sweeps, (Ca, Cb), BH, H, W), all added to. g, v (BH, H, W, c), s1,
-    s2 (BH, H, W, d), ca, cb (BH, H, W); state, u (BH, W, d, c) and qbuf (BH, R, W, d, c) scratch; float32,
-    contiguous."""
+    """The backward's launches over the chunks ``bounds`` (top to bottom), the down walk (the pairs inside each chunk
+    and those with the keys above) then the up walk: ds1 and ds2 (per value-channel block: (blocks, BH, H, W, d)),
+    dv (BH, H, W, c) and the node gradients of the tables (blocks, 2 sweeps, (Ca, Cb), BH, H, W), all added to.
+    g, v (BH, H, W, c), s1, s2 (BH, H, W, d), ca, cb (BH, H, W); state, u (BH, W, d, c) and qbuf (BH, R, W, d, c)
+    scratch; float32, contiguous."""
     bh, h, w, d = s1.shape
     c = v.shape[-1]
     cfg = config(cap)
-    blocks = dict(BLOCK_D=lp.pow2(d), BLOCK_C=block_c(c))
+    blocks = dict(BLOCK_D=lp.pow2(d), BLOCK_C=block_c(c), DOT_PRECISION=lp.precision(torch.float32))
     cblocks = lp.cdiv(c, blocks['BLOCK_C'])
     qrows = qbuf.shape[1]
-    precision = lp.precision(torch.float32)
     launches = []
 
     def visit(r0, r1, corner, n, last, down):
+        state_ = corner is not None
+        keep = down or n > 0  # the chunk's queries for its own keys (down) or for the state U (up: not the last)
+        if not (down or state_ or keep):
+            return
         sign = 1.0 if down else -1.0
-        keep = n < last if down else n > 0
+        flags = dict(HAS_STATE=state_, INTRA=down, BLOCK_R=lp.pow2(r1 - r0), **blocks)
         launches.append(lp.Launch(_grad_queries, (bh, r1 - r0, cblocks), (
-            s1, g, ca, cb, state, qbuf, ds1, node, r0, corner or 0, sign, qrows, bh, h, w, d, c),
-            dict(HAS_STATE=corner is not None, KEEP_Q=keep, **blocks), cfg, s1.device))
-        if corner is not None:
+            s1, s2, v, g, ca, cb, state, qbuf, ds1, node, r0, r1 - r0, corner or 0, sign, qrows, bh, h, w, d, c),
+            dict(KEEP_Q=keep, **flags), cfg, s1.device))
+        if down or state_:
             launches.append(lp.Launch(_grad_keys, (bh, w, cblocks), (
-                s2, v, cb, u, ds2, dv, node, r0, r1 - r0, corner, sign, bh, h, w, d, c),
-                dict(DOT_PRECISION=precision, BLOCK_R=lp.pow2(r1 - r0), **blocks), cfg, s1.device))
+                s2, v, cb, u, qbuf, ds2, dv, node, r0, r1 - r0, corner or 0, sign, qrows, bh, h, w, d, c),
+                flags, cfg, s1.device))
 
     def move(r0, r1, corner, old, fresh):
         launches.append(_state_update(s2, v, cb, state, r0, r1, corner, old, fresh, cfg))
         launches.append(lp.Launch(_update_queries, (bh, w, cblocks), (
-            qbuf, cb, u, r0, r1 - r0, corner, old, qrows, h, w, d, c), dict(FRESH=fresh, **blocks), cfg, s1.device))
+            qbuf, cb, u, r0, r1 - r0, corner, old, qrows, h, w, d, c),
+            dict(FRESH=fresh, BLOCK_D=blocks['BLOCK_D'], BLOCK_C=blocks['BLOCK_C']), cfg, s1.device))
 
     _walks(bounds, visit, move)
     return launches

@@ -11,10 +11,9 @@ per call.
 pairs inside a chunk from the dense kernels' backward on the sub-maps and those of the pairs between chunks,
 log-decays included, from the walks. :func:`uses_chunked_triton` is the crossover against the dense kernels.
 """
-from typing import Callable, List, NamedTuple, Optional
+from typing import List, Optional
 
 import torch
-import torch.nn.functional as F
 
 from mmppma.utils.checks import check_choice
 
@@ -36,42 +35,9 @@ PASS_WEIGHT = 4
 MARGIN = 2
 
 
-class Dense(NamedTuple):
-    """V2H's dense fused kernels on float32 sub-maps and their tables, handed in by the caller
-    (:data:`~.triton_impl.DENSE_V2H`): ``forward(s1, s2, v, ca, cb, caller)`` the product, ``grads(g, s1, s2, v, ca,
-    cb, caller)`` the gradients of ``<g, product>``: (ds1, ds2, dv, dCa, dCb)."""
-    forward: Callable
-    grads: Callable
-
-
-class _Chunks(NamedTuple):
-    """A V2H product's chunks of ``rows`` rows: ``count`` of them, the last padded by ``pad`` rows."""
-    b: int
-    heads: int
-    h: int
-    rows: int
-    count: int
-    pad: int
-
-    @classmethod
-    def of(cls, x: torch.Tensor, rows: int) -> '_Chunks':
-        b, heads, h = x.shape[:3]
-        rows = min(rows, h)
-        count = lp.cdiv(h, rows)
-        return cls(b, heads, h, rows, count, count * rows - h)
-
-    @property
-    def bounds(self) -> Bounds:
-        return [(r0, min(r0 + self.rows, self.h)) for r0 in range(0, self.h, self.rows)]
-
-    def split(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, heads, H, W, ...) -> (B, heads * chunks, rows, W, ...), the padded rows zero."""
-        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, self.pad)) if self.pad else x
-        return x.reshape(self.b, self.heads * self.count, self.rows, *x.shape[3:])
-
-    def join(self, x: torch.Tensor) -> torch.Tensor:
-        """:meth:`split`'s inverse as a contiguous (B * heads, H, W, ...) tensor, the padded rows dropped."""
-        return x.reshape(self.b * self.heads, self.count * self.rows, *x.shape[3:])[:, :self.h].contiguous()
+def _bounds(h: int, rows: int) -> Bounds:
+    """The chunks of ``rows`` rows of a map of ``h`` rows, top to bottom."""
+    return [(r0, min(r0 + rows, h)) for r0 in range(0, h, rows)]
 
 
 def _flat(*tensors: torch.Tensor) -> List[torch.Tensor]:
@@ -79,43 +45,35 @@ def _flat(*tensors: torch.Tensor) -> List[torch.Tensor]:
     return [x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]) for x in tensors]
 
 
-def _v2h(s1, s2, v, ca, cb, rows: int, dense: Dense, caller: Caller) -> torch.Tensor:
-    """V2H's product on (B, heads, H, W, .) float32 inputs and tables (B, heads, H, W): the dense kernel inside the
-    chunks of ``rows`` rows, then the passes; float32 (B, heads, H, W, c)."""
+def _v2h(s1, s2, v, ca, cb, rows: int) -> torch.Tensor:
+    """V2H's product on (B, heads, H, W, .) float32 contiguous inputs and tables (B, heads, H, W) in chunks of
+    ``rows`` rows; float32 (B, heads, H, W, c)."""
     b, heads, h, w, d = s1.shape
     c = v.shape[-1]
-    chunks = _Chunks.of(s1, rows)
-    with torch.no_grad():
-        out = dense.forward(*(chunks.split(x) for x in (s1, s2, v, ca, cb)), caller)
-    out = chunks.join(out)
-    if chunks.count > 1:
-        state = torch.empty(b * heads, w, d, c, device=s1.device, dtype=torch.float32)  # the one rolling state
-        lp.run(passes.pass_launches(*_flat(s1, s2, v, ca, cb), out, state, chunks.bounds, lp.capability(s1.device)))
+    f32 = dict(device=s1.device, dtype=torch.float32)
+    out = torch.zeros(b * heads, h, w, c, **f32)
+    state = torch.empty(b * heads, w, d, c, **f32)  # the one rolling state
+    lp.run(passes.pass_launches(*_flat(s1, s2, v, ca, cb), out, state, _bounds(h, rows), lp.capability(s1.device)))
     return out.reshape(b, heads, h, w, c)
 
 
-def _v2h_grads(g, s1, s2, v, ca, cb, rows: int, dense: Dense, caller: Caller) -> List[torch.Tensor]:
+def _v2h_grads(g, s1, s2, v, ca, cb, rows: int) -> List[torch.Tensor]:
     """The gradients of ``<g, V2H's product>`` (:func:`_v2h`'s arguments): ds1, ds2, dv (B, heads, H, W, .) and
-    the node gradients dCa, dCb (B, heads, H, W); the pairs inside a chunk by the dense kernels' backward on the
-    sub-maps, those between chunks by the walks of :func:`~.chunked_passes.grad_launches`; float32."""
+    the node gradients dCa, dCb (B, heads, H, W), float32."""
     b, heads, h, w, d = s1.shape
     c = v.shape[-1]
-    chunks = _Chunks.of(s1, rows)
-    grads = [chunks.join(x) for x in dense.grads(*(chunks.split(x) for x in (g, s1, s2, v, ca, cb)), caller)]
-    if chunks.count > 1:
-        f32 = dict(device=s1.device, dtype=torch.float32)
-        blocks = lp.cdiv(c, passes.block_c(c))
-        state, u = (torch.empty(b * heads, w, d, c, **f32) for _ in range(2))
-        qbuf = torch.empty(b * heads, chunks.rows, w, d, c, **f32)
-        ds1, ds2 = (torch.zeros(blocks, b * heads, h, w, d, **f32) for _ in range(2))
-        node = torch.zeros(blocks, 2, 2, b * heads, h, w, **f32)  # (block, sweep, Ca or Cb, ...)
-        lp.run(passes.grad_launches(*_flat(g, s1, s2, v, ca, cb), state, u, qbuf, ds1, ds2, grads[2], node,
-                                    chunks.bounds, lp.capability(s1.device)))
-        node = node.sum((0, 1))
-        for i, part in enumerate((ds1.sum(0), ds2.sum(0), None, node[0], node[1])):
-            if part is not None:
-                grads[i] += part
-    return [x.reshape(b, heads, *x.shape[1:]) for x in grads]
+    rows = min(rows, h)
+    f32 = dict(device=s1.device, dtype=torch.float32)
+    blocks = lp.cdiv(c, passes.block_c(c))
+    state, u = (torch.empty(b * heads, w, d, c, **f32) for _ in range(2))
+    qbuf = torch.empty(b * heads, rows, w, d, c, **f32)
+    ds1, ds2 = (torch.zeros(blocks, b * heads, h, w, d, **f32) for _ in range(2))
+    dv = torch.zeros(b * heads, h, w, c, **f32)
+    node = torch.zeros(blocks, 2, 2, b * heads, h, w, **f32)  # (block, sweep, Ca or Cb, ...)
+    lp.run(passes.grad_launches(*_flat(g, s1, s2, v, ca, cb), state, u, qbuf, ds1, ds2, dv, node, _bounds(h, rows),
+                                lp.capability(s1.device)))
+    dca, dcb = node.sum((0, 1))
+    return [x.reshape(b, heads, *x.shape[1:]) for x in (ds1.sum(0), ds2.sum(0), dv, dca, dcb)]
 
 
 def _transposed(x: torch.Tensor) -> torch.Tensor:
@@ -123,30 +81,30 @@ def _transposed(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(2, 3).contiguous()
 
 
-def _forward(s1, s2, v, la, lb, form: str, rows: Optional[int], dense: Dense, caller: Caller) -> torch.Tensor:
+def _forward(s1, s2, v, la, lb, form: str, rows: Optional[int]) -> torch.Tensor:
     """The chunked form on float32 contiguous inputs: V2H on the map, H2V as V2H on the transposed map."""
     ca, cb = la.cumsum(-1), lb.cumsum(-2)
     rows = rows or CHUNK_ROWS
     out = None
     for path in paths(form):
         if path == 'v2h':
-            part = _v2h(s1, s2, v, ca.contiguous(), cb.contiguous(), rows, dense, caller)
+            part = _v2h(s1, s2, v, ca.contiguous(), cb.contiguous(), rows)
         else:
-            part = _v2h(*map(_transposed, (s1, s2, v, cb, ca)), rows, dense, caller).transpose(2, 3)
+            part = _v2h(*map(_transposed, (s1, s2, v, cb, ca)), rows).transpose(2, 3)
         out = part if out is None else out + part
     return out
 
 
-def _backward(g, s1, s2, v, la, lb, form: str, rows: Optional[int], dense: Dense, caller: Caller):
+def _backward(g, s1, s2, v, la, lb, form: str, rows: Optional[int]):
     """The gradients of ``<g, _forward(...)>``: ds1, ds2, dv, dla, dlb, float32."""
     ca, cb = la.cumsum(-1), lb.cumsum(-2)
     rows = rows or CHUNK_ROWS
     total = None
     for path in paths(form):
         if path == 'v2h':
-            part = _v2h_grads(g, s1, s2, v, ca.contiguous(), cb.contiguous(), rows, dense, caller)
+            part = _v2h_grads(g, s1, s2, v, ca.contiguous(), cb.contiguous(), rows)
         else:  # back to the map: the transposed map's tables are (Cb, Ca) transposed
-            ds1, ds2, dv, dcb, dca = _v2h_grads(*map(_transposed, (g, s1, s2, v, cb, ca)), rows, dense, caller)
+            ds1, ds2, dv, dcb, dca = _v2h_grads(*map(_transposed, (g, s1, s2, v, cb, ca)), rows)
             part = [x.transpose(2, 3) for x in (ds1, ds2, dv, dca, dcb)]
         total = part if total is None else [x + y for x, y in zip(total, part)]
     ds1, ds2, dv, dca, dcb = total
@@ -162,9 +120,10 @@ class _ChunkedTriton(torch.autograd.Function):
     """The Triton chunked form as one autograd node that saves its inputs only; its backward recomputes the walks."""
 
     @staticmethod
-    def forward(ctx, s1, s2, v, la, lb, form, rows, dense, caller):
+    def forward(ctx, s1, s2, v, la, lb, form, rows, caller):
         ctx.save_for_backward(s1, s2, v, la, lb)
-        ctx.args = (form, rows, dense, caller)
+        ctx.args = (form, rows)
+        ctx.caller = caller
         try:
             return _forward(s1, s2, v, la, lb, *ctx.args)
         except Exception as e:
@@ -175,15 +134,14 @@ class _ChunkedTriton(torch.autograd.Function):
         try:
             grads = _backward(g.float().contiguous(), *ctx.saved_tensors, *ctx.args)
         except Exception as e:
-            raise_named(ctx.args[-1], 'in the backward', e)
-        return (*(x if need else None for x, need in zip(grads, ctx.needs_input_grad)), None, None, None, None)
+            raise_named(ctx.caller, 'in the backward', e)
+        return (*(x if need else None for x, need in zip(grads, ctx.needs_input_grad)), None, None, None)
 
 
-def chunked_triton(s1, s2, v, la, lb, form: str, dense: Dense, rows: Optional[int] = None,
+def chunked_triton(s1, s2, v, la, lb, form: str, rows: Optional[int] = None,
                    caller: Optional[Caller] = None) -> torch.Tensor:
     """``((s1 s2^T) * L) v`` by the chunked form's Triton kernels, in float32: s1, s2 (B, heads, H, W, d), v
-    (B, heads, H, W, c), la, lb (B, heads, H, W) log-decays. ``dense``: V2H's dense kernels on float32 sub-maps
-    (:data:`~.triton_impl.DENSE_V2H`); ``rows``: the rows of a chunk
+    (B, heads, H, W, c), la, lb (B, heads, H, W) log-decays; ``rows``: the rows of a chunk
     (None: :data:`CHUNK_ROWS`), of the map for V2H and of the transposed map for H2V; ``caller``: what errors
     name."""
     check_choice('form', form, MASK_FORMS)
@@ -199,9 +157,9 @@ def chunked_triton(s1, s2, v, la, lb, form: str, dense: Dense, rows: Optional[in
         return v.new_zeros(v.shape, dtype=torch.float32)
     tensors = [t.float().contiguous() for t in (s1, s2, v, la, lb)]
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return _ChunkedTriton.apply(*tensors, form, rows, dense, caller)
+        return _ChunkedTriton.apply(*tensors, form, rows, caller)
     try:
-        return _forward(*tensors, form, rows, dense, caller)
+        return _forward(*tensors, form, rows)
     except Exception as e:
         raise_named(caller, 'while running', e)
 

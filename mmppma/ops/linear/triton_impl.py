@@ -32,7 +32,7 @@ from ..forms import paths, transposed
 from ..masks import decay_tables
 from ..triton_support import launch as lp
 from ..triton_support.calls import Caller, call_kernels
-from .chunked_triton import Dense, chunked_triton, uses_chunked_triton
+from .chunked_triton import chunked_triton, uses_chunked_triton
 from .reference import FEATURE_MAPS, decomposed, linear
 
 LOG2E_ = tl.constexpr(1.4426950408889634)
@@ -455,27 +455,9 @@ def runs_chunked(s1: torch.Tensor, v: torch.Tensor, form: str, traced: Optional[
     return uses_chunked_triton(s1.shape[2], s1.shape[3], s1.shape[-1], v.shape[-1], form)
 
 
-def dense_v2h(s1, s2, v, ca, cb, caller: Caller) -> torch.Tensor:
-    """V2H's ``((s1 s2^T) * L) v`` by the fused kernels on float32 inputs and tables, no normalizer: the chunked
-    form's intra-chunk part."""
-    return linear_attention_triton(s1, s2, v, s1, s2, ca, cb, 'v2h', False, 0.0, torch.float32, caller, traced=False)
-
-
-def dense_v2h_grads(g, s1, s2, v, ca, cb, caller: Caller) -> Tuple[torch.Tensor, ...]:
-    """The gradients of ``<g, dense_v2h(s1, s2, v, ca, cb)>`` (ds1, ds2, dv, dCa, dCb) by the fused kernels'
-    backward, after their forward (which the backward reads nothing of without a normalizer)."""
-    with torch.enable_grad():
-        inputs = [t.detach().requires_grad_() for t in (s1, s2, v, ca, cb)]
-        return torch.autograd.grad(dense_v2h(*inputs, caller), inputs, g)
-
-
-#: the chunked form's dense kernels (:class:`~.chunked_triton.Dense`)
-DENSE_V2H = Dense(dense_v2h, dense_v2h_grads)
-
-
 def chunked_form(s1, s2, v, la, lb, form: str, rows: Optional[int] = None, caller: Optional[Caller] = None):
     """:func:`~.chunked_triton.chunked_triton` with the fused kernels inside the chunks."""
-    return chunked_triton(s1, s2, v, la, lb, form, DENSE_V2H, rows, caller)
+    return chunked_triton(s1, s2, v, la, lb, form, rows, caller)
 
 
 def _chunked_core(form: str, caller: Caller):
