@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmppma import ops
 
+from ..conftest import REPO_ROOT
 from .oracle import inputs, masked_linear, out_and_grads
 
 pytest.importorskip('triton', reason='triton is part of the pinned stack (requirements.txt); install it')
@@ -48,9 +49,9 @@ def test_forward_equals_the_float64_oracle(form, shape, rows):
     _close(got, _oracle(form, q, k, v, la, lb))
 
 
-def test_one_chunk_is_the_dense_kernel_and_the_passes_are_needed():
-    """With the chunk the whole map the form is the dense kernel's output; with smaller chunks the passes carry
-    what the dense kernel on the chunks alone misses (the oracle differs from it)."""
+def test_one_chunk_is_exact_and_the_walks_are_needed():
+    """With the chunk the whole map the form is its own keys' part alone (one launch); with smaller chunks the walks
+    carry what the chunks alone miss (the oracle differs from it)."""
     q, k, v, la, lb = (t.to(DEVICE) for t in inputs(1, 1, 6, 3, 4, 3, torch.float32, 3))
     want = _oracle('v2h', q, k, v, la, lb)
     _close(triton_impl.chunked_form(q, k, v, la, lb, 'v2h', rows=6), want)
@@ -86,7 +87,7 @@ def test_ppmla_with_a_separate_normalizer_and_gradients(forced):
                                          normalizer=(qn, kn), impl='triton')
     with lp.recording(0) as launches:  # on meta tensors: the path taken
         op(*(t.detach().to('meta') for t in leaves))
-    assert {x.name for x in launches} == {'_ppmla_fwd', '_queries', '_update'}
+    assert {x.name for x in launches} == {'_queries', '_update'}
     got = out_and_grads(op, leaves)
     wide = [t.detach().double().requires_grad_() for t in leaves]
     want = out_and_grads(lambda *t: masked_linear(*t, form='v2h', feature='elu', normalize=True), wide)
@@ -148,13 +149,50 @@ def test_the_plan_chooses_by_counted_work():
     """The dense kernels at small maps, the chunked form at detection-sized ones; the choice is the counts'."""
     assert not ct.uses_chunked_triton(16, 16, 32, 32, '2d')
     assert not ct.uses_chunked_triton(56, 56, 32, 32, '2d')
+    assert ct.uses_chunked_triton(128, 128, 32, 32, '2d')
     assert ct.uses_chunked_triton(200, 336, 32, 32, '2d')
     assert ct.uses_chunked_triton(800, 1344, 32, 32, '2d')
     for h, w in ((16, 16), (56, 56), (128, 128), (200, 336)):
-        chunked = ct.MARGIN * ct.chunked_triton_counts(h, w, 32, 32, '2d')
+        chunked = ct.MARGIN * ct.PASS_WEIGHT * ct.chunked_triton_macs(h, w, 32, 32, '2d')
         assert ct.uses_chunked_triton(h, w, 32, 32, '2d') == (chunked < h * w * 64)
     with pytest.raises(ValueError, match='positive'):
-        ct.chunked_triton_counts(0, 4, 32, 32)
+        ct.chunked_triton_macs(0, 4, 32, 32)
+
+
+@pytest.mark.parametrize('h, w, d, c, form, rows', [(37, 21, 8, 8, '2d', 4), (9, 30, 4, 3, 'h2v', 2),
+                                                    (5, 5, 2, 2, 'v2h', 16)], ids=str)
+def test_the_count_is_what_the_launches_run(h, w, d, c, form, rows):
+    """chunked_triton_macs equals the multiply-adds of the recorded launches, each counted from its grid and
+    flags: a query row's two sweeps of W steps (its chunk's keys when INTRA, the scan and the contraction, the
+    state when HAS_STATE), an update's rows and its decay of the state it holds."""
+    s1, s2 = (torch.empty(1, 1, h, w, d, device='meta') for _ in range(2))
+    v = torch.empty(1, 1, h, w, c, device='meta')
+    la, lb = (torch.empty(1, 1, h, w, device='meta') for _ in range(2))
+    with lp.recording(90) as launches:
+        ct.chunked_triton(s1, s2, v, la, lb, form, rows=rows)
+    dc, macs = d * c, 0
+    for x in launches:
+        width = x.args[-3]  # W of the map (or of the transposed one) the launch runs on
+        if x.name == '_queries':
+            k, n = x.constexprs, x.args[8]  # the chunk's rows
+            assert x.grid[1] == n
+            macs += n * width * 2 * (k['INTRA'] * n * dc + 2 * dc + k['HAS_STATE'] * dc)
+        else:
+            assert x.name == '_update'
+            macs += x.args[5] * width * dc + (not x.constexprs['FRESH']) * width * dc
+    assert macs / (h * w) == pytest.approx(ct.chunked_triton_macs(h, w, d, c, form, rows), rel=1e-12)
+    assert len(launches) == ct.forward_launches(h, w, form, rows)
+
+
+def test_budget_table_in_docs_is_current():
+    """docs/method.md §5 shows the Triton path's budget_table() as the counts give it now; the chunked form's work
+    per token at the detection and segmentation maps is at most 1.3x the dense kernels' at 56 x 56."""
+    doc = (REPO_ROOT / 'docs' / 'method.md').read_text()
+    assert ct.budget_table() in doc
+    base = 56 * 56 * (2 * 32 + 32)
+    for h, w in ((128, 128), (100, 168), (200, 336)):
+        assert ct.uses_chunked_triton(h, w, 32, 32, '2d')
+        assert ct.chunked_triton_macs(h, w, 32, 32, '2d') + ct.chunked_triton_macs(h, w, 32, 1, '2d') <= 1.3 * base
 
 
 def test_the_plan_runs_the_chunked_form_at_large_maps_with_or_without_gradients():
@@ -234,27 +272,29 @@ def test_the_chunked_forward_allocates_no_field_of_states():
     assert {'_queries', '_update'} <= set(names)
     assert max(sizes) < 2 * h * w * d * c // 4  # B * heads = 2; the inputs are 2 N d
     assert 2 * w * d * c in sizes and 2 * h * d * c in sizes  # the states were seen
-    states = {id(x.args[3]) for x in launches if x.name in ('_queries', '_update')}
+    states = {id(x.args[5] if x.name == '_queries' else x.args[3]) for x in launches}
     assert len(states) == 2  # one per path
     assert {tuple(x.args[3].shape) for x in launches if x.name == '_update'} == {(2, w, d, c), (2, h, d, c)}
-    # H2V on the transposed map (336 rows): 21 chunks of 16; V2H: 13; per pass and chunk boundary two launches
-    assert names.count('_queries') == names.count('_update') == 2 * (12 + 20)
+    # H2V on the transposed map (336 rows): 21 chunks of 16; V2H: 13; per path and chunk a query launch of the down
+    # walk, per chunk boundary one of the up walk and per walk and boundary an update
+    assert names.count('_queries') == 13 + 12 + 21 + 20 and names.count('_update') == 2 * (12 + 20)
+    assert len(names) == ct.forward_launches(h, w, '2d')  # the chunks' own keys in the query launches: no dense one
     small, _ = _record(56, 56, 32, 32)
     assert [x.name for x in small] == ['_ppmla_fwd']
 
 
 def test_the_chunked_backward_allocates_no_field_of_states():
-    """At 200 x 336 the backward runs the dense kernels' backward inside the chunks and the walks between them; no
-    tensor of it reaches N x d x c either: its scratch is two W x d x c states and one chunk's rows of queries
-    (R x W x d x c) per path; the largest, the dense kernels' table-gradient slots on the sub-maps, is 48 floats per
-    token."""
-    h, w, d, c = 200, 336, 16, 16
+    """At 200 x 336 the backward's walks allocate no tensor of N x d x c either: their scratch is two W x d x c states
+    and one chunk's rows of queries (R x W x d x c) per path; the largest tensors are the gradients' per value block
+    (N x d)."""
+    h, w, d, c = 200, 336, 8, 8
     launches, sizes = _record(h, w, d, c, backward=True)
     names = [x.name for x in launches]
     assert max(sizes) < 2 * h * w * d * c // 4
     assert 2 * ct.CHUNK_ROWS * w * d * c in sizes and 2 * ct.CHUNK_ROWS * h * d * c in sizes  # the chunks' queries
-    # per path the dense kernels' forward and backward (2 launches) on the sub-maps; per walk and chunk a query and a
-    # key launch (the walk's first chunk: the query launch alone), per walk and boundary two updates
-    assert names.count('_ppmla_fwd') == 2 and names.count('_ppmla_bwd') == 4
-    assert names.count('_grad_queries') == 2 * (13 + 21) and names.count('_grad_keys') == 2 * (12 + 20)
+    # per path and walk a query launch per chunk, a key launch per chunk that meets something (every chunk of the
+    # down walk, all but the first of the up walk) and two updates per boundary
+    assert set(names) == {'_grad_queries', '_grad_keys', '_update', '_update_queries'}
+    assert names.count('_grad_queries') == 2 * (13 + 21)
+    assert names.count('_grad_keys') == 13 + 12 + 21 + 20
     assert names.count('_update') == names.count('_update_queries') == 2 * (12 + 20)

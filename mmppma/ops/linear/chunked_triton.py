@@ -21,17 +21,17 @@ from ..forms import MASK_FORMS, paths
 from ..triton_support import launch as lp
 from ..triton_support.calls import Caller, raise_named
 from . import chunked_passes as passes
-from .chunked import dense_counts
+from .chunked import TABLE_MAPS, dense_counts
 from .chunked_passes import Bounds
 
-#: the rows of a chunk: the dense kernel's sub-maps are 16-row tensor-core tiles tall; fewer rows add launches (four
-#: per chunk, pass and path) for little less intra-chunk work
+#: the rows of a chunk: the chunk's own keys cost 2 R d c per token; fewer rows add launches (four per chunk and path)
+#: and narrow the query launches (R programs per image, head and value block)
 CHUNK_ROWS = 16
-#: weight of a pass's multiply-add against one of the dense kernel's: the passes' sequential row sweeps and their
-#: one-row programs run on the FMA units, the dense kernel's products on tensor cores
+#: weight of this form's multiply-adds against the dense kernels': its sequential row sweeps in one-row programs run
+#: on the FMA units in float32, the dense kernels' products on tensor cores in the inputs' precision
 PASS_WEIGHT = 4
 #: the chunked form runs where its weighted count is below the dense form's by this factor: it pays a host loop and
-#: 4 launches per chunk, pass and path that the count does not see
+#: 4 launches per chunk and path that the count does not see
 MARGIN = 2
 
 
@@ -168,26 +168,60 @@ def chunked_triton(s1, s2, v, la, lb, form: str, rows: Optional[int] = None,
 # Counting, per token of one image and head, one product with s1, s2 of d and v of c channels.
 
 
-def chunked_triton_counts(h: int, w: int, d: int, c: int, form: str = 'v2h', rows: int = CHUNK_ROWS) -> float:
-    """Multiply-adds per token of this form, the passes' weighted by :data:`PASS_WEIGHT`: per path (V2H on the map,
-    H2V on the transposed one) the dense kernel on R x W sub-maps, ``R W (d + c)``, and with more than one chunk
-    two passes, each per token 4 d c on the query side (the decay of the state, two sweeps, the contraction) and
-    d c into the state, plus d c per column and chunk for moving the state."""
+def _path_rows(h: int, w: int, form: str) -> List[int]:
+    """The rows each path chunks: the map's for V2H, the transposed map's (W) for H2V."""
+    return [h if path == 'v2h' else w for path in paths(form)]
+
+
+def chunked_triton_macs(h: int, w: int, d: int, c: int, form: str = 'v2h', rows: int = CHUNK_ROWS) -> float:
+    """Multiply-adds per token of this form's forward, as its launches run them: per path (H' rows of W' tokens in
+    chunks of R rows) each query row sweeps its W' columns twice, each step ``R_n d c`` for its chunk's own R_n keys
+    (down walk), ``2 d c`` for the scan and the contraction and ``d c`` for a state decayed to the row (every
+    visit but a walk's first); each state update adds its chunk's rows (``d c`` per token) and decays the state it
+    holds (``d c`` per column)."""
     check_choice('form', form, MASK_FORMS)
     if h < 1 or w < 1 or rows < 1:
-        raise ValueError(f'chunked_triton_counts: H, W and rows must be positive; got {h}, {w}, {rows}')
+        raise ValueError(f'chunked_triton_macs: H, W and rows must be positive; got {h}, {w}, {rows}')
+    dc = d * c
     total = 0.0
-    for path in paths(form):
-        hh, ww = (h, w) if path == 'v2h' else (w, h)
-        r = min(rows, hh)
-        total += r * ww * (d + c)
-        if r < hh:
-            total += PASS_WEIGHT * 2 * (5 * d * c + d * c / r)
+    for hh in _path_rows(h, w, form):
+        ww = h * w // hh
+        sizes = [r1 - r0 for r0, r1 in _bounds(hh, rows)]
+        last = len(sizes) - 1
+        macs = sum(r * ww * 2 * (r * dc + 2 * dc + (n > 0) * dc) for n, r in enumerate(sizes))  # down walk
+        macs += sum(r * ww * 2 * 3 * dc for r in sizes[:last])  # up walk, all but its first chunk
+        macs += sum(r * ww * dc for r in sizes[:last] + sizes[1:]) if last else 0  # updates: the chunk's rows
+        macs += 2 * max(last - 1, 0) * ww * dc  # and the state they hold
+        total += macs / (h * w)
     return total
 
 
+def forward_launches(h: int, w: int, form: str = 'v2h', rows: int = CHUNK_ROWS) -> int:
+    """The forward's launches for one product: per path with C chunks, ``2 C - 1`` query launches and ``2 (C - 1)``
+    state updates."""
+    return sum(4 * lp.cdiv(hh, min(rows, hh)) - 3 for hh in _path_rows(h, w, form))
+
+
 def uses_chunked_triton(h: int, w: int, d: int, c: int, form: str, rows: int = CHUNK_ROWS) -> bool:
-    """Whether the Triton path runs the chunked form on an H x W map: where its weighted count
-    (:func:`chunked_triton_counts`) times :data:`MARGIN` is below the dense kernels' ``N (d + c)`` multiply-adds
-    per token (:func:`~.chunked.dense_counts`)."""
-    return MARGIN * chunked_triton_counts(h, w, d, c, form, rows) < dense_counts(h, w, d, c, form).macs
+    """Whether the Triton path runs the chunked form on an H x W map: where its multiply-adds per token
+    (:func:`chunked_triton_macs`) weighted by :data:`PASS_WEIGHT` and :data:`MARGIN` are below the dense kernels'
+    ``N (d + c)`` (:func:`~.chunked.dense_counts`)."""
+    return MARGIN * PASS_WEIGHT * chunked_triton_macs(h, w, d, c, form, rows) < dense_counts(h, w, d, c, form).macs
+
+
+def budget_table(d: int = 32, c: int = 32, form: str = '2d', maps=TABLE_MAPS) -> str:
+    """The counted work of the Triton path's PPMLA with its own normalizer (the products (d, c) and (d, 1)) as a
+    markdown table: per token multiply-adds of the dense kernels (``N (2 d + c + 1)``) and of this form, this
+    form's over ``N (2 d + c)`` at 56 x 56, the form the plan chooses and the forward's launches."""
+    base = 56 * 56 * (2 * d + c)
+    lines = ['| map | chunks (V2H, H2V) | dense MACs | chunked MACs | / 3136 (2d + c) | chosen | forward launches |',
+             '|' + ' --- |' * 7]
+    for h, w in maps:
+        dense = dense_counts(h, w, d, c, form).macs + dense_counts(h, w, d, 1, form).macs
+        chunked = chunked_triton_macs(h, w, d, c, form) + chunked_triton_macs(h, w, d, 1, form)
+        chunks = ', '.join(str(lp.cdiv(hh, min(CHUNK_ROWS, hh))) for hh in _path_rows(h, w, form))
+        chosen = 'chunked' if uses_chunked_triton(h, w, d, c, form) else 'dense'
+        launches = 2 * forward_launches(h, w, form) if chosen == 'chunked' else 1
+        lines.append(f'| {h} x {w} | {chunks} | {dense:,.0f} | {chunked:,.0f} | {chunked / base:.2f} | {chosen} | '
+                     f'{launches} |')
+    return '\n'.join(lines)
