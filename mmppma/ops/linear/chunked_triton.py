@@ -11,7 +11,7 @@ per call.
 pairs inside a chunk from the dense kernels' backward on the sub-maps and those of the pairs between chunks,
 log-decays included, from the walks. :func:`uses_chunked_triton` is the crossover against the dense kernels.
 """
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -22,7 +22,7 @@ from ..triton_support import launch as lp
 from ..triton_support.calls import Caller, raise_named
 from . import chunked_passes as passes
 from .chunked import TABLE_MAPS, dense_counts
-from .chunked_passes import Bounds
+from .chunked_passes import Layout
 
 #: the rows of a chunk: the chunk's own keys cost 2 R d c per token; fewer rows add launches (four per chunk and path)
 #: and narrow the query launches (R programs per image, head and value block)
@@ -35,131 +35,131 @@ PASS_WEIGHT = 4
 MARGIN = 2
 
 
-def _bounds(h: int, rows: int) -> Bounds:
-    """The chunks of ``rows`` rows of a map of ``h`` rows, top to bottom."""
-    return [(r0, min(r0 + rows, h)) for r0 in range(0, h, rows)]
+def _layouts(s1: torch.Tensor, form: str) -> List[Tuple[Layout, bool]]:
+    """Per path of ``form``: the layout V2H's kernels walk and whether it is the transposed map (H2V)."""
+    return [(passes.Layout.of(s1, path == 'h2v'), path == 'h2v') for path in paths(form)]
 
 
-def _flat(*tensors: torch.Tensor) -> List[torch.Tensor]:
-    """(B, heads, ...) -> (B * heads, ...)."""
-    return [x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]) for x in tensors]
-
-
-def _v2h(s1, s2, v, ca, cb, rows: int) -> torch.Tensor:
-    """V2H's product on (B, heads, H, W, .) float32 contiguous inputs and tables (B, heads, H, W) in chunks of
-    ``rows`` rows; float32 (B, heads, H, W, c)."""
+def _scratch(s1, v, rows: int, count: int) -> List[torch.Tensor]:
+    """``count`` float32 buffers, each room for (B heads, rows, max(H, W), d, c): the states and the queries of a
+    chunk, for either path."""
     b, heads, h, w, d = s1.shape
-    c = v.shape[-1]
-    f32 = dict(device=s1.device, dtype=torch.float32)
-    out = torch.zeros(b * heads, h, w, c, **f32)
-    state = torch.empty(b * heads, w, d, c, **f32)  # the one rolling state
-    lp.run(passes.pass_launches(*_flat(s1, s2, v, ca, cb), out, state, _bounds(h, rows), lp.capability(s1.device)))
-    return out.reshape(b, heads, h, w, c)
-
-
-def _v2h_grads(g, s1, s2, v, ca, cb, rows: int) -> List[torch.Tensor]:
-    """The gradients of ``<g, V2H's product>`` (:func:`_v2h`'s arguments): ds1, ds2, dv (B, heads, H, W, .) and
-    the node gradients dCa, dCb (B, heads, H, W), float32."""
-    b, heads, h, w, d = s1.shape
-    c = v.shape[-1]
-    rows = min(rows, h)
-    f32 = dict(device=s1.device, dtype=torch.float32)
-    blocks = lp.cdiv(c, passes.block_c(c))
-    state, u = (torch.empty(b * heads, w, d, c, **f32) for _ in range(2))
-    qbuf = torch.empty(b * heads, rows, w, d, c, **f32)
-    ds1, ds2 = (torch.zeros(blocks, b * heads, h, w, d, **f32) for _ in range(2))
-    dv = torch.zeros(b * heads, h, w, c, **f32)
-    node = torch.zeros(blocks, 2, 2, b * heads, h, w, **f32)  # (block, sweep, Ca or Cb, ...)
-    lp.run(passes.grad_launches(*_flat(g, s1, s2, v, ca, cb), state, u, qbuf, ds1, ds2, dv, node, _bounds(h, rows),
-                                lp.capability(s1.device)))
-    dca, dcb = node.sum((0, 1))
-    return [x.reshape(b, heads, *x.shape[1:]) for x in (ds1.sum(0), ds2.sum(0), dv, dca, dcb)]
-
-
-def _transposed(x: torch.Tensor) -> torch.Tensor:
-    """The map transposed: (B, heads, H, W, ...) -> (B, heads, W, H, ...), contiguous."""
-    return x.transpose(2, 3).contiguous()
+    size = b * heads * rows * max(h, w) * d * v.shape[-1]
+    return [torch.empty(size, device=s1.device, dtype=torch.float32) for _ in range(count)]
 
 
 def _forward(s1, s2, v, la, lb, form: str, rows: Optional[int]) -> torch.Tensor:
-    """The chunked form on float32 contiguous inputs: V2H on the map, H2V as V2H on the transposed map."""
-    ca, cb = la.cumsum(-1), lb.cumsum(-2)
+    """The chunked form on contiguous inputs (any float dtype) and float32 log-decays: V2H on the map, H2V as V2H on
+    the transposed map (by strides), both into one float32 output."""
     rows = rows or CHUNK_ROWS
-    out = None
-    for path in paths(form):
-        if path == 'v2h':
-            part = _v2h(s1, s2, v, ca.contiguous(), cb.contiguous(), rows)
-        else:
-            part = _v2h(*map(_transposed, (s1, s2, v, cb, ca)), rows).transpose(2, 3)
-        out = part if out is None else out + part
+    ca, cb = la.cumsum(-1), lb.cumsum(-2)
+    out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
+    state, = _scratch(s1, v, 1, 1)
+    cap = lp.capability(s1.device)
+    for layout, transposed in _layouts(s1, form):
+        rows_table, columns_table = (cb, ca) if transposed else (ca, cb)
+        lp.run(passes.pass_launches(s1, s2, v, rows_table, columns_table, out, state, layout, rows, cap))
     return out
 
 
 def _backward(g, s1, s2, v, la, lb, form: str, rows: Optional[int]):
     """The gradients of ``<g, _forward(...)>``: ds1, ds2, dv, dla, dlb, float32."""
-    ca, cb = la.cumsum(-1), lb.cumsum(-2)
     rows = rows or CHUNK_ROWS
-    total = None
-    for path in paths(form):
-        if path == 'v2h':
-            part = _v2h_grads(g, s1, s2, v, ca.contiguous(), cb.contiguous(), rows)
-        else:  # back to the map: the transposed map's tables are (Cb, Ca) transposed
-            ds1, ds2, dv, dcb, dca = _v2h_grads(*map(_transposed, (g, s1, s2, v, cb, ca)), rows)
-            part = [x.transpose(2, 3) for x in (ds1, ds2, dv, dca, dcb)]
-        total = part if total is None else [x + y for x, y in zip(total, part)]
-    ds1, ds2, dv, dca, dcb = total
+    ca, cb = la.cumsum(-1), lb.cumsum(-2)
+    b, heads, h, w, d = s1.shape
+    c = v.shape[-1]
+    f32 = dict(device=s1.device, dtype=torch.float32)
+    blocks = lp.cdiv(c, passes.block_c(c))
+    state, u = _scratch(s1, v, 1, 2)
+    qbuf, = _scratch(s1, v, min(rows, max(h, w)), 1)
+    ds1, ds2 = (torch.zeros(blocks, *s1.shape, **f32) for _ in range(2))
+    dv = torch.zeros(v.shape, **f32)
+    node = torch.zeros(blocks, 2, 2, *la.shape, **f32)  # (block, sweep, Ca or Cb, ...)
+    cap = lp.capability(s1.device)
+    for layout, transposed in _layouts(s1, form):
+        rows_table, columns_table = (cb, ca) if transposed else (ca, cb)
+        kinds = (1, 0) if transposed else (0, 1)  # the layout's row table is Cb on the transposed map
+        lp.run(passes.grad_launches(g, s1, s2, v, rows_table, columns_table, state, u, qbuf, ds1, ds2, dv, node,
+                                    layout, min(rows, layout.h), kinds, cap))
+    dca, dcb = node.sum((0, 1))
     # Ca = cumsum(la) along a row, Cb = cumsum(lb) along a column: each log-decay takes the node gradients from it on
-    return ds1, ds2, dv, _suffix_sums(dca, -1), _suffix_sums(dcb, -2)
+    return ds1.sum(0), ds2.sum(0), dv, _suffix_sums(dca, -1), _suffix_sums(dcb, -2)
 
 
 def _suffix_sums(x: torch.Tensor, dim: int) -> torch.Tensor:
     return x.flip(dim).cumsum(dim).flip(dim)
 
 
+def _normalized(s1, s2, v, qn, kn, la, lb, form: str, rows: Optional[int], eps: float):
+    """(out, mass + eps): out the product of (s1, s2, v), mass that of (qn, kn, 1), float32."""
+    out = _forward(s1, s2, v, la, lb, form, rows)
+    return out, _forward(qn, kn, v.new_ones(*v.shape[:-1], 1), la, lb, form, rows).add_(eps)
+
+
 class _ChunkedTriton(torch.autograd.Function):
-    """The Triton chunked form as one autograd node that saves its inputs only; its backward recomputes the walks."""
+    """The Triton chunked form (normalized by the mass of (qn, kn) when they are given) as one autograd node that
+    saves its inputs only; its backward recomputes the product (and the mass) and runs the backward's walks."""
 
     @staticmethod
-    def forward(ctx, s1, s2, v, la, lb, form, rows, caller):
-        ctx.save_for_backward(s1, s2, v, la, lb)
-        ctx.args = (form, rows)
-        ctx.caller = caller
+    def forward(ctx, s1, s2, v, la, lb, qn, kn, form, rows, eps, caller):
+        ctx.save_for_backward(s1, s2, v, la, lb, qn, kn)
+        ctx.args, ctx.eps, ctx.caller = (form, rows), eps, caller
         try:
-            return _forward(s1, s2, v, la, lb, *ctx.args)
+            if qn is None:
+                return _forward(s1, s2, v, la, lb, form, rows)
+            out, mass = _normalized(s1, s2, v, qn, kn, la, lb, form, rows, eps)
+            return out.div_(mass)
         except Exception as e:
             raise_named(caller, 'while running', e)
 
     @staticmethod
     def backward(ctx, g):
+        s1, s2, v, la, lb, qn, kn = ctx.saved_tensors
+        g = g.float().contiguous()
         try:
-            grads = _backward(g.float().contiguous(), *ctx.saved_tensors, *ctx.args)
+            if qn is None:
+                grads = (*_backward(g, s1, s2, v, la, lb, *ctx.args), None, None)
+            else:  # d(out / mass) = d(out) / mass - out d(mass) / mass^2
+                out, mass = _normalized(s1, s2, v, qn, kn, la, lb, *ctx.args, ctx.eps)
+                g = g / mass
+                ds1, ds2, dv, dla, dlb = _backward(g, s1, s2, v, la, lb, *ctx.args)
+                g = (g * out).sum(-1, keepdim=True).div_(mass).neg_()
+                dqn, dkn, _, dla_mass, dlb_mass = _backward(g, qn, kn, v.new_ones(*v.shape[:-1], 1), la, lb,
+                                                            *ctx.args)
+                grads = (ds1, ds2, dv, dla + dla_mass, dlb + dlb_mass, dqn, dkn)
         except Exception as e:
             raise_named(ctx.caller, 'in the backward', e)
-        return (*(x if need else None for x, need in zip(grads, ctx.needs_input_grad)), None, None, None)
+        return (*(x if need else None for x, need in zip(grads, ctx.needs_input_grad)), None, None, None, None)
 
 
-def chunked_triton(s1, s2, v, la, lb, form: str, rows: Optional[int] = None,
-                   caller: Optional[Caller] = None) -> torch.Tensor:
-    """``((s1 s2^T) * L) v`` by the chunked form's Triton kernels, in float32: s1, s2 (B, heads, H, W, d), v
-    (B, heads, H, W, c), la, lb (B, heads, H, W) log-decays; ``rows``: the rows of a chunk
+def chunked_triton(s1, s2, v, la, lb, form: str, rows: Optional[int] = None, caller: Optional[Caller] = None,
+                   normalizer: Optional[Tuple[torch.Tensor, torch.Tensor]] = None, eps: float = 0.0) -> torch.Tensor:
+    """``((s1 s2^T) * L) v`` by the chunked form's Triton kernels, computed and returned in float32: s1, s2 (B,
+    heads, H, W, d), v (B, heads, H, W, c) of any float dtype, la, lb (B, heads, H, W) log-decays; with
+    ``normalizer`` (q', k', shaped as s1) divided by ``((q' k'^T) * L) 1 + eps``. ``rows``: the rows of a chunk
     (None: :data:`CHUNK_ROWS`), of the map for V2H and of the transposed map for H2V; ``caller``: what errors
     name."""
     check_choice('form', form, MASK_FORMS)
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
         raise ValueError(f'rows: the rows of a chunk must be a positive int (or None: chosen); got {rows!r}')
     if s1.dim() != 5 or s2.shape != s1.shape or v.shape[:-1] != s1.shape[:-1] or la.shape != s1.shape[:-1] \
-            or lb.shape != la.shape:
+            or lb.shape != la.shape or (normalizer is not None and any(t.shape != s1.shape for t in normalizer)):
+        got = ', '.join(str(tuple(t.shape)) for t in (s1, s2, v, la, lb, *(normalizer or ())))
+        extra = ", the normalizer's q', k' as s1" if normalizer is not None else ''
         raise ValueError(f'chunked_triton: s1, s2 (B, heads, H, W, d), v (B, heads, H, W, c), la, lb (B, heads, H, W)'
-                         f'; got {tuple(s1.shape)}, {tuple(s2.shape)}, {tuple(v.shape)}, {tuple(la.shape)}, '
-                         f'{tuple(lb.shape)}')
+                         f'{extra}; got {got}')
     caller = caller or Caller.of('chunked_triton', s1)
     if s1.shape[2] * s1.shape[3] == 0:
         return v.new_zeros(v.shape, dtype=torch.float32)
-    tensors = [t.float().contiguous() for t in (s1, s2, v, la, lb)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return _ChunkedTriton.apply(*tensors, form, rows, caller)
+    qn, kn = (t.contiguous() for t in normalizer) if normalizer is not None else (None, None)
+    tensors = [t.contiguous() for t in (s1, s2, v)] + [t.float().contiguous() for t in (la, lb)] + [qn, kn]
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return _ChunkedTriton.apply(*tensors, form, rows, eps, caller)
     try:
-        return _forward(*tensors, form, rows)
+        if qn is None:
+            return _forward(*tensors[:5], form, rows)
+        out, mass = _normalized(*tensors[:3], qn, kn, *tensors[3:5], form, rows, eps)
+        return out.div_(mass)
     except Exception as e:
         raise_named(caller, 'while running', e)
 
@@ -186,7 +186,7 @@ def chunked_triton_macs(h: int, w: int, d: int, c: int, form: str = 'v2h', rows:
     total = 0.0
     for hh in _path_rows(h, w, form):
         ww = h * w // hh
-        sizes = [r1 - r0 for r0, r1 in _bounds(hh, rows)]
+        sizes = [min(rows, hh - r0) for r0 in range(0, hh, rows)]
         last = len(sizes) - 1
         macs = sum(r * ww * 2 * (r * dc + 2 * dc + (n > 0) * dc) for n, r in enumerate(sizes))  # down walk
         macs += sum(r * ww * 2 * 3 * dc for r in sizes[:last])  # up walk, all but its first chunk

@@ -33,7 +33,7 @@ from ..masks import decay_tables
 from ..triton_support import launch as lp
 from ..triton_support.calls import Caller, call_kernels
 from .chunked_triton import chunked_triton, uses_chunked_triton
-from .reference import FEATURE_MAPS, decomposed, linear
+from .reference import FEATURE_MAPS
 
 LOG2E_ = tl.constexpr(1.4426950408889634)
 #: the product dtype of the 16-bit tiles: 0 float32 (no rounding), 1 float16, 2 bfloat16
@@ -456,21 +456,16 @@ def runs_chunked(s1: torch.Tensor, v: torch.Tensor, form: str, traced: Optional[
 
 
 def chunked_form(s1, s2, v, la, lb, form: str, rows: Optional[int] = None, caller: Optional[Caller] = None):
-    """:func:`~.chunked_triton.chunked_triton` with the fused kernels inside the chunks."""
-    return chunked_triton(s1, s2, v, la, lb, form, rows, caller)
-
-
-def _chunked_core(form: str, caller: Caller):
-    """``core(s1, s2, v, la, lb)`` of :func:`~.reference.decomposed` by the chunked form's kernels."""
-    return functools.partial(chunked_form, form=form, caller=caller)
+    """PPMDA by the chunked form's kernels, in v's dtype (:func:`~.chunked_triton.chunked_triton`)."""
+    return chunked_triton(s1, s2, v, la, lb, form, rows, caller).to(v.dtype)
 
 
 def ppma_decomposed_attention_plan(s1, s2, v, la, lb, form: str, chunk: int, traced: Optional[bool]):
     """The Triton path of :func:`~mmppma.ops.ppma_decomposed_attention` (:class:`~mmppma.ops.plan.Op`): the fused
-    kernels on s1, s2 as features, no normalizer."""
+    kernels on s1, s2 as features, no normalizer; the chunked form's where it counts cheaper."""
     caller, dtype = Caller.of('ppma_decomposed_attention', s1), product_dtype(s1, s2, v)
     if runs_chunked(s1, v, form, traced):
-        return functools.partial(decomposed, _chunked_core(form, caller))
+        return functools.partial(chunked_form, form=form, caller=caller)
 
     def fused(s1, s2, v, la, lb):
         return linear_attention_triton(s1, s2, v, s1, s2, *decay_tables(la, lb), form, False, 0.0, dtype, caller,
@@ -479,23 +474,27 @@ def ppma_decomposed_attention_plan(s1, s2, v, la, lb, form: str, chunk: int, tra
 
 
 def ppma_linear_attention_plan(q, k, v, la, lb, *normalizer_and_options):
-    """The Triton path of :func:`~mmppma.ops.ppma_linear_attention`: the fused kernels on the features (the inputs
-    themselves for the identity map: no float32 copies; else the feature map's float32 output), which keep the
-    products' sums, the mass and the division in float32. ``normalizer_and_options`` as the reference path's, then
-    ``traced``."""
+    """The Triton path of :func:`~mmppma.ops.ppma_linear_attention`: the fused kernels (or where it counts cheaper
+    the chunked form's) on the features (the inputs themselves for the identity map: no float32 copies; else the
+    feature map's float32 output), which keep the products' sums, the mass and the division in float32.
+    ``normalizer_and_options`` as the reference path's, then ``traced``."""
     *_, form, feature_map, normalize, eps, chunk, traced = normalizer_and_options
     caller, dtype = Caller.of('ppma_linear_attention', q), product_dtype(q, k, v)
     identity = feature_map is FEATURE_MAPS['identity']
-    if runs_chunked(q, v, form, traced):
-        return functools.partial(linear, _chunked_core(form, caller), feature_map, normalize, eps)
+    chunked = runs_chunked(q, v, form, traced)
+
+    def features(q, k, v, la, lb, normalizer):
+        if identity:
+            return q, k, *(normalizer or (q, k))
+        dtype = table_dtype(q, k, v, la, lb)
+        fq, fk = feature_map(q.to(dtype)), feature_map(k.to(dtype))
+        return fq, fk, *((feature_map(x.to(dtype)) for x in normalizer) if normalizer else (fq, fk))
 
     def fused(q, k, v, la, lb, *normalizer):
-        if identity:
-            fq, fk, fqn, fkn = q, k, *(normalizer or (q, k))
-        else:
-            features = table_dtype(q, k, v, la, lb)
-            fq, fk = feature_map(q.to(features)), feature_map(k.to(features))
-            fqn, fkn = (feature_map(x.to(features)) for x in normalizer) if normalizer else (fq, fk)
+        fq, fk, fqn, fkn = features(q, k, v, la, lb, normalizer)
+        if chunked:
+            return chunked_triton(fq, fk, v, la, lb, form, None, caller, (fqn, fkn) if normalize else None,
+                                  eps).to(v.dtype)
         return linear_attention_triton(fq, fk, v, fqn, fkn, *decay_tables(la, lb), form, normalize, eps, dtype,
                                        caller, traced)
     return fused
