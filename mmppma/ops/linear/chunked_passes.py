@@ -48,7 +48,7 @@ def _chunk_keys(s2_ptr, v_ptr, cb_ptr, keys, j, CS, cb_i, signs, offs_d, offs_c,
     return f, fs
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['r0', 'rows', 'corner'])  # the chunk's rows: one compile for every chunk
 def _queries(s1_ptr, s2_ptr, v_ptr, ca_ptr, cb_ptr, state_ptr, out_ptr, r0, rows, corner, NTOK, RS, CS, W, D, C,
              HAS_STATE: tl.constexpr, INTRA: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
              BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -97,7 +97,7 @@ def _queries(s1_ptr, s2_ptr, v_ptr, ca_ptr, cb_ptr, state_ptr, out_ptr, r0, rows
                      mask=mask_c)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['k0', 'rows', 'corner', 'old'])  # the chunk's rows: one compile for every chunk
 def _update(s2_ptr, v_ptr, cb_ptr, state_ptr, k0, rows, corner, old, NTOK, RS, CS, W, D, C, FRESH: tl.constexpr,
             DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     """S[l] <- exp(-|Cb[corner, l] - Cb[old, l]|) S[l] (nothing when FRESH) + sum_k exp(-|Cb[corner, l] - Cb[k, l]|)
@@ -123,7 +123,7 @@ def _update(s2_ptr, v_ptr, cb_ptr, state_ptr, k0, rows, corner, old, NTOK, RS, C
     tl.store(at, acc, mask=mask_dc)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['r0', 'rows', 'corner'])  # the chunk's rows: one compile for every chunk
 def _grad_queries(s1_ptr, s2_ptr, v_ptr, g_ptr, ca_ptr, cb_ptr, state_ptr, qbuf_ptr, ds1_ptr, node_ptr, r0, rows,
                   corner, sign, QROWS, BH, NTOK, RS, CS, W, D, C, NODE_A, NODE_B, HAS_STATE: tl.constexpr,
                   INTRA: tl.constexpr, KEEP_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -213,7 +213,7 @@ def _grad_queries(s1_ptr, s2_ptr, v_ptr, g_ptr, ca_ptr, cb_ptr, state_ptr, qbuf_
             q += p
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['k0', 'rows', 'corner'])  # the chunk's rows: one compile for every chunk
 def _grad_keys(s2_ptr, v_ptr, cb_ptr, u_ptr, qbuf_ptr, ds2_ptr, dv_ptr, node_ptr, k0, rows, corner, sign, QROWS, BH,
                NTOK, RS, CS, W, D, C, NODE_B, HAS_STATE: tl.constexpr, INTRA: tl.constexpr,
                DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -271,7 +271,7 @@ def _grad_keys(s2_ptr, v_ptr, cb_ptr, u_ptr, qbuf_ptr, ds2_ptr, dv_ptr, node_ptr
     tl.store(at, tl.load(at, mask=mask_r, other=0.0) + node, mask=mask_r)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['k0', 'rows', 'corner', 'old'])  # the chunk's rows: one compile for every chunk
 def _update_queries(qbuf_ptr, cb_ptr, u_ptr, k0, rows, corner, old, QROWS, NTOK, RS, CS, W, D, C,
                     FRESH: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     """U[l] <- exp(-|Cb[corner, l] - Cb[old, l]|) U[l] (nothing when FRESH) + sum_k exp(-|Cb[corner, l] - Cb[k, l]|)

@@ -274,8 +274,9 @@ class Launch:
 
     def signature(self) -> Tuple[Dict[str, str], Dict[Tuple[int], list]]:
         """(signature, attrs) for ``triton.compiler.ASTSource``, specialized as the JIT launcher does: tensors
-        by dtype and 16-byte alignment, integers by divisibility by 16."""
+        by dtype and 16-byte alignment, integers by divisibility by 16 (but those the kernel does not specialize)."""
         names = [n for n in self.kernel.arg_names if n not in self.constexprs]
+        params = self.kernel.params
         if len(names) != len(self.args):
             raise ValueError(f'{self.name}: {len(self.args)} run-time arguments for parameters {names}')
         signature, attrs = {}, {}
@@ -289,7 +290,7 @@ class Launch:
                 signature[name] = 'i1'
             elif isinstance(value, int):
                 signature[name] = 'i32' if -2**31 <= value < 2**31 else 'i64'
-                if value % 16 == 0:
+                if value % 16 == 0 and not params[index[0]].do_not_specialize:
                     attrs[index] = [['tt.divisibility', 16]]
             elif isinstance(value, float):
                 signature[name] = 'fp32'
