@@ -108,15 +108,20 @@ def test_model_on_simulated_gpu_equals_torch(name, mode, cap, request, launched,
     # dot precisions: half inputs take triton's default (None); PPMLA scans float32 under autocast too
     assert {p for _, p in launched if p != NO_PRODUCTS} <= ({'tf32'} if tf32_on else {None, 'ieee'} if dtype else
                                                           {'ieee'}), launched
+    assert_like_torch(f'{name} {mode}', got, want, run_model(want_model, 'train' if train else 'no_grad', x), tol)
+
+
+def assert_like_torch(what: str, got, want, exact, tol: float) -> None:
+    """Each of ``got`` within twice the torch path's own error (``want`` against ``exact``, the torch path in
+    float32: on the CPU it takes no TF32, and autocast's rounding is measured against it) plus ``tol`` in relative
+    norm."""
     assert len(got) == len(want), (len(got), len(want))
-    # the torch path in float32 (on the CPU it takes no TF32): autocast's rounding is measured against it
-    exact = run_model(want_model, 'train' if train else 'no_grad', x)
     norms = [e.double().norm().item() for e in exact]
     floor = 1e-2 * max(norms)  # the gradients of biases before a BatchNorm are rounding noise
     for i, (g, w, e, n) in enumerate(zip(got, want, exact, norms)):
         err, own = ((t.double() - e.double()).norm().item() for t in (g, w))
         assert err <= 2 * own + tol * max(n, floor), \
-            f'{name} {mode} tensor {i} {tuple(e.shape)}: error {err:.3g}, the torch path\'s {own:.3g}, norm {n:.3g}'
+            f'{what} tensor {i} {tuple(e.shape)}: error {err:.3g}, the torch path\'s {own:.3g}, norm {n:.3g}'
 
 
 def test_tiny_classification_config_evaluates_on_the_simulated_gpu(tmp_path, run_python, launched, monkeypatch):
@@ -144,3 +149,27 @@ def test_tiny_classification_config_evaluates_on_the_simulated_gpu(tmp_path, run
     got = runner.val()
     assert {name for name, _ in launched} == {'_line_fwd', '_whole_fwd', '_tables_fwd'}
     assert 0 <= got['accuracy/top1'] <= 100 and got == want
+
+
+@pytest.mark.heavy  # about a minute on the interpreter: the walks' row sweeps; the ops' tests cover the kernels
+def test_ppmla_in_chunks_on_simulated_gpu_equals_torch(launched, monkeypatch):
+    """PPMLA with the chunked form forced (chunks of 2 rows, so both stages walk): a bf16 autocast training step
+    launches the chunked form's kernels, forward and backward, on half inputs, and equals the torch path."""
+    from mmppma import ops
+    from mmppma.ops.linear import chunked_triton, triton_impl
+    monkeypatch.setattr(triton_impl, 'runs_chunked', lambda *args, **kwargs: True)
+    monkeypatch.setattr(chunked_triton, 'CHUNK_ROWS', 2)
+    build, _ = MODELS['PPMLA']
+    x = torch.randn(1, 3, 16, 24)
+    want_model = build('torch')
+    got_model = build('auto')
+    got_model.load_state_dict(want_model.state_dict())
+    monkeypatch.setenv('MMPPMA_SIMULATE_CUDA', '90')
+    ops.clear_caches()  # the plans chosen before the patch
+    try:
+        got = run_model(got_model, 'bf16', x)
+    finally:
+        ops.clear_caches()
+    want = run_model(want_model, 'bf16', x)
+    assert {k for k, _ in launched} == {'_queries', '_update', '_grad_queries', '_grad_keys', '_update_queries'}
+    assert_like_torch('PPMLA in chunks bf16', got, want, run_model(want_model, 'train', x), MODES['bf16'][-1])
