@@ -1,12 +1,13 @@
-"""The Triton kernels of the chunked form's passes between chunks (V2H; docs/method.md §5) and their launch lists.
+"""The Triton kernels of the chunked form (V2H; docs/method.md §5) and their launch lists.
 
-Forward (:func:`pass_launches`): a rolling state per column, S[l] = the keys of the chunks already walked decayed
-to a corner row, moves from chunk to chunk (:func:`_update`) and reaches each query row of the next chunk
-(:func:`_queries`). Backward (:func:`grad_launches`): the same walks carry S and, beside it, U[l] = the queries of
-the chunks already walked (their row scans of ``s1 (x) g`` at column l) decayed to the corner (:func:`_update_queries`);
-:func:`_grad_queries` takes ds1 and the tables' node gradients of a query row against S, :func:`_grad_keys` ds2,
-dv and the key rows' node gradients against U. Cb is monotone along a column, so every column factor is
-``exp(-|Cb[a, l] - Cb[b, l]|)`` and the down walk (top to bottom) and the up walk run the same kernels.
+Forward (:func:`pass_launches`): a query row of a chunk sweeps its row (:func:`_queries`) against its chunk's own
+keys and a rolling state per column, S[l] = the keys of the chunks already walked decayed to a corner row, which
+moves from chunk to chunk (:func:`_update`). Backward (:func:`grad_launches`): the same walks carry S and, beside it,
+U[l] = the queries of the chunks already walked (their row scans of ``s1 (x) g`` at column l) decayed to the corner
+(:func:`_update_queries`); :func:`_grad_queries` takes ds1 and the tables' node gradients of a query row against its
+chunk's keys and S, :func:`_grad_keys` ds2, dv and the key rows' node gradients against its chunk's queries and U.
+Cb is monotone along a column, so every column factor is ``exp(-|Cb[a, l] - Cb[b, l]|)`` and the down walk (top to
+bottom) and the up walk run the same kernels.
 """
 from typing import List, NamedTuple, Tuple
 
@@ -77,6 +78,8 @@ def _queries(s1_ptr, s2_ptr, v_ptr, ca_ptr, cb_ptr, state_ptr, out_ptr, r0, rows
     s1_ptr += row * D
     out_ptr += row * C
     for sweep in tl.static_range(2):  # forward: scan[j] = exp(-|Ca[j] - Ca[j - 1]|) scan[j - 1] + x[j]; backward
+        if sweep == 1:  # the forward sweep's outputs, stored by other threads, read back
+            tl.debug_barrier()
         scan = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
         prev = tl.load(ca_row + (W - 1) * sweep * CS)
         for jj in range(0, W):
@@ -125,7 +128,7 @@ def _update(s2_ptr, v_ptr, cb_ptr, state_ptr, k0, rows, corner, old, NTOK, RS, C
 
 @triton.jit(do_not_specialize=['r0', 'rows', 'corner'])  # the chunk's rows: one compile for every chunk
 def _grad_queries(s1_ptr, s2_ptr, v_ptr, g_ptr, ca_ptr, cb_ptr, state_ptr, qbuf_ptr, ds1_ptr, node_ptr, r0, rows,
-                  corner, sign, QROWS, BH, NTOK, RS, CS, W, D, C, NODE_A, NODE_B, HAS_STATE: tl.constexpr,
+                  corner, sign, QROWS, TOKENS, NTOK, RS, CS, W, D, C, NODE_A, NODE_B, HAS_STATE: tl.constexpr,
                   INTRA: tl.constexpr, KEEP_Q: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr,
                   BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     """Query row i = r0 + program_id(1) of the chunk of ``rows`` rows from r0, value channels of block b =
@@ -140,10 +143,10 @@ def _grad_queries(s1_ptr, s2_ptr, v_ptr, g_ptr, ca_ptr, cb_ptr, state_ptr, qbuf_
     - qbuf[i - r0, j] = (QL + P + QR)[j] (KEEP_Q): the row's queries at column j, for :func:`_grad_keys` and
       :func:`_update_queries`.
 
-    node (blocks, 2 sweeps, 2, BH * NTOK): the forward sweep adds to sweep 0, the backward one to 1 (no value stored
-    and read back by one program); A and B at offsets NODE_A and NODE_B of a sweep's slot. Tokens as
+    node (blocks, 2 sweeps, 2, TOKENS): the forward sweep adds to sweep 0, the backward one to 1; A and B at offsets
+    NODE_A and NODE_B of a sweep's slot. Tokens as
     :func:`_queries` has them; s1, s2, v, g of any float dtype; state (BH, W, D, C), qbuf (BH, QROWS, W, D, C),
-    ds1 (blocks, BH * NTOK, D), float32."""
+    ds1 (blocks, TOKENS, D), float32."""
     bh = tl.program_id(0).to(tl.int64)
     rr = tl.program_id(1)
     blk = tl.program_id(2).to(tl.int64)
@@ -165,11 +168,13 @@ def _grad_queries(s1_ptr, s2_ptr, v_ptr, g_ptr, ca_ptr, cb_ptr, state_ptr, qbuf_
     state_ptr += bh * W * D * C
     s1_ptr += row * D
     g_ptr += row * C
-    tokens = BH * NTOK
+    tokens = TOKENS  # B heads NTOK
     ds1_ptr += (blk * tokens + row) * D
     qbuf_ptr += (bh * QROWS + rr) * W * D * C
     for sweep in tl.static_range(2):
         # forward sweep: h, q = HL, QL strictly left of j, then j added; backward: HR, QR strictly right
+        if sweep == 1:  # the forward sweep's ds1 and qbuf, stored by other threads, read back
+            tl.debug_barrier()
         h = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
         q = tl.zeros([BLOCK_D, BLOCK_C], tl.float32)
         node = node_ptr + (blk * 4 + sweep * 2) * tokens + row
@@ -214,8 +219,8 @@ def _grad_queries(s1_ptr, s2_ptr, v_ptr, g_ptr, ca_ptr, cb_ptr, state_ptr, qbuf_
 
 
 @triton.jit(do_not_specialize=['k0', 'rows', 'corner'])  # the chunk's rows: one compile for every chunk
-def _grad_keys(s2_ptr, v_ptr, cb_ptr, u_ptr, qbuf_ptr, ds2_ptr, dv_ptr, node_ptr, k0, rows, corner, sign, QROWS, BH,
-               NTOK, RS, CS, W, D, C, NODE_B, HAS_STATE: tl.constexpr, INTRA: tl.constexpr,
+def _grad_keys(s2_ptr, v_ptr, cb_ptr, u_ptr, qbuf_ptr, ds2_ptr, dv_ptr, node_ptr, k0, rows, corner, sign, QROWS,
+               TOKENS, NTOK, RS, CS, W, D, C, NODE_B, HAS_STATE: tl.constexpr, INTRA: tl.constexpr,
                DOT_PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr):
     """The keys of the chunk of ``rows`` rows k from k0 in column l = program_id(1), value channels of block b =
     program_id(2), against the queries Y[k] that reach them: (HAS_STATE) those U holds at ``corner``,
@@ -223,7 +228,7 @@ def _grad_keys(s2_ptr, v_ptr, cb_ptr, u_ptr, qbuf_ptr, ds2_ptr, dv_ptr, node_ptr
     chunk's own rows i, sum_i exp(-|Cb[i, l] - Cb[k, l]|) qbuf[i - k0, l]: dv[k] += Y[k]^T s2[k] (this block's
     channels), ds2[b, k] += Y[k] v[k] and node B (sweep 0) += s2[k] . Ys[k] v[k] (Cb's node gradient, the key
     row), Ys the sum with each query's term times sign(k - i). Tokens as :func:`_queries` has them; s2, v of any
-    float dtype; dv (BH * NTOK, C), u (BH, W, D, C), qbuf (BH, QROWS, W, D, C), ds2 (blocks, BH * NTOK, D), node
+    float dtype; dv (TOKENS, C), u (BH, W, D, C), qbuf (BH, QROWS, W, D, C), ds2 (blocks, TOKENS, D), node
     as :func:`_grad_queries` has it, float32."""
     bh = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1)
@@ -264,7 +269,7 @@ def _grad_keys(s2_ptr, v_ptr, cb_ptr, u_ptr, qbuf_ptr, ds2_ptr, dv_ptr, node_ptr
             node += tl.where(offs_r > i, 1.0, tl.where(offs_r < i, -1.0, 0.0)) * tl.sum(t * v, 1)
     at = dv_ptr + toks[:, None] * C + offs_c[None, :]
     tl.store(at, tl.load(at, mask=mask_rc, other=0.0) + ys2, mask=mask_rc)
-    tokens = BH * NTOK
+    tokens = TOKENS  # B heads NTOK
     at = ds2_ptr + (blk * tokens + toks[:, None]) * D + offs_d[None, :]
     tl.store(at, tl.load(at, mask=mask_rd, other=0.0) + yv, mask=mask_rd)
     at = node_ptr + blk * 4 * tokens + NODE_B + toks
@@ -410,12 +415,12 @@ def grad_launches(g, s1, s2, v, ca, cb, state, u, qbuf, ds1, ds2, dv, node, layo
         sign = 1.0 if down else -1.0
         flags = dict(HAS_STATE=state_, INTRA=down, BLOCK_R=lp.pow2(r1 - r0), **blocks)
         launches.append(lp.Launch(_grad_queries, (layout.bh, r1 - r0, cblocks), (
-            s1, s2, v, g, ca, cb, state, qbuf, ds1, node, r0, r1 - r0, corner or 0, sign, rows, layout.bh,
+            s1, s2, v, g, ca, cb, state, qbuf, ds1, node, r0, r1 - r0, corner or 0, sign, rows, tokens,
             *layout.strides, d, c, node_a, node_b), dict(KEEP_Q=keep, **flags), cfg, s1.device))
         if down or state_:
             launches.append(lp.Launch(_grad_keys, (layout.bh, layout.w, cblocks), (
-                s2, v, cb, u, qbuf, ds2, dv, node, r0, r1 - r0, corner or 0, sign, rows, layout.bh, *layout.strides,
-                d, c, node_b), flags, cfg, s1.device))
+                s2, v, cb, u, qbuf, ds2, dv, node, r0, r1 - r0, corner or 0, sign, rows, tokens, *layout.strides, d,
+                c, node_b), flags, cfg, s1.device))
 
     def move(r0, r1, corner, old, fresh):
         launches.append(_state_update(s2, v, cb, state, layout, r0, r1, corner, old, fresh, cfg))

@@ -1,19 +1,20 @@
 """PPMLA and PPMDA, the chunked form on the Triton path: ``((s1 s2^T) * L) v`` with work and memory linear in N
-(docs/method.md §5), in float32; the host side (the kernels: :mod:`.chunked_passes`).
+(docs/method.md §5), computed in float32 from inputs of any float dtype; the host side (the kernels:
+:mod:`.chunked_passes`).
 
-Only V2H runs here; H2V is V2H on the transposed map (rows and columns swapped, la and lb swapped), '2d' the sum of
-both. A V2H path cuts the map into chunks of R full rows. Inside a chunk the dense fused kernels (:class:`Dense`,
-handed in by the caller) run on the chunks as a batch of R x W sub-maps; between chunks the passes' walks carry
-the keys (and in the backward the queries) of the other chunks in one (B * heads, W, d, c) float32 state buffer
-per call.
+Only V2H has kernels; H2V is V2H on the transposed map (rows and columns swapped by the kernels' token strides, la
+and lb swapped), '2d' both into one output. A V2H path cuts the map into chunks of R full rows: each chunk's query
+rows meet its own keys in the query kernels, and the walks carry the keys (and in the backward the queries) of the
+other chunks in rolling per-column states, one max(H, W) x d x c buffer per image and head for both paths.
 
-:class:`_ChunkedTriton` is one autograd node that saves its inputs only: its backward takes the gradients of the
-pairs inside a chunk from the dense kernels' backward on the sub-maps and those of the pairs between chunks,
-log-decays included, from the walks. :func:`uses_chunked_triton` is the crossover against the dense kernels.
+:class:`_ChunkedTriton` is one autograd node (normalized by a mass product for PPMLA) that saves its inputs only;
+its backward runs the walks again for every gradient, the log-decays' included. :func:`uses_chunked_triton` is the
+crossover against the dense kernels.
 """
 from typing import List, Optional, Tuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from mmppma.utils.checks import check_choice
 
@@ -31,7 +32,7 @@ CHUNK_ROWS = 16
 #: on the FMA units in float32, the dense kernels' products on tensor cores in the inputs' precision
 PASS_WEIGHT = 4
 #: the chunked form runs where its weighted count is below the dense form's by this factor: it pays a host loop and
-#: 4 launches per chunk and path that the count does not see
+#: 4 launches per chunk and path forward (8 backward) that the count does not see
 MARGIN = 2
 
 
@@ -96,6 +97,14 @@ def _normalized(s1, s2, v, qn, kn, la, lb, form: str, rows: Optional[int], eps: 
     return out, _forward(qn, kn, v.new_ones(*v.shape[:-1], 1), la, lb, form, rows).add_(eps)
 
 
+def _product(s1, s2, v, la, lb, qn, kn, form: str, rows: Optional[int], eps: float) -> torch.Tensor:
+    """The form's output, ``out / (mass + eps)`` when qn, kn are given."""
+    if qn is None:
+        return _forward(s1, s2, v, la, lb, form, rows)
+    out, mass = _normalized(s1, s2, v, qn, kn, la, lb, form, rows, eps)
+    return out.div_(mass)
+
+
 class _ChunkedTriton(torch.autograd.Function):
     """The Triton chunked form (normalized by the mass of (qn, kn) when they are given) as one autograd node that
     saves its inputs only; its backward recomputes the product (and the mass) and runs the backward's walks."""
@@ -105,14 +114,12 @@ class _ChunkedTriton(torch.autograd.Function):
         ctx.save_for_backward(s1, s2, v, la, lb, qn, kn)
         ctx.args, ctx.eps, ctx.caller = (form, rows), eps, caller
         try:
-            if qn is None:
-                return _forward(s1, s2, v, la, lb, form, rows)
-            out, mass = _normalized(s1, s2, v, qn, kn, la, lb, form, rows, eps)
-            return out.div_(mass)
+            return _product(s1, s2, v, la, lb, qn, kn, form, rows, eps)
         except Exception as e:
             raise_named(caller, 'while running', e)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
         s1, s2, v, la, lb, qn, kn = ctx.saved_tensors
         g = g.float().contiguous()
@@ -156,10 +163,7 @@ def chunked_triton(s1, s2, v, la, lb, form: str, rows: Optional[int] = None, cal
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
         return _ChunkedTriton.apply(*tensors, form, rows, eps, caller)
     try:
-        if qn is None:
-            return _forward(*tensors[:5], form, rows)
-        out, mass = _normalized(*tensors[:3], qn, kn, *tensors[3:5], form, rows, eps)
-        return out.div_(mass)
+        return _product(*tensors, form, rows, eps)
     except Exception as e:
         raise_named(caller, 'while running', e)
 
@@ -196,7 +200,7 @@ def chunked_triton_macs(h: int, w: int, d: int, c: int, form: str = 'v2h', rows:
     return total
 
 
-def forward_launches(h: int, w: int, form: str = 'v2h', rows: int = CHUNK_ROWS) -> int:
+def forward_launch_count(h: int, w: int, form: str = 'v2h', rows: int = CHUNK_ROWS) -> int:
     """The forward's launches for one product: per path with C chunks, ``2 C - 1`` query launches and ``2 (C - 1)``
     state updates."""
     return sum(4 * lp.cdiv(hh, min(rows, hh)) - 3 for hh in _path_rows(h, w, form))
@@ -221,7 +225,7 @@ def budget_table(d: int = 32, c: int = 32, form: str = '2d', maps=TABLE_MAPS) ->
         chunked = chunked_triton_macs(h, w, d, c, form) + chunked_triton_macs(h, w, d, 1, form)
         chunks = ', '.join(str(lp.cdiv(hh, min(CHUNK_ROWS, hh))) for hh in _path_rows(h, w, form))
         chosen = 'chunked' if uses_chunked_triton(h, w, d, c, form) else 'dense'
-        launches = 2 * forward_launches(h, w, form) if chosen == 'chunked' else 1
+        launches = 2 * forward_launch_count(h, w, form) if chosen == 'chunked' else 1
         lines.append(f'| {h} x {w} | {chunks} | {dense:,.0f} | {chunked:,.0f} | {chunked / base:.2f} | {chosen} | '
                      f'{launches} |')
     return '\n'.join(lines)
