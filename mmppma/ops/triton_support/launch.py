@@ -276,7 +276,7 @@ class Launch:
         """(signature, attrs) for ``triton.compiler.ASTSource``, specialized as the JIT launcher does: tensors
         by dtype and 16-byte alignment, integers by divisibility by 16 (but those the kernel does not specialize)."""
         names = [n for n in self.kernel.arg_names if n not in self.constexprs]
-        params = self.kernel.params
+        loose = _unspecialized(self.kernel)
         if len(names) != len(self.args):
             raise ValueError(f'{self.name}: {len(self.args)} run-time arguments for parameters {names}')
         signature, attrs = {}, {}
@@ -290,7 +290,7 @@ class Launch:
                 signature[name] = 'i1'
             elif isinstance(value, int):
                 signature[name] = 'i32' if -2**31 <= value < 2**31 else 'i64'
-                if value % 16 == 0 and not params[index[0]].do_not_specialize:
+                if value % 16 == 0 and name not in loose:
                     attrs[index] = [['tt.divisibility', 16]]
             elif isinstance(value, float):
                 signature[name] = 'fp32'
@@ -299,6 +299,14 @@ class Launch:
         for name in self.constexprs:
             signature[name] = 'constexpr'
         return signature, attrs
+
+
+def _unspecialized(kernel) -> set:
+    """The names of the kernel's parameters it does not specialize on (``do_not_specialize``; the interpreter's
+    functions keep the list in their keyword arguments)."""
+    if hasattr(kernel, 'params'):
+        return {p.name for p in kernel.params if p.do_not_specialize}
+    return {kernel.arg_names[n] if isinstance(n, int) else n for n in kernel.kwargs.get('do_not_specialize') or ()}
 
 
 _TRITON_DTYPE = {torch.float32: 'fp32', torch.float16: 'fp16', torch.bfloat16: 'bf16', torch.int32: 'i32',
