@@ -524,7 +524,8 @@ def main(argv=None) -> int:
                              'them apart by source)')
     parser.add_argument('--one-shape', action='store_true',
                         help='per kernel, arch and dtype only the specializations of the first shape that '
-                             'launches it')
+                             'launches it (of a kernel without products of its inputs, PRECISION: its first '
+                             'specialization)')
     args = parser.parse_args(argv)
     args.model = args.model or args.model_limit or args.validate
     args.sass = args.sass or args.model
@@ -560,11 +561,16 @@ def main(argv=None) -> int:
                     row['maps'].append(shape[2:4])
                     row['grid'] = tuple(map(max, zip(launch.grid + (1, ) * (3 - len(launch.grid)), row['grid'])))
     if args.one_shape:
+        def kernel_of(spec):
+            return spec['desc']['kernel'], spec['desc']['arch'], spec['dtype']
+
+        def products(spec):  # kernels with matrix products of inputs: the first shape's specializations (the others,
+            return 'PRECISION' in spec['desc']['constexprs']  # compiled and checked only: the first specialization)
         first = {}
-        for spec in specs.values():
-            first.setdefault((spec['desc']['kernel'], spec['desc']['arch'], spec['dtype']), spec['shapes'][0])
+        for key, spec in specs.items():
+            first.setdefault(kernel_of(spec), spec['shapes'][0] if products(spec) else key)
         specs = {key: spec for key, spec in specs.items()
-                 if first[spec['desc']['kernel'], spec['desc']['arch'], spec['dtype']] in spec['shapes']}
+                 if (first[kernel_of(spec)] in spec['shapes'] if products(spec) else first[kernel_of(spec)] == key)}
     if args.sass:
         specs.update(paths_apart(specs))
     for spec in specs.values():
