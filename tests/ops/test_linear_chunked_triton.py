@@ -206,6 +206,7 @@ BACKWARD = [
     ('2d', (1, 1, 5, 4), 5, 40, 2),  # two value-channel blocks, d not a power of two, both paths in chunks
     ('v2h', (1, 2, 7, 4), 3, 1, 3),  # the mass (one channel), a short last chunk, two heads
     ('2d', (2, 1, 1, 9), 4, 4, 2),  # one row: V2H one chunk, H2V five chunks; two images
+    ('2d', (1, 1, 9, 1), 4, 4, 2),  # one column: V2H five chunks of one-token rows, H2V one chunk
 ]
 
 
