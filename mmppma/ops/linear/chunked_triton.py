@@ -36,9 +36,12 @@ PASS_WEIGHT = 4
 MARGIN = 2
 
 
-def _layouts(s1: torch.Tensor, form: str) -> List[Tuple[Layout, bool]]:
-    """Per path of ``form``: the layout V2H's kernels walk and whether it is the transposed map (H2V)."""
-    return [(passes.Layout.of(s1, path == 'h2v'), path == 'h2v') for path in paths(form)]
+def _paths(s1: torch.Tensor, la: torch.Tensor, lb: torch.Tensor, form: str) -> List[Tuple[Layout, tuple, tuple]]:
+    """Per path of ``form``: the layout V2H's kernels walk (the map, or for H2V the transposed map), its (row,
+    column) cumsum tables and the slots of their node gradients in the backward's (Ca, Cb) buffer."""
+    ca, cb = la.cumsum(-1), lb.cumsum(-2)
+    return [(passes.Layout.of(s1, True), (cb, ca), (1, 0)) if path == 'h2v' else
+            (passes.Layout.of(s1, False), (ca, cb), (0, 1)) for path in paths(form)]
 
 
 def _scratch(s1, v, rows: int, count: int) -> List[torch.Tensor]:
@@ -53,20 +56,17 @@ def _forward(s1, s2, v, la, lb, form: str, rows: Optional[int]) -> torch.Tensor:
     """The chunked form on contiguous inputs (any float dtype) and float32 log-decays: V2H on the map, H2V as V2H on
     the transposed map (by strides), both into one float32 output."""
     rows = rows or CHUNK_ROWS
-    ca, cb = la.cumsum(-1), lb.cumsum(-2)
     out = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     state, = _scratch(s1, v, 1, 1)
     cap = lp.capability(s1.device)
-    for layout, transposed in _layouts(s1, form):
-        rows_table, columns_table = (cb, ca) if transposed else (ca, cb)
-        lp.run(passes.pass_launches(s1, s2, v, rows_table, columns_table, out, state, layout, rows, cap))
+    for layout, tables, _ in _paths(s1, la, lb, form):
+        lp.run(passes.pass_launches(s1, s2, v, *tables, out, state, layout, rows, cap))
     return out
 
 
 def _backward(g, s1, s2, v, la, lb, form: str, rows: Optional[int]):
     """The gradients of ``<g, _forward(...)>``: ds1, ds2, dv, dla, dlb, float32."""
     rows = rows or CHUNK_ROWS
-    ca, cb = la.cumsum(-1), lb.cumsum(-2)
     b, heads, h, w, d = s1.shape
     c = v.shape[-1]
     f32 = dict(device=s1.device, dtype=torch.float32)
@@ -77,11 +77,9 @@ def _backward(g, s1, s2, v, la, lb, form: str, rows: Optional[int]):
     dv = torch.zeros(v.shape, **f32)
     node = torch.zeros(blocks, 2, 2, *la.shape, **f32)  # (block, sweep, Ca or Cb, ...)
     cap = lp.capability(s1.device)
-    for layout, transposed in _layouts(s1, form):
-        rows_table, columns_table = (cb, ca) if transposed else (ca, cb)
-        kinds = (1, 0) if transposed else (0, 1)  # the layout's row table is Cb on the transposed map
-        lp.run(passes.grad_launches(g, s1, s2, v, rows_table, columns_table, state, u, qbuf, ds1, ds2, dv, node,
-                                    layout, min(rows, layout.h), kinds, cap))
+    for layout, tables, kinds in _paths(s1, la, lb, form):
+        lp.run(passes.grad_launches(g, s1, s2, v, *tables, state, u, qbuf, ds1, ds2, dv, node, layout,
+                                    min(rows, layout.h), kinds, cap))
     dca, dcb = node.sum((0, 1))
     # Ca = cumsum(la) along a row, Cb = cumsum(lb) along a column: each log-decay takes the node gradients from it on
     return ds1.sum(0), ds2.sum(0), dv, _suffix_sums(dca, -1), _suffix_sums(dcb, -2)
