@@ -37,7 +37,8 @@ def _walk_whole_fwd(h, w, own, other, cols):
     return computed, real
 
 
-@pytest.mark.parametrize('h, w, own, other, cols', [(5, 7, 4, 8, 4), (7, 13, 8, 16, 8), (3, 16, 16, 16, 16)])
+@pytest.mark.parametrize('h, w, own, other, cols', [(5, 7, 4, 8, 4), (7, 13, 8, 16, 8), (3, 16, 16, 16, 16),
+                                                     (8, 13, 8, 16, 5)])
 def test_whole_forward_tiles_match_a_walk_of_its_loops(h, w, own, other, cols):
     desc = dict(kernel='_whole_fwd', constexprs=dict(V2H=True, H2V=False, BLOCK_V=own, BLOCK_H=16, COLS_V=cols,
                                                      COLS_H=8, BLOCK_N=other))

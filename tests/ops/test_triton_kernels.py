@@ -110,6 +110,22 @@ def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():
     assert [(x.constexprs['BLOCK_M'], x.grid) for x in ran if x.name == '_whole_fwd'] == [(64, (16 * 66, 2))]
 
 
+def test_whole_forward_key_tiles_of_any_column_count(monkeypatch):
+    """Under triton 3.7 or later the forward's key tiles take the column count whose tiles compute the fewest
+    scores, whether or not it divides the tile (the slots past rows x columns stay empty; triton 3.6 keeps powers
+    of two): 9 x 13 runs H2V (its map 13 x 9) in tiles of 3 rows x 10 columns, 3 x 40 runs V2H in 10 columns. Both
+    equal the reference, gradients included."""
+    from mmppma.ops.whole.triton_impl import key_columns
+    assert [key_columns(w, h, 64, pow2=False) for w, h in ((84, 50), (50, 84), (42, 25), (25, 42))] == [21, 10, 21, 9]
+    assert [key_columns(w, h, 64) for w, h in ((84, 50), (50, 84), (42, 25), (25, 42))] == [32, 8, 16, 32]
+    ran = launched(monkeypatch)
+    for shape, cols in (((1, 2, 9, 13, 16), (16, 10)), ((1, 2, 3, 40, 16), (10, 8))):
+        assert_same(partial(ops.ppma_attention, scale=0.25), make(*shape))
+        forward = [x.constexprs for x in ran if x.name == '_whole_fwd'][-1]
+        want = cols if lp.triton_version() >= (3, 7) else tuple(1 << (c - 1).bit_length() for c in cols)
+        assert (forward['COLS_V'], forward['COLS_H']) == want, shape
+
+
 def test_narrow_tall_image_runs_transposed(monkeypatch):
     """An image narrower than ``lp.NARROW`` and at least that tall: every whole-attention launch sees the
     transpose, 3 rows of 21 tokens (Manhattan's 'v2h' runs as 'h2v' there)."""

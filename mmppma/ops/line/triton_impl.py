@@ -17,7 +17,16 @@ import triton.language as tl
 from ..caches import register_cache
 from ..triton_support import launch as lp
 from ..triton_support.calls import Caller, call_kernels
-from ..triton_support.tiles import head_offset, load_rows, load_tile, online_softmax_start, store_tile, token_block
+from ..triton_support.tiles import (
+    add_normalisers,
+    head_offset,
+    load_rows,
+    load_tile,
+    normalisers,
+    online_softmax_start,
+    store_tile,
+    token_block,
+)
 
 LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)  # the kernels' (a plain global is not a constant to triton)
@@ -145,8 +154,9 @@ def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, in_line
     m_new = tl.maximum(m_i, tl.max(y, 1) * LOG2E_ + row)
     p = tl.math.exp2(y * LOG2E_ - (m_new - row)[:, None])
     alpha = tl.math.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(x.dtype), x, acc * alpha[:, None], input_precision=PRECISION)
+    p = p.to(x.dtype)
+    l_i = add_normalisers(l_i, p, alpha, PRECISION)
+    acc = tl.dot(p, x, acc * alpha[:, None], input_precision=PRECISION)
     return m_new, l_i, acc, k_ptrs + BLOCK_N * k_step, x_ptrs + BLOCK_N * x_step, tok + BLOCK_N * c_step
 
 
@@ -211,13 +221,14 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
     k_mask = offs_d[None, :] < D
     x_mask = offs_x[None, :] < DX
     lo, hi = _parts(own_start, L, BLOCK_M, BLOCK_N)
-    state = online_softmax_start(BLOCK_M, BLOCK_X)
+    state = online_softmax_start(BLOCK_M, BLOCK_X, PRECISION)
     state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, 0, lo, L, q_step, x_step, c_step, k_mask,
                       x_mask, scale, BLOCK_M, BLOCK_N, BEFORE, False, PRECISION)
     state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, lo, hi, L, q_step, x_step, c_step, k_mask,
                       x_mask, scale, BLOCK_M, BLOCK_N, MIXED, True, PRECISION)
     m_i, l_i, acc = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, hi, L, L, q_step, x_step, c_step,
                               k_mask, x_mask, scale, BLOCK_M, BLOCK_N, AFTER, RAGGED, PRECISION)
+    l_i = normalisers(l_i)
     o = acc / l_i[:, None]
     store_tile(o_ptr, tok_m, mask_m, offs_x, DX, o)
     tl.store(lse_ptr + tok_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=mask_m)  # the backward's: natural units

@@ -36,6 +36,13 @@ def pow2(x: int, least: int = 16) -> int:
     return max(least, 1 << (int(x) - 1).bit_length())
 
 
+def triton_version() -> Tuple[int, int]:
+    """(major, minor) of the installed triton."""
+    import triton
+    major, minor = triton.__version__.split('.')[:2]
+    return int(major), int(minor)
+
+
 def cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive integers (``triton.cdiv`` without its constexpr wrapper's host cost)."""
     return -(-a // b)

@@ -47,10 +47,30 @@ def head_offset(bh, heads, s_b, s_n):
 
 
 @triton.jit
-def online_softmax_start(BLOCK_M: tl.constexpr, BLOCK_X: tl.constexpr):
-    """The online softmax's running row maximum, normaliser and unnormalised output, before the first key block."""
-    return (tl.full([BLOCK_M], float('-inf'), tl.float32), tl.zeros([BLOCK_M], tl.float32),
+def online_softmax_start(BLOCK_M: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
+    """The online softmax's running row maximum, normalisers (:func:`add_normalisers`) and unnormalised output,
+    before the first key block."""
+    return (tl.full([BLOCK_M], float('-inf'), tl.float32),
+            tl.zeros([BLOCK_M, 16 if PRECISION != 'ieee' else 1], tl.float32),
             tl.zeros([BLOCK_M, BLOCK_X], tl.float32))
+
+
+@triton.jit
+def add_normalisers(sums, p, alpha, PRECISION: tl.constexpr):
+    """The online softmax's normalisers after a key block whose probabilities are ``p`` (in the dtype they
+    multiply the values in), those before scaled by ``alpha``. With tensor-core products a product of P with ones
+    (16 equal columns: no sum per score on the CUDA cores); with exact float32 products a sum per row (one
+    column)."""
+    if PRECISION != 'ieee':
+        ones = tl.full([p.shape[1], 16], 1.0, tl.float32).to(p.dtype)  # (the interpreter builds no bf16 constant)
+        return tl.dot(p, ones, sums * alpha[:, None], input_precision=PRECISION)
+    return sums * alpha[:, None] + tl.sum(p, 1)[:, None]
+
+
+@triton.jit
+def normalisers(sums):
+    """Each row's normaliser from :func:`add_normalisers`' columns."""
+    return tl.max(sums, 1)
 
 
 @triton.jit

@@ -34,8 +34,10 @@ from ..masks import head_decay_tables, on_tables
 from ..triton_support import launch as lp
 from ..triton_support.calls import Caller, call_kernels
 from ..triton_support.tiles import (
+    add_normalisers,
     head_offset,
     load_rows,
+    normalisers,
     online_softmax_start,
     slice_offset,
     store_tile,
@@ -60,8 +62,8 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
              BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """The V2H path's online softmax for tile ``pid`` of one slice on an H x W map: BLOCK_M consecutive map tokens
     (in row-major order: a tile spans map rows, so only the map's last tile pads), over all keys in tiles of
-    (BLOCK_N // COLS map rows x COLS columns), column chunk by column chunk (masked only where the map is not a
-    whole number of tiles).
+    (BLOCK_N // COLS map rows x COLS columns; any COLS, the slots past them empty), column chunk by column chunk
+    (masked only where the map is not a whole number of tiles).
     The map is the image (V2H) or its transpose (H2V: V2H of the transposed map); its token (r, c) lies at
     ``r * q_r + c * q_c`` in q and k (``v_r``, ``v_c`` in v, ``t_r``, ``t_c`` in the tables T1 (along the map's
     rows) and T2 (along its columns), o and lse, which are in the image's order).
@@ -72,10 +74,11 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     column chunk both corner entries are fixed per (query, key column): they are gathered once per chunk as tiles,
     with the row segment's term. Per score the bias then costs one difference and one addition (of the absolute
     value), and the logits stay in natural units: the softmax's ``exp2`` takes them times log2(e) in the product
-    that subtracts the row maximum. Keys past the map read T2 as +inf: a bias of -inf, no per-score mask. The key
-    loop (over the chunk's rows) holds no loop of its own and is software-pipelined."""
+    that subtracts the row maximum. Keys past the map read T2 as +inf: a bias of -inf, no per-score mask. The
+    softmax's denominators are a product of P with ones on the tensor cores, not a sum per score. The key loop
+    (over the chunk's rows) holds no loop of its own and is software-pipelined."""
     ROWS: tl.constexpr = BLOCK_N // COLS
-    EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0
+    EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0 and ROWS * COLS == BLOCK_N
     tok = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = tok < H * W
     row = tok // W
@@ -84,11 +87,13 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     q = load_rows(q_ptr, row * q_r + (tok % W) * q_c, mask_m, offs_d, D)
     tok_m = row * t_r + (tok % W) * t_c
     t1_q = tl.load(t1_ptr + tok_m, mask=mask_m, other=0.0)
-    m, total, acc = online_softmax_start(BLOCK_M, BLOCK_DV)
+    m, sums, acc = online_softmax_start(BLOCK_M, BLOCK_DV, PRECISION)
     tile_rows = tl.arange(0, BLOCK_N) // COLS
     for c0 in range(0, W, COLS):
         key_c = c0 + tl.arange(0, BLOCK_N) % COLS
         in_row = key_c < W
+        if ROWS * COLS < BLOCK_N:  # a tile's slots past its ROWS x COLS keys stay empty
+            in_row &= tl.arange(0, BLOCK_N) < ROWS * COLS
         corner = row[:, None] * t_r + key_c[None, :] * t_c  # (query row, key column)
         on_map = mask_m[:, None] & in_row[None, :]
         t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0)
@@ -99,7 +104,7 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
                 mask_n = tl.full([BLOCK_N], True, tl.int1)
                 t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c)
             else:
-                mask_n = (key_r < H) & in_row
+                mask_n = in_row if H % ROWS == 0 else (key_r < H) & in_row  # (in_row: the same every iteration)
                 t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n, other=float('inf'))
             s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, offs_d, D)),
                        input_precision=PRECISION)
@@ -107,10 +112,12 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
             m_new = tl.maximum(m, tl.max(x, 1))
             alpha = tl.math.exp2((m - m_new) * LOG2E_)
             p = tl.math.exp2(x * LOG2E_ - (m_new * LOG2E_)[:, None])
-            total = total * alpha + tl.sum(p, 1)
             v = load_rows(v_ptr, key_r * v_r + key_c * v_c, mask_n, offs_dv, DV)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+            p = p.to(v.dtype)
+            sums = add_normalisers(sums, p, alpha, PRECISION)
+            acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PRECISION)
             m = m_new
+    total = normalisers(sums)
     store_tile(o_ptr, tok_m, mask_m, offs_dv, DV, acc / total[:, None])
     tl.store(lse_ptr + tok_m, m + tl.math.log2(total) * _LN2, mask=mask_m)
 
@@ -362,13 +369,15 @@ def query_block(width: int, block_m: int, least: int = 16) -> int:
                key=lambda block: (triton.cdiv(width, block) * block, -block))
 
 
-def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int = 128) -> int:
+def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int = 128, pow2: bool = True) -> int:
     """The columns of a tile of ``block_n`` other tokens (``block_n // columns`` map rows) on a map ``width`` x
-    ``height``: of ``least`` up to ``block_n`` and ``most``, the one that pads the map least (the wider on ties:
-    fewer column chunks)."""
-    return min((cols for cols in (8, 16, 32, 64, 128) if least <= cols <= min(block_n, most)),
-               key=lambda cols: (lp.cdiv(width, cols) * cols * lp.cdiv(height, block_n // cols)
-                                 * (block_n // cols), -cols))
+    ``height``: of ``least`` up to ``block_n`` and ``most`` (powers of two, or with ``pow2`` False any count: a
+    tile then leaves ``block_n % columns`` slots empty), the one whose tiles compute the fewest scores (on ties a
+    power of two, then the wider: fewer column chunks)."""
+    counts = range(least, min(block_n, most) + 1)
+    return min((cols for cols in counts if not pow2 or cols & (cols - 1) == 0),
+               key=lambda cols: (lp.cdiv(width, cols) * lp.cdiv(height, block_n // cols), cols & (cols - 1) != 0,
+                                 -cols))
 
 
 def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
@@ -387,9 +396,11 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
         block_m = query_block(n, cfg.block_m, least)
         tiles = lp.cdiv(n, block_m)
         # the map's sizes are constexprs: no division by a run-time width, no masks on a whole number of tiles
+        # key tiles of any column count pad least; triton 3.6 spills them (docs/benchmarks.md): powers of two there
+        pow2 = lp.triton_version() < (3, 7)
         constexprs = dict(HH=hh, WW=ww, V2H='v2h' in names, H2V='h2v' in names, BLOCK_M=block_m,
-                          COLS_V=key_columns(ww, hh, cfg.block_n) if 'v2h' in names else 8,
-                          COLS_H=key_columns(hh, ww, cfg.block_n) if 'h2v' in names else 8,
+                          COLS_V=key_columns(ww, hh, cfg.block_n, pow2=pow2) if 'v2h' in names else 8,
+                          COLS_H=key_columns(hh, ww, cfg.block_n, pow2=pow2) if 'h2v' in names else 8,
                           BLOCK_N=cfg.block_n,
                           BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
         plan = _FWD_PLANS[key] = ((tiles * bh, len(names)), constexprs, cfg, tiles)
