@@ -147,7 +147,7 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('whole_bwd_kv', False, False): {0: Config(16, 16, 4, 1)},
     ('whole_bwd_kv', False, True): {0: Config(32, 32, 2, 1)},
     ('whole_bwd_kv', True, False): {0: Config(32, 16, 4, 1), 90: Config(32, 16, 8, 1)},
-    ('whole_bwd_kv', True, True): {0: Config(64, 32, 4, 1), 120: Config(64, 16, 4, 1)},
+    ('whole_bwd_kv', True, True): {0: Config(64, 32, 4, 1), 90: Config(64, 64, 4, 1), 120: Config(64, 16, 4, 1)},
     ('line_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},

@@ -21,6 +21,7 @@ image's order. The host sums the slots once: no atomics, deterministic, extra me
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
+import dataclasses
 import functools
 from typing import Optional, Tuple
 
@@ -451,6 +452,9 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             # the column spreader's product needs 16 columns at least; the (own x column) sums are held through
             # the chunk: the largest tiles (128 x 64) take 32 columns at most (64 spill)
             cols = key_columns(width, n // width, cfg.block_n, least=16, most=32 if own * cfg.block_n >= 8192 else 128)
+            if cfg.block_n // cols > 2 and cfg.block_n > 32:  # tiles of 64 others over more than two rows spill
+                cfg = dataclasses.replace(cfg, block_n=32)
+                cols = key_columns(width, n // width, 32, least=16)
             tiles[path] = (cfg, image, own, cols)
             if not keys:
                 slots[path] = corner_slots(width, own)
