@@ -1,6 +1,7 @@
 """tools/check_kernels.py: the reduced shape set's kernels (TF32 included) compile for sm_80 / sm_90 within shared
 memory, without spills, every forward loop pipelined; --write's page; the grid check, TF32 rows, async-copy count."""
 import os
+import re
 import subprocess
 import sys
 
@@ -277,5 +278,6 @@ def test_half_precision_rows_need_tensor_cores_which_sm_75_lacks(compile_env):
                    '--one-shape', '--kernels', '_line_fwd', '--no-cache']
         runs[arch] = subprocess.run(command, cwd=REPO_ROOT, env=compile_env, capture_output=True, text=True,
                                     timeout=300)
-    assert runs[75].returncode == 1 and 'FAILED _line_fwd sm_75 fp16: no tensor-core instruction' in runs[75].stdout
+    assert runs[75].returncode == 1 and re.search(r'FAILED _line_fwd sm_75 fp16: (.*; )?no tensor-core instruction',
+                                                  runs[75].stdout), runs[75].stdout[-2000:]
     assert runs[120].returncode == 0 and ' 0 failed' in runs[120].stdout, runs[120].stdout[-2000:]

@@ -122,7 +122,8 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # (query x key) tiles of corner terms per column chunk, 64 x 32 where its products' operands sit in registers (every
 # target but sm_90's warp-group products: 64 x 64 spills 16-376 B there). Whole attention's backward holds (own token
 # x column) sums of the score gradient besides its tiles: 64 own tokens against 32 others (64 others spill on sm_80 to
-# sm_89). Its own tiles are consecutive map tokens, at least 16 per warp (128 own tokens over 8 warps on sm_90 are
+# sm_89); on sm_90 the keys' programs take 64 others where a tile spans at most two map rows (more spill; the
+# queries' programs spill there under triton 3.6). Its own tiles are consecutive map tokens, at least 16 per warp (128 own tokens over 8 warps on sm_90 are
 # predicted slower per real score: tools/kernel_model.py). Exact float32 products run on the FMA units, whose operand
 # tiles cost more registers, so float32 tiles are 16-32 wide. The forward families take 2 stages: their key loops are
 # software-pipelined (the next key block's loads overlap the current block's math), which holds the prefetched block
