@@ -110,20 +110,29 @@ def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():
     assert [(x.constexprs['BLOCK_M'], x.grid) for x in ran if x.name == '_whole_fwd'] == [(64, (16 * 66, 2))]
 
 
-def test_whole_forward_key_tiles_of_any_column_count(monkeypatch):
+@pytest.mark.parametrize('version', [(3, 7), (3, 6)])
+def test_whole_forward_plans_by_triton_version(monkeypatch, version):
     """Under triton 3.7 or later the forward's key tiles take the column count whose tiles compute the fewest
-    scores, whether or not it divides the tile (the slots past rows x columns stay empty; triton 3.6 keeps powers
-    of two): 9 x 13 runs H2V (its map 13 x 9) in tiles of 3 rows x 10 columns, 3 x 40 runs V2H in 10 columns. Both
-    equal the reference, gradients included."""
-    from mmppma.ops.whole.triton_impl import key_columns
-    assert [key_columns(w, h, 64, pow2=False) for w, h in ((84, 50), (50, 84), (42, 25), (25, 42))] == [21, 10, 21, 9]
-    assert [key_columns(w, h, 64) for w, h in ((84, 50), (50, 84), (42, 25), (25, 42))] == [32, 8, 16, 32]
+    scores, whether or not it divides the tile (the slots past rows x columns stay empty): 9 x 13 runs H2V (its map
+    13 x 9) in tiles of 3 rows x 10 columns, 3 x 40 runs V2H in 10 columns. Under triton 3.6 they take powers of two
+    and the H2V path reads its tables from transposed copies. Both equal the reference, gradients included."""
+    from mmppma.ops.whole import triton_impl
+    assert [triton_impl.key_columns(w, h, 64, pow2=False) for w, h in ((84, 50), (50, 84), (42, 25), (25, 42))] == [
+        21, 10, 21, 9]
+    assert [triton_impl.key_columns(w, h, 64) for w, h in ((84, 50), (50, 84), (42, 25), (25, 42))] == [32, 8, 16, 32]
+    monkeypatch.setattr(lp, 'triton_version', lambda: version)
+    triton_impl._FWD_PLANS.clear()
     ran = launched(monkeypatch)
-    for shape, cols in (((1, 2, 9, 13, 16), (16, 10)), ((1, 2, 3, 40, 16), (10, 8))):
-        assert_same(partial(ops.ppma_attention, scale=0.25), make(*shape))
-        forward = [x.constexprs for x in ran if x.name == '_whole_fwd'][-1]
-        want = cols if lp.triton_version() >= (3, 7) else tuple(1 << (c - 1).bit_length() for c in cols)
-        assert (forward['COLS_V'], forward['COLS_H']) == want, shape
+    try:
+        # (COLS_V, COLS_H): the fewest computed scores, by hand
+        cases = {(3, 7): [((1, 2, 9, 13, 16), (16, 10)), ((1, 2, 3, 40, 16), (10, 8))],
+                 (3, 6): [((1, 2, 9, 13, 16), (16, 16))]}[version]
+        for shape, cols in cases:
+            assert_same(partial(ops.ppma_attention, scale=0.25), make(*shape))
+            forward = [x.constexprs for x in ran if x.name == '_whole_fwd'][-1]
+            assert (forward['COLS_V'], forward['COLS_H'], forward['TABLES_T']) == cols + (version < (3, 7), ), shape
+    finally:
+        triton_impl._FWD_PLANS.clear()
 
 
 def test_narrow_tall_image_runs_transposed(monkeypatch):

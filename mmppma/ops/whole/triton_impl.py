@@ -59,15 +59,15 @@ def _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b, 
 
 @triton.jit
 def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
-             H: tl.constexpr, W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr,
-             BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+             o_r, o_c, H: tl.constexpr, W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             COLS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """The V2H path's online softmax for tile ``pid`` of one slice on an H x W map: BLOCK_M consecutive map tokens
     (in row-major order: a tile spans map rows, so only the map's last tile pads), over all keys in tiles of
     (BLOCK_N // COLS map rows x COLS columns; any COLS, the slots past them empty), column chunk by column chunk
     (masked only where the map is not a whole number of tiles).
     The map is the image (V2H) or its transpose (H2V: V2H of the transposed map); its token (r, c) lies at
     ``r * q_r + c * q_c`` in q and k (``v_r``, ``v_c`` in v, ``t_r``, ``t_c`` in the tables T1 (along the map's
-    rows) and T2 (along its columns), o and lse, which are in the image's order).
+    rows) and T2 (along its columns), ``o_r``, ``o_c`` in o and lse, which are in the image's order).
 
     The log-decays are <= 0 (the ops' contract), so the tables are monotone along their lines and a segment's sum
     is minus the absolute difference of its ends: M[p, s] = -|T1[i, j] - T1[i, l]| - |T2[i, l] - T2[k, l]| for
@@ -86,8 +86,9 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     q = load_rows(q_ptr, row * q_r + (tok % W) * q_c, mask_m, offs_d, D)
-    tok_m = row * t_r + (tok % W) * t_c
-    t1_q = tl.load(t1_ptr + tok_m, mask=mask_m, other=0.0)
+    tok_m = row * o_r + (tok % W) * o_c
+    tok_t = tok_m if t_r == o_r and t_c == o_c else row * t_r + (tok % W) * t_c
+    t1_q = tl.load(t1_ptr + tok_t, mask=mask_m, other=0.0)
     m, sums, acc = online_softmax_start(BLOCK_M, BLOCK_DV, PRECISION)
     tile_rows = tl.arange(0, BLOCK_N) // COLS
     for c0 in range(0, W, COLS):
@@ -124,32 +125,41 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b,
-               v_n, v_h, v_w, TILES, BH, HH: tl.constexpr, WW: tl.constexpr, V2H: tl.constexpr, H2V: tl.constexpr,
-               BLOCK_M: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse_ptr, scale, heads, N, D, DV, q_b, q_n,
+               q_h, q_w, v_b, v_n, v_h, v_w, TILES, BH, HH: tl.constexpr, WW: tl.constexpr, V2H: tl.constexpr,
+               H2V: tl.constexpr, BLOCK_M: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, TABLES_T: tl.constexpr,
+               PRECISION: tl.constexpr):
     """Whole attention's forward, every path of the form in one launch: axis 1 is the path (V2H, then H2V), axis 0
     the (slice, tile) programs, slice-major, TILES per slice (tiles of BLOCK_M consecutive tokens of the path's
     map). q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), v likewise; the tables (BH, H, W), o
     (paths, BH, H, W, dv) and lse (paths, BH, H, W) contiguous, in the image's order. The V2H path
     runs :func:`_fwd_map` on the image (map width WW, key column chunks of COLS_V), the H2V path on its transpose
-    (map width HH, COLS_H; its row table is the image's column table)."""
+    (map width HH, COLS_H), its tables the image's column and row tables, read in place or (TABLES_T) from ct1 and
+    ct2 (BH, W, H), their transposed copies: in place a map row's entries lie apart, and triton 3.6 copies them one
+    by one."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
     path = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b,
                                                     v_n)
+    ct1_ptr += slice_offset(bh, N, 1)
+    ct2_ptr += slice_offset(bh, N, 1)
     o_ptr += slice_offset(path * BH + bh, N, DV)
     lse_ptr += slice_offset(path * BH + bh, N, 1)
     if V2H:
         if path == 0:
             _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_h, q_w, v_h, v_w,
-                     WW, 1, HH, WW, BLOCK_M, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, PRECISION)
+                     WW, 1, WW, 1, HH, WW, BLOCK_M, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, PRECISION)
     h2v_index: tl.constexpr = 1 if V2H else 0
     if H2V:
         if path == h2v_index:
-            _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w, v_h,
-                     1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
+            if TABLES_T:
+                _fwd_map(q_ptr, k_ptr, v_ptr, ct1_ptr, ct2_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w,
+                         v_h, HH, 1, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
+            else:
+                _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w, v_h,
+                         1, WW, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
 
 
 @triton.constexpr_function
@@ -397,13 +407,15 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
         block_m = query_block(n, cfg.block_m, least)
         tiles = lp.cdiv(n, block_m)
         # the map's sizes are constexprs: no division by a run-time width, no masks on a whole number of tiles
-        # key tiles of any column count pad least; triton 3.6 spills them (docs/benchmarks.md): powers of two there
+        # key tiles of any column count pad least; triton 3.6 spills them (docs/benchmarks.md): powers of two there,
+        # and the H2V path's tables transposed (two copies per call)
         pow2 = lp.triton_version() < (3, 7)
         constexprs = dict(HH=hh, WW=ww, V2H='v2h' in names, H2V='h2v' in names, BLOCK_M=block_m,
                           COLS_V=key_columns(ww, hh, cfg.block_n, pow2=pow2) if 'v2h' in names else 8,
                           COLS_H=key_columns(hh, ww, cfg.block_n, pow2=pow2) if 'h2v' in names else 8,
                           BLOCK_N=cfg.block_n,
-                          BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
+                          BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), TABLES_T=pow2 and 'h2v' in names,
+                          PRECISION=lp.precision(q.dtype))
         plan = _FWD_PLANS[key] = ((tiles * bh, len(names)), constexprs, cfg, tiles)
     return plan
 
@@ -421,7 +433,10 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     o = torch.empty(grid[1], b * heads, hh, ww, v.shape[-1], device=q.device, dtype=torch.float32)
     lse = torch.empty(grid[1], b * heads, hh, ww, device=q.device, dtype=torch.float32)
     qs, vs = q.stride(), v.stride()
-    launch = lp.Launch(_whole_fwd, grid, (q, k, v, ca, cb, o, lse, scale, heads, hh * ww, d, v.shape[-1],
+    # the H2V map's row and column tables, its rows contiguous, for triton 3.6 (:func:`_whole_fwd`)
+    ct1, ct2 = ((cb.transpose(-1, -2).contiguous(), ca.transpose(-1, -2).contiguous()) if constexprs['TABLES_T']
+                else (cb, ca))
+    launch = lp.Launch(_whole_fwd, grid, (q, k, v, ca, cb, ct1, ct2, o, lse, scale, heads, hh * ww, d, v.shape[-1],
                                           qs[0], qs[1], qs[2], qs[3], vs[0], vs[1], vs[2], vs[3], tiles, b * heads),
                        constexprs, cfg, q.device)
     return [launch], o, lse
