@@ -87,6 +87,8 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     offs_dv = tl.arange(0, BLOCK_DV)
     q = load_rows(q_ptr, row * q_r + (tok % W) * q_c, mask_m, offs_d, D)
     tok_m = row * o_r + (tok % W) * o_c
+    # one offset where the tables and the outputs share strides (a second, equal one costs registers: the in-place
+    # H2V path spills at 255 with it)
     tok_t = tok_m if t_r == o_r and t_c == o_c else row * t_r + (tok % W) * t_c
     t1_q = tl.load(t1_ptr + tok_t, mask=mask_m, other=0.0)
     m, sums, acc = online_softmax_start(BLOCK_M, BLOCK_DV, PRECISION)
@@ -143,8 +145,6 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse
     path = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b,
                                                     v_n)
-    ct1_ptr += slice_offset(bh, N, 1)
-    ct2_ptr += slice_offset(bh, N, 1)
     o_ptr += slice_offset(path * BH + bh, N, DV)
     lse_ptr += slice_offset(path * BH + bh, N, 1)
     if V2H:
@@ -155,6 +155,8 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse
     if H2V:
         if path == h2v_index:
             if TABLES_T:
+                ct1_ptr += slice_offset(bh, N, 1)
+                ct2_ptr += slice_offset(bh, N, 1)
                 _fwd_map(q_ptr, k_ptr, v_ptr, ct1_ptr, ct2_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w,
                          v_h, HH, 1, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
             else:
