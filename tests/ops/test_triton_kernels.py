@@ -135,6 +135,32 @@ def test_whole_forward_plans_by_triton_version(monkeypatch, version):
         triton_impl._FWD_PLANS.clear()
 
 
+def test_whole_backward_column_chunks_narrower_than_the_spreader(monkeypatch):
+    """On other tiles of 16 tokens (sm_90's half-precision tiles at 7 x 7) the backward takes column chunks of 8
+    columns over 2 map rows: the column spreader stays 16 wide, its last columns empty. 7 x 7 and 2 x 17 (three
+    chunks; its transpose, 17 x 2, one) equal the reference, gradients included."""
+    import dataclasses
+
+    from mmppma.ops.whole import triton_impl
+    config = lp.config
+
+    def other_tiles_of_16(family, *args, **kwargs):
+        chosen = config(family, *args, **kwargs)
+        return dataclasses.replace(chosen, block_n=16) if family.startswith('whole_bwd') else chosen
+
+    monkeypatch.setattr(lp, 'config', other_tiles_of_16)
+    triton_impl._BWD_PLANS.clear()
+    ran = launched(monkeypatch)
+    try:
+        for shape in ((1, 2, 7, 7, 16), (1, 1, 2, 17, 16, 8)):
+            assert_same(partial(ops.ppma_attention, scale=0.25), make(*shape))
+        tiles = {(x.constexprs['BLOCK_OTHER'], x.constexprs['COLS_V'], x.constexprs['COLS_H'])
+                 for x in ran if x.name == '_whole_bwd'}
+        assert tiles == {(16, 8, 8)}, tiles
+    finally:
+        triton_impl._BWD_PLANS.clear()
+
+
 def test_narrow_tall_image_runs_transposed(monkeypatch):
     """An image narrower than ``lp.NARROW`` and at least that tall: every whole-attention launch sees the
     transpose, 3 rows of 21 tokens (Manhattan's 'v2h' runs as 'h2v' there)."""

@@ -63,7 +63,7 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
              COLS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """The V2H path's online softmax for tile ``pid`` of one slice on an H x W map: BLOCK_M consecutive map tokens
     (in row-major order: a tile spans map rows, so only the map's last tile pads), over all keys in tiles of
-    (BLOCK_N // COLS map rows x COLS columns; any COLS, the slots past them empty), column chunk by column chunk
+    (BLOCK_N // COLS map rows x COLS columns; any COLS, the places past them empty), column chunk by column chunk
     (masked only where the map is not a whole number of tiles).
     The map is the image (V2H) or its transpose (H2V: V2H of the transposed map); its token (r, c) lies at
     ``r * q_r + c * q_c`` in q and k (``v_r``, ``v_c`` in v, ``t_r``, ``t_c`` in the tables T1 (along the map's
@@ -96,7 +96,7 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     for c0 in range(0, W, COLS):
         key_c = c0 + tl.arange(0, BLOCK_N) % COLS
         in_row = key_c < W
-        if ROWS * COLS < BLOCK_N:  # a tile's slots past its ROWS x COLS keys stay empty
+        if ROWS * COLS < BLOCK_N:  # a tile's places past its ROWS x COLS keys stay empty
             in_row &= tl.arange(0, BLOCK_N) < ROWS * COLS
         corner = row[:, None] * t_r + key_c[None, :] * t_c  # (query row, key column)
         on_map = mask_m[:, None] & in_row[None, :]
@@ -171,6 +171,13 @@ def corner_slots(width, own):
     return (width + own - 2) // own + 1
 
 
+@triton.constexpr_function
+def spread_columns(cols):
+    """The backward's column spreader's width for column chunks of ``cols``: a power of two, 16 at least (a
+    tensor-core product's)."""
+    return max(16, 1 << (cols - 1).bit_length())
+
+
 @triton.jit
 def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr, c1_ptr,
              c2_ptr, scale, scale2, weight, pid, D, DV, x_r, x_c, v_r, v_c, o_r, o_c, t_r, t_c, slot_stride,
@@ -202,6 +209,7 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
     SLOTS: tl.constexpr = corner_slots(W, BLOCK_OWN)
     SPAN: tl.constexpr = (BLOCK_OWN + W - 2) // W + 1  # map rows one own tile touches, at most
     ROWS: tl.constexpr = BLOCK_OTHER // COLS
+    SPREAD: tl.constexpr = spread_columns(COLS)
     tok = pid * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
     mask_own = tok < H * W
     row_own = tok // W
@@ -223,8 +231,9 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
     g1 = tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32)
     g2 = tl.zeros([BLOCK_OWN, BLOCK_DV], tl.float32)
     self_own = tl.zeros([BLOCK_OWN], tl.float32)
-    # other token -> its column of the chunk: the score gradient summed per (own token, column) by a product
-    spread = tl.where((tl.arange(0, BLOCK_OTHER) % COLS)[:, None] == tl.arange(0, COLS)[None, :], 1.0, 0.0)
+    # other token -> its column of the chunk (of SPREAD; those past COLS take none): the score gradient summed per
+    # (own token, column) by a product
+    spread = tl.where((tl.arange(0, BLOCK_OTHER) % COLS)[:, None] == tl.arange(0, SPREAD)[None, :], 1.0, 0.0)
     tile_rows = tl.arange(0, BLOCK_OTHER) // COLS
     if not KEYS:  # the own queries' log-normaliser, log2 units (past the map: any finite value, P = 0 there)
         lse_own = tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0) * LOG2E_
@@ -232,9 +241,9 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
         first_row = pid * BLOCK_OWN // W  # of the own tile; its corner sums go to slot pid % SLOTS
         slot = (pid % SLOTS) * slot_stride
     for c0 in range(0, W, COLS):
-        per_column = tl.zeros([BLOCK_OWN, COLS], tl.float32)  # sum over the chunk's rows of ds, per column
+        per_column = tl.zeros([BLOCK_OWN, SPREAD], tl.float32)  # sum over the chunk's rows of ds, per column
         if not KEYS:  # the same over the other rows above the own token's
-            above = tl.zeros([BLOCK_OWN, COLS], tl.float32)
+            above = tl.zeros([BLOCK_OWN, SPREAD], tl.float32)
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
         in_row = cols < W
         corner = row_own[:, None] * t_r + cols[None, :] * t_c  # (own row, other column)
@@ -275,14 +284,14 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
             per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
             g1 += tl.dot(ds, b, input_precision=PRECISION)
         # the row segment's sign, own column j against the chunk's column l: d m / d T1[own] = -d m / d T1[c]
-        signed = per_column * tl.where(col_own[:, None] >= c0 + tl.arange(0, COLS)[None, :], 1.0, -1.0)
+        signed = per_column * tl.where(col_own[:, None] >= c0 + tl.arange(0, SPREAD)[None, :], 1.0, -1.0)
         self_own += tl.sum(signed, 1)
         if not KEYS:  # the corners, per own row, into the program's slot
             signed_rows = 2 * above - per_column  # + above the own row, - at and below it
-            keep = c0 + tl.arange(0, COLS) < W
+            keep = (c0 + tl.arange(0, SPREAD) < W) & (tl.arange(0, SPREAD) < COLS)
             for r in tl.static_range(SPAN):
                 here = (row_own == first_row + r)[:, None]
-                at = (first_row + r) * t_r + (c0 + tl.arange(0, COLS)) * t_c + slot
+                at = (first_row + r) * t_r + (c0 + tl.arange(0, SPREAD)) * t_c + slot
                 keep_row = keep & (first_row + r < H)
                 tl.store(c1_ptr + at, -tl.sum(tl.where(here, signed, 0.0), 0), mask=keep_row)
                 tl.store(c2_ptr + at, tl.sum(tl.where(here, signed_rows, 0.0), 0), mask=keep_row)
@@ -385,7 +394,7 @@ def query_block(width: int, block_m: int, least: int = 16) -> int:
 def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int = 128, pow2: bool = True) -> int:
     """The columns of a tile of ``block_n`` other tokens (``block_n // columns`` map rows) on a map ``width`` x
     ``height``: of ``least`` up to ``block_n`` and ``most`` (powers of two, or with ``pow2`` False any count: a
-    tile then leaves ``block_n % columns`` slots empty), the one whose tiles compute the fewest scores (on ties a
+    tile then leaves ``block_n % columns`` places empty), the one whose tiles compute the fewest scores (on ties a
     power of two, then the wider: fewer column chunks)."""
     counts = range(least, min(block_n, most) + 1)
     return min((cols for cols in counts if not pow2 or cols & (cols - 1) == 0),
@@ -466,9 +475,11 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             # own tiles of consecutive map tokens: tensor-core tiles take 16 own rows per warp at least
             least = 16 * cfg.num_warps if q.dtype != torch.float32 and width >= lp.NARROW else 16
             own = query_block(n, cfg.block_m, least)
-            # the column spreader's product needs 16 columns at least; the (own x column) sums are held through
-            # the chunk: the largest tiles (128 x 64) take 32 columns at most (64 spill)
-            cols = key_columns(width, n // width, cfg.block_n, least=16, most=32 if own * cfg.block_n >= 8192 else 128)
+            # the (own x column) sums are held through the chunk (as 16 columns at least, the column spreader's
+            # product): the largest tiles (128 x 64) take 32 columns at most (64 spill); a chunk of fewer than 16
+            # columns only on tiles of 16 others (over 2 rows: a row more costs the queries' programs a product)
+            cols = key_columns(width, n // width, cfg.block_n, least=min(16, cfg.block_n // 2),
+                               most=32 if own * cfg.block_n >= 8192 else 128)
             if cfg.block_n // cols > 2 and cfg.block_n > 32:  # tiles of 64 others over more than two rows spill
                 cfg = dataclasses.replace(cfg, block_n=32)
                 cols = key_columns(width, n // width, 32, least=16)
