@@ -80,6 +80,10 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     (over the chunk's rows) holds no loop of its own and is software-pipelined."""
     ROWS: tl.constexpr = BLOCK_N // COLS
     EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0 and ROWS * COLS == BLOCK_N
+    # no key row past the map, no empty place: only columns past the map are masked, the same every iteration
+    # (with empty places or rows past the map the chunk's tiles keep the masks' layout: the products' costs
+    # registers there, and the in-place H2V path spills)
+    FULL: tl.constexpr = H % ROWS == 0 and ROWS * COLS == BLOCK_N
     tok = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = tok < H * W
     row = tok // W
@@ -102,11 +106,20 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
         on_map = mask_m[:, None] & in_row[None, :]
         t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0)
         row_bias = -tl.abs(t1_q[:, None] - tl.load(t1_ptr + corner, mask=on_map, other=0.0))
+        if FULL:
+            # keys past the row read a corner of +inf (no per-key +inf), and the chunk's tiles take the scores'
+            # layout (that of a product: a zero one added), so that no tile changes layout per key tile
+            zero = tl.dot(q, tl.trans(tl.zeros([BLOCK_N, BLOCK_D], q.dtype)), input_precision=PRECISION)
+            t2_corner = tl.where(in_row[None, :], t2_corner, float('inf')) + zero
+            row_bias += zero
         for r0 in range(0, H, ROWS):
             key_r = r0 + tile_rows
             if EVEN:
                 mask_n = tl.full([BLOCK_N], True, tl.int1)
                 t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c)
+            elif FULL:
+                mask_n = in_row
+                t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n, other=0.0)
             else:
                 mask_n = in_row if H % ROWS == 0 else (key_r < H) & in_row  # (in_row: the same every iteration)
                 t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n, other=float('inf'))
