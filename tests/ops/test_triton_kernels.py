@@ -113,9 +113,10 @@ def test_whole_forward_runs_h2v_as_v2h_on_the_transposed_map():
 @pytest.mark.parametrize('version', [(3, 7), (3, 6)])
 def test_whole_forward_plans_by_triton_version(monkeypatch, version):
     """Under triton 3.7 or later the forward's key tiles take the column count whose tiles compute the fewest
-    scores, whether or not it divides the tile (the slots past rows x columns stay empty): 9 x 13 runs H2V (its map
-    13 x 9) in tiles of 3 rows x 10 columns, 3 x 40 runs V2H in 10 columns. Under triton 3.6 they take powers of two
-    and the H2V path reads its tables from transposed copies. Both equal the reference, gradients included."""
+    scores, whether or not it divides the tile (the places past rows x columns stay empty): 9 x 13 runs H2V (its map
+    13 x 9) in tiles of 3 rows x 10 columns, 3 x 40 runs V2H in 10 columns, and full tiles hold a column chunk's
+    tiles in the scores' layout. Under triton 3.6 they take powers of two and the H2V path reads its tables from
+    transposed copies. Both equal the reference, gradients included."""
     from mmppma.ops.whole import triton_impl
     assert [triton_impl.key_columns(w, h, 64, pow2=False) for w, h in ((84, 50), (50, 84), (42, 25), (25, 42))] == [
         21, 10, 21, 9]
@@ -130,7 +131,8 @@ def test_whole_forward_plans_by_triton_version(monkeypatch, version):
         for shape, cols in cases:
             assert_same(partial(ops.ppma_attention, scale=0.25), make(*shape))
             forward = [x.constexprs for x in ran if x.name == '_whole_fwd'][-1]
-            assert (forward['COLS_V'], forward['COLS_H'], forward['TABLES_T']) == cols + (version < (3, 7), ), shape
+            assert (forward['COLS_V'], forward['COLS_H'], forward['TABLES_T'], forward['SCORES_LAYOUT']) == cols + (
+                version < (3, 7), version >= (3, 7)), shape
     finally:
         triton_impl._FWD_PLANS.clear()
 

@@ -60,7 +60,8 @@ def _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b, 
 @triton.jit
 def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
              o_r, o_c, H: tl.constexpr, W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             COLS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+             COLS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SCORES_LAYOUT: tl.constexpr,
+             PRECISION: tl.constexpr):
     """The V2H path's online softmax for tile ``pid`` of one slice on an H x W map: BLOCK_M consecutive map tokens
     (in row-major order: a tile spans map rows, so only the map's last tile pads), over all keys in tiles of
     (BLOCK_N // COLS map rows x COLS columns; any COLS, the places past them empty), column chunk by column chunk
@@ -83,7 +84,7 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     # no key row past the map, no empty place: only columns past the map are masked, the same every iteration
     # (with empty places or rows past the map the chunk's tiles keep the masks' layout: the products' costs
     # registers there, and the in-place H2V path spills)
-    FULL: tl.constexpr = H % ROWS == 0 and ROWS * COLS == BLOCK_N
+    FULL: tl.constexpr = SCORES_LAYOUT and H % ROWS == 0 and ROWS * COLS == BLOCK_N
     tok = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = tok < H * W
     row = tok // W
@@ -144,7 +145,7 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse
                q_h, q_w, v_b, v_n, v_h, v_w, TILES, BH, HH: tl.constexpr, WW: tl.constexpr, V2H: tl.constexpr,
                H2V: tl.constexpr, BLOCK_M: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, TABLES_T: tl.constexpr,
-               PRECISION: tl.constexpr):
+               SCORES_LAYOUT: tl.constexpr, PRECISION: tl.constexpr):
     """Whole attention's forward, every path of the form in one launch: axis 1 is the path (V2H, then H2V), axis 0
     the (slice, tile) programs, slice-major, TILES per slice (tiles of BLOCK_M consecutive tokens of the path's
     map). q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), v likewise; the tables (BH, H, W), o
@@ -152,7 +153,8 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse
     runs :func:`_fwd_map` on the image (map width WW, key column chunks of COLS_V), the H2V path on its transpose
     (map width HH, COLS_H), its tables the image's column and row tables, read in place or (TABLES_T) from ct1 and
     ct2 (BH, W, H), their transposed copies: in place a map row's entries lie apart, and triton 3.6 copies them one
-    by one."""
+    by one. SCORES_LAYOUT: whether full key tiles hold a column chunk's tiles in the scores' layout (:func:`_fwd_map`;
+    under triton 3.7 and later)."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
     path = tl.program_id(1)
@@ -163,7 +165,7 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse
     if V2H:
         if path == 0:
             _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_h, q_w, v_h, v_w,
-                     WW, 1, WW, 1, HH, WW, BLOCK_M, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, PRECISION)
+                     WW, 1, WW, 1, HH, WW, BLOCK_M, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, SCORES_LAYOUT, PRECISION)
     h2v_index: tl.constexpr = 1 if V2H else 0
     if H2V:
         if path == h2v_index:
@@ -171,10 +173,12 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse
                 ct1_ptr += slice_offset(bh, N, 1)
                 ct2_ptr += slice_offset(bh, N, 1)
                 _fwd_map(q_ptr, k_ptr, v_ptr, ct1_ptr, ct2_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w,
-                         v_h, HH, 1, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
+                         v_h, HH, 1, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, SCORES_LAYOUT,
+                         PRECISION)
             else:
                 _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w, v_h,
-                         1, WW, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, PRECISION)
+                         1, WW, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, SCORES_LAYOUT,
+                         PRECISION)
 
 
 @triton.constexpr_function
@@ -432,14 +436,15 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
         tiles = lp.cdiv(n, block_m)
         # the map's sizes are constexprs: no division by a run-time width, no masks on a whole number of tiles
         # key tiles of any column count pad least; triton 3.6 spills them (docs/benchmarks.md): powers of two there,
-        # and the H2V path's tables transposed (two copies per call)
+        # and the H2V path's tables transposed (two copies per call); the chunk's tiles in the scores' layout cost
+        # triton 3.6 more than the per-tile layout change
         pow2 = lp.triton_version() < (3, 7)
         constexprs = dict(HH=hh, WW=ww, V2H='v2h' in names, H2V='h2v' in names, BLOCK_M=block_m,
                           COLS_V=key_columns(ww, hh, cfg.block_n, pow2=pow2) if 'v2h' in names else 8,
                           COLS_H=key_columns(hh, ww, cfg.block_n, pow2=pow2) if 'h2v' in names else 8,
                           BLOCK_N=cfg.block_n,
                           BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), TABLES_T=pow2 and 'h2v' in names,
-                          PRECISION=lp.precision(q.dtype))
+                          SCORES_LAYOUT=not pow2, PRECISION=lp.precision(q.dtype))
         plan = _FWD_PLANS[key] = ((tiles * bh, len(names)), constexprs, cfg, tiles)
     return plan
 
