@@ -1,6 +1,7 @@
 """The launches themselves: CUDA's grid limits at any batch size, the inputs' device, and every configuration of the
 launch tables executed against the float64 reference on the simulated device of each capability."""
 import contextlib
+import functools
 import math
 
 import pytest
@@ -47,13 +48,23 @@ def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
 def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
     """Criss-cross lines below LARGE tokens take the long row's 64 own tokens on sm_90 where 32 would pad as much:
     lines of 56, 100 and 168 tokens (the configs' 224 and 800 x 1344 maps), not 28, 200 or 336; float32, whole
-    attention and sm_80 keep the short row."""
+    attention and sm_80 keep the short row. Whole attention's half-precision forward on sm_90 takes the long row
+    from 128 tokens (14 x 14 maps and larger; 7 x 7 keeps the short row), with 64-token query tiles."""
     half = {n: lp.long_tiles('line_fwd', n, torch.float16, 90) for n in (28, 56, 100, 168, 200, 336, 1024)}
     assert half == {28: False, 56: True, 100: True, 168: True, 200: False, 336: False, 1024: True}
     assert lp.config('line_bwd', 168, torch.bfloat16, 90) == lp.config('line_bwd', lp.LARGE, torch.bfloat16, 90)
-    assert not lp.long_tiles('line_fwd', 168, torch.float32, 90) and not lp.long_tiles('whole_fwd', 168,
-                                                                                        torch.float16, 90)
+    assert not lp.long_tiles('line_fwd', 168, torch.float32, 90)
     assert not lp.long_tiles('line_bwd', 168, torch.float16, 80)  # the long row's backward spills there
+    whole = {n: lp.long_tiles('whole_fwd', n, torch.bfloat16, 90) for n in (49, 127, 128, 196, 256)}
+    assert whole == {49: False, 127: False, 128: True, 196: True, 256: True}
+    assert not any(lp.long_tiles('whole_fwd', 196, dtype, cap) for dtype, cap in ((torch.float32, 90),
+                                                                                   (torch.float16, 80)))
+    assert not lp.long_tiles('whole_bwd_q', 196, torch.float16, 90)
+    q = torch.empty(8, 4, 14, 14, 32, dtype=torch.bfloat16, device='meta')
+    with lp.recording(90) as ran:
+        ops.ppma_attention(q, q, q, *(torch.empty(8, 4, 14, 14, device='meta'), ) * 2, impl='triton')
+    forward = [x for x in ran if x.name == '_whole_fwd']
+    assert [(x.constexprs['BLOCK_M'], x.constexprs['BLOCK_N'], x.config.num_warps) for x in forward] == [(64, 64, 4)]
 
 
 def test_a_grid_over_the_limits_is_refused():
@@ -174,28 +185,48 @@ def test_every_configuration_against_the_float64_reference(cap, case, dtype, mon
             f'tensor {i} (0: out): error {err:.2e}'
 
 
+def _on_simulated_sm90_against_float64(monkeypatch, op, shape, dtype):
+    """``op`` (taking ``impl=``) on the simulated sm_90 on random (B, heads, H, W, d) inputs of ``dtype`` and two
+    log-decay tables: its output and input gradients within 1e-2 in relative norm of the float64 reference. Returns
+    the (capability, config) of the launches."""
+    if torch.cuda.is_available():
+        pytest.skip('the simulated device runs CPU tensors on the interpreter')
+    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
+    g = torch.Generator().manual_seed(7)
+    inputs = [(torch.randn(*shape, generator=g) * 0.5).to(dtype).requires_grad_() for _ in range(3)]
+    inputs += [(-torch.rand(*shape[:-1], generator=g) * 0.5).requires_grad_() for _ in range(2)]
+    with lp.executed() as ran:
+        out = op(*inputs, impl='auto')
+        cotangent = torch.randn(out.shape, generator=g).to(out.dtype)
+        got = [out] + list(torch.autograd.grad(out, inputs, cotangent))
+    wide = [t.detach().double().requires_grad_() for t in inputs]
+    want = op(*wide, impl='reference')
+    want = [want] + list(torch.autograd.grad(want, wide, cotangent.double()))
+    for i, (a, b) in enumerate(zip(got, want)):
+        err = (torch.linalg.vector_norm(a.detach().double() - b) / torch.linalg.vector_norm(b)).item()
+        assert err <= 1e-2, f'tensor {i} (0: out): error {err:.2e}'
+    return ran
+
+
+@pytest.mark.heavy
+@pytest.mark.slow(minutes=2)
+def test_sm90_whole_forward_below_large_on_the_long_tiles_against_the_float64_reference(monkeypatch):
+    """On sm_90 a 14 x 14 map's whole-attention forward (196 tokens) takes the long row's 64 x 64 tiles over 4 warps,
+    the last query tile holding 4 tokens; bf16 output and input gradients within 1e-2 in relative norm of the
+    float64 reference."""
+    ran = _on_simulated_sm90_against_float64(monkeypatch, functools.partial(ops.ppma_attention, scale=0.25),
+                                             (1, 2, 14, 14, 32), torch.bfloat16)
+    assert (90, lp.config('whole_fwd', lp.LARGE, torch.bfloat16, 90)) in ran
+
+
 @pytest.mark.heavy
 @pytest.mark.slow(minutes=2)
 @pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
 def test_sm90_lines_below_large_on_the_long_tiles_against_the_float64_reference(dtype, monkeypatch):
     """On sm_90 a 3 x 56 map's rows (56 tokens: one ragged 64-token tile) take the long tiles, its columns the short
     ones; output and input gradients within 1e-2 in relative norm of the float64 reference."""
-    if torch.cuda.is_available():
-        pytest.skip('the simulated device runs CPU tensors on the interpreter')
-    monkeypatch.setenv(devices.SIMULATE_VAR, '90')
-    g = torch.Generator().manual_seed(7)
-    shape = (1, 2, 3, 56, 16)
-    inputs = [(torch.randn(*shape, generator=g) * 0.5).to(DTYPES[dtype]).requires_grad_() for _ in range(3)]
-    inputs += [(-torch.rand(*shape[:-1], generator=g) * 0.5).requires_grad_() for _ in range(2)]
-    with lp.executed() as ran:
-        out = ops.criss_cross_attention(*inputs, scale=0.25, form='release', impl='auto')
-        cotangent = torch.randn(out.shape, generator=g).to(out.dtype)
-        got = [out] + list(torch.autograd.grad(out, inputs, cotangent))
+    ran = _on_simulated_sm90_against_float64(
+        monkeypatch, functools.partial(ops.criss_cross_attention, scale=0.25, form='release'), (1, 2, 3, 56, 16),
+        DTYPES[dtype])
     long = lp.config('line_fwd', lp.LARGE, torch.float16, 90)
     assert long.block_m == 64 and long in {c for _, c in ran} and {c.block_m for _, c in ran} == {32, 64}
-    wide = [t.detach().double().requires_grad_() for t in inputs]
-    want = ops.criss_cross_attention(*wide, scale=0.25, form='release', impl='reference')
-    want = [want] + list(torch.autograd.grad(want, wide, cotangent.double()))
-    for i, (a, b) in enumerate(zip(got, want)):
-        err = (torch.linalg.vector_norm(a.detach().double() - b) / torch.linalg.vector_norm(b)).item()
-        assert err <= 1e-2, f'tensor {i} (0: out): error {err:.2e}'

@@ -196,16 +196,26 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
 LINE_FAMILIES = ('line_fwd', 'line_bwd')
 LINE_LONG = 48
 LINE_LONG_CAPS = (90, )
+#: whole attention's half-precision forward on sm_90 takes the long row from WHOLE_LONG tokens (two 64-token tiles:
+#: maps of 14 x 14 and 16 x 16): per real score its 64 x 64 tiles over 4 warps issue less than the short row's (16 or
+#: 32 query rows over 2 warps), though they pad more
+WHOLE_LONG = 128
+WHOLE_LONG_CAPS = (90, )
 
 
 def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int) -> bool:
     """Whether ``family`` takes its table's long row for ``length`` tokens on capability ``cap``: at LARGE tokens or
     more, and (sm_90) the criss-cross kernels' half-precision lines of LINE_LONG or more that the long row's 64 own
     tokens pad no more than the short row's 32 (lines of 56, 100 or 168 tokens; not 200 or 336): per score the
-    64 x 64 tiles over 4 warps issue less than 32 x 32 over 2 (tools/kernel_model.py)."""
+    64 x 64 tiles over 4 warps issue less than 32 x 32 over 2 (tools/kernel_model.py); and (sm_90) whole attention's
+    half-precision forward from WHOLE_LONG tokens."""
     if length >= LARGE:
         return True
-    return (family in LINE_FAMILIES and cap in LINE_LONG_CAPS and dtype != torch.float32 and length >= LINE_LONG
+    if dtype == torch.float32:
+        return False
+    if family == 'whole_fwd':
+        return cap in WHOLE_LONG_CAPS and length >= WHOLE_LONG
+    return (family in LINE_FAMILIES and cap in LINE_LONG_CAPS and length >= LINE_LONG
             and cdiv(length, 64) * 64 == cdiv(length, 32) * 32)
 
 

@@ -429,9 +429,9 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
         cfg = lp.config('whole_fwd', n, q.dtype, cap)
         names = paths(form)
         # query tiles of consecutive map tokens (they span map rows): the block that pads the map least; half
-        # precision on long sequences takes 64 query rows at least (K and V read half as often per score; on sm_90
+        # precision on the long row takes 64 query rows at least (K and V read half as often per score; on sm_90
         # the warp-group products)
-        least = 64 if q.dtype != torch.float32 and n >= lp.LARGE else 16
+        least = 64 if q.dtype != torch.float32 and lp.long_tiles('whole_fwd', n, q.dtype, cap) else 16
         block_m = query_block(n, cfg.block_m, least)
         tiles = lp.cdiv(n, block_m)
         # the map's sizes are constexprs: no division by a run-time width, no masks on a whole number of tiles
