@@ -48,23 +48,24 @@ def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
 def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
     """Criss-cross lines below LARGE tokens take the long row's 64 own tokens on sm_90 where 32 would pad as much:
     lines of 56, 100 and 168 tokens (the configs' 224 and 800 x 1344 maps), not 28, 200 or 336; float32, whole
-    attention and sm_80 keep the short row. Whole attention's half-precision forward on sm_90 takes the long row
-    from 128 tokens (14 x 14 maps and larger; 7 x 7 keeps the short row), with 64-token query tiles."""
+    attention and sm_80 keep the short row. Whole attention's half-precision kernels on sm_90 take the long row
+    from 128 tokens (14 x 14 maps and larger, narrow or not; 7 x 7 keeps the short row), with 64 own tokens."""
     half = {n: lp.long_tiles('line_fwd', n, torch.float16, 90) for n in (28, 56, 100, 168, 200, 336, 1024)}
     assert half == {28: False, 56: True, 100: True, 168: True, 200: False, 336: False, 1024: True}
     assert lp.config('line_bwd', 168, torch.bfloat16, 90) == lp.config('line_bwd', lp.LARGE, torch.bfloat16, 90)
     assert not lp.long_tiles('line_fwd', 168, torch.float32, 90)
     assert not lp.long_tiles('line_bwd', 168, torch.float16, 80)  # the long row's backward spills there
-    whole = {n: lp.long_tiles('whole_fwd', n, torch.bfloat16, 90) for n in (49, 127, 128, 196, 256)}
-    assert whole == {49: False, 127: False, 128: True, 196: True, 256: True}
-    assert not any(lp.long_tiles('whole_fwd', 196, dtype, cap) for dtype, cap in ((torch.float32, 90),
-                                                                                   (torch.float16, 80)))
-    assert not lp.long_tiles('whole_bwd_q', 196, torch.float16, 90)
-    q = torch.empty(8, 4, 14, 14, 32, dtype=torch.bfloat16, device='meta')
+    for family in ('whole_fwd', 'whole_bwd_q', 'whole_bwd_kv'):
+        whole = {n: lp.long_tiles(family, n, torch.bfloat16, 90) for n in (49, 127, 128, 196, 256)}
+        assert whole == {49: False, 127: False, 128: True, 196: True, 256: True}, family
+        assert not any(lp.long_tiles(family, 196, dtype, cap) for dtype, cap in ((torch.float32, 90),
+                                                                                  (torch.float16, 80)))
+    q = torch.empty(8, 4, 14, 14, 32, dtype=torch.bfloat16, device='meta', requires_grad=True)
     with lp.recording(90) as ran:
-        ops.ppma_attention(q, q, q, *(torch.empty(8, 4, 14, 14, device='meta'), ) * 2, impl='triton')
-    forward = [x for x in ran if x.name == '_whole_fwd']
-    assert [(x.constexprs['BLOCK_M'], x.constexprs['BLOCK_N'], x.config.num_warps) for x in forward] == [(64, 64, 4)]
+        ops.ppma_attention(q, q, q, *(torch.empty(8, 4, 14, 14, device='meta'), ) * 2, impl='triton').sum().backward()
+    tiles = [(x.name, x.constexprs.get('BLOCK_M', x.constexprs.get('BLOCK_OWN')), x.config.num_warps) for x in ran
+             if x.name in ('_whole_fwd', '_whole_bwd')]
+    assert tiles == [('_whole_fwd', 64, 4), ('_whole_bwd', 64, 4), ('_whole_bwd', 64, 4)], tiles
 
 
 def test_a_grid_over_the_limits_is_refused():
@@ -210,13 +211,15 @@ def _on_simulated_sm90_against_float64(monkeypatch, op, shape, dtype):
 
 @pytest.mark.heavy
 @pytest.mark.slow(minutes=2)
-def test_sm90_whole_forward_below_large_on_the_long_tiles_against_the_float64_reference(monkeypatch):
-    """On sm_90 a 14 x 14 map's whole-attention forward (196 tokens) takes the long row's 64 x 64 tiles over 4 warps,
-    the last query tile holding 4 tokens; bf16 output and input gradients within 1e-2 in relative norm of the
-    float64 reference."""
+def test_sm90_whole_attention_below_large_on_the_long_tiles_against_the_float64_reference(monkeypatch):
+    """On sm_90 a 14 x 14 map's whole attention (196 tokens, narrower than NARROW) takes the long row's tiles of 64
+    own tokens over 4 warps, forward and backward, the last own tile holding 4 tokens; bf16 output and input
+    gradients within 1e-2 in relative norm of the float64 reference."""
     ran = _on_simulated_sm90_against_float64(monkeypatch, functools.partial(ops.ppma_attention, scale=0.25),
                                              (1, 2, 14, 14, 32), torch.bfloat16)
     assert (90, lp.config('whole_fwd', lp.LARGE, torch.bfloat16, 90)) in ran
+    whole = {(c.family, c.block_m, c.num_warps) for _, c in ran if c.family.startswith('whole')}
+    assert whole == {('whole_fwd', 64, 4), ('whole_bwd_q', 64, 4), ('whole_bwd_kv', 64, 4)}, whole
 
 
 @pytest.mark.heavy

@@ -108,8 +108,9 @@ class Config:
 # size: one configuration with tiles as large as the small GPU ones, so the tests' maps still span several blocks.
 _INTERPRETER = Config(32, 32, 1, 1)
 # Whole attention on images narrower than NARROW tokens (and no taller, so N < 256): a block spans many image
-# rows, and the work per row grows with them, so blocks stay short. Half precision -> {capability (0: any other):
-# config}; over 4 warps where 2 spill (half precision on sm_86 / sm_89, float32 everywhere).
+# rows, and the work per row grows with them, so blocks stay short (but where :func:`long_tiles` takes the long row).
+# Half precision -> {capability (0: any other): config}; over 4 warps where 2 spill (half precision on sm_86 / sm_89,
+# float32 everywhere).
 _NARROW: Dict[bool, Dict[int, Config]] = {
     False: {0: Config(16, 16, 4, 1)},
     True: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89)}},
@@ -181,7 +182,7 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
     ``width`` tokens wide (whole attention's backward)."""
     if cap == 0:
         chosen = _INTERPRETER
-    elif width < NARROW and family in NARROW_FAMILIES:
+    elif width < NARROW and family in NARROW_FAMILIES and not long_tiles(family, length, dtype, cap):
         narrow = _NARROW[dtype != torch.float32]
         chosen = narrow.get(cap, narrow[0])
     else:
@@ -196,9 +197,11 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
 LINE_FAMILIES = ('line_fwd', 'line_bwd')
 LINE_LONG = 48
 LINE_LONG_CAPS = (90, )
-#: whole attention's half-precision forward on sm_90 takes the long row from WHOLE_LONG tokens (two 64-token tiles:
-#: maps of 14 x 14 and 16 x 16): per real score its 64 x 64 tiles over 4 warps issue less than the short row's (16 or
-#: 32 query rows over 2 warps), though they pad more
+#: whole attention's half-precision kernels on sm_90 take the long row from WHOLE_LONG tokens (two 64-token tiles:
+#: maps of 14 x 14 and 16 x 16; the backward on narrow images too): per real score its tiles over 4 warps issue less
+#: than the short row's 16 or 32 own tokens over 2 warps, though they pad more (7 x 7 maps keep the short row: 64
+#: own tokens pad them to 29% real scores in the backward)
+WHOLE_FAMILIES = ('whole_fwd', 'whole_bwd_q', 'whole_bwd_kv')
 WHOLE_LONG = 128
 WHOLE_LONG_CAPS = (90, )
 
@@ -208,12 +211,12 @@ def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int) -> bool:
     more, and (sm_90) the criss-cross kernels' half-precision lines of LINE_LONG or more that the long row's 64 own
     tokens pad no more than the short row's 32 (lines of 56, 100 or 168 tokens; not 200 or 336): per score the
     64 x 64 tiles over 4 warps issue less than 32 x 32 over 2 (tools/kernel_model.py); and (sm_90) whole attention's
-    half-precision forward from WHOLE_LONG tokens."""
+    half-precision kernels from WHOLE_LONG tokens."""
     if length >= LARGE:
         return True
     if dtype == torch.float32:
         return False
-    if family == 'whole_fwd':
+    if family in WHOLE_FAMILIES:
         return cap in WHOLE_LONG_CAPS and length >= WHOLE_LONG
     return (family in LINE_FAMILIES and cap in LINE_LONG_CAPS and length >= LINE_LONG
             and cdiv(length, 64) * 64 == cdiv(length, 32) * 32)
