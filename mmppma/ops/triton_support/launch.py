@@ -197,21 +197,21 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
 LINE_FAMILIES = ('line_fwd', 'line_bwd')
 LINE_LONG = 48
 LINE_LONG_CAPS = (90, )
-#: whole attention's half-precision kernels on sm_90 take the long row from WHOLE_LONG tokens (two 64-token tiles:
-#: maps of 14 x 14 and 16 x 16; the backward on narrow images too): per real score its tiles over 4 warps issue less
-#: than the short row's 16 or 32 own tokens over 2 warps, though they pad more (7 x 7 maps keep the short row: 64
-#: own tokens pad them to 29% real scores in the backward)
+#: whole attention's half-precision kernels on sm_80 and sm_90 take the long row from WHOLE_LONG tokens (two
+#: 64-token tiles: maps of 14 x 14 and 16 x 16; the backward on narrow images too): per real score its tiles over 4
+#: warps issue less than the short row's 16 or 32 own tokens over 2 warps, though they pad more (7 x 7 maps keep the
+#: short row: 64 own tokens pad them to 29% real scores in the backward)
 WHOLE_FAMILIES = ('whole_fwd', 'whole_bwd_q', 'whole_bwd_kv')
 WHOLE_LONG = 128
-WHOLE_LONG_CAPS = (90, )
+WHOLE_LONG_CAPS = (80, 90)
 
 
 def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int) -> bool:
     """Whether ``family`` takes its table's long row for ``length`` tokens on capability ``cap``: at LARGE tokens or
     more, and (sm_90) the criss-cross kernels' half-precision lines of LINE_LONG or more that the long row's 64 own
     tokens pad no more than the short row's 32 (lines of 56, 100 or 168 tokens; not 200 or 336): per score the
-    64 x 64 tiles over 4 warps issue less than 32 x 32 over 2 (tools/kernel_model.py); and (sm_90) whole attention's
-    half-precision kernels from WHOLE_LONG tokens."""
+    64 x 64 tiles over 4 warps issue less than 32 x 32 over 2 (tools/kernel_model.py); and (sm_80, sm_90) whole
+    attention's half-precision kernels from WHOLE_LONG tokens."""
     if length >= LARGE:
         return True
     if dtype == torch.float32:
