@@ -47,10 +47,10 @@ def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
 
 def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
     """Criss-cross lines below LARGE tokens take the long row's 64 own tokens on sm_90 where 32 would pad as much:
-    lines of 56, 100 and 168 tokens (the configs' 224 and 800 x 1344 maps), not 28, 200 or 336; float32, whole
-    attention and sm_80 keep the short row. Whole attention's half-precision kernels on sm_80 and sm_90 take the
-    long row from 128 tokens (14 x 14 maps and larger, narrow or not; 7 x 7 keeps the short row), with 64 own
-    tokens."""
+    lines of 56, 100 and 168 tokens (the configs' 224 and 800 x 1344 maps), not 28, 200 or 336; float32 and sm_80
+    keep the short row. Whole attention's half-precision kernels on sm_80 and sm_90 take the long row from 128 tokens
+    (14 x 14 maps and larger; 7 x 7 keeps the short row), with 64 own tokens; narrow maps too where they are no
+    taller than 16 (a 3 x 100 map's narrow side keeps the narrow tiles)."""
     half = {n: lp.long_tiles('line_fwd', n, torch.float16, 90) for n in (28, 56, 100, 168, 200, 336, 1024)}
     assert half == {28: False, 56: True, 100: True, 168: True, 200: False, 336: False, 1024: True}
     assert lp.config('line_bwd', 168, torch.bfloat16, 90) == lp.config('line_bwd', lp.LARGE, torch.bfloat16, 90)
@@ -61,6 +61,9 @@ def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
         assert whole == {49: False, 127: False, 128: True, 196: True, 256: True}, family
         assert not any(lp.long_tiles(family, 196, dtype, cap) for dtype, cap in ((torch.float32, 90),
                                                                                   (torch.float16, 86)))
+    narrow = lp.config('whole_bwd_q', 1, torch.bfloat16, 90, 1)
+    assert lp.config('whole_bwd_q', 196, torch.bfloat16, 90, 14) != narrow
+    assert lp.config('whole_bwd_q', 300, torch.bfloat16, 90, 3) == narrow
     q = torch.empty(8, 4, 14, 14, 32, dtype=torch.bfloat16, device='meta', requires_grad=True)
     with lp.recording(90) as ran:
         ops.ppma_attention(q, q, q, *(torch.empty(8, 4, 14, 14, device='meta'), ) * 2, impl='triton').sum().backward()

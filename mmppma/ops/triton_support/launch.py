@@ -108,7 +108,7 @@ class Config:
 # size: one configuration with tiles as large as the small GPU ones, so the tests' maps still span several blocks.
 _INTERPRETER = Config(32, 32, 1, 1)
 # Whole attention on images narrower than NARROW tokens (and no taller, so N < 256): a block spans many image
-# rows, and the work per row grows with them, so blocks stay short (but where :func:`long_tiles` takes the long row).
+# rows, and the work per row grows with them, so blocks stay short (:func:`narrow_tiles`).
 # Half precision -> {capability (0: any other): config}; over 4 warps where 2 spill (half precision on sm_86 / sm_89,
 # float32 everywhere).
 _NARROW: Dict[bool, Dict[int, Config]] = {
@@ -182,7 +182,7 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
     ``width`` tokens wide (whole attention's backward)."""
     if cap == 0:
         chosen = _INTERPRETER
-    elif width < NARROW and family in NARROW_FAMILIES and not long_tiles(family, length, dtype, cap):
+    elif narrow_tiles(family, length, dtype, cap, width):
         narrow = _NARROW[dtype != torch.float32]
         chosen = narrow.get(cap, narrow[0])
     else:
@@ -204,6 +204,15 @@ LINE_LONG_CAPS = (90, )
 WHOLE_FAMILIES = ('whole_fwd', 'whole_bwd_q', 'whole_bwd_kv')
 WHOLE_LONG = 128
 WHOLE_LONG_CAPS = (80, 90)
+
+
+def narrow_tiles(family: str, length: int, dtype: torch.dtype, cap: int, width: int) -> bool:
+    """Whether ``family`` takes the narrow images' tiles on an image ``width`` tokens wide of ``length`` tokens: whole
+    attention's backward on images narrower than NARROW, but for the maps of fewer than NARROW² tokens (no taller
+    than NARROW) that :func:`long_tiles` puts on the long row."""
+    if width >= NARROW or family not in NARROW_FAMILIES:
+        return False
+    return not (length < NARROW * NARROW and long_tiles(family, length, dtype, cap))
 
 
 def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int) -> bool:

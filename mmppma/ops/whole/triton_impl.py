@@ -491,8 +491,8 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             width = ww if image else hh
             cfg = lp.config(family, n, q.dtype, cap, width)
             # own tiles of consecutive map tokens: tensor-core tiles take 16 own rows per warp at least
-            wide = width >= lp.NARROW or lp.long_tiles(family, n, q.dtype, cap)
-            least = 16 * cfg.num_warps if q.dtype != torch.float32 and wide else 16
+            narrow = lp.narrow_tiles(family, n, q.dtype, cap, width)
+            least = 16 * cfg.num_warps if q.dtype != torch.float32 and not narrow else 16
             own = query_block(n, cfg.block_m, least)
             # the (own x column) sums are held through the chunk (as 16 columns at least, the column spreader's
             # product): the largest tiles (128 x 64) take 32 columns at most (64 spill); a chunk of fewer than 16
