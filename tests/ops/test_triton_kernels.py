@@ -137,6 +137,29 @@ def test_whole_forward_plans_by_triton_version(monkeypatch, version):
         triton_impl._FWD_PLANS.clear()
 
 
+@pytest.mark.parametrize('cols, shape', [(32, (1, 1, 3, 36, 16, 8)), (16, (1, 1, 4, 20, 16, 8))])
+def test_whole_forward_key_rows_above_and_below_the_query_tile(monkeypatch, cols, shape):
+    """On full key tiles (triton 3.7) the forward takes the column segment's sign as known for the key rows on or
+    above every row of the query tile and on or below them, and its absolute value only between: key tiles of one
+    row on a map whose query tiles span two rows at most have none between (3 x 36's V2H map, query tiles of 16);
+    tiles of one row (its 36 x 3 transpose) or two (4 x 20, both paths) with key rows between; columns past the map
+    in the last chunk. Forced column counts; both equal the reference, gradients included (the log-normaliser
+    counts each key once)."""
+    from mmppma.ops.whole import triton_impl
+    monkeypatch.setattr(triton_impl, 'key_columns', lambda *args, **kwargs: cols)
+    triton_impl._FWD_PLANS.clear()
+    triton_impl._BWD_PLANS.clear()
+    ran = launched(monkeypatch)
+    try:
+        assert_same(partial(ops.ppma_attention, scale=0.25), make(*shape, seed=cols))
+        forward = [x.constexprs for x in ran if x.name == '_whole_fwd'][-1]
+        assert (forward['COLS_V'], forward['COLS_H'], forward['SCORES_LAYOUT']) == (
+            cols, cols, lp.triton_version() >= (3, 7))
+    finally:
+        triton_impl._FWD_PLANS.clear()
+        triton_impl._BWD_PLANS.clear()
+
+
 def test_whole_backward_column_chunks_narrower_than_the_spreader(monkeypatch):
     """On other tiles of 16 tokens (sm_90's half-precision tiles at 7 x 7) the backward takes column chunks of 8
     columns over 2 map rows: the column spreader stays 16 wide, its last columns empty. 7 x 7 and 2 x 17 (three

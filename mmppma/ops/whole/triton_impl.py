@@ -58,6 +58,46 @@ def _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b, 
 
 
 @triton.jit
+def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, r_from, r_to, key_c, in_row, tile_rows, D,
+              DV, q_r, q_c, v_r, v_c, t_r, t_c, H: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
+              SIDE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+              STAGES: tl.constexpr = None):
+    """:func:`_fwd_map`'s online softmax over the key tiles of map rows ``r_from`` to ``r_to`` (multiples of ROWS)
+    of one column chunk: the running (m, sums, acc) after them. SIDE: the keys lie above every query row (-1: the
+    bias is ``bias - T2[key]``), below it (1: ``bias + T2[key]``) or meet them (0: ``bias - |T2[corner] -
+    T2[key]|``), ``bias`` the chunk's (query x column) tile for that side. Keys past the map are masked by T2: -inf
+    below (a bias of -inf), +inf where the tiles meet the query rows."""
+    for r0 in tl.range(r_from, r_to, ROWS, num_stages=STAGES):
+        key_r = r0 + tile_rows
+        if EVEN:
+            mask_n = tl.full(in_row.shape, True, tl.int1)
+        else:
+            mask_n = in_row if H % ROWS == 0 else (key_r < H) & in_row
+        at = key_r * t_r + key_c * t_c
+        if EVEN:
+            t2_key = tl.load(t2_ptr + at)
+        else:
+            t2_key = tl.load(t2_ptr + at, mask=mask_n, other=float('-inf') if SIDE > 0 else float('inf'))
+        s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)),
+                   input_precision=PRECISION)
+        if SIDE < 0:
+            x = s * scale + bias - t2_key[None, :]
+        elif SIDE > 0:
+            x = s * scale + bias + t2_key[None, :]
+        else:
+            x = s * scale + (bias - tl.abs(t2_corner - t2_key[None, :]))
+        m_new = tl.maximum(m, tl.max(x, 1))
+        alpha = tl.math.exp2((m - m_new) * LOG2E_)
+        p = tl.math.exp2(x * LOG2E_ - (m_new * LOG2E_)[:, None])
+        v = load_rows(v_ptr, key_r * v_r + key_c * v_c, mask_n, tl.arange(0, BLOCK_DV), DV)
+        p = p.to(v.dtype)
+        sums = add_normalisers(sums, p, alpha, PRECISION)
+        acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PRECISION)
+        m = m_new
+    return m, sums, acc
+
+
+@triton.jit
 def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
              o_r, o_c, H: tl.constexpr, W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              COLS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SCORES_LAYOUT: tl.constexpr,
@@ -75,15 +115,16 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     query p = (i, j) and key s = (k, l). The corner (i, l) takes the query's row and the key's column, so within a
     column chunk both corner entries are fixed per (query, key column): they are gathered once per chunk as tiles,
     with the row segment's term. Per score the bias then costs one difference and one addition (of the absolute
-    value), and the logits stay in natural units: the softmax's ``exp2`` takes them times log2(e) in the product
-    that subtracts the row maximum. Keys past the map read T2 as +inf: a bias of -inf, no per-score mask. The
-    softmax's denominators are a product of P with ones on the tensor cores, not a sum per score. The key loop
-    (over the chunk's rows) holds no loop of its own and is software-pipelined."""
+    value); on full key tiles (FULL) the column segment's sign is known for the key rows on or above every query
+    row of the tile (T2[k, l] - T2[i, l]) and on or below them (T2[i, l] - T2[k, l]), so there the bias is one
+    tile plus or minus T2[key]: one addition per score (:func:`_fwd_keys`). The logits stay in natural units: the
+    softmax's ``exp2`` takes them times log2(e) in the product that subtracts the row maximum. Keys past the map
+    read T2 as +inf (-inf below the query rows): a bias of -inf, no per-score mask. The softmax's denominators are a
+    product of P with ones on the tensor cores, not a sum per score. The key loops (over the chunk's rows) hold no
+    loop of their own and are software-pipelined (but the few key tiles between the query rows')."""
     ROWS: tl.constexpr = BLOCK_N // COLS
     EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0 and ROWS * COLS == BLOCK_N
     # no key row past the map, no empty place: only columns past the map are masked, the same every iteration
-    # (with empty places or rows past the map the chunk's tiles keep the masks' layout: the products' costs
-    # registers there, and the in-place H2V path spills)
     FULL: tl.constexpr = SCORES_LAYOUT and H % ROWS == 0 and ROWS * COLS == BLOCK_N
     tok = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = tok < H * W
@@ -98,6 +139,11 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     t1_q = tl.load(t1_ptr + tok_t, mask=mask_m, other=0.0)
     m, sums, acc = online_softmax_start(BLOCK_M, BLOCK_DV, PRECISION)
     tile_rows = tl.arange(0, BLOCK_N) // COLS
+    # key tiles [0, above) lie on or above every query row (their rows <= the query tile's first), [below, H) on or
+    # below (>= its last), [above, below) between (none where tiles are one row and query tiles span two rows at most)
+    above = (pid * BLOCK_M // W + 1) // ROWS * ROWS
+    below = tl.maximum(tl.cdiv((tl.minimum(pid * BLOCK_M + BLOCK_M, H * W) - 1) // W, ROWS) * ROWS, above)
+    MEET: tl.constexpr = ROWS > 1 or (BLOCK_M + W - 2) // W + 1 > 2
     for c0 in range(0, W, COLS):
         key_c = c0 + tl.arange(0, BLOCK_N) % COLS
         in_row = key_c < W
@@ -108,33 +154,31 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
         t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0)
         row_bias = -tl.abs(t1_q[:, None] - tl.load(t1_ptr + corner, mask=on_map, other=0.0))
         if FULL:
-            # keys past the row read a corner of +inf (no per-key +inf), and the chunk's tiles take the scores'
-            # layout (that of a product: a zero one added), so that no tile changes layout per key tile
+            # the chunk's tiles in the scores' layout (that of a product: a zero one added), so that no tile changes
+            # layout per key tile; the column segment's sign known for the key rows above and below the query
+            # tile's: there the bias is one tile and T2[key] (-inf past the row, no per-key mask there)
             zero = tl.dot(q, tl.trans(tl.zeros([BLOCK_N, BLOCK_D], q.dtype)), input_precision=PRECISION)
-            t2_corner = tl.where(in_row[None, :], t2_corner, float('inf')) + zero
-            row_bias += zero
-        for r0 in range(0, H, ROWS):
-            key_r = r0 + tile_rows
-            if EVEN:
-                mask_n = tl.full([BLOCK_N], True, tl.int1)
-                t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c)
-            elif FULL:
-                mask_n = in_row
-                t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n, other=0.0)
-            else:
-                mask_n = in_row if H % ROWS == 0 else (key_r < H) & in_row  # (in_row: the same every iteration)
-                t2_key = tl.load(t2_ptr + key_r * t_r + key_c * t_c, mask=mask_n, other=float('inf'))
-            s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, offs_d, D)),
-                       input_precision=PRECISION)
-            x = s * scale + (row_bias - tl.abs(t2_corner - t2_key[None, :]))
-            m_new = tl.maximum(m, tl.max(x, 1))
-            alpha = tl.math.exp2((m - m_new) * LOG2E_)
-            p = tl.math.exp2(x * LOG2E_ - (m_new * LOG2E_)[:, None])
-            v = load_rows(v_ptr, key_r * v_r + key_c * v_c, mask_n, offs_dv, DV)
-            p = p.to(v.dtype)
-            sums = add_normalisers(sums, p, alpha, PRECISION)
-            acc = tl.dot(p, v, acc * alpha[:, None], input_precision=PRECISION)
-            m = m_new
+            t2_corner += zero
+            bias = tl.where(in_row[None, :], row_bias + t2_corner, float('-inf'))  # above: T2[key] - T2[corner]
+            m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, 0, above, key_c,
+                                     in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN, -1,
+                                     BLOCK_D, BLOCK_DV, PRECISION)
+            if MEET:
+                bias -= t2_corner
+                m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, above, below,
+                                         key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN,
+                                         0, BLOCK_D, BLOCK_DV, PRECISION, 1)
+                bias -= t2_corner  # below: T2[corner] - T2[key]
+            else:  # (the corner entries read again: not held through the loop above)
+                bias -= 2 * (tl.load(t2_ptr + corner, mask=on_map, other=0.0) + zero)
+            m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, below, H, key_c,
+                                     in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN, 1,
+                                     BLOCK_D, BLOCK_DV, PRECISION)
+        else:  # (with empty places or key rows past the map the chunk's tiles keep the masks' layout: the products'
+            # costs registers there, and the in-place H2V path spills)
+            m, sums, acc = _fwd_keys(q, m, sums, acc, row_bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, 0, H, key_c,
+                                     in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN, 0,
+                                     BLOCK_D, BLOCK_DV, PRECISION)
     total = normalisers(sums)
     store_tile(o_ptr, tok_m, mask_m, offs_dv, DV, acc / total[:, None])
     tl.store(lse_ptr + tok_m, m + tl.math.log2(total) * _LN2, mask=mask_m)
