@@ -7,8 +7,8 @@ with the predicate as an operand). The key loop is an innermost span holding an 
 products, sm_80 to sm_120; HGMMA for sm_90's warp-group products; UTCHMMA for sm_100's tensor-memory products, whose
 barrier waits retry in stubs after the kernel's body that branch back into the loop and are not counted): the loop
 over the other tokens' blocks in every attention kernel here; where a kernel has several such loops that hold no
-other (one per map or role it can run), the longest. Exact float32 products run on the FMA units, unrolled:
-a kernel without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its
+other (one per map, role or range of key rows it can run), the longest. Exact float32 products run on the FMA units,
+unrolled: a kernel without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its
 corner rows in one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues, and
 ``inner`` says how many there are. Its instructions are counted as laid out (each once: a predicated-off or
 branched-over instruction counts too), per warp, except sm_100's paired float32 instructions (FADD2, FMUL2, FFMA2),
@@ -108,8 +108,8 @@ def loops(instructions: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
 
 def key_loop(instructions: List[Tuple[int, str, str]]) -> Optional[Tuple[int, int]]:
     """(first, last) instruction index of the innermost loop holding an MMA (no such loop inside it), the longest
-    of them where a kernel has several (one per map or role it can run), else of the longest loop (see the module
-    docstring); None if there is no loop."""
+    of them where a kernel has several (one per map, role or range of key rows), else of the longest loop (see the
+    module docstring); None if there is no loop."""
     # a span reaching past the kernel's end (an EXIT inside) is a retry stub's branch back, not a loop
     spans = [(a, b) for a, b in loops(instructions) if all(op != 'EXIT' for _, op, _ in instructions[a:b + 1])]
     products = [(a, b) for a, b in spans if any(classify(op) == 'mma' for _, op, _ in instructions[a:b + 1])]

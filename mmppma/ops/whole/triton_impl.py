@@ -23,6 +23,7 @@ Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[
 """
 import dataclasses
 import functools
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -55,6 +56,13 @@ def _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b, 
     q_off = head_offset(bh, heads, q_b, q_n)
     return (q_ptr + q_off, k_ptr + q_off, v_ptr + head_offset(bh, heads, v_b, v_n), ca_ptr + slice_offset(bh, N, 1),
             cb_ptr + slice_offset(bh, N, 1))
+
+
+@triton.constexpr_function
+def tile_rows_spanned(width, block):
+    """The most rows of a map ``width`` tokens wide that a tile of ``block`` consecutive tokens (starting at a
+    multiple of ``block``) touches."""
+    return (width - math.gcd(width, block) + block - 1) // width + 1
 
 
 @triton.jit
@@ -143,7 +151,7 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     # below (>= its last), [above, below) between (none where tiles are one row and query tiles span two rows at most)
     above = (pid * BLOCK_M // W + 1) // ROWS * ROWS
     below = tl.maximum(tl.cdiv((tl.minimum(pid * BLOCK_M + BLOCK_M, H * W) - 1) // W, ROWS) * ROWS, above)
-    MEET: tl.constexpr = ROWS > 1 or (BLOCK_M + W - 2) // W + 1 > 2
+    MEET: tl.constexpr = ROWS > 1 or tile_rows_spanned(W, BLOCK_M) > 2
     for c0 in range(0, W, COLS):
         key_c = c0 + tl.arange(0, BLOCK_N) % COLS
         in_row = key_c < W
@@ -163,14 +171,16 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
             m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, 0, above, key_c,
                                      in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN, -1,
                                      BLOCK_D, BLOCK_DV, PRECISION)
+            # (the corner entries read again after it: not held through the loop above)
+            t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0) + zero
             if MEET:
                 bias -= t2_corner
                 m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, above, below,
                                          key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN,
                                          0, BLOCK_D, BLOCK_DV, PRECISION, 1)
                 bias -= t2_corner  # below: T2[corner] - T2[key]
-            else:  # (the corner entries read again: not held through the loop above)
-                bias -= 2 * (tl.load(t2_ptr + corner, mask=on_map, other=0.0) + zero)
+            else:
+                bias -= 2 * t2_corner
             m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, below, H, key_c,
                                      in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN, 1,
                                      BLOCK_D, BLOCK_DV, PRECISION)
