@@ -137,6 +137,17 @@ def test_whole_forward_plans_by_triton_version(monkeypatch, version):
         triton_impl._FWD_PLANS.clear()
 
 
+def test_rows_a_query_tile_spans_by_counting():
+    """The forward's bound on the map rows a tile of consecutive tokens touches equals the most any tile touches,
+    counted tile by tile (the key loop between the query rows is left out where it is 2 or fewer)."""
+    from mmppma.ops.whole.triton_impl import tile_rows_spanned
+    for width in range(1, 80):
+        for block in (16, 32, 64, 128):
+            counted = max((start + block - 1) // width - start // width + 1
+                          for start in range(0, width * block, block))
+            assert tile_rows_spanned(width, block) == counted, (width, block)
+
+
 @pytest.mark.parametrize('cols, shape', [(32, (1, 1, 3, 36, 16, 8)), (16, (1, 1, 4, 20, 16, 8))])
 def test_whole_forward_key_rows_above_and_below_the_query_tile(monkeypatch, cols, shape):
     """On full key tiles (triton 3.7) the forward takes the column segment's sign as known for the key rows on or
