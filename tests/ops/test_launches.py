@@ -228,6 +228,19 @@ def test_sm90_whole_attention_below_large_on_the_long_tiles_against_the_float64_
 
 @pytest.mark.heavy
 @pytest.mark.slow(minutes=2)
+@pytest.mark.parametrize('shape', [(1, 2, 16, 16, 32), (1, 2, 2, 128, 32)])
+def test_sm90_whole_forward_key_rows_by_side_against_the_float64_reference(monkeypatch, shape):
+    """On sm_90 the forward's full key tiles take the key rows above and below the query tile's apart: 16 x 16 (tiles
+    of 4 rows x 16 columns, key rows between the query rows) and 2 x 128 (its V2H map in tiles of one row, query tiles
+    within one row: none between; its 128 x 2 transpose in tiles of 8 rows); bf16 output and input gradients within
+    1e-2 in relative norm of the float64 reference."""
+    ran = _on_simulated_sm90_against_float64(monkeypatch, functools.partial(ops.ppma_attention, scale=0.25), shape,
+                                             torch.bfloat16)
+    assert (90, lp.config('whole_fwd', lp.LARGE, torch.bfloat16, 90)) in ran
+
+
+@pytest.mark.heavy
+@pytest.mark.slow(minutes=2)
 @pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
 def test_sm90_lines_below_large_on_the_long_tiles_against_the_float64_reference(dtype, monkeypatch):
     """On sm_90 a 3 x 56 map's rows (56 tokens: one ragged 64-token tile) take the long tiles, its columns the short

@@ -71,10 +71,11 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, r_f
               SIDE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
               STAGES: tl.constexpr = None):
     """:func:`_fwd_map`'s online softmax over the key tiles of map rows ``r_from`` to ``r_to`` (multiples of ROWS)
-    of one column chunk: the running (m, sums, acc) after them. SIDE: the keys lie above every query row (-1: the
-    bias is ``bias - T2[key]``), below it (1: ``bias + T2[key]``) or meet them (0: ``bias - |T2[corner] -
-    T2[key]|``), ``bias`` the chunk's (query x column) tile for that side. Keys past the map are masked by T2: -inf
-    below (a bias of -inf), +inf where the tiles meet the query rows."""
+    of one column chunk: the running (m, sums, acc) after them. SIDE: the keys lie on or above every query row (-1:
+    the bias is ``bias - T2[key]``), on or below them (1: ``bias + T2[key]``) or between (0: ``bias - |T2[corner] -
+    T2[key]|``), ``bias`` the chunk's (query x column) tile for that side. Keys past the map read T2 as -inf below
+    the query rows, +inf elsewhere: a bias of -inf. STAGES: the loop's software-pipelining stages (None: the
+    launch's)."""
     for r0 in tl.range(r_from, r_to, ROWS, num_stages=STAGES):
         key_r = r0 + tile_rows
         if EVEN:
