@@ -311,6 +311,7 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
         lse_own = tl.load(lse_ptr + tok_own, mask=mask_own, other=0.0) * LOG2E_
         delta_own = tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight
         first_row = pid * BLOCK_OWN // W  # of the own tile; its corner sums go to slot pid % SLOTS
+        last_row = (tl.minimum(pid * BLOCK_OWN + BLOCK_OWN, H * W) - 1) // W
         slot = (pid % SLOTS) * slot_stride
     for c0 in range(0, W, COLS):
         per_column = tl.zeros([BLOCK_OWN, SPREAD], tl.float32)  # sum over the chunk's rows of ds, per column
@@ -364,7 +365,8 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
             for r in tl.static_range(SPAN):
                 here = (row_own == first_row + r)[:, None]
                 at = (first_row + r) * t_r + (c0 + tl.arange(0, SPREAD)) * t_c + slot
-                keep_row = keep & (first_row + r < H)
+                # only the rows the tile touches: the slot's entry of a row past them is another tile's
+                keep_row = keep & (first_row + r <= last_row)
                 tl.store(c1_ptr + at, -tl.sum(tl.where(here, signed, 0.0), 0), mask=keep_row)
                 tl.store(c2_ptr + at, tl.sum(tl.where(here, signed_rows, 0.0), 0), mask=keep_row)
     store_tile(g1_ptr, tok_own, mask_own, offs_d, D, g1 * scale)
