@@ -794,7 +794,7 @@ def tile_text(c: dict) -> str:
     text += [name.lower() for name in ('V2H', 'H2V') if c.get(name)]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     text += ['keys'] * bool(c.get('KEYS'))
-    text += [name.lower() for name in ('COLUMNS', 'SIGNED') if c.get(name)]
+    text += [name.lower() for name in ('COLUMNS', 'SIGNED', 'LSE_GIVEN') if c.get(name)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)
 

@@ -244,6 +244,25 @@ def test_shapes_span_several_ragged_blocks():
     assert any(length > 2 * block and length % block for length, block in blocks.items())
 
 
+def test_line_forward_with_a_given_log_normaliser_equals_its_own():
+    """A line pass given the log-normaliser of a pass over the same scores (criss-cross 'release' form's last row
+    pass) computes the final probabilities directly: its output equals the pass that computes its own, on rows of
+    several blocks, the last ragged; the given lse is returned as is, and a malformed one is refused."""
+    from mmppma.ops.line import triton_impl as line
+    cap = lp.capability(torch.device(DEVICE))
+    q, k, x, la, _ = (t.detach() for t in make(1, 1, 2, 37, 16, 8, seed=4))
+    c = la.float().contiguous()
+    launches, want, lse = line.forward_launches(q, k, x, c, 0.25, False, cap)
+    lp.run(launches)
+    launches, got, same = line.forward_launches(q, k, 2 * x, c, 0.25, False, cap, lse=lse)
+    assert [launch.constexprs['LSE_GIVEN'] for launch in launches] == [True]
+    lp.run(launches)
+    assert same is lse
+    torch.testing.assert_close(got, 2 * want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match='contiguous float32 tensor of shape'):
+        line.forward_launches(q, k, x, c, 0.25, False, cap, lse=lse.double())
+
+
 def test_whole_kernel_backward_extra_memory_is_linear_in_n():
     """The table gradient is reduced onto the H x W tables in-kernel, not through an N x W or N x H segment table."""
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -41,8 +41,9 @@ def _forward(q, k, v, ca, cb, scale: float, form: str):
         dv = v.shape[-1]
         vu = torch.cat([v, run(v, False)], -1)  # [v, Aw v]
         both = run(vu, True)  # [Ah v, Ah Aw v]
-        # the last row pass also stores (Aw Ah v + Ah Aw v) / 2
-        launches, last, lse, out = line.forward_launches(q, k, both[..., :dv], ca, scale, False, cap, both[..., dv:])
+        # the last row pass takes the first's log-normaliser (the same scores) and also stores (Aw Ah v + Ah Aw v) / 2
+        launches, last, lse, out = line.forward_launches(q, k, both[..., :dv], ca, scale, False, cap, both[..., dv:],
+                                                         lse=saved[2])
         lp.run(launches)
         saved.extend((both[..., :dv], last, lse))
     else:

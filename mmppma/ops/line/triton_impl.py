@@ -127,6 +127,16 @@ def _past_line(PART: tl.constexpr):
 
 
 @triton.jit
+def _full_blocks_end(start, end, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    """Where a part's blocks of BLOCK other tokens from ``start`` (a multiple of BLOCK, or ``end``) stop being whole:
+    ``end`` unless MASKED, else the start of the block that passes ``end`` (the line's last, read masked apart from
+    the loop: the loop's blocks read no mask)."""
+    if MASKED:
+        return tl.maximum(start, end // BLOCK * BLOCK)
+    return end
+
+
+@triton.jit
 def _rows(ptr, base, offs, step, cols):
     """Pointers to the rows of tokens ``base + offs * step`` (element offsets), channels ``cols`` contiguous."""
     return ptr + (base + offs * step)[:, None] + cols[None, :]
@@ -146,11 +156,16 @@ def _other_block(a_ptrs, b_ptrs, c_ptr, tok, in_line, a_mask, b_mask, PART: tl.c
 @triton.jit
 def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, in_line, k_step, x_step, c_step, k_mask,
                x_mask, scale, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
-               PRECISION: tl.constexpr):
+               PRECISION: tl.constexpr, LSE_GIVEN: tl.constexpr):
     """Fold one key block of a part into the online softmax (:func:`_fwd_part`); the state and the pointers moved
-    to the next block."""
+    to the next block. With LSE_GIVEN ``row`` holds the part's row term minus the rows' log-normaliser: the
+    probabilities are final (no running maximum, no rescaling, no sums)."""
     k, x, c = _other_block(k_ptrs, x_ptrs, c_ptr, tok, in_line, k_mask, x_mask, PART, MASKED)
     y = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + _other_part(c_own, c, PART)
+    if LSE_GIVEN:
+        p = tl.math.exp2(y * LOG2E_ + row[:, None]).to(x.dtype)
+        acc = tl.dot(p, x, acc, input_precision=PRECISION)
+        return m_i, l_i, acc, k_ptrs + BLOCK_N * k_step, x_ptrs + BLOCK_N * x_step, tok + BLOCK_N * c_step
     m_new = tl.maximum(m_i, tl.max(y, 1) * LOG2E_ + row)
     p = tl.math.exp2(y * LOG2E_ - (m_new - row)[:, None])
     alpha = tl.math.exp2(m_i - m_new)
@@ -163,27 +178,37 @@ def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, in_line
 @triton.jit
 def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, end, L, k_step, x_step, c_step, k_mask,
               x_mask, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
-              PRECISION: tl.constexpr):
+              PRECISION: tl.constexpr, LSE_GIVEN: tl.constexpr):
     """Fold the key blocks at ``start, start + BLOCK_N, .. < end`` of one part (:func:`_parts`) into the online
     softmax (m_i, l_i, acc; log2 units); the MIXED part's blocks unrolled (they are the query block's span: no
     loop). The tiles' pointers are those of the line's first key block, moved to ``start`` and on by increments,
     ``tok`` (the keys' offsets in the table) likewise; with MASKED, keys past the line are read as zeros and a
-    table of :func:`_past_line`. The logits are the scores times ``scale`` plus :func:`_other_part` (one FMA per
-    score), times log2(e), plus the part's :func:`_row_part`, which is folded into the row maximum's shift."""
+    table of :func:`_past_line`, in the one block that reaches past it (:func:`_full_blocks_end`). The logits are
+    the scores times ``scale`` plus :func:`_other_part` (one FMA per score), times log2(e), plus the part's
+    :func:`_row_part`, which is folded into the row maximum's shift. With LSE_GIVEN, m_i is the rows'
+    log-normaliser (log2 units), which the row term takes off once per part."""
     k_ptrs += start * k_step
     x_ptrs += start * x_step
     tok += start * c_step
     row = _row_part(c_own, PART)
+    if LSE_GIVEN:
+        row -= m_i
     if PART == MIXED:
         for i in tl.static_range((BLOCK_M + BLOCK_N - 1) // BLOCK_N):
             m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
                 q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, start + i * BLOCK_N + keys < L, k_step,
-                x_step, c_step, k_mask, x_mask, scale, BLOCK_N, PART, MASKED, PRECISION)
+                x_step, c_step, k_mask, x_mask, scale, BLOCK_N, PART, MASKED, PRECISION, LSE_GIVEN)
     else:
-        for n in range(start, end, BLOCK_N):
+        full = _full_blocks_end(start, end, BLOCK_N, MASKED)
+        for n in range(start, full, BLOCK_N):
             m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
                 q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, n + keys < L, k_step, x_step, c_step,
-                k_mask, x_mask, scale, BLOCK_N, PART, MASKED, PRECISION)
+                k_mask, x_mask, scale, BLOCK_N, PART, False, PRECISION, LSE_GIVEN)
+        if MASKED:
+            if full < end:
+                m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
+                    q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, full + keys < L, k_step, x_step,
+                    c_step, k_mask, x_mask, scale, BLOCK_N, PART, True, PRECISION, LSE_GIVEN)
     return m_i, l_i, acc
 
 
@@ -191,17 +216,20 @@ def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, 
 def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H, W, L, n_lines, D, DX, q_b, q_n,
               q_h, q_w, x_b, x_n, x_h, x_w, r_off, m_b, m_n, m_h, m_w, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr,
-              RAGGED: tl.constexpr, MEAN: tl.constexpr):
+              RAGGED: tl.constexpr, MEAN: tl.constexpr, LSE_GIVEN: tl.constexpr):
     """One program per (line, query block): the online softmax over the line's key blocks, in three parts
     (:func:`_parts`: the keys before the queries' blocks, the blocks holding them, the keys after), log2 units.
     The log-decays are <= 0 (the ops' contract), so the table is monotone along the line and a segment's sum is
     the later token's table minus the earlier's: one sign per part outside the blocks holding the queries, minus
     the absolute difference inside them (no per-score compare). Keys past the line read the table as
-    :func:`_past_line`: a bias of -inf, no per-score mask; RAGGED (L not a multiple of BLOCK_N) masks the loads of
-    the part after the queries, the only one that can reach past the line, and the mixed part's always.
+    :func:`_past_line`: a bias of -inf, no per-score mask; RAGGED (:func:`ragged`) masks the loads of
+    the line's last block in the part after the queries, the only one that can reach past the line, and the mixed
+    part's always.
     q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), x likewise; the table c, o and lse are
     contiguous (BH, H, W, .). With MEAN the program also stores the mean of the output and a residual r, read at
-    x's strides ``r_off`` elements after x, at ``m_ptr`` (strides m_b, m_n, m_h, m_w, 1; its dtype)."""
+    x's strides ``r_off`` elements after x, at ``m_ptr`` (strides m_b, m_n, m_h, m_w, 1; its dtype). With
+    LSE_GIVEN the rows' log-normaliser is read from ``lse_ptr`` (an earlier pass's over the same scores), not
+    stored: each probability is final where it is computed, so the loop keeps no running maximum or sums."""
     blocks = tl.cdiv(L, BLOCK_M)
     line = tl.program_id(0) // blocks
     q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
@@ -221,17 +249,22 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
     k_mask = offs_d[None, :] < D
     x_mask = offs_x[None, :] < DX
     lo, hi = _parts(own_start, L, BLOCK_M, BLOCK_N)
-    state = online_softmax_start(BLOCK_M, BLOCK_X, PRECISION)
-    state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, 0, lo, L, q_step, x_step, c_step, k_mask,
-                      x_mask, scale, BLOCK_M, BLOCK_N, BEFORE, False, PRECISION)
+    m_i, l_i, acc = online_softmax_start(BLOCK_M, BLOCK_X, PRECISION)
+    if LSE_GIVEN:
+        m_i = tl.load(lse_ptr + tok_m, mask=mask_m, other=0.0) * LOG2E_
+    state = _fwd_part(q, c_m, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, 0, lo, L, q_step, x_step, c_step, k_mask,
+                      x_mask, scale, BLOCK_M, BLOCK_N, BEFORE, False, PRECISION, LSE_GIVEN)
     state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, lo, hi, L, q_step, x_step, c_step, k_mask,
-                      x_mask, scale, BLOCK_M, BLOCK_N, MIXED, True, PRECISION)
+                      x_mask, scale, BLOCK_M, BLOCK_N, MIXED, True, PRECISION, LSE_GIVEN)
     m_i, l_i, acc = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, hi, L, L, q_step, x_step, c_step,
-                              k_mask, x_mask, scale, BLOCK_M, BLOCK_N, AFTER, RAGGED, PRECISION)
-    l_i = normalisers(l_i)
-    o = acc / l_i[:, None]
+                              k_mask, x_mask, scale, BLOCK_M, BLOCK_N, AFTER, RAGGED, PRECISION, LSE_GIVEN)
+    if LSE_GIVEN:
+        o = acc
+    else:
+        l_i = normalisers(l_i)
+        o = acc / l_i[:, None]
+        tl.store(lse_ptr + tok_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=mask_m)  # the backward's: natural units
     store_tile(o_ptr, tok_m, mask_m, offs_x, DX, o)
-    tl.store(lse_ptr + tok_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=mask_m)  # the backward's: natural units
     if MEAN:
         r = load_rows(x_ptr + r_off, x_base + offs_m * x_step, mask_m, offs_x, DX)
         m_off, m_base, m_step = _strided_line(line, n_lines, heads, m_b, m_n, m_h, m_w, COLUMNS)
@@ -301,11 +334,18 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
                 start + i * BLOCK_OTHER, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER,
                 PART, MASKED, KEYS, PRECISION)
     else:
-        for n in range(start, end, BLOCK_OTHER):
+        full = _full_blocks_end(start, end, BLOCK_OTHER, MASKED)
+        for n in range(start, full, BLOCK_OTHER):
             g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
                 a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
-                others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, MASKED, KEYS,
+                others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, False, KEYS,
                 PRECISION)
+        if MASKED:
+            if full < end:
+                g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
+                    a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
+                    full, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, True, KEYS,
+                    PRECISION)
     return g1, g2, gc
 
 
@@ -317,7 +357,7 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
               ACC_G1: tl.constexpr, ACC_GC: tl.constexpr):
     """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx) or queries (g1 = dq) of one line, looping
     over the line's other tokens in the forward's three parts, MIXED first (fewer registers live there;
-    :func:`_bwd_part`; RAGGED: L not a multiple of BLOCK_OTHER). gc is the table gradient: the own tokens' part, sum
+    :func:`_bwd_part`; RAGGED: :func:`ragged`). gc is the table gradient: the own tokens' part, sum
     over the other tokens of sgn(query - key) dS (the segment-sum convention; a token's terms with itself cancel),
     added by the queries' programs and subtracted by the keys'. With ACC_G1 /
     ACC_GC the program adds g1 / gc to what the buffer holds (an earlier launch's), else stores it: one writer per
@@ -381,11 +421,12 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     tl.store(gc_ptr + tok, gc, mask=mask)
 
 
-def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual=None):
+def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual=None, lse=None):
     """The forward's launch and outputs (out: (B, heads, H, W, dx), lse: (B, heads, H, W), float32). q, k: (B,
     heads, H, W, d), k with q's strides; x (B, heads, H, W, dx); channels contiguous; c (B, heads, H, W) float32,
     contiguous. With a ``residual`` r (x's shape, strides and storage), also (out + r) / 2 in r's dtype, as a (B, H,
-    W, heads, dx) tensor's view (B, heads, H, W, dx)."""
+    W, heads, dx) tensor's view (B, heads, H, W, dx). A given ``lse`` (a pass's over the same q, k, c, scale and
+    direction) is read, not computed, and returned."""
     b, heads, hh, ww, d = q.shape
     dx = x.shape[-1]
     key = (q.shape, dx, q.dtype, cap, columns, lp.precision(q.dtype))
@@ -397,7 +438,11 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
                                   _constexprs(cfg, columns, d, dx, q.dtype, length), length, n_lines)
     grid, cfg, constexprs, length, n_lines = plan
     out = torch.empty(b, heads, hh, ww, dx, device=q.device, dtype=torch.float32)
-    lse = torch.empty(b, heads, hh, ww, device=q.device, dtype=torch.float32)
+    given = lse is not None
+    if given and (lse.shape != q.shape[:-1] or lse.dtype != torch.float32 or not lse.is_contiguous()):
+        raise ValueError(f'line attention: a given lse must be a contiguous float32 tensor of shape '
+                         f'{tuple(q.shape[:-1])}, as the forward returns it; got {tuple(lse.shape)} {lse.dtype}')
+    lse = lse if given else torch.empty(b, heads, hh, ww, device=q.device, dtype=torch.float32)
     qs, xs = q.stride(), x.stride()
     if residual is None:
         mean, r_off, ms = out, 0, (0, 0, 0, 0)
@@ -408,7 +453,7 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
         r_off, ms = residual.storage_offset() - x.storage_offset(), mean.stride()
     launch = lp.Launch(_line_fwd, grid, (q, k, x, c, out, lse, mean, scale, heads, hh, ww, length, n_lines, d,
                                          dx, qs[0], qs[1], qs[2], qs[3], xs[0], xs[1], xs[2], xs[3], r_off, *ms[:4]),
-                       dict(constexprs, MEAN=residual is not None), cfg, q.device)
+                       dict(constexprs, MEAN=residual is not None, LSE_GIVEN=given), cfg, q.device)
     if residual is None:
         return [launch], out, lse
     return [launch], out, lse, mean
@@ -417,9 +462,15 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
 _FWD_PLANS = register_cache('line_forward_launches', 1024)
 
 
+def ragged(length: int, block: int) -> bool:
+    """Whether a line's blocks of ``block`` other tokens after the own block's (the kernels' part AFTER) can reach
+    past its end: a line of several blocks, the last partial (a line of one block has no such part)."""
+    return length > block and length % block != 0
+
+
 def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dtype, length: int) -> dict:
     return dict(COLUMNS=columns, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx),
-                PRECISION=lp.precision(dtype), RAGGED=length % cfg.block_n != 0)
+                PRECISION=lp.precision(dtype), RAGGED=ragged(length, cfg.block_n))
 
 
 def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int, dq=None, dk=None, dc=None):
@@ -449,7 +500,7 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
                                   (q, k, x, c, dout, lse, delta, *grads, *args),
                                   dict(KEYS=keys, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
                                        BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype),
-                                       RAGGED=length % other != 0, ACC_G1=acc[0], ACC_GC=acc[1]), cfg, q.device))
+                                       RAGGED=ragged(length, other), ACC_G1=acc[0], ACC_GC=acc[1]), cfg, q.device))
     return launches, (dq, dk, dx, dc)
 
 
