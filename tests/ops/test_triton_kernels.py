@@ -263,6 +263,37 @@ def test_line_forward_with_a_given_log_normaliser_equals_its_own():
         line.forward_launches(q, k, x, c, 0.25, False, cap, lse=lse.double())
 
 
+@pytest.mark.parametrize('length', [100, 150])
+def test_line_kernels_at_sm90_tiles_in_bfloat16_against_float64(length):
+    """The line kernels with sm_90's bfloat16 tiles (64 x 64 on 100 tokens, 32 x 32 on 150): rows of several
+    blocks, the last ragged, so that every part runs (keys before the own block, in it, after it, the last block
+    read masked apart from the loop) in half precision, where the table gradient's row sums go through the tensor
+    cores: the forward, the forward given its own log-normaliser, and the backward against float64 on the same
+    rounded inputs."""
+    from mmppma.ops.line import triton_impl as line
+    cfg = lp.config('line_bwd', length, torch.bfloat16, 90)
+    assert length > cfg.block_n and line.ragged(length, cfg.block_n)
+    g = torch.Generator().manual_seed(length)
+    q, k, x = (torch.randn(1, 1, 1, length, 16, generator=g).to(torch.bfloat16) for _ in range(3))
+    c = (-0.3 * torch.rand(1, 1, 1, length, generator=g)).cumsum(-1)
+    dout = torch.randn(1, 1, 1, length, 16, generator=g).to(torch.bfloat16)
+    wide = [t.double().requires_grad_() for t in (q, k, x, c)]
+    qd, kd, xd, cd = (t[:, :, 0] for t in wide)
+    bias = -(cd[..., :, None] - cd[..., None, :]).abs()
+    want = ((qd @ kd.transpose(-1, -2)) * 0.25 + bias).softmax(-1) @ xd
+    want_grads = torch.autograd.grad(want, wide, dout[:, :, 0].double())
+    launches, out, lse = line.forward_launches(q, k, x, c, 0.25, False, 90)
+    lp.run(launches)
+    launches, given, _ = line.forward_launches(q, k, x, c, 0.25, False, 90, lse=lse)
+    lp.run(launches)
+    launches, grads = line.backward_launches(q, k, x, c, out, lse, dout, 0.25, False, 90)
+    lp.run(launches)
+    for name, got, ref in zip(('out', 'out given lse', 'dq', 'dk', 'dx', 'dc'), (out, given, *grads),
+                              (want, want, *want_grads)):
+        error = ((got.double().reshape(ref.shape) - ref).norm() / ref.norm()).item()
+        assert error < 1e-2, f'{name}: relative error {error:.1e}'
+
+
 def test_whole_kernel_backward_extra_memory_is_linear_in_n():
     """The table gradient is reduced onto the H x W tables in-kernel, not through an N x W or N x H segment table."""
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -19,11 +19,14 @@ from ..triton_support import launch as lp
 from ..triton_support.calls import Caller, call_kernels
 from ..triton_support.tiles import (
     add_normalisers,
+    add_row_sums,
     head_offset,
     load_rows,
     load_tile,
     normalisers,
     online_softmax_start,
+    row_sums,
+    row_sums_start,
     store_tile,
     token_block,
 )
@@ -276,7 +279,8 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
 @triton.jit
 def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
                others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER: tl.constexpr,
-               PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr, PRECISION: tl.constexpr):
+               PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr, PRECISION: tl.constexpr,
+               SUMS_BY_DOT: tl.constexpr):
     """Add the other block at ``n`` of a part to the sums (:func:`_bwd_part`); the sums and the pointers moved to
     the next block."""
     in_line = n + others < L
@@ -295,14 +299,15 @@ def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c
     if KEYS:
         g2 = tl.dot(p.to(db.dtype), db, g2, input_precision=PRECISION)
     ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)
-    if PART == BEFORE:
-        gc += tl.sum(ds, 1)
-    elif PART == AFTER:
-        gc -= tl.sum(ds, 1)
-    else:
+    ds_b = ds.to(b.dtype)
+    if PART == MIXED:
         order = own[:, None] - (n + others)[None, :]
-        gc += tl.sum(tl.where(order > 0, ds, tl.where(order < 0, -ds, 0.0)), 1)
-    g1 = tl.dot(ds.to(b.dtype), b, g1, input_precision=PRECISION)
+        gc = add_row_sums(gc, tl.where(order > 0, ds, tl.where(order < 0, -ds, 0.0)), 1.0, False, PRECISION)
+    elif SUMS_BY_DOT:
+        gc = add_row_sums(gc, ds_b, 1.0 if PART == BEFORE else -1.0, True, PRECISION)
+    else:
+        gc = add_row_sums(gc, ds, 1.0 if PART == BEFORE else -1.0, False, PRECISION)
+    g1 = tl.dot(ds_b, b, g1, input_precision=PRECISION)
     return g1, g2, gc, b_ptrs + BLOCK_OTHER * b_step, db_ptrs + BLOCK_OTHER * db_step, tok + BLOCK_OTHER * c_step
 
 
@@ -310,7 +315,7 @@ def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c
 def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
               others, start, end, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OWN: tl.constexpr,
               BLOCK_OTHER: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr,
-              PRECISION: tl.constexpr):
+              PRECISION: tl.constexpr, SUMS_BY_DOT: tl.constexpr):
     """Add the other blocks at ``start, start + BLOCK_OTHER, .. < end`` of one part (:func:`_parts`) to a backward
     program's sums g1, g2 (KEYS) and gc; the MIXED part's blocks unrolled (the own block's span: no loop). The
     tiles' pointers are those of the line's first other block, moved to ``start`` and on by increments; ``tok``:
@@ -332,21 +337,29 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
             g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
                 a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
                 start + i * BLOCK_OTHER, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER,
-                PART, MASKED, KEYS, PRECISION)
+                PART, MASKED, KEYS, PRECISION, SUMS_BY_DOT)
     else:
         full = _full_blocks_end(start, end, BLOCK_OTHER, MASKED)
         for n in range(start, full, BLOCK_OTHER):
             g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
                 a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
                 others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, False, KEYS,
-                PRECISION)
+                PRECISION, SUMS_BY_DOT)
         if MASKED:
             if full < end:
                 g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
                     a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
                     full, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, True, KEYS,
-                    PRECISION)
+                    PRECISION, SUMS_BY_DOT)
     return g1, g2, gc
+
+
+@triton.constexpr_function
+def sums_by_dot(precision, keys, block_own, block_x):
+    """Whether a backward program sums the table gradient's rows of the parts before and after its own block by
+    products (:func:`~mmppma.ops.triton_support.tiles.add_row_sums`): with tensor-core products, but not in the
+    keys' programs of 64 own tokens with 64 value channels or more (their 16 sum columns would spill)."""
+    return precision != 'ieee' and not (keys and block_own * block_x >= 64 * 64)
 
 
 @triton.jit
@@ -397,20 +410,25 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
         b_step, db_step = q_step, x_step
         row_lse = tl.load(lse_ptr + tok, mask=mask, other=0.0) * LOG2E_
         delta = tl.load(delta_ptr + tok, mask=mask, other=0.0)
+    SUMS_BY_DOT: tl.constexpr = sums_by_dot(PRECISION, KEYS, BLOCK_OWN, BLOCK_X)
     t_off = c_base + others * c_step  # the other tokens' in the table, lse and delta
     b_mask = offs_d[None, :] < D
     db_mask = offs_x[None, :] < DX
     lo, hi = _parts(own_start, L, BLOCK_OWN, BLOCK_OTHER)
     ptrs = (b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, t_off)
     state = (tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32), tl.zeros([BLOCK_OWN, BLOCK_X], tl.float32),
-             tl.zeros([BLOCK_OWN], tl.float32))
+             row_sums_start(BLOCK_OWN, SUMS_BY_DOT))
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, lo, hi, L, b_step, db_step, c_step,
-                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, MIXED, True, KEYS, PRECISION)
+                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, MIXED, True, KEYS, PRECISION,
+                      SUMS_BY_DOT)
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, 0, lo, L, b_step, db_step, c_step,
-                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, BEFORE, False, KEYS, PRECISION)
+                      b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, BEFORE, False, KEYS, PRECISION,
+                      SUMS_BY_DOT)
     g1, g2, gc = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, hi, L, L, b_step, db_step,
-                           c_step, b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, AFTER, RAGGED, KEYS, PRECISION)
+                           c_step, b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, AFTER, RAGGED, KEYS, PRECISION,
+                           SUMS_BY_DOT)
     g1 = g1 * scale
+    gc = row_sums(gc)
     if ACC_G1:
         g1 += load_tile(g1_ptr, tok, mask, offs_d, D)
     store_tile(g1_ptr, tok, mask, offs_d, D, g1)

@@ -74,6 +74,29 @@ def normalisers(sums):
 
 
 @triton.jit
+def row_sums_start(BLOCK: tl.constexpr, BY_DOT: tl.constexpr):
+    """Running row sums of BLOCK rows (:func:`add_row_sums`), zero."""
+    return tl.zeros([BLOCK, 16 if BY_DOT else 1], tl.float32)
+
+
+@triton.jit
+def add_row_sums(sums, x, SIGN: tl.constexpr, BY_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """``sums`` plus SIGN times the row sums of ``x``. BY_DOT: x in the products' input dtype, summed by a product
+    with a column of SIGN (16 equal columns: no sum per element on the CUDA cores, as :func:`add_normalisers`);
+    else a sum per row."""
+    if BY_DOT:
+        ones = tl.full([x.shape[1], 16], SIGN, tl.float32).to(x.dtype)
+        return tl.dot(x, ones, sums, input_precision=PRECISION)
+    return sums + (tl.sum(x, 1) * SIGN)[:, None]
+
+
+@triton.jit
+def row_sums(sums):
+    """The row sums from :func:`add_row_sums`' columns (equal where there are 16)."""
+    return tl.max(sums, 1)
+
+
+@triton.jit
 def bwd_operands(q_ptr, k_ptr, v_ptr, do_ptr, rows, row_mask, offs_d, D, offs_v, DV, KEYS: tl.constexpr):
     """A backward program's own tiles and the other tokens' tensors: scores S = a b^T and dP = da db^T on tiles of
     (own x other tokens). A program of keys holds a = k, da = v and reads b from q, db from do; one of queries the
