@@ -121,6 +121,17 @@ def _other_part(c_own, c_other, PART: tl.constexpr):
 
 
 @triton.jit
+def _plus_other_part(s, c_own, c_other, PART: tl.constexpr):
+    """``s`` plus :func:`_other_part`, its minus signs as subtractions (each an operand of the score's FMA, not an
+    instruction per other token)."""
+    if PART == BEFORE:
+        return s - c_other[None, :]
+    if PART == AFTER:
+        return s + c_other[None, :]
+    return s - tl.abs(c_own[:, None] - c_other[None, :])
+
+
+@triton.jit
 def _past_line(PART: tl.constexpr):
     """The table value that other tokens past the line read: a segment sum of -inf (no score, no per-score
     mask)."""
@@ -164,7 +175,7 @@ def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, in_line
     to the next block. With LSE_GIVEN ``row`` holds the part's row term minus the rows' log-normaliser: the
     probabilities are final (no running maximum, no rescaling, no sums)."""
     k, x, c = _other_block(k_ptrs, x_ptrs, c_ptr, tok, in_line, k_mask, x_mask, PART, MASKED)
-    y = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + _other_part(c_own, c, PART)
+    y = _plus_other_part(tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, c_own, c, PART)
     if LSE_GIVEN:
         p = tl.math.exp2(y * LOG2E_ + row[:, None]).to(x.dtype)
         acc = tl.dot(p, x, acc, input_precision=PRECISION)
@@ -285,17 +296,24 @@ def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c
     the next block."""
     in_line = n + others < L
     b, db, c = _other_block(b_ptrs, db_ptrs, c_ptr, tok, in_line, b_mask, db_mask, PART, MASKED)
-    bias = _other_part(c_own, c, PART)
+    s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
     if KEYS:
         if MASKED:
-            bias -= tl.load(lse_ptr + tok, mask=in_line, other=0.0)[None, :]
+            lse = tl.load(lse_ptr + tok, mask=in_line, other=0.0)
             delta = tl.load(delta_ptr + tok, mask=in_line, other=0.0)[None, :]
         else:
-            bias -= tl.load(lse_ptr + tok)[None, :]
+            lse = tl.load(lse_ptr + tok)
             delta = tl.load(delta_ptr + tok)[None, :]
+        if PART == BEFORE:  # the part and the other tokens' lse as one term per other token
+            s = s - (c + lse)[None, :]
+        elif PART == AFTER:
+            s = s + (c - lse)[None, :]
+        else:
+            s = _plus_other_part(s, c_own, c, PART) - lse[None, :]
     else:
+        s = _plus_other_part(s, c_own, c, PART)
         delta = delta_own[:, None]
-    p = tl.math.exp2((tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale + bias) * LOG2E_ + row[:, None])
+    p = tl.math.exp2(s * LOG2E_ + row[:, None])
     if KEYS:
         g2 = tl.dot(p.to(db.dtype), db, g2, input_precision=PRECISION)
     ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)
