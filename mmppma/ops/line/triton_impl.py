@@ -140,12 +140,20 @@ def _past_line(PART: tl.constexpr):
     return float('inf')
 
 
+@triton.constexpr_function
+def peels(masked, precision):
+    """Whether a MASKED part's loop leaves the line's ragged last block to be read masked after it (no masks in the
+    loop): with tensor-core products. Exact float32 products (on the FMA units, their operand tiles in registers)
+    keep one masked loop: a second copy of the block's body spills there (500-550 B)."""
+    return bool(masked) and precision != 'ieee'
+
+
 @triton.jit
-def _full_blocks_end(start, end, BLOCK: tl.constexpr, MASKED: tl.constexpr):
-    """Where a part's blocks of BLOCK other tokens from ``start`` (a multiple of BLOCK, or ``end``) stop being whole:
-    ``end`` unless MASKED, else the start of the block that passes ``end`` (the line's last, read masked apart from
-    the loop: the loop's blocks read no mask)."""
-    if MASKED:
+def _full_blocks_end(start, end, BLOCK: tl.constexpr, PEEL: tl.constexpr):
+    """Where a part's loop over blocks of BLOCK other tokens from ``start`` (a multiple of BLOCK, or ``end``) stops:
+    ``end``, or with PEEL (:func:`peels`) the start of the block that passes ``end`` (the line's last, read masked
+    after the loop)."""
+    if PEEL:
         return tl.maximum(start, end // BLOCK * BLOCK)
     return end
 
@@ -197,7 +205,7 @@ def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, 
     softmax (m_i, l_i, acc; log2 units); the MIXED part's blocks unrolled (they are the query block's span: no
     loop). The tiles' pointers are those of the line's first key block, moved to ``start`` and on by increments,
     ``tok`` (the keys' offsets in the table) likewise; with MASKED, keys past the line are read as zeros and a
-    table of :func:`_past_line`, in the one block that reaches past it (:func:`_full_blocks_end`). The logits are
+    table of :func:`_past_line`, in the one block that reaches past it (:func:`peels`). The logits are
     the scores times ``scale`` plus :func:`_other_part` (one FMA per score), times log2(e), plus the part's
     :func:`_row_part`, which is folded into the row maximum's shift. With LSE_GIVEN, m_i is the rows'
     log-normaliser (log2 units), which the row term takes off once per part."""
@@ -213,12 +221,13 @@ def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, 
                 q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, start + i * BLOCK_N + keys < L, k_step,
                 x_step, c_step, k_mask, x_mask, scale, BLOCK_N, PART, MASKED, PRECISION, LSE_GIVEN)
     else:
-        full = _full_blocks_end(start, end, BLOCK_N, MASKED)
+        PEEL: tl.constexpr = peels(MASKED, PRECISION)
+        full = _full_blocks_end(start, end, BLOCK_N, PEEL)
         for n in range(start, full, BLOCK_N):
             m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
                 q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, n + keys < L, k_step, x_step, c_step,
-                k_mask, x_mask, scale, BLOCK_N, PART, False, PRECISION, LSE_GIVEN)
-        if MASKED:
+                k_mask, x_mask, scale, BLOCK_N, PART, MASKED and not PEEL, PRECISION, LSE_GIVEN)
+        if PEEL:
             if full < end:
                 m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
                     q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, full + keys < L, k_step, x_step,
@@ -357,13 +366,14 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
                 start + i * BLOCK_OTHER, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER,
                 PART, MASKED, KEYS, PRECISION, SUMS_BY_DOT)
     else:
-        full = _full_blocks_end(start, end, BLOCK_OTHER, MASKED)
+        PEEL: tl.constexpr = peels(MASKED, PRECISION)
+        full = _full_blocks_end(start, end, BLOCK_OTHER, PEEL)
         for n in range(start, full, BLOCK_OTHER):
             g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
                 a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
-                others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, False, KEYS,
-                PRECISION, SUMS_BY_DOT)
-        if MASKED:
+                others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, MASKED and not PEEL,
+                KEYS, PRECISION, SUMS_BY_DOT)
+        if PEEL:
             if full < end:
                 g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
                     a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
