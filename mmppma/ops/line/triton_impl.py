@@ -108,22 +108,10 @@ def _row_part(c_own, PART: tl.constexpr):
 
 
 @triton.jit
-def _other_part(c_own, c_other, PART: tl.constexpr):
-    """The rest of the segment sums, natural units: per other token in the BEFORE and AFTER parts (a (1, other)
-    row), per score in the MIXED part."""
-    if PART == BEFORE:
-        part = -c_other[None, :]
-    elif PART == AFTER:
-        part = c_other[None, :]
-    else:
-        part = -tl.abs(c_own[:, None] - c_other[None, :])
-    return part
-
-
-@triton.jit
 def _plus_other_part(s, c_own, c_other, PART: tl.constexpr):
-    """``s`` plus :func:`_other_part`, its minus signs as subtractions (each an operand of the score's FMA, not an
-    instruction per other token)."""
+    """``s`` plus the rest of the segment sums, natural units: per other token in the BEFORE and AFTER parts (a
+    (1, other) row), per score in the MIXED part; its minus signs as subtractions (each an operand of the score's
+    FMA, not an instruction per other token)."""
     if PART == BEFORE:
         return s - c_other[None, :]
     if PART == AFTER:
@@ -206,7 +194,7 @@ def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, 
     loop). The tiles' pointers are those of the line's first key block, moved to ``start`` and on by increments,
     ``tok`` (the keys' offsets in the table) likewise; with MASKED, keys past the line are read as zeros and a
     table of :func:`_past_line`, in the one block that reaches past it (:func:`peels`). The logits are
-    the scores times ``scale`` plus :func:`_other_part` (one FMA per score), times log2(e), plus the part's
+    the scores times ``scale`` plus :func:`_plus_other_part` (one FMA per score), times log2(e), plus the part's
     :func:`_row_part`, which is folded into the row maximum's shift. With LSE_GIVEN, m_i is the rows'
     log-normaliser (log2 units), which the row term takes off once per part."""
     k_ptrs += start * k_step
@@ -348,7 +336,7 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
     tiles' pointers are those of the line's first other block, moved to ``start`` and on by increments; ``tok``:
     the other tokens' offsets in the table, lse and delta (lse and delta: KEYS only), likewise; MASKED as
     :func:`_fwd_part`. The probabilities are recomputed as the forward computes
-    them: the scores times ``scale`` plus the per-other-token terms (:func:`_other_part`, the keys' programs: minus
+    them: the scores times ``scale`` plus the per-other-token terms (:func:`_plus_other_part`, the keys' programs: minus
     the other tokens' lse), times log2(e), plus the per-own-token ones (the part's :func:`_row_part`, the queries'
     programs: minus ``row_lse``, their lse in log2 units): two FMAs per score. The table gradient's sign is the
     part's (BEFORE +, AFTER -); in the MIXED part, by index (own after other +, before -; a token with itself 0:
