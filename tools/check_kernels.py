@@ -230,7 +230,9 @@ def kv_bytes(spec: dict) -> float:
     key-loop iteration, shared by the own block's rows."""
     c = spec['desc']['constexprs']
     size = 4 if spec['dtype'] in ('fp32', 'tf32') else 2
-    return (c['BLOCK_D'] + c.get('BLOCK_DV', c.get('BLOCK_X', c['BLOCK_D']))) * size / flash_reference.tiles(c)[0]
+    parts = 32 if c.get('FOLD_V') or c.get('FOLD_H') else 0  # whole attention's column-table parts per key
+    return ((c['BLOCK_D'] + c.get('BLOCK_DV', c.get('BLOCK_X', c['BLOCK_D']))) * size + parts) / \
+        flash_reference.tiles(c)[0]
 
 
 def sass_ratio(spec: dict, result: dict) -> float:
@@ -297,6 +299,15 @@ def _template(specs: Dict[str, dict], launches) -> Optional[dict]:
     return next((specs[key]['desc'] for _, key, _ in launches if specs[key]['desc']['kernel'] in PRICED_LOOPS), None)
 
 
+def _parts_bytes(launch: lp.Launch) -> float:
+    """Bytes whole attention's column-table parts' launch moves: per path, slice and token, the table's float32
+    entry read and 16 bfloat16 written."""
+    return launch.grid[1] * launch.grid[2] * launch.constexprs['HH'] * launch.constexprs['WW'] * (4 + 32)
+
+
+#: an op call's elementwise launches beside its key loops: kernel -> the bytes a launch moves (priced as device
+#: memory traffic and a launch)
+MEMORY_PASSES = {'_whole_fwd_parts': _parts_bytes}
 #: the kernels whose launches the model prices (kernel_model.tiles knows their tiles)
 PRICED_LOOPS = ('_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd')
 
@@ -365,8 +376,11 @@ def model_table(specs: Dict[str, dict], results: Dict[str, dict], calls: Dict[tu
                        computed=0.0, real=0.0, flash_computed=0.0, flash_real=0.0, warps=None, bound='', launches=0,
                        problems=[])
             largest = 0.0
-            for launch_phase, key, _ in launches:
+            for launch_phase, key, launch in launches:
                 desc = specs[key]['desc']
+                if launch_phase == phase and desc['kernel'] in MEMORY_PASSES:
+                    row['ours'] += gpu.launch_us + kernel_model.memory_us(gpu, MEMORY_PASSES[desc['kernel']](launch))
+                    continue
                 if launch_phase != phase or desc['kernel'] not in PRICED_LOOPS:
                     continue
                 loops = _loops(specs, results, key)
@@ -788,13 +802,14 @@ def write_markdown(path: str, specs: Dict[str, dict], results: Dict[str, dict], 
 
 
 def tile_text(c: dict) -> str:
-    text = ['x'.join(map(str, flash_reference.tiles(c)))] if 'BLOCK_W' not in c else [f'row{c["BLOCK_W"]}']
+    rows = next((c[name] for name in ('BLOCK_W', 'BLOCK') if name in c), None)  # the tables' and parts' passes
+    text = ['x'.join(map(str, flash_reference.tiles(c)))] if rows is None else [f'row{rows}']
     text += [f'{name}={c[name]}' for name in ('W', 'WW', 'HH', 'COLS', 'COLS_V', 'COLS_H', 'BLOCK_V', 'BLOCK_H')
              if name in c]
     text += [name.lower() for name in ('V2H', 'H2V') if c.get(name)]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     text += ['keys'] * bool(c.get('KEYS'))
-    text += [name.lower() for name in ('COLUMNS', 'SIGNED', 'LSE_GIVEN') if c.get(name)]
+    text += [name.lower() for name in ('COLUMNS', 'SIGNED', 'LSE_GIVEN', 'FOLD_V', 'FOLD_H') if c.get(name)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)
 

@@ -35,6 +35,7 @@ class GPU:
     #: dense tensor-core multiply-adds per clock per SM: half precision with float32 accumulation, and TF32
     tensor: Dict[str, float]
     l2_bytes: float  #: L2 read bandwidth per clock per SM, bytes
+    dram_tb_s: float  #: device memory bandwidth, TB/s (the data sheet's)
     launch_us: float = 4.0  #: a launch's cost on the GPU's timeline beside its work (launch latency, drain)
     #: warps per scheduler that keep its issue slots as full as they get (:func:`issue_efficiency`): on the H200
     #: kernels at 2 and 4 warps per scheduler sat at the same share of their issue bound (docs/kernel_model.md)
@@ -56,14 +57,16 @@ def _rates(fp32_lanes: int) -> Dict[str, float]:
 #: and architecture whitepapers (A100: 312 TFLOPS dense FP16 at 1.41 GHz on 108 SMs = 1024 multiply-adds per
 #: clock per SM; H100 SXM doubles that per SM; L40S and A40 run FP16 with FP32 accumulation at half A100's per-SM
 #: rate; B200 doubles H100's; RTX PRO 6000 Blackwell at L40S's); CUDA-core rates from the Programming Guide's
-#: throughput table; L2 bandwidth per SM from published microbenchmarks (about 5 TB/s on A100, 10 on H100).
+#: throughput table; L2 bandwidth per SM from published microbenchmarks (about 5 TB/s on A100, 10 on H100); device
+#: memory bandwidth from the data sheets (H100 SXM's 3.35 TB/s for sm_90: the H200 has 4.8).
 GPUS: Dict[int, GPU] = {
-    80: GPU('A100 SXM', 108, 1.41, 64, 32, 167936, _rates(64), dict(half=1024, tf32=512), 32.0),
-    86: GPU('A40', 84, 1.74, 48, 16, 102400, _rates(128), dict(half=512, tf32=256), 24.0),
-    89: GPU('L40S', 142, 2.52, 48, 24, 102400, _rates(128), dict(half=512, tf32=256), 24.0),
-    90: GPU('H100 / H200 SXM', 132, 1.98, 64, 32, 233472, _rates(128), dict(half=2048, tf32=1024), 40.0),
-    100: GPU('B200', 148, 1.965, 64, 32, 233472, _rates(128), dict(half=4096, tf32=2048), 40.0),
-    120: GPU('RTX PRO 6000 Blackwell', 188, 2.6, 48, 32, 102400, _rates(128), dict(half=512, tf32=256), 24.0),
+    80: GPU('A100 SXM', 108, 1.41, 64, 32, 167936, _rates(64), dict(half=1024, tf32=512), 32.0, 2.039),
+    86: GPU('A40', 84, 1.74, 48, 16, 102400, _rates(128), dict(half=512, tf32=256), 24.0, 0.696),
+    89: GPU('L40S', 142, 2.52, 48, 24, 102400, _rates(128), dict(half=512, tf32=256), 24.0, 0.864),
+    90: GPU('H100 / H200 SXM', 132, 1.98, 64, 32, 233472, _rates(128), dict(half=2048, tf32=1024), 40.0, 3.35),
+    100: GPU('B200', 148, 1.965, 64, 32, 233472, _rates(128), dict(half=4096, tf32=2048), 40.0, 8.0),
+    120: GPU('RTX PRO 6000 Blackwell', 188, 2.6, 48, 32, 102400, _rates(128), dict(half=512, tf32=256), 24.0,
+          1.792),
 }
 #: the classes :func:`wave_cycles` prices on a pipe of their own (every class takes issue slots)
 PIPES = ('fp32', 'mufu', 'conv', 'int', 'mem')
@@ -127,6 +130,11 @@ def launch_cost(gpu: GPU, loop: Dict[str, float], dtype: str, warps: int, regist
     computed = float(programs) * iterations * own * other
     return LaunchCost(programs, iterations, computed, real, resident, limit, programs / per_wave, bound, total,
                       total / (gpu.clock_ghz * 1e3))
+
+
+def memory_us(gpu: GPU, nbytes: float) -> float:
+    """The predicted time of a launch that only moves ``nbytes`` through device memory (an elementwise pass)."""
+    return nbytes / (gpu.dram_tb_s * 1e6)
 
 
 def wave_cycles(gpu: GPU, per_program: Dict[str, float], tensor: float, l2: float, programs: int, warps: int,

@@ -171,6 +171,68 @@ def test_whole_forward_key_rows_above_and_below_the_query_tile(monkeypatch, cols
         triton_impl._BWD_PLANS.clear()
 
 
+@pytest.mark.parametrize('dtype', [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.heavy)])
+def test_whole_forward_takes_the_column_table_in_its_products(monkeypatch, dtype):
+    """Half precision on full key tiles (triton 3.7): the products add the column table from its three bfloat16
+    parts per key, so that the bias costs no addition per score there. On 8 x 32 (V2H: key tiles of one row of 32,
+    H2V: 4 rows of 8; key rows above, between and below the query tiles) with tables down to -60, each path's output
+    is as close to float64's on the same rounded inputs as the forward that adds the table per score."""
+    from mmppma.ops.whole import triton_impl as whole
+
+    from .oracle import whole_attention
+    if lp.triton_version() < (3, 7):
+        pytest.skip('full key tiles in the scores\' layout need triton 3.7')
+    q, k, v, la, lb = inputs(1, 2, 8, 32, 16, seed=3, dtype=torch.float64)
+    la, lb = la * 4, lb * 4
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    ran = launched(monkeypatch)
+    errors = {}
+    for fold_tokens in (0, 1 << 30):
+        monkeypatch.setattr(whole, 'FOLD_TOKENS', fold_tokens)
+        for form in ('v2h', 'h2v'):
+            got = ops.ppma_attention(q, k, v, la.float(), lb.float(), scale=0.25, form=form, impl='triton')
+            forward = [x.constexprs for x in ran if x.name == '_whole_fwd'][-1]
+            assert forward['FOLD_V' if form == 'v2h' else 'FOLD_H'] == (fold_tokens == 0)
+            want = torch.stack([torch.from_numpy(whole_attention(*(t[0, h].double().numpy() for t in (q, k, v, la, lb)),
+                                                                 0.25, form)) for h in range(2)])
+            errors[fold_tokens, form] = ((got[0].double() - want).norm() / want.norm()).item()
+    assert sum(x.name == '_whole_fwd_parts' for x in ran) == 2
+    for form in ('v2h', 'h2v'):
+        folded, added = errors[0, form], errors[1 << 30, form]
+        assert folded < 1e-2 and folded < 1.2 * added + 1e-4, (form, folded, added)
+
+
+def test_whole_forward_folds_on_full_key_tiles_of_large_half_precision_maps(monkeypatch):
+    """The parts' launch runs before the forward where a path folds: half precision, triton 3.7, FOLD_TOKENS map
+    tokens or more, and that path's key tiles full (Cityscapes' stage 3, 64 x 128: both paths in tiles of one row of
+    64; 800 x 1344's stage 3, 50 x 84: tiles of 3 x 21 and 6 x 10 with empty places, neither). Its grid covers every
+    token of each path and slice, and the model prices its bytes (a float32 entry read, 16 bfloat16 written)."""
+    from mmppma.ops.whole import triton_impl as whole
+
+    from ..conftest import load_tool
+    check_kernels = load_tool('check_kernels.py')
+    monkeypatch.setattr(lp, 'triton_version', lambda: (3, 7))
+    whole._FWD_PLANS.clear()
+
+    def launches(h, w, dtype):
+        q = torch.empty(1, 8, h, w, 32, dtype=dtype, device='meta')
+        return whole.forward_launches(q, q, q, *(torch.empty(1, 8, h, w, device='meta'), ) * 2, 0.25, 'release',
+                                      90)[0]
+    try:
+        parts, forward = launches(64, 128, torch.bfloat16)
+        assert (parts.name, forward.name) == ('_whole_fwd_parts', '_whole_fwd')
+        assert (forward.constexprs['FOLD_V'], forward.constexprs['FOLD_H']) == (True, True)
+        assert parts.grid == (-(-64 * 128 // parts.constexprs['BLOCK']), 8, 2)
+        assert check_kernels.MEMORY_PASSES['_whole_fwd_parts'](parts) == 2 * 8 * 64 * 128 * (4 + 32)
+        assert [x.name for x in launches(64, 128, torch.float32)] == ['_whole_fwd']
+        assert [x.name for x in launches(50, 84, torch.bfloat16)] == ['_whole_fwd']
+        assert 32 * 64 < whole.FOLD_TOKENS and [x.name for x in launches(32, 64, torch.bfloat16)] == ['_whole_fwd']
+    finally:
+        whole._FWD_PLANS.clear()
+    # 3.35 MB at sm_90's 3.35 TB/s: a microsecond
+    assert check_kernels.kernel_model.memory_us(check_kernels.kernel_model.GPUS[90], 3.35e6) == pytest.approx(1.0)
+
+
 def test_whole_backward_column_chunks_narrower_than_the_spreader(monkeypatch):
     """On other tiles of 16 tokens (sm_90's half-precision tiles at 7 x 7) the backward takes column chunks of 8
     columns over 2 map rows: the column spreader stays 16 wide, its last columns empty. 7 x 7 and 2 x 17 (three

@@ -8,7 +8,9 @@ token's own entry and at a "corner" (the query's row and the key's column for V2
 The forward runs every path of the form in one launch, each as V2H (H2V is V2H on the transposed map, with the two
 tables swapped: the kernel reads the same tensors with the row and column strides swapped) on query tiles of
 consecutive map tokens, whose corner entries are gathered once per key column chunk (see :func:`_fwd_map`). q, k
-and v are read by strides in the caller's layout; o and lse are written in the image's order.
+and v are read by strides in the caller's layout; o and lse are written in the image's order. In half precision on
+large maps a launch before it writes each path's column table in three bfloat16 parts per token, which the key
+tiles' products add to the scores (:func:`_whole_fwd_parts`).
 
 The backward has one kernel form too (:func:`_bwd_map`): own tiles of consecutive map tokens, the corners in the own
 tokens' rows. The queries' programs run on the path's forward map; the keys' programs on its transpose, where the
@@ -65,31 +67,78 @@ def tile_rows_spanned(width, block):
     return (width - math.gcd(width, block) + block - 1) // width + 1
 
 
+@triton.constexpr_function
+def full_key_tiles(height, cols, block):
+    """Whether tiles of ``block`` other tokens over ``cols`` columns (``block // cols`` map rows) fill every place
+    and a map ``height`` rows tall holds a whole number of them: no key tile has a row past the map or an empty
+    place (the forward's FULL tiles)."""
+    rows = block // cols
+    return rows * cols == block and height % rows == 0
+
+
 @triton.jit
-def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, r_from, r_to, key_c, in_row, tile_rows, D,
-              DV, q_r, q_c, v_r, v_c, t_r, t_c, H: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
-              SIDE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
-              STAGES: tl.constexpr = None):
+def _whole_fwd_parts(ca_ptr, cb_ptr, parts_ptr, inv_scale, BH, HH: tl.constexpr, WW: tl.constexpr, V2H: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    """Each path's column table over the scale, T2 / scale, as three bfloat16 parts per token whose sum is it
+    (to float32's precision), in the path's map order: parts (paths, BH, N, 16), columns 0-2 the parts, the others
+    zero. Axis 0: blocks of BLOCK map tokens; axis 1: the slice; axis 2: the path (V2H: the image and its column
+    table Cb; H2V: the transpose, HH tokens wide, and Ca)."""
+    N: tl.constexpr = HH * WW
+    tok = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    bh = tl.program_id(1)
+    path = tl.program_id(2)
+    mask = tok < N
+    if V2H and path == 0:
+        t = tl.load(cb_ptr + slice_offset(bh, N, 1) + tok, mask=mask, other=0.0)
+    else:  # the transpose's token (r, c) is the image's (c, r)
+        t = tl.load(ca_ptr + slice_offset(bh, N, 1) + (tok % HH) * WW + tok // HH, mask=mask, other=0.0)
+    t = t * inv_scale
+    hi = t.to(tl.bfloat16).to(tl.float32)
+    mid = (t - hi).to(tl.bfloat16).to(tl.float32)
+    lo = t - hi - mid
+    col = tl.arange(0, 16)[None, :]
+    parts = tl.where(col == 0, hi[:, None], tl.where(col == 1, mid[:, None], tl.where(col == 2, lo[:, None], 0.0)))
+    store_tile(parts_ptr + slice_offset(path * BH + bh, N, 16), tok, mask, tl.arange(0, 16), 16,
+               parts.to(tl.bfloat16))
+
+
+@triton.jit
+def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale, r_from, r_to, key_c, in_row,
+              tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
+              EVEN: tl.constexpr, SIDE: tl.constexpr, FOLD: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr = None):
     """:func:`_fwd_map`'s online softmax over the key tiles of map rows ``r_from`` to ``r_to`` (multiples of ROWS)
     of one column chunk: the running (m, sums, acc) after them. SIDE: the keys lie on or above every query row (-1:
     the bias is ``bias - T2[key]``), on or below them (1: ``bias + T2[key]``) or between (0: ``bias - |T2[corner] -
     T2[key]|``), ``bias`` the chunk's (query x column) tile for that side. Keys past the map read T2 as -inf below
-    the query rows, +inf elsewhere: a bias of -inf. STAGES: the loop's software-pipelining stages (None: the
-    launch's)."""
+    the query rows, +inf elsewhere: a bias of -inf. FOLD (SIDE -1 or 1): the product adds SIDE * T2[key] / scale,
+    read as three bfloat16 parts per key from ``parts_ptr`` (:func:`_whole_fwd_parts`, in the map's order), by a
+    product of a (query x 16) column of SIDE with the (key x 16) parts: no T2 per key on the CUDA cores. STAGES:
+    the loop's software-pipelining stages (None: the launch's)."""
+    TAKE_T2: tl.constexpr = not (FOLD and SIDE != 0)
+    if not TAKE_T2:  # SIDE in the parts' three columns
+        side = tl.where(tl.arange(0, 16) < 3, SIDE * 1.0, 0.0).to(tl.bfloat16)
+        side = tl.broadcast_to(side[None, :], (q.shape[0], 16))
     for r0 in tl.range(r_from, r_to, ROWS, num_stages=STAGES):
         key_r = r0 + tile_rows
         if EVEN:
             mask_n = tl.full(in_row.shape, True, tl.int1)
         else:
             mask_n = in_row if H % ROWS == 0 else (key_r < H) & in_row
-        at = key_r * t_r + key_c * t_c
-        if EVEN:
-            t2_key = tl.load(t2_ptr + at)
-        else:
-            t2_key = tl.load(t2_ptr + at, mask=mask_n, other=float('-inf') if SIDE > 0 else float('inf'))
-        s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)),
-                   input_precision=PRECISION)
-        if SIDE < 0:
+        k = load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)
+        if TAKE_T2:
+            at = key_r * t_r + key_c * t_c
+            if EVEN:
+                t2_key = tl.load(t2_ptr + at)
+            else:
+                t2_key = tl.load(t2_ptr + at, mask=mask_n, other=float('-inf') if SIDE > 0 else float('inf'))
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        else:  # (keys past the map take a bias of -inf from the tile: FULL tiles have none past its rows)
+            parts = load_rows(parts_ptr, (key_r * W + key_c) * 16, mask_n, tl.arange(0, 16), 16)
+            s = tl.dot(q, tl.trans(k), tl.dot(side, tl.trans(parts)), input_precision=PRECISION)
+        if not TAKE_T2:
+            x = s * scale + bias
+        elif SIDE < 0:
             x = s * scale + bias - t2_key[None, :]
         elif SIDE > 0:
             x = s * scale + bias + t2_key[None, :]
@@ -107,10 +156,10 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, r_f
 
 
 @triton.jit
-def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
-             o_r, o_c, H: tl.constexpr, W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, parts_ptr, o_ptr, lse_ptr, scale, pid, D, DV, q_r, q_c, v_r, v_c,
+             t_r, t_c, o_r, o_c, H: tl.constexpr, W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              COLS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SCORES_LAYOUT: tl.constexpr,
-             PRECISION: tl.constexpr):
+             FOLD: tl.constexpr, PRECISION: tl.constexpr):
     """The V2H path's online softmax for tile ``pid`` of one slice on an H x W map: BLOCK_M consecutive map tokens
     (in row-major order: a tile spans map rows, so only the map's last tile pads), over all keys in tiles of
     (BLOCK_N // COLS map rows x COLS columns; any COLS, the places past them empty), column chunk by column chunk
@@ -126,7 +175,8 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     with the row segment's term. Per score the bias then costs one difference and one addition (of the absolute
     value); on full key tiles (FULL) the column segment's sign is known for the key rows on or above every query
     row of the tile (T2[k, l] - T2[i, l]) and on or below them (T2[i, l] - T2[k, l]), so there the bias is one
-    tile plus or minus T2[key]: one addition per score (:func:`_fwd_keys`). The logits stay in natural units: the
+    tile plus or minus T2[key]: one addition per score (:func:`_fwd_keys`), or (FOLD) none, T2[key] added by the
+    scores' product from its parts. The logits stay in natural units: the
     softmax's ``exp2`` takes them times log2(e) in the product that subtracts the row maximum. Keys past the map
     read T2 as +inf (-inf below the query rows): a bias of -inf, no per-score mask. The softmax's denominators are a
     product of P with ones on the tensor cores, not a sum per score. The key loops (over the chunk's rows) hold no
@@ -134,7 +184,7 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
     ROWS: tl.constexpr = BLOCK_N // COLS
     EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0 and ROWS * COLS == BLOCK_N
     # no key row past the map, no empty place: only columns past the map are masked, the same every iteration
-    FULL: tl.constexpr = SCORES_LAYOUT and H % ROWS == 0 and ROWS * COLS == BLOCK_N
+    FULL: tl.constexpr = SCORES_LAYOUT and full_key_tiles(H, COLS, BLOCK_N)
     tok = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = tok < H * W
     row = tok // W
@@ -169,38 +219,39 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, o_ptr, lse_ptr, scale, pid, D,
             zero = tl.dot(q, tl.trans(tl.zeros([BLOCK_N, BLOCK_D], q.dtype)), input_precision=PRECISION)
             t2_corner += zero
             bias = tl.where(in_row[None, :], row_bias + t2_corner, float('-inf'))  # above: T2[key] - T2[corner]
-            m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, 0, above, key_c,
-                                     in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN, -1,
-                                     BLOCK_D, BLOCK_DV, PRECISION)
+            m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale, 0,
+                                     above, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, W, ROWS,
+                                     EVEN, -1, FOLD, BLOCK_D, BLOCK_DV, PRECISION)
             # (the corner entries read again after it: not held through the loop above)
             t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0) + zero
             if MEET:
                 bias -= t2_corner
-                m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, above, below,
-                                         key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN,
-                                         0, BLOCK_D, BLOCK_DV, PRECISION, 1)
+                m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
+                                         above, below, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
+                                         H, W, ROWS, EVEN, 0, False, BLOCK_D, BLOCK_DV, PRECISION, 1)
                 bias -= t2_corner  # below: T2[corner] - T2[key]
             else:
                 bias -= 2 * t2_corner
-            m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, below, H, key_c,
-                                     in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN, 1,
-                                     BLOCK_D, BLOCK_DV, PRECISION)
+            m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
+                                     below, H, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, W,
+                                     ROWS, EVEN, 1, FOLD, BLOCK_D, BLOCK_DV, PRECISION)
         else:  # (with empty places or key rows past the map the chunk's tiles keep the masks' layout: the products'
             # costs registers there, and the in-place H2V path spills)
-            m, sums, acc = _fwd_keys(q, m, sums, acc, row_bias, t2_corner, k_ptr, v_ptr, t2_ptr, scale, 0, H, key_c,
-                                     in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, ROWS, EVEN, 0,
-                                     BLOCK_D, BLOCK_DV, PRECISION)
+            m, sums, acc = _fwd_keys(q, m, sums, acc, row_bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
+                                     0, H, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, W, ROWS,
+                                     EVEN, 0, False, BLOCK_D, BLOCK_DV, PRECISION)
     total = normalisers(sums)
     store_tile(o_ptr, tok_m, mask_m, offs_dv, DV, acc / total[:, None])
     tl.store(lse_ptr + tok_m, m + tl.math.log2(total) * _LN2, mask=mask_m)
 
 
 @triton.jit
-def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse_ptr, scale, heads, N, D, DV, q_b, q_n,
-               q_h, q_w, v_b, v_n, v_h, v_w, TILES, BH, HH: tl.constexpr, WW: tl.constexpr, V2H: tl.constexpr,
-               H2V: tl.constexpr, BLOCK_M: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, TABLES_T: tl.constexpr,
-               SCORES_LAYOUT: tl.constexpr, PRECISION: tl.constexpr):
+def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, parts_ptr, o_ptr, lse_ptr, scale, heads, N, D,
+               DV, q_b, q_n, q_h, q_w, v_b, v_n, v_h, v_w, TILES, BH, HH: tl.constexpr, WW: tl.constexpr,
+               V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, COLS_V: tl.constexpr,
+               COLS_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               TABLES_T: tl.constexpr, SCORES_LAYOUT: tl.constexpr, FOLD_V: tl.constexpr, FOLD_H: tl.constexpr,
+               PRECISION: tl.constexpr):
     """Whole attention's forward, every path of the form in one launch: axis 1 is the path (V2H, then H2V), axis 0
     the (slice, tile) programs, slice-major, TILES per slice (tiles of BLOCK_M consecutive tokens of the path's
     map). q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), v likewise; the tables (BH, H, W), o
@@ -209,7 +260,8 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse
     (map width HH, COLS_H), its tables the image's column and row tables, read in place or (TABLES_T) from ct1 and
     ct2 (BH, W, H), their transposed copies: in place a map row's entries lie apart, and triton 3.6 copies them one
     by one. SCORES_LAYOUT: whether full key tiles hold a column chunk's tiles in the scores' layout (:func:`_fwd_map`;
-    under triton 3.7 and later)."""
+    under triton 3.7 and later). FOLD_V, FOLD_H: whether the path's products add its column table on those tiles,
+    from ``parts`` (paths, BH, N, 16) bfloat16 (:func:`_whole_fwd_parts`)."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
     path = tl.program_id(1)
@@ -217,23 +269,25 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, o_ptr, lse
                                                     v_n)
     o_ptr += slice_offset(path * BH + bh, N, DV)
     lse_ptr += slice_offset(path * BH + bh, N, 1)
+    parts_ptr += slice_offset(path * BH + bh, N, 16)
     if V2H:
         if path == 0:
-            _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_h, q_w, v_h, v_w,
-                     WW, 1, WW, 1, HH, WW, BLOCK_M, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, SCORES_LAYOUT, PRECISION)
+            _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, parts_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_h, q_w, v_h,
+                     v_w, WW, 1, WW, 1, HH, WW, BLOCK_M, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, SCORES_LAYOUT, FOLD_V,
+                     PRECISION)
     h2v_index: tl.constexpr = 1 if V2H else 0
     if H2V:
         if path == h2v_index:
             if TABLES_T:
                 ct1_ptr += slice_offset(bh, N, 1)
                 ct2_ptr += slice_offset(bh, N, 1)
-                _fwd_map(q_ptr, k_ptr, v_ptr, ct1_ptr, ct2_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w,
-                         v_h, HH, 1, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, SCORES_LAYOUT,
-                         PRECISION)
+                _fwd_map(q_ptr, k_ptr, v_ptr, ct1_ptr, ct2_ptr, parts_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w,
+                         q_h, v_w, v_h, HH, 1, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV,
+                         SCORES_LAYOUT, FOLD_H, PRECISION)
             else:
-                _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h, v_w, v_h,
-                         1, WW, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, SCORES_LAYOUT,
-                         PRECISION)
+                _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, parts_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h,
+                         v_w, v_h, 1, WW, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, SCORES_LAYOUT,
+                         FOLD_H, PRECISION)
 
 
 @triton.constexpr_function
@@ -476,10 +530,15 @@ def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int
                                  -cols))
 
 
+#: the least map tokens at which a half-precision forward's FULL key tiles take the column table in their products
+#: (:func:`_fwd_keys`' FOLD): there the parts' launch (:func:`_whole_fwd_parts`) costs less than the additions it saves
+FOLD_TOKENS = 4096
+
+
 def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
     """(grid, constexprs, config, tiles per slice) of the forward's launch, cached per call site (shapes, strides
     and dtypes, capability, form)."""
-    key = (q.shape, v.shape[-1], q.dtype, cap, form, lp.precision(q.dtype))
+    key = (q.shape, v.shape[-1], q.dtype, cap, form, lp.precision(q.dtype), FOLD_TOKENS)
     plan = _FWD_PLANS.get(key)
     if plan is None:
         bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
@@ -496,12 +555,17 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
         # and the H2V path's tables transposed (two copies per call); the chunk's tiles in the scores' layout cost
         # triton 3.6 more than the per-tile layout change
         pow2 = lp.triton_version() < (3, 7)
-        constexprs = dict(HH=hh, WW=ww, V2H='v2h' in names, H2V='h2v' in names, BLOCK_M=block_m,
-                          COLS_V=key_columns(ww, hh, cfg.block_n, pow2=pow2) if 'v2h' in names else 8,
-                          COLS_H=key_columns(hh, ww, cfg.block_n, pow2=pow2) if 'h2v' in names else 8,
-                          BLOCK_N=cfg.block_n,
+        cols_v = key_columns(ww, hh, cfg.block_n, pow2=pow2) if 'v2h' in names else 8
+        cols_h = key_columns(hh, ww, cfg.block_n, pow2=pow2) if 'h2v' in names else 8
+        # the FULL key tiles' products add the column table (half precision: its parts are bfloat16)
+        fold = not pow2 and q.dtype != torch.float32 and n >= FOLD_TOKENS
+        constexprs = dict(HH=hh, WW=ww, V2H='v2h' in names, H2V='h2v' in names, BLOCK_M=block_m, COLS_V=cols_v,
+                          COLS_H=cols_h, BLOCK_N=cfg.block_n,
                           BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), TABLES_T=pow2 and 'h2v' in names,
-                          SCORES_LAYOUT=not pow2, PRECISION=lp.precision(q.dtype))
+                          SCORES_LAYOUT=not pow2,
+                          FOLD_V=fold and 'v2h' in names and full_key_tiles(hh, cols_v, cfg.block_n),
+                          FOLD_H=fold and 'h2v' in names and full_key_tiles(ww, cols_h, cfg.block_n),
+                          PRECISION=lp.precision(q.dtype))
         plan = _FWD_PLANS[key] = ((tiles * bh, len(names)), constexprs, cfg, tiles)
     return plan
 
@@ -510,7 +574,8 @@ _FWD_PLANS = register_cache('whole_forward_launches', 1024)
 
 
 def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
-    """The forward's one launch (every path of ``form``, each V2H on its map: :func:`_whole_fwd`) and its outputs.
+    """The forward's launch (every path of ``form``, each V2H on its map: :func:`_whole_fwd`), after the column
+    tables' parts' (:func:`_whole_fwd_parts`) where a path's products add them, and its outputs.
     q, k: (B, heads, H, W, d), k with q's strides; v: (B, heads, H, W, dv); channels contiguous; ca, cb: (B, heads,
     H, W) float32 contiguous tables. Outputs: o (paths, BH, H, W, dv) and lse (paths, BH, H, W), float32, in the
     image's token order and :func:`mmppma.ops.forms.paths` order."""
@@ -522,10 +587,22 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     # the H2V map's row and column tables, its rows contiguous, for triton 3.6 (:func:`_whole_fwd`)
     ct1, ct2 = ((cb.transpose(-1, -2).contiguous(), ca.transpose(-1, -2).contiguous()) if constexprs['TABLES_T']
                 else (cb, ca))
-    launch = lp.Launch(_whole_fwd, grid, (q, k, v, ca, cb, ct1, ct2, o, lse, scale, heads, hh * ww, d, v.shape[-1],
-                                          qs[0], qs[1], qs[2], qs[3], vs[0], vs[1], vs[2], vs[3], tiles, b * heads),
-                       constexprs, cfg, q.device)
-    return [launch], o, lse
+    launches, parts = [], lse  # (any tensor where no path takes the parts)
+    if constexprs['FOLD_V'] or constexprs['FOLD_H']:
+        parts = torch.empty(grid[1], b * heads, hh * ww, 16, device=q.device, dtype=torch.bfloat16)
+        launches.append(lp.Launch(_whole_fwd_parts, (lp.cdiv(hh * ww, PARTS_BLOCK), b * heads, grid[1]),
+                                  (ca, cb, parts, 1.0 / scale, b * heads),
+                                  dict(HH=hh, WW=ww, V2H=constexprs['V2H'], BLOCK=PARTS_BLOCK), PARTS_CONFIG,
+                                  q.device))
+    launches.append(lp.Launch(_whole_fwd, grid, (q, k, v, ca, cb, ct1, ct2, parts, o, lse, scale, heads, hh * ww, d,
+                                                 v.shape[-1], qs[0], qs[1], qs[2], qs[3], vs[0], vs[1], vs[2], vs[3],
+                                                 tiles, b * heads), constexprs, cfg, q.device))
+    return launches, o, lse
+
+
+#: :func:`_whole_fwd_parts`' tokens per program and configuration
+PARTS_BLOCK = 256
+PARTS_CONFIG = lp.Config(PARTS_BLOCK, 16, 4, 1)
 
 
 def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
