@@ -217,6 +217,18 @@ def test_test_py_options():
         test.add_dump_results(cfg, 'preds.json')
 
 
+def test_finish_distributed_leaves_the_process_group():
+    """A run's end leaves the process group (one gloo process here); outside a distributed run it does nothing."""
+    import torch.distributed as dist
+
+    from mmppma.utils import finish_distributed
+    finish_distributed()
+    assert not dist.is_initialized()
+    dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)
+    finish_distributed()
+    assert not dist.is_initialized()
+
+
 def test_cpu_distributed_fallback_and_unknown_scope():
     from mmppma.utils import register_scope_modules, setup_cpu_distributed
     if not torch.cuda.is_available():  # the CPU fallback only applies without CUDA

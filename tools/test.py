@@ -16,6 +16,7 @@ from mmppma.utils.runner_setup import (  # noqa: E402
     apply_test_amp,
     build_runner,
     check_data,
+    finish_distributed,
     launcher_parser,
     load_launch_config,
     parse_launcher_args,
@@ -61,6 +62,7 @@ def main(argv=None) -> None:
     setup_cpu_distributed(cfg)
     runner = build_runner(cfg)
     runner.test()
+    finish_distributed()
 
 
 if __name__ == '__main__':

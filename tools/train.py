@@ -19,6 +19,7 @@ from mmengine.logging import print_log  # noqa: E402
 from mmppma.utils.runner_setup import (  # noqa: E402
     build_runner,
     check_data,
+    finish_distributed,
     launcher_parser,
     load_launch_config,
     parse_launcher_args,
@@ -96,6 +97,7 @@ def main(argv=None) -> None:
     setup_cpu_distributed(cfg)
     runner = build_runner(cfg)
     runner.train()
+    finish_distributed()
 
 
 if __name__ == '__main__':

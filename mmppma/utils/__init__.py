@@ -15,8 +15,8 @@ _HOMES = {
     'build_config_model': 'configs',
     'load_config': 'configs',
     **{name: 'runner_setup' for name in ('build_runner', 'set_local_rank', 'setup_cpu_distributed', 'setup_work_dir',
-                                         'launcher_parser', 'load_launch_config', 'parse_launcher_args', 'check_data',
-                                         'missing_data', 'apply_test_amp')},
+                                         'finish_distributed', 'launcher_parser', 'load_launch_config',
+                                         'parse_launcher_args', 'check_data', 'missing_data', 'apply_test_amp')},
 }
 
 __all__ = sorted(_HOMES)

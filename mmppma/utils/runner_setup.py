@@ -15,8 +15,8 @@ from mmengine.logging import print_log
 from .configs import load_config, register_scope_modules
 
 __all__ = ['register_scope_modules', 'build_runner', 'setup_work_dir', 'setup_cpu_distributed',
-           'set_local_rank', 'launcher_parser', 'parse_launcher_args', 'load_launch_config', 'missing_data',
-           'check_data', 'apply_test_amp']
+           'finish_distributed', 'set_local_rank', 'launcher_parser', 'parse_launcher_args', 'load_launch_config',
+           'missing_data', 'check_data', 'apply_test_amp']
 
 
 def setup_work_dir(cfg: Config, work_dir: Optional[str], config_path: str) -> None:
@@ -61,6 +61,15 @@ def setup_cpu_distributed(cfg: Config) -> None:
         if isinstance(kwargs.get('timeout'), (int, float)):
             kwargs['timeout'] = datetime.timedelta(seconds=kwargs['timeout'])
         torch.distributed.init_process_group(backend='gloo', **kwargs)
+
+
+def finish_distributed() -> None:
+    """End a distributed run: every rank waits for the others, then leaves the process group (a process that exits
+    with its group alive can abort in the backend's threads at exit). Does nothing outside a distributed run."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def build_runner(cfg: Config):
