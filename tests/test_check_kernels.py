@@ -215,6 +215,15 @@ def test_two_path_launches_are_priced_path_by_path(monkeypatch):
     flags = sorted((p['desc']['constexprs']['V2H'], p['desc']['constexprs']['H2V']) for p in parts.values())
     assert flags == [(False, True)]  # the V2H part is the single-path launch already listed
     assert all(tool.priced(p['desc']) and p['maps'] == both['maps'] for p in parts.values())
+    # a backward launch of both roles and paths: four parts, the queries' paths then the keys', in the model's order
+    roles = dict(_whole(keys=True)['constexprs'], KEYS=False, BOTH=True)
+    assert not tool.priced(dict(kernel='_whole_bwd', constexprs=roles))
+    split = tool.parts_apart(roles)
+    assert [(c['KEYS'], c['BOTH'], c['V2H'], c['H2V']) for c in split] == [
+        (False, False, True, False), (False, False, False, True), (True, False, True, False),
+        (True, False, False, True)]
+    names = [name for name, _ in tool.kernel_model.tiles(dict(kernel='_whole_bwd', constexprs=roles), 32, 32, 1)]
+    assert names == ['v2h', 'h2v', 'v2h keys', 'h2v keys']
 
 
 def test_key_loop_is_the_innermost_loop_holding_an_mma():

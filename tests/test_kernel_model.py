@@ -66,6 +66,11 @@ def test_whole_backward_own_tiles_of_consecutive_tokens(h, w, own, other, cols):
         [(path, (programs, iterations, o, t))] = model.tiles(desc, h, w, 2)
         assert path == 'v2h' and programs * iterations * o * t == 2 * walk(rows, columns)
         assert programs == 2 * -(-h * w // own)
+    # a launch of both roles: the queries' part, then the keys', each as its launch apart
+    both = model.tiles(dict(kernel='_whole_bwd', constexprs=dict(base, KEYS=False, BOTH=True)), h, w, 2)
+    apart = [model.tiles(dict(kernel='_whole_bwd', constexprs=dict(base, KEYS=keys)), h, w, 2)[0][1]
+             for keys in (False, True)]
+    assert both == [('v2h', apart[0]), ('v2h keys', apart[1])]
 
 
 def test_keys_of_consecutive_tokens_and_lines():

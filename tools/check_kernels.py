@@ -144,25 +144,35 @@ def record(kind: str, shape: tuple, dtype: torch.dtype, cap: int) -> List[Tuple[
 
 def priced(desc: dict) -> bool:
     """Whether a kernel's key loop is priced against a plain flash kernel: those with matrix products (a PRECISION
-    constexpr; they run on tensor cores in half precision), except whole attention's launches of two paths, which
-    are priced path by path (:func:`paths_apart`). The others (the decay tables') are compiled and checked only."""
+    constexpr; they run on tensor cores in half precision), except whole attention's launches of two paths or (the
+    backward) of both roles, which are priced part by part (:func:`paths_apart`). The others (the decay tables')
+    are compiled and checked only."""
     c = desc['constexprs']
-    return 'PRECISION' in c and not (c.get('V2H') and c.get('H2V'))
+    return 'PRECISION' in c and not (c.get('V2H') and c.get('H2V')) and not c.get('BOTH')
+
+
+def parts_apart(c: dict) -> List[dict]:
+    """The constexprs of each part of a whole attention launch that :func:`priced` leaves out - one path, one role
+    (:func:`kernel_model.tiles`' order) - launched as they are by the forms of one path and by roles apart."""
+    roles = kernel_model.bwd_roles(c) if 'KEYS' in c else (None, )
+    return [dict(c, **({} if keys is None else dict(KEYS=keys, BOTH=False)),
+                 **({'H2V': False} if path == 'v2h' else {'V2H': False} if c['V2H'] else {}))
+            for keys in roles for path in ('v2h', 'h2v') if c[path.upper()]]
 
 
 def paths_apart(specs: Dict[str, dict]) -> Dict[str, dict]:
-    """For every launch of whole attention's two paths, the same kernel with one path each: the rows its pricing
-    takes (each path's key loop against a flash kernel with that path's tiles). Launched as they are by the forms of
-    one path."""
+    """For every launch of whole attention's two paths or both roles, the same kernel with one path and role each
+    (:func:`parts_apart`): the rows its pricing takes (each part's key loop against a flash kernel with that part's
+    tiles)."""
     import importlib
     parts = {}
     for spec in specs.values():
         desc = spec['desc']
         c = desc['constexprs']
-        if 'PRECISION' in c and c.get('V2H') and c.get('H2V'):
+        if 'PRECISION' in c and not priced(desc):
             kernel = getattr(importlib.import_module(desc['module']), desc['kernel'])
-            for dropped in ('H2V', 'V2H'):
-                part = dict(desc, constexprs=dict(c, **{dropped: False}))
+            for constexprs in parts_apart(c):
+                part = dict(desc, constexprs=constexprs)
                 parts.setdefault(desc_key(kernel, part), dict(spec, desc=part, shapes=list(spec['shapes']),
                                                               maps=list(spec['maps'])))
     return {key: part for key, part in parts.items() if key not in specs}
@@ -347,15 +357,16 @@ def _launch_cost(gpu, desc: dict, dtype: str, result: dict, loops: List[dict], h
 
 
 def _loops(specs: Dict[str, dict], results: Dict[str, dict], key: str) -> Optional[List[dict]]:
-    """The key-loop counts of each part of a launch: whole attention's launches of two paths take each path's
-    (:func:`paths_apart`), the others their own; None where one is missing (not compiled, or no key loop)."""
+    """The key-loop counts of each part of a launch: whole attention's launches of two paths or both roles take
+    each part's (:func:`paths_apart`), the others their own; None where one is missing (not compiled, or no key
+    loop)."""
     import importlib
     desc = specs[key]['desc']
     c = desc['constexprs']
     keys = [key]
-    if c.get('V2H') and c.get('H2V'):
+    if not priced(desc):
         kernel = getattr(importlib.import_module(desc['module']), desc['kernel'])
-        keys = [desc_key(kernel, dict(desc, constexprs=dict(c, **{dropped: False}))) for dropped in ('H2V', 'V2H')]
+        keys = [desc_key(kernel, dict(desc, constexprs=part)) for part in parts_apart(c)]
     loops = [results.get(k, {}).get('sass') for k in keys]
     return None if any(not loop or not loop.get('all') for loop in loops) else loops
 
@@ -808,7 +819,7 @@ def tile_text(c: dict) -> str:
              if name in c]
     text += [name.lower() for name in ('V2H', 'H2V') if c.get(name)]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
-    text += ['keys'] * bool(c.get('KEYS'))
+    text += ['keys'] * bool(c.get('KEYS')) + ['both'] * bool(c.get('BOTH'))
     text += [name.lower() for name in ('COLUMNS', 'SIGNED', 'LSE_GIVEN', 'FOLD_V', 'FOLD_H') if c.get(name)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)

@@ -184,13 +184,15 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
         return parts
     if kernel == '_whole_bwd':  # own tiles of BLOCK_OWN consecutive map tokens, or (BLOCK_V / BLOCK_H) of one row
         parts = []
-        for path in ('v2h', 'h2v'):
-            if c[path.upper()]:
-                image = (path == 'v2h') != bool(c['KEYS'])
-                rows, cols = (h, w) if image else (w, h)
-                own, chunk = (c.get('BLOCK_V'), c['COLS_V']) if image else (c.get('BLOCK_H'), c['COLS_H'])
-                parts.append((path, _map_tiles(bh, rows, cols, own or c['BLOCK_OWN'], c['BLOCK_OTHER'], chunk,
-                                               'BLOCK_OWN' in c)))
+        for keys in bwd_roles(c):  # a launch of both roles: the queries' paths, then the keys'
+            for path in ('v2h', 'h2v'):
+                if c[path.upper()]:
+                    image = (path == 'v2h') != keys
+                    rows, cols = (h, w) if image else (w, h)
+                    own, chunk = (c.get('BLOCK_V'), c['COLS_V']) if image else (c.get('BLOCK_H'), c['COLS_H'])
+                    parts.append((f'{path} keys' if keys and c.get('BOTH') else path,
+                                  _map_tiles(bh, rows, cols, own or c['BLOCK_OWN'], c['BLOCK_OTHER'], chunk,
+                                             'BLOCK_OWN' in c)))
         return parts
     if kernel in ('_line_fwd', '_line_bwd'):
         length, lines = (h, w) if c['COLUMNS'] else (w, h)
@@ -203,6 +205,11 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
         other = c.get('BLOCK_N', c.get('BLOCK_OTHER'))
         return [('flash', (bh * _cdiv(n, own), _cdiv(n, other), own, other))]
     raise KeyError(kernel)
+
+
+def bwd_roles(c: dict) -> Tuple[bool, ...]:
+    """The roles (KEYS) whose programs a backward launch of whole attention holds, in the launch's order."""
+    return (False, True) if c.get('BOTH') else (bool(c['KEYS']), )
 
 
 def real_scores(desc: dict, h: int, w: int, bh: int) -> float:

@@ -259,6 +259,42 @@ def test_whole_backward_column_chunks_narrower_than_the_spreader(monkeypatch):
         triton_impl._BWD_PLANS.clear()
 
 
+def test_whole_backward_roles_in_one_launch_or_apart(monkeypatch):
+    """The queries' and the keys' programs share one launch where both roles take the same tiles (every launch on
+    the interpreter; sm_90's bfloat16 tiles at 7 x 7, Manhattan's one path included), else one launch each (800 x
+    1344's stage 3 on sm_90: the keys' programs take 64 others). Apart, the backward equals the reference too
+    (gradients of every input; the forms of one and of two paths)."""
+    from mmppma.ops import plan
+    from mmppma.ops.whole import triton_impl
+
+    def backward(cap, shape, dtype, manhattan=False):
+        b, heads, h, w, d = shape
+        q = torch.empty(*shape, dtype=dtype, device='meta', requires_grad=True)
+        with lp.recording(cap) as ran:
+            if manhattan:
+                out = ops.manhattan_attention(q, q, q, torch.empty(heads, device='meta'), scale=0.25, impl='triton')
+            else:
+                la = torch.empty(b, heads, h, w, device='meta')
+                out = ops.ppma_attention(q, q, q, la, la, scale=0.25, impl='triton')
+            torch.autograd.grad(out, [q], torch.empty_like(out))
+        return [(x.grid[1], x.constexprs['BOTH'], x.constexprs['KEYS']) for x in ran if x.name == '_whole_bwd']
+    monkeypatch.setattr(plan, 'triton_interpreted', lambda: True)  # meta tensors take the Triton path
+    triton_impl._BWD_PLANS.clear()
+    try:
+        assert backward(90, (64, 16, 7, 7, 32), torch.bfloat16) == [(4, True, False)]
+        assert backward(90, (64, 16, 7, 7, 32), torch.bfloat16, manhattan=True) == [(2, True, False)]
+        assert backward(90, (2, 8, 50, 84, 32), torch.bfloat16) == [(2, False, False), (2, False, True)]
+        ran = launched(monkeypatch)
+        monkeypatch.setattr(triton_impl, 'roles_in_one_launch', lambda plans: plans)
+        triton_impl._BWD_PLANS.clear()
+        for form in ('release', 'h2v'):
+            assert_same(partial(ops.ppma_attention, scale=0.25, form=form), make(1, 2, 5, 6, 16))
+        assert {(x.constexprs['BOTH'], x.constexprs['KEYS']) for x in ran if x.name == '_whole_bwd'} == {
+            (False, False), (False, True)}
+    finally:
+        triton_impl._BWD_PLANS.clear()
+
+
 def test_narrow_tall_image_runs_transposed(monkeypatch):
     """An image narrower than ``lp.NARROW`` and at least that tall: every whole-attention launch sees the
     transpose, 3 rows of 21 tokens (Manhattan's 'v2h' runs as 'h2v' there)."""

@@ -15,11 +15,12 @@ tiles' products add to the scores (:func:`_whole_fwd_parts`).
 The backward has one kernel form too (:func:`_bwd_map`): own tiles of consecutive map tokens, the corners in the own
 tokens' rows. The queries' programs run on the path's forward map; the keys' programs on its transpose, where the
 same path puts the corner in the key's row (V2H's corner, the query's row and the key's column, is the transpose's
-row of the key). One launch holds the queries' programs of every path, another the keys' (:func:`_whole_bwd`). Each
-program recomputes its tiles and reduces the bias gradient onto the tables from one (own token x column) sum of the
-score gradient per column chunk, a tensor-core product with a column spreader: the own tokens' row-table entries and
-(queries' programs) the corner entries, stored into the program's own slot of one (slots, 2, BH, H, W) buffer in the
-image's order. The host sums the slots once: no atomics, deterministic, extra memory O(N) per slot.
+row of the key). One launch holds the queries' programs of every path, another the keys' (or one launch both, where
+the two roles take the same tiles: :func:`_whole_bwd`). Each program recomputes its tiles and reduces the bias
+gradient onto the tables from one (own token x column) sum of the score gradient per column chunk, a tensor-core
+product with a column spreader: the own tokens' row-table entries and (queries' programs) the corner entries,
+stored into the program's own slot of one (slots, 2, BH, H, W) buffer in the image's order. The host sums the
+slots once: no atomics, deterministic, extra memory O(N) per slot.
 
 Token p = i*W + j. V2H: M[p, s] = Sa(i_p; j_p, l_s) + Sb(l_s; i_p, k_s); H2V: M[s, p].
 """
@@ -430,32 +431,62 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
 
 
 @triton.jit
-def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gt_ptr, scale,
+def _whole_bwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, gt_ptr, scale,
                scale2, weight, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b, v_n, v_h, v_w, o_b, o_n, o_h, o_w, TILES, BH,
-               SLOT_V, SLOT_H, HH: tl.constexpr, WW: tl.constexpr, KEYS: tl.constexpr, V2H: tl.constexpr,
-               H2V: tl.constexpr, BLOCK_OWN: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr,
-               BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+               SLOT_V, SLOT_H, HH: tl.constexpr, WW: tl.constexpr, KEYS: tl.constexpr, BOTH: tl.constexpr,
+               V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_OWN: tl.constexpr, COLS_V: tl.constexpr,
+               COLS_H: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                PRECISION: tl.constexpr):
-    """Whole attention's backward: the queries' programs (or, KEYS, the keys') of every path of the form in one
-    launch. Axis 1 is the path (V2H, then H2V), axis 0 the (slice, own tile) programs, slice-major, TILES per slice
-    (own tiles of BLOCK_OWN consecutive tokens of the path's map). A path's queries run on its forward map, its keys
-    on the transpose: :func:`_bwd_map` on the image (map width WW, column chunks of COLS_V; row table Ca) or on its
-    transpose (HH, COLS_H; row table Cb). q, k, v and the output gradient are read by strides ((B,
-    heads, H, W, .) with strides (x_b, x_n, x_h, x_w, 1)); the tables (BH, H, W), lse and delta (paths, BH, H, W)
-    are contiguous. Every buffer written is float32 in the image's order: g1, g2 (paths, BH, H, W, .) - dq, or dk
-    and dv - and the table gradients ``gt`` (slots, 2, BH, H, W), Ca's plane then Cb's per slot: slot 0 (queries)
-    or 1 (keys) the own tokens' row-table gradient, slots ``2 + SLOT_V + s`` (V2H) and ``2 + SLOT_H + s`` (H2V)
-    the queries' corner sums (see :func:`_bwd_map`)."""
+    """Whole attention's backward: the queries' programs (or, KEYS, the keys'; or, BOTH, the queries' and then the
+    keys') of every path of the form in one launch. Axis 1 is the path (V2H, then H2V; BOTH: the queries' paths,
+    then the keys'), axis 0 the (slice, own tile) programs, slice-major, TILES per slice (own tiles of BLOCK_OWN
+    consecutive tokens of the path's map). A path's queries run on its forward map, its keys on the transpose:
+    :func:`_bwd_map` on the image (map width WW, column chunks of COLS_V; row table Ca) or on its transpose (HH,
+    COLS_H; row table Cb). q, k, v and the output gradient are read by strides ((B, heads, H, W, .) with strides
+    (x_b, x_n, x_h, x_w, 1)); the tables (BH, H, W), lse and delta (paths, BH, H, W) are contiguous. Every buffer
+    written is float32 in the image's order: dq, dk, dv (paths, BH, H, W, .) and the table gradients ``gt`` (slots,
+    2, BH, H, W), Ca's plane then Cb's per slot: slot 0 (queries) or 1 (keys) the own tokens' row-table gradient,
+    slots ``2 + SLOT_V + s`` (V2H) and ``2 + SLOT_H + s`` (H2V) the queries' corner sums (see :func:`_bwd_map`):
+    the two roles write apart, so one launch may hold both."""
+    PATHS: tl.constexpr = V2H + H2V
+    if BOTH:
+        if tl.program_id(1) < PATHS:
+            _bwd_role(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, gt_ptr,
+                      scale, scale2, weight, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b, v_n, v_h, v_w, o_b, o_n, o_h,
+                      o_w, TILES, BH, SLOT_V, SLOT_H, tl.program_id(1), HH, WW, False, V2H, H2V, BLOCK_OWN, COLS_V,
+                      COLS_H, BLOCK_OTHER, BLOCK_D, BLOCK_DV, PRECISION)
+        else:
+            _bwd_role(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, gt_ptr,
+                      scale, scale2, weight, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b, v_n, v_h, v_w, o_b, o_n, o_h,
+                      o_w, TILES, BH, SLOT_V, SLOT_H, tl.program_id(1) - PATHS, HH, WW, True, V2H, H2V, BLOCK_OWN,
+                      COLS_V, COLS_H, BLOCK_OTHER, BLOCK_D, BLOCK_DV, PRECISION)
+    else:
+        _bwd_role(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, gt_ptr,
+                  scale, scale2, weight, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b, v_n, v_h, v_w, o_b, o_n, o_h, o_w,
+                  TILES, BH, SLOT_V, SLOT_H, tl.program_id(1), HH, WW, KEYS, V2H, H2V, BLOCK_OWN, COLS_V, COLS_H,
+                  BLOCK_OTHER, BLOCK_D, BLOCK_DV, PRECISION)
+
+
+@triton.jit
+def _bwd_role(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, gt_ptr, scale,
+              scale2, weight, heads, N, D, DV, q_b, q_n, q_h, q_w, v_b, v_n, v_h, v_w, o_b, o_n, o_h, o_w, TILES, BH,
+              SLOT_V, SLOT_H, path, HH: tl.constexpr, WW: tl.constexpr, KEYS: tl.constexpr, V2H: tl.constexpr,
+              H2V: tl.constexpr, BLOCK_OWN: tl.constexpr, COLS_V: tl.constexpr, COLS_H: tl.constexpr,
+              BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_whole_bwd`'s program of one role (KEYS: keys, else queries) on path index ``path`` of the launch."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
-    path = tl.program_id(1)
     q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr = _on_slice(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, bh, heads, N, q_b, q_n, v_b,
                                                     v_n)
     do_ptr += head_offset(bh, heads, o_b, o_n)
     lse_ptr += slice_offset(path * BH + bh, N, 1)
     delta_ptr += slice_offset(path * BH + bh, N, 1)
-    g1_ptr += slice_offset(path * BH + bh, N, D)
-    g2_ptr += slice_offset(path * BH + bh, N, DV)
+    if KEYS:  # g1 = dk, g2 = dv; the queries' g1 = dq (no g2)
+        g1_ptr = dk_ptr + slice_offset(path * BH + bh, N, D)
+        g2_ptr = dv_ptr + slice_offset(path * BH + bh, N, DV)
+    else:
+        g1_ptr = dq_ptr + slice_offset(path * BH + bh, N, D)
+        g2_ptr = g1_ptr
     plane = slice_offset(BH, N, 1)  # one table's gradient, every slice
     ga_ptr = gt_ptr + (2 * KEYS) * plane + slice_offset(bh, N, 1)  # slot 0 or 1: Ca's plane
     gb_ptr = ga_ptr + plane
@@ -645,22 +676,48 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             cols_v = next((tiles[p][3] for p in group if tiles[p][1]), 16)
             cols_h = next((tiles[p][3] for p in group if not tiles[p][1]), 16)
             count = lp.cdiv(n, own)
-            constexprs = dict(HH=hh, WW=ww, KEYS=keys, V2H='v2h' in group, H2V='h2v' in group, BLOCK_OWN=own,
+            constexprs = dict(HH=hh, WW=ww, KEYS=keys, BOTH=False, V2H='v2h' in group, H2V='h2v' in group,
+                              BLOCK_OWN=own,
                               COLS_V=cols_v, COLS_H=cols_h, BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d),
                               BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
             launches.append(((count * bh, len(group)), constexprs, cfg, count, names.index(group[0])))
-    plans = _BWD_PLANS[key] = (launches, slots)
+    plans = _BWD_PLANS[key] = (roles_in_one_launch(launches), slots)
     return plans
+
+
+def roles_in_one_launch(plans):
+    """The backward's launch plans with the queries' and the keys' launches of each group of paths merged into one
+    (BOTH) where they take the same configuration, tiles and grid: a launch less per call (the two roles write
+    apart: :func:`_whole_bwd`)."""
+    queries = [plan for plan in plans if not plan[1]['KEYS']]
+    keys = [plan for plan in plans if plan[1]['KEYS']]
+
+    def uses(c, name):  # whether a launch's programs run on the image (COLS_V) or on its transpose (COLS_H)
+        return any(((path == 'v2h') != c['KEYS']) == (name == 'COLS_V') for path in ('v2h', 'h2v')
+                   if c[path.upper()])
+
+    def alike(a, b):
+        apart = dict(KEYS=None, COLS_V=None, COLS_H=None)
+        return ((a[0], a[3], a[4], dict(a[1], **apart), dataclasses.replace(a[2], family='')) == (
+            b[0], b[3], b[4], dict(b[1], **apart), dataclasses.replace(b[2], family=''))
+                and all(a[1][name] == b[1][name] for name in ('COLS_V', 'COLS_H')
+                        if uses(a[1], name) and uses(b[1], name)))
+    if len(queries) != len(keys) or not all(alike(a, b) for a, b in zip(queries, keys)):
+        return plans
+    return [((grid[0], 2 * grid[1]), dict(c, BOTH=True, **{name: (c if uses(c, name) else k[1])[name]
+                                                           for name in ('COLS_V', 'COLS_H')}), cfg, count, first)
+            for (grid, c, cfg, count, first), k in zip(queries, keys)]
 
 
 _BWD_PLANS = register_cache('whole_backward_launches', 1024)
 
 
 def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, cap: int):
-    """The backward's launches (:func:`_whole_bwd`: the queries' programs of every path, then the keys') and the
-    float32 buffers they fill, in the image's order: dq (paths, BH, H, W, d), dk (paths, BH, H, W, d), dv (paths,
-    BH, H, W, dv) and the table gradients (slots, 2, BH, H, W), whose sum over the slots is (dCa, dCb). q, k, v,
-    dout: (B, heads, H, W, .) as :func:`forward_launches` takes them; o, lse as it returns them."""
+    """The backward's launches (:func:`_whole_bwd`: the queries' programs of every path, then the keys', in one
+    launch where they take the same tiles) and the float32 buffers they fill, in the image's order: dq (paths, BH,
+    H, W, d), dk (paths, BH, H, W, d), dv (paths, BH, H, W, dv) and the table gradients (slots, 2, BH, H, W), whose
+    sum over the slots is (dCa, dCb). q, k, v, dout: (B, heads, H, W, .) as :func:`forward_launches` takes them; o,
+    lse as it returns them."""
     b, heads, hh, ww, d = q.shape
     bh, dv = b * heads, v.shape[-1]
     plans, slots = _bwd_plans(q, v, hh, ww, form, cap)
@@ -677,9 +734,8 @@ def backward_launches(q, k, v, ca, cb, o, lse, dout, scale: float, form: str, ca
     qs, vs, os_ = q.stride(), v.stride(), dout.stride()
     launches = []
     for grid, constexprs, cfg, tiles, first in plans:
-        g1, g2 = (dk, dv_) if constexprs['KEYS'] else (dq, dq)
         launches.append(lp.Launch(_whole_bwd, grid, (
-            q, k, v, ca, cb, dout, lse[first:], delta[first:], g1[first:], g2[first:], tables, scale,
+            q, k, v, ca, cb, dout, lse[first:], delta[first:], dq[first:], dk[first:], dv_[first:], tables, scale,
             scale * LOG2E, weight, heads, hh * ww, d, dv, qs[0], qs[1], qs[2], qs[3], vs[0], vs[1], vs[2], vs[3],
             os_[0], os_[1], os_[2], os_[3], tiles, bh, 0, slot_h), constexprs, cfg, q.device))
     return launches, (dq, dk, dv_, tables)
