@@ -126,17 +126,18 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr,
             mask_n = tl.full(in_row.shape, True, tl.int1)
         else:
             mask_n = in_row if H % ROWS == 0 else (key_r < H) & in_row
-        k = load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)
         if TAKE_T2:
             at = key_r * t_r + key_c * t_c
             if EVEN:
                 t2_key = tl.load(t2_ptr + at)
             else:
                 t2_key = tl.load(t2_ptr + at, mask=mask_n, other=float('-inf') if SIDE > 0 else float('inf'))
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)),
+                       input_precision=PRECISION)
         else:  # (keys past the map take a bias of -inf from the tile: FULL tiles have none past its rows)
             parts = load_rows(parts_ptr, (key_r * W + key_c) * 16, mask_n, tl.arange(0, 16), 16)
-            s = tl.dot(q, tl.trans(k), tl.dot(side, tl.trans(parts)), input_precision=PRECISION)
+            s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)),
+                       tl.dot(side, tl.trans(parts)), input_precision=PRECISION)
         if not TAKE_T2:
             x = s * scale + bias
         elif SIDE < 0:
