@@ -78,8 +78,8 @@ def full_key_tiles(height, cols, block):
 
 
 @triton.jit
-def _whole_fwd_parts(ca_ptr, cb_ptr, parts_ptr, inv_scale, BH, HH: tl.constexpr, WW: tl.constexpr, V2H: tl.constexpr,
-                 BLOCK: tl.constexpr):
+def _whole_fwd_parts(ca_ptr, cb_ptr, parts_ptr, inv_scale, BH, HH: tl.constexpr, WW: tl.constexpr,
+                     V2H: tl.constexpr, BLOCK: tl.constexpr):
     """Each path's column table over the scale, T2 / scale, as three bfloat16 parts per token whose sum is it
     (to float32's precision), in the path's map order: parts (paths, BH, N, 16), columns 0-2 the parts, the others
     zero. Axis 0: blocks of BLOCK map tokens; axis 1: the slice; axis 2: the path (V2H: the image and its column
@@ -178,11 +178,11 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, parts_ptr, o_ptr, lse_ptr, sca
     value); on full key tiles (FULL) the column segment's sign is known for the key rows on or above every query
     row of the tile (T2[k, l] - T2[i, l]) and on or below them (T2[i, l] - T2[k, l]), so there the bias is one
     tile plus or minus T2[key]: one addition per score (:func:`_fwd_keys`), or (FOLD) none, T2[key] added by the
-    scores' product from its parts. The logits stay in natural units: the
-    softmax's ``exp2`` takes them times log2(e) in the product that subtracts the row maximum. Keys past the map
-    read T2 as +inf (-inf below the query rows): a bias of -inf, no per-score mask. The softmax's denominators are a
-    product of P with ones on the tensor cores, not a sum per score. The key loops (over the chunk's rows) hold no
-    loop of their own and are software-pipelined (but the few key tiles between the query rows')."""
+    scores' product from its parts. The logits stay in natural units: the softmax's ``exp2`` takes them times
+    log2(e) in the product that subtracts the row maximum. Keys past the map read T2 as +inf (-inf below the query
+    rows): a bias of -inf, no per-score mask. The softmax's denominators are a product of P with ones on the tensor
+    cores, not a sum per score. The key loops (over the chunk's rows) hold no loop of their own and are
+    software-pipelined (but the few key tiles between the query rows')."""
     ROWS: tl.constexpr = BLOCK_N // COLS
     EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0 and ROWS * COLS == BLOCK_N
     # no key row past the map, no empty place: only columns past the map are masked, the same every iteration
