@@ -240,7 +240,8 @@ def kv_bytes(spec: dict) -> float:
     key-loop iteration, shared by the own block's rows."""
     c = spec['desc']['constexprs']
     size = 4 if spec['dtype'] in ('fp32', 'tf32') else 2
-    parts = 32 if c.get('FOLD_V') or c.get('FOLD_H') else 0  # whole attention's column-table parts per key
+    # whole attention's column-table parts per key, on a path the launch runs and folds
+    parts = 32 if (c.get('V2H') and c.get('FOLD_V')) or (c.get('H2V') and c.get('FOLD_H')) else 0
     return ((c['BLOCK_D'] + c.get('BLOCK_DV', c.get('BLOCK_X', c['BLOCK_D']))) * size + parts) / \
         flash_reference.tiles(c)[0]
 
