@@ -240,8 +240,9 @@ def kv_bytes(spec: dict) -> float:
     key-loop iteration, shared by the own block's rows."""
     c = spec['desc']['constexprs']
     size = 4 if spec['dtype'] in ('fp32', 'tf32') else 2
-    # whole attention's column-table parts per key, on a path the launch runs and folds
-    parts = 32 if (c.get('V2H') and c.get('FOLD_V')) or (c.get('H2V') and c.get('FOLD_H')) else 0
+    # the table's parts per key where the products add them: a line's, or whole attention's on a path the launch
+    # runs and folds
+    parts = 32 if c.get('FOLD') or (c.get('V2H') and c.get('FOLD_V')) or (c.get('H2V') and c.get('FOLD_H')) else 0
     return ((c['BLOCK_D'] + c.get('BLOCK_DV', c.get('BLOCK_X', c['BLOCK_D']))) * size + parts) / \
         flash_reference.tiles(c)[0]
 
@@ -821,7 +822,8 @@ def tile_text(c: dict) -> str:
     text += [name.lower() for name in ('V2H', 'H2V') if c.get(name)]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     text += ['keys'] * bool(c.get('KEYS')) + ['both'] * bool(c.get('BOTH'))
-    text += [name.lower() for name in ('COLUMNS', 'SIGNED', 'LSE_GIVEN', 'FOLD_V', 'FOLD_H') if c.get(name)]
+    text += [name.lower() for name in ('COLUMNS', 'SIGNED', 'LSE_GIVEN', 'FOLD', 'FOLD_V', 'FOLD_H', 'WRITE_PARTS')
+             if c.get(name)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)
 

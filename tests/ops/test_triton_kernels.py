@@ -367,7 +367,9 @@ def test_line_kernels_at_sm90_tiles_in_bfloat16_against_float64(length):
     blocks, the last ragged, so that every part runs (keys before the own block, in it, after it, the last block
     read masked apart from the loop) in half precision, where the table gradient's row sums go through the tensor
     cores: the forward, the forward given its own log-normaliser, and the backward against float64 on the same
-    rounded inputs."""
+    rounded inputs; and the passes that take the table in their products from the tables' parts (written by a
+    pass along the line with another table beside it: the row table's parts in columns 0-2, the column table's in
+    3-5), along rows and along columns."""
     from mmppma.ops.line import triton_impl as line
     cfg = lp.config('line_bwd', length, torch.bfloat16, 90)
     assert length > cfg.block_n and line.ragged(length, cfg.block_n)
@@ -386,8 +388,41 @@ def test_line_kernels_at_sm90_tiles_in_bfloat16_against_float64(length):
     lp.run(launches)
     launches, grads = line.backward_launches(q, k, x, c, out, lse, dout, 0.25, False, 90)
     lp.run(launches)
-    for name, got, ref in zip(('out', 'out given lse', 'dq', 'dk', 'dx', 'dc'), (out, given, *grads),
-                              (want, want, *want_grads)):
+    checks = [('out', out, want), ('out given lse', given, want),
+              *zip(('dq', 'dk', 'dx', 'dc'), grads, want_grads)]
+    for columns in (False, True):
+        def line_of(t):  # the row's tensors as one column
+            return t.transpose(2, 3).contiguous() if columns else t
+        qc, kc, xc, cc, dc = (line_of(t) for t in (q, k, x, c, dout))
+        assert line.folds(qc, (columns, ), 90)
+        parts = line.table_parts_buffer(qc)
+        launches, written, lse = line.forward_launches(qc, kc, xc, cc, 0.25, columns, 90, parts=parts,
+                                                       other_table=torch.full_like(cc, -7.0))
+        assert [(x.constexprs['WRITE_TABLES'], x.constexprs['FOLD']) for x in launches] == [(True, False)]
+        lp.run(launches)
+        launches, fold, _ = line.forward_launches(qc, kc, xc, cc, 0.25, columns, 90, parts=parts)
+        assert [(x.constexprs['WRITE_LSE'], x.constexprs['FOLD']) for x in launches] == [(True, True)]
+        lp.run(launches)
+        launches, fold_given, _ = line.forward_launches(qc, kc, xc, cc, 0.25, columns, 90, lse=lse, parts=parts)
+        assert [(x.constexprs['WRITE_LSE'], x.constexprs['FOLD']) for x in launches] == [(False, True)]
+        lp.run(launches)
+        # each table's and pass's three parts: the row table, the column table, the row pass's lse, the column's
+        total = parts.float().reshape(-1, 16)[:, :12].reshape(-1, 4, 3).sum(-1) * 0.25
+        torch.testing.assert_close(total[:, 1 if columns else 0], cc.reshape(-1), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(total[:, 0 if columns else 1], torch.full_like(total[:, 0], -7.0))
+        torch.testing.assert_close(total[:, 3 if columns else 2], lse.reshape(-1), rtol=1e-6, atol=1e-5)
+        assert not parts.reshape(-1, 16)[:, 12:].any()
+        launches, folded_grads = line.backward_launches(qc, kc, xc, cc, written, lse, dc, 0.25, columns, 90,
+                                                        parts=parts)
+        assert [x.constexprs['FOLD'] for x in launches] == [True, True]
+        lp.run(launches)
+        direction = 'columns' if columns else 'rows'
+        checks += [(f'{direction}: {name}', got.transpose(2, 3) if columns else got, ref)
+                   for name, got, ref in (('writing the parts', written, want), ('folded', fold, want),
+                                          ('folded, given lse', fold_given, want),
+                                          *((f'folded {n}', g, r) for n, g, r in zip(('dq', 'dk', 'dx', 'dc'),
+                                                                                      folded_grads, want_grads)))]
+    for name, got, ref in checks:
         error = ((got.double().reshape(ref.shape) - ref).norm() / ref.norm()).item()
         assert error < 1e-2, f'{name}: relative error {error:.1e}'
 

@@ -19,20 +19,28 @@ def _pass_columns(form: str):
     return (False, True) if form == 'h2v' else (True, False)
 
 
-def _pass(q, k, x, c, scale, columns, cap):
-    """One line pass: its float32 output and log-normaliser."""
-    launches, out, lse = line.forward_launches(q, k, x, c, scale, columns, cap)
+def _pass(q, k, x, c, scale, columns, cap, parts, other_table=None):
+    """One line pass: its float32 output and log-normaliser (``parts``, ``other_table``: as
+    :func:`~mmppma.ops.line.triton_impl.forward_launches` takes them)."""
+    launches, out, lse = line.forward_launches(q, k, x, c, scale, columns, cap, parts=parts, other_table=other_table)
     lp.run(launches)
     return out, lse
 
 
 def _forward(q, k, v, ca, cb, scale: float, form: str):
-    """The output in v's dtype and, per pass, what its backward reads: its input x, its float32 output and lse.
-    Each pass's input is the previous output in v's dtype, as :func:`compose_criss_cross` composes them."""
+    """The output in v's dtype and, per pass, what its backward reads: its input x, its float32 output and lse;
+    then the tables' parts (or None). Each pass's input is the previous output in v's dtype, as
+    :func:`compose_criss_cross` composes them. Where a later pass takes its table in its products
+    (:func:`~mmppma.ops.line.triton_impl.folds`), the first writes both tables' parts and every pass its lse's, for
+    the passes after it and the backward."""
     cap, dtype = lp.capability(q.device), v.dtype
+    order = (False, True, False) if form == 'release' else _pass_columns(form)
+    parts = line.table_parts_buffer(q) if line.folds(q, order[1:], cap) else None
 
     def run(x, columns):
-        out, lse = _pass(q, k, x, cb if columns else ca, scale, columns, cap)
+        first = not saved
+        out, lse = _pass(q, k, x, cb if columns else ca, scale, columns, cap, parts,
+                         (ca if columns else cb) if first and parts is not None else None)
         saved.extend((x, out, lse))
         return out.to(dtype)
 
@@ -43,13 +51,13 @@ def _forward(q, k, v, ca, cb, scale: float, form: str):
         both = run(vu, True)  # [Ah v, Ah Aw v]
         # the last row pass takes the first's log-normaliser (the same scores) and also stores (Aw Ah v + Ah Aw v) / 2
         launches, last, lse, out = line.forward_launches(q, k, both[..., :dv], ca, scale, False, cap, both[..., dv:],
-                                                         lse=saved[2])
+                                                         lse=saved[2], parts=parts)
         lp.run(launches)
         saved.extend((both[..., :dv], last, lse))
     else:
         first, second = _pass_columns(form)
         out = run(run(v, first), second)
-    return (out, *saved)
+    return (out, *saved, parts)
 
 
 def _infer(q, k, v, ca, cb, scale: float, form: str):
@@ -59,7 +67,7 @@ def _infer(q, k, v, ca, cb, scale: float, form: str):
 def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):
     """dq, dk, dv in the inputs' dtypes and dCa, dCb (float32): the passes' backward launches in reverse, q's, k's
     and each table's gradient accumulated in one float32 buffer by the kernels."""
-    *saved, scale, form = saved_and_arguments
+    *saved, parts, scale, form = saved_and_arguments
     cap, dtype = lp.capability(q.device), v.dtype
     grads = dict(dq=None, dk=None, rows=None, cols=None)
 
@@ -71,7 +79,7 @@ def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):
             grad = grad.contiguous()
         launches, (dq, dk, dx, dc) = line.backward_launches(
             q, k, x, cb if columns else ca, out, lse, grad, scale, columns, cap, grads['dq'], grads['dk'],
-            grads[table])
+            grads[table], parts)
         lp.run(launches)
         grads.update(dq=dq, dk=dk, **{table: dc})
         return dx

@@ -28,6 +28,7 @@ from ..triton_support.tiles import (
     row_sums,
     row_sums_start,
     store_tile,
+    table_parts,
     token_block,
 )
 
@@ -164,20 +165,43 @@ def _other_block(a_ptrs, b_ptrs, c_ptr, tok, in_line, a_mask, b_mask, PART: tl.c
 
 
 @triton.jit
-def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, in_line, k_step, x_step, c_step, k_mask,
-               x_mask, scale, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
-               PRECISION: tl.constexpr, LSE_GIVEN: tl.constexpr):
+def _part_signs(BLOCK: tl.constexpr, COLUMNS: tl.constexpr, TABLE: tl.constexpr, LSE: tl.constexpr):
+    """The (BLOCK x 16) bfloat16 tile whose product with a block of other tokens' parts (:func:`_line_fwd`) is TABLE
+    times the pass's table plus LSE times the pass's lse, over the scale, per other token: TABLE in the table's
+    three columns, LSE in the lse's, zeros elsewhere."""
+    cols = tl.arange(0, 16)
+    table = 3 if COLUMNS else 0
+    signs = tl.where((cols >= table) & (cols < table + 3), TABLE, tl.where((cols >= table + 6) & (cols < table + 9),
+                                                                          LSE, 0.0))
+    return tl.broadcast_to(signs.to(tl.bfloat16)[None, :], (BLOCK, 16))
+
+
+@triton.jit
+def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, parts_ptr, side, tok, in_line, k_step, x_step,
+               c_step, k_mask, x_mask, scale, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
+               PRECISION: tl.constexpr, LSE_GIVEN: tl.constexpr, FOLD: tl.constexpr):
     """Fold one key block of a part into the online softmax (:func:`_fwd_part`); the state and the pointers moved
     to the next block. With LSE_GIVEN ``row`` holds the part's row term minus the rows' log-normaliser: the
-    probabilities are final (no running maximum, no rescaling, no sums)."""
-    k, x, c = _other_block(k_ptrs, x_ptrs, c_ptr, tok, in_line, k_mask, x_mask, PART, MASKED)
-    y = _plus_other_part(tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, c_own, c, PART)
+    probabilities are final (no running maximum, no rescaling, no sums). With FOLD (a BEFORE or AFTER part, not
+    MASKED) the scores' product adds the keys' table over the scale, -C / scale before the queries and C / scale
+    after them, from its three bfloat16 parts per key (:func:`_line_parts`) by a product with ``side``, a (query x
+    16) column of the part's sign: no table term per score."""
+    if FOLD and PART != MIXED and not MASKED:
+        k = tl.load(k_ptrs, mask=k_mask, other=0.0)
+        x = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        parts = tl.load(parts_ptr + tok[:, None] * 16 + tl.arange(0, 16)[None, :])
+        y = tl.dot(q, tl.trans(k), tl.dot(side, tl.trans(parts)), input_precision=PRECISION)
+        unit = scale * LOG2E_  # y is in units of 1 / scale
+    else:
+        k, x, c = _other_block(k_ptrs, x_ptrs, c_ptr, tok, in_line, k_mask, x_mask, PART, MASKED)
+        y = _plus_other_part(tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale, c_own, c, PART)
+        unit = LOG2E_
     if LSE_GIVEN:
-        p = tl.math.exp2(y * LOG2E_ + row[:, None]).to(x.dtype)
+        p = tl.math.exp2(y * unit + row[:, None]).to(x.dtype)
         acc = tl.dot(p, x, acc, input_precision=PRECISION)
         return m_i, l_i, acc, k_ptrs + BLOCK_N * k_step, x_ptrs + BLOCK_N * x_step, tok + BLOCK_N * c_step
-    m_new = tl.maximum(m_i, tl.max(y, 1) * LOG2E_ + row)
-    p = tl.math.exp2(y * LOG2E_ - (m_new - row)[:, None])
+    m_new = tl.maximum(m_i, tl.max(y, 1) * unit + row)
+    p = tl.math.exp2(y * unit - (m_new - row)[:, None])
     alpha = tl.math.exp2(m_i - m_new)
     p = p.to(x.dtype)
     l_i = add_normalisers(l_i, p, alpha, PRECISION)
@@ -186,9 +210,10 @@ def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, in_line
 
 
 @triton.jit
-def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, end, L, k_step, x_step, c_step, k_mask,
-              x_mask, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
-              PRECISION: tl.constexpr, LSE_GIVEN: tl.constexpr):
+def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, parts_ptr, tok, keys, start, end, L, k_step, x_step,
+              c_step, k_mask, x_mask, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PART: tl.constexpr,
+              MASKED: tl.constexpr, PRECISION: tl.constexpr, LSE_GIVEN: tl.constexpr, COLUMNS: tl.constexpr,
+              FOLD: tl.constexpr):
     """Fold the key blocks at ``start, start + BLOCK_N, .. < end`` of one part (:func:`_parts`) into the online
     softmax (m_i, l_i, acc; log2 units); the MIXED part's blocks unrolled (they are the query block's span: no
     loop). The tiles' pointers are those of the line's first key block, moved to ``start`` and on by increments,
@@ -203,31 +228,37 @@ def _fwd_part(q, c_own, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, start, 
     row = _row_part(c_own, PART)
     if LSE_GIVEN:
         row -= m_i
+    side = None
+    if FOLD and PART != MIXED:
+        side = _part_signs(BLOCK_M, COLUMNS, -1.0 if PART == BEFORE else 1.0, 0.0)
     if PART == MIXED:
         for i in tl.static_range((BLOCK_M + BLOCK_N - 1) // BLOCK_N):
             m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
-                q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, start + i * BLOCK_N + keys < L, k_step,
-                x_step, c_step, k_mask, x_mask, scale, BLOCK_N, PART, MASKED, PRECISION, LSE_GIVEN)
+                q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, parts_ptr, side, tok,
+                start + i * BLOCK_N + keys < L, k_step, x_step, c_step, k_mask, x_mask, scale, BLOCK_N, PART, MASKED,
+                PRECISION, LSE_GIVEN, FOLD)
     else:
         PEEL: tl.constexpr = peels(MASKED, PRECISION)
         full = _full_blocks_end(start, end, BLOCK_N, PEEL)
         for n in range(start, full, BLOCK_N):
             m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
-                q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, n + keys < L, k_step, x_step, c_step,
-                k_mask, x_mask, scale, BLOCK_N, PART, MASKED and not PEEL, PRECISION, LSE_GIVEN)
+                q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, parts_ptr, side, tok, n + keys < L, k_step,
+                x_step, c_step, k_mask, x_mask, scale, BLOCK_N, PART, MASKED and not PEEL, PRECISION, LSE_GIVEN,
+                FOLD)
         if PEEL:
             if full < end:
                 m_i, l_i, acc, k_ptrs, x_ptrs, tok = _fwd_block(
-                    q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, full + keys < L, k_step, x_step,
-                    c_step, k_mask, x_mask, scale, BLOCK_N, PART, True, PRECISION, LSE_GIVEN)
+                    q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, parts_ptr, side, tok, full + keys < L,
+                    k_step, x_step, c_step, k_mask, x_mask, scale, BLOCK_N, PART, True, PRECISION, LSE_GIVEN, FOLD)
     return m_i, l_i, acc
 
 
 @triton.jit
-def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H, W, L, n_lines, D, DX, q_b, q_n,
-              q_h, q_w, x_b, x_n, x_h, x_w, r_off, m_b, m_n, m_h, m_w, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr,
-              RAGGED: tl.constexpr, MEAN: tl.constexpr, LSE_GIVEN: tl.constexpr):
+def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, c2_ptr, parts_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H, W, L, n_lines,
+              D, DX, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, r_off, m_b, m_n, m_h, m_w, COLUMNS: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr,
+              PRECISION: tl.constexpr, RAGGED: tl.constexpr, MEAN: tl.constexpr, LSE_GIVEN: tl.constexpr,
+              FOLD: tl.constexpr, WRITE_TABLES: tl.constexpr, WRITE_LSE: tl.constexpr):
     """One program per (line, query block): the online softmax over the line's key blocks, in three parts
     (:func:`_parts`: the keys before the queries' blocks, the blocks holding them, the keys after), log2 units.
     The log-decays are <= 0 (the ops' contract), so the table is monotone along the line and a segment's sum is
@@ -240,13 +271,20 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
     contiguous (BH, H, W, .). With MEAN the program also stores the mean of the output and a residual r, read at
     x's strides ``r_off`` elements after x, at ``m_ptr`` (strides m_b, m_n, m_h, m_w, 1; its dtype). With
     LSE_GIVEN the rows' log-normaliser is read from ``lse_ptr`` (an earlier pass's over the same scores), not
-    stored: each probability is final where it is computed, so the loop keeps no running maximum or sums."""
+    stored: each probability is final where it is computed, so the loop keeps no running maximum or sums.
+    ``parts`` (BH, H, W, 16) bfloat16 holds, over the scale, in three bfloat16 parts each (:func:`table_parts`):
+    the row table in columns 0-2, the column table in 3-5, the row pass's lse in 6-8, the column pass's in 9-11,
+    zeros in 12-15. FOLD: the key blocks before and after the queries' take the table from there, in the scores'
+    product (:func:`_fwd_block`). WRITE_TABLES: the program writes its own tokens' row of the parts (the tables
+    from c and ``c2``, the other direction's table, contiguous as c, and its lse), for the passes after it and
+    the backward; WRITE_LSE: only its lse's columns."""
     blocks = tl.cdiv(L, BLOCK_M)
     line = tl.program_id(0) // blocks
     q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
         line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, COLUMNS)
     o_ptr += first * DX
     lse_ptr += first
+    parts_ptr += first * 16
     own_start = tl.program_id(0) % blocks * BLOCK_M
     offs_m, mask_m, tok_m = token_block(own_start, BLOCK_M, L, c_base, c_step)
     offs_d = tl.arange(0, BLOCK_D)
@@ -263,18 +301,31 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
     m_i, l_i, acc = online_softmax_start(BLOCK_M, BLOCK_X, PRECISION)
     if LSE_GIVEN:
         m_i = tl.load(lse_ptr + tok_m, mask=mask_m, other=0.0) * LOG2E_
-    state = _fwd_part(q, c_m, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, tok, keys, 0, lo, L, q_step, x_step, c_step, k_mask,
-                      x_mask, scale, BLOCK_M, BLOCK_N, BEFORE, False, PRECISION, LSE_GIVEN)
-    state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, lo, hi, L, q_step, x_step, c_step, k_mask,
-                      x_mask, scale, BLOCK_M, BLOCK_N, MIXED, True, PRECISION, LSE_GIVEN)
-    m_i, l_i, acc = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, tok, keys, hi, L, L, q_step, x_step, c_step,
-                              k_mask, x_mask, scale, BLOCK_M, BLOCK_N, AFTER, RAGGED, PRECISION, LSE_GIVEN)
+    state = _fwd_part(q, c_m, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, parts_ptr, tok, keys, 0, lo, L, q_step, x_step,
+                      c_step, k_mask, x_mask, scale, BLOCK_M, BLOCK_N, BEFORE, False, PRECISION, LSE_GIVEN, COLUMNS,
+                      FOLD)
+    state = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, parts_ptr, tok, keys, lo, hi, L, q_step, x_step, c_step,
+                      k_mask, x_mask, scale, BLOCK_M, BLOCK_N, MIXED, True, PRECISION, LSE_GIVEN, COLUMNS, FOLD)
+    m_i, l_i, acc = _fwd_part(q, c_m, *state, k_ptrs, x_ptrs, c_ptr, parts_ptr, tok, keys, hi, L, L, q_step, x_step,
+                              c_step, k_mask, x_mask, scale, BLOCK_M, BLOCK_N, AFTER, RAGGED, PRECISION, LSE_GIVEN,
+                              COLUMNS, FOLD)
     if LSE_GIVEN:
         o = acc
     else:
         l_i = normalisers(l_i)
         o = acc / l_i[:, None]
-        tl.store(lse_ptr + tok_m, (m_i + tl.math.log2(l_i)) * _LN2, mask=mask_m)  # the backward's: natural units
+        lse = (m_i + tl.math.log2(l_i)) * _LN2  # the backward's: natural units
+        tl.store(lse_ptr + tok_m, lse, mask=mask_m)
+        cols = tl.arange(0, 16)
+        lse_parts = table_parts(lse * (1.0 / scale), 9 if COLUMNS else 6)
+        if WRITE_TABLES:
+            c2_m = tl.load(c2_ptr + first + tok_m, mask=mask_m, other=0.0)
+            rows, columns = (c2_m, c_m) if COLUMNS else (c_m, c2_m)
+            store_tile(parts_ptr, tok_m, mask_m, cols, 16, table_parts(rows * (1.0 / scale), 0)
+                       + table_parts(columns * (1.0 / scale), 3) + lse_parts)
+        elif WRITE_LSE:  # (the other columns as they are)
+            own = (cols >= (9 if COLUMNS else 6)) & (cols < (12 if COLUMNS else 9))
+            tl.store(parts_ptr + tok_m[:, None] * 16 + cols[None, :], lse_parts, mask=mask_m[:, None] & own[None, :])
     store_tile(o_ptr, tok_m, mask_m, offs_x, DX, o)
     if MEAN:
         r = load_rows(x_ptr + r_off, x_base + offs_m * x_step, mask_m, offs_x, DX)
@@ -285,32 +336,46 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, o_ptr, lse_ptr, m_ptr, scale, heads, H
 
 
 @triton.jit
-def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
-               others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER: tl.constexpr,
+def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, parts_ptr,
+               signs, tok, n, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER: tl.constexpr,
                PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr, PRECISION: tl.constexpr,
-               SUMS_BY_DOT: tl.constexpr):
+               SUMS_BY_DOT: tl.constexpr, FOLD: tl.constexpr):
     """Add the other block at ``n`` of a part to the sums (:func:`_bwd_part`); the sums and the pointers moved to
-    the next block."""
+    the next block. With FOLD (a BEFORE or AFTER part, not MASKED) the scores' product adds the other tokens' table
+    and (KEYS) lse terms over the scale from their parts (:func:`_line_fwd`), by a product with ``signs``
+    (:func:`_part_signs`)."""
     in_line = n + others < L
-    b, db, c = _other_block(b_ptrs, db_ptrs, c_ptr, tok, in_line, b_mask, db_mask, PART, MASKED)
-    s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
-    if KEYS:
-        if MASKED:
-            lse = tl.load(lse_ptr + tok, mask=in_line, other=0.0)
-            delta = tl.load(delta_ptr + tok, mask=in_line, other=0.0)[None, :]
-        else:
-            lse = tl.load(lse_ptr + tok)
+    if FOLD and PART != MIXED and not MASKED:
+        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        db = tl.load(db_ptrs, mask=db_mask, other=0.0)
+        parts = tl.load(parts_ptr + tok[:, None] * 16 + tl.arange(0, 16)[None, :])
+        s = tl.dot(a, tl.trans(b), tl.dot(signs, tl.trans(parts)), input_precision=PRECISION)
+        unit = scale * LOG2E_  # s is in units of 1 / scale
+        if KEYS:
             delta = tl.load(delta_ptr + tok)[None, :]
-        if PART == BEFORE:  # the part and the other tokens' lse as one term per other token
-            s = s - (c + lse)[None, :]
-        elif PART == AFTER:
-            s = s + (c - lse)[None, :]
         else:
-            s = _plus_other_part(s, c_own, c, PART) - lse[None, :]
+            delta = delta_own[:, None]
     else:
-        s = _plus_other_part(s, c_own, c, PART)
-        delta = delta_own[:, None]
-    p = tl.math.exp2(s * LOG2E_ + row[:, None])
+        b, db, c = _other_block(b_ptrs, db_ptrs, c_ptr, tok, in_line, b_mask, db_mask, PART, MASKED)
+        s = tl.dot(a, tl.trans(b), input_precision=PRECISION) * scale
+        unit = LOG2E_
+        if KEYS:
+            if MASKED:
+                lse = tl.load(lse_ptr + tok, mask=in_line, other=0.0)
+                delta = tl.load(delta_ptr + tok, mask=in_line, other=0.0)[None, :]
+            else:
+                lse = tl.load(lse_ptr + tok)
+                delta = tl.load(delta_ptr + tok)[None, :]
+            if PART == BEFORE:  # the part and the other tokens' lse as one term per other token
+                s = s - (c + lse)[None, :]
+            elif PART == AFTER:
+                s = s + (c - lse)[None, :]
+            else:
+                s = _plus_other_part(s, c_own, c, PART) - lse[None, :]
+        else:
+            s = _plus_other_part(s, c_own, c, PART)
+            delta = delta_own[:, None]
+    p = tl.math.exp2(s * unit + row[:, None])
     if KEYS:
         g2 = tl.dot(p.to(db.dtype), db, g2, input_precision=PRECISION)
     ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)
@@ -327,10 +392,11 @@ def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c
 
 
 @triton.jit
-def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
-              others, start, end, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OWN: tl.constexpr,
-              BLOCK_OTHER: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr,
-              PRECISION: tl.constexpr, SUMS_BY_DOT: tl.constexpr):
+def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr,
+              parts_ptr, tok, others, start, end, L, b_step, db_step, c_step, b_mask, db_mask, scale,
+              BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
+              KEYS: tl.constexpr, PRECISION: tl.constexpr, SUMS_BY_DOT: tl.constexpr, COLUMNS: tl.constexpr,
+              FOLD: tl.constexpr):
     """Add the other blocks at ``start, start + BLOCK_OTHER, .. < end`` of one part (:func:`_parts`) to a backward
     program's sums g1, g2 (KEYS) and gc; the MIXED part's blocks unrolled (the own block's span: no loop). The
     tiles' pointers are those of the line's first other block, moved to ``start`` and on by increments; ``tok``:
@@ -347,26 +413,29 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
     row = _row_part(c_own, PART)
     if not KEYS:
         row -= row_lse
+    signs = None
+    if FOLD and PART != MIXED:  # the other tokens' table (the part's sign) and, in the keys' programs, minus their lse
+        signs = _part_signs(BLOCK_OWN, COLUMNS, -1.0 if PART == BEFORE else 1.0, -1.0 if KEYS else 0.0)
     if PART == MIXED:
         for i in tl.static_range((BLOCK_OWN + BLOCK_OTHER - 1) // BLOCK_OTHER):
             g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
-                a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
-                start + i * BLOCK_OTHER, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER,
-                PART, MASKED, KEYS, PRECISION, SUMS_BY_DOT)
+                a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, parts_ptr,
+                signs, tok, start + i * BLOCK_OTHER, others, L, b_step, db_step, c_step, b_mask, db_mask, scale,
+                BLOCK_OTHER, PART, MASKED, KEYS, PRECISION, SUMS_BY_DOT, FOLD)
     else:
         PEEL: tl.constexpr = peels(MASKED, PRECISION)
         full = _full_blocks_end(start, end, BLOCK_OTHER, PEEL)
         for n in range(start, full, BLOCK_OTHER):
             g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
-                a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok, n,
-                others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, MASKED and not PEEL,
-                KEYS, PRECISION, SUMS_BY_DOT)
+                a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, parts_ptr,
+                signs, tok, n, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART,
+                MASKED and not PEEL, KEYS, PRECISION, SUMS_BY_DOT, FOLD)
         if PEEL:
             if full < end:
                 g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
-                    a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, tok,
-                    full, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART, True, KEYS,
-                    PRECISION, SUMS_BY_DOT)
+                    a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr,
+                    parts_ptr, signs, tok, full, others, L, b_step, db_step, c_step, b_mask, db_mask, scale,
+                    BLOCK_OTHER, PART, True, KEYS, PRECISION, SUMS_BY_DOT, FOLD)
     return g1, g2, gc
 
 
@@ -379,11 +448,11 @@ def sums_by_dot(precision, keys, block_own, block_x):
 
 
 @triton.jit
-def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, gc_ptr, scale, heads,
-              H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, o_b, o_n, o_h, o_w,
+def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr, g1_ptr, g2_ptr, gc_ptr, scale,
+              heads, H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, o_b, o_n, o_h, o_w,
               KEYS: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
               BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr, RAGGED: tl.constexpr,
-              ACC_G1: tl.constexpr, ACC_GC: tl.constexpr):
+              ACC_G1: tl.constexpr, ACC_GC: tl.constexpr, FOLD: tl.constexpr):
     """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx) or queries (g1 = dq) of one line, looping
     over the line's other tokens in the forward's three parts, MIXED first (fewer registers live there;
     :func:`_bwd_part`; RAGGED: :func:`ragged`). gc is the table gradient: the own tokens' part, sum
@@ -392,7 +461,9 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     ACC_GC the program adds g1 / gc to what the buffer holds (an earlier launch's), else stores it: one writer per
     token in a launch, so the sums are in launch order. Tiles are (own x other tokens). Own tokens past the line
     compute rows that are never stored. q, k, x and the output gradient are read by strides ((B, heads, H, W, .),
-    strides (x_b, x_n, x_h, x_w, 1)); the table, lse, delta and the gradients (float32) are contiguous."""
+    strides (x_b, x_n, x_h, x_w, 1)); the table, lse, delta and the gradients (float32) are contiguous. FOLD: the
+    other blocks before and after the own block's take the other tokens' table and (KEYS) lse from the forward's
+    ``parts`` (:func:`_line_fwd`) in the scores' product."""
     blocks = tl.cdiv(L, BLOCK_OWN)
     line = tl.program_id(0) // blocks
     q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
@@ -403,6 +474,7 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     g2_ptr += first * DX
     lse_ptr += first
     delta_ptr += first
+    parts_ptr += first * 16
     gc_ptr += first
     own_start = tl.program_id(0) % blocks * BLOCK_OWN
     offs, mask, tok = token_block(own_start, BLOCK_OWN, L, c_base, c_step)
@@ -431,18 +503,18 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     b_mask = offs_d[None, :] < D
     db_mask = offs_x[None, :] < DX
     lo, hi = _parts(own_start, L, BLOCK_OWN, BLOCK_OTHER)
-    ptrs = (b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, t_off)
+    ptrs = (b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, parts_ptr, t_off)
     state = (tl.zeros([BLOCK_OWN, BLOCK_D], tl.float32), tl.zeros([BLOCK_OWN, BLOCK_X], tl.float32),
              row_sums_start(BLOCK_OWN, SUMS_BY_DOT))
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, lo, hi, L, b_step, db_step, c_step,
                       b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, MIXED, True, KEYS, PRECISION,
-                      SUMS_BY_DOT)
+                      SUMS_BY_DOT, COLUMNS, FOLD)
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, 0, lo, L, b_step, db_step, c_step,
                       b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, BEFORE, False, KEYS, PRECISION,
-                      SUMS_BY_DOT)
+                      SUMS_BY_DOT, COLUMNS, FOLD)
     g1, g2, gc = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, hi, L, L, b_step, db_step,
                            c_step, b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, AFTER, RAGGED, KEYS, PRECISION,
-                           SUMS_BY_DOT)
+                           SUMS_BY_DOT, COLUMNS, FOLD)
     g1 = g1 * scale
     gc = row_sums(gc)
     if ACC_G1:
@@ -455,12 +527,37 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2
     tl.store(gc_ptr + tok, gc, mask=mask)
 
 
-def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual=None, lse=None):
+def folds(q, directions, cap: int) -> bool:
+    """Whether a forward pass along any of ``directions`` (columns: True, rows: False) of q's map takes its table
+    from the tables' parts (:func:`table_parts_buffer`) in its scores' products (:func:`_folds`)."""
+    if q.dtype == torch.float32:  # (at no further cost)
+        return False
+    lengths = [q.shape[2] if columns else q.shape[3] for columns in directions]
+    return any(_folds(q.dtype, n, lp.config('line_fwd', n, q.dtype, cap).block_m) for n in lengths)
+
+
+def _folds(dtype: torch.dtype, length: int, own: int) -> bool:
+    """Whether programs of ``own`` tokens take the other tokens' terms from the tables' parts: half precision (the
+    parts are bfloat16) on lines longer than an own block (other blocks before or after it)."""
+    return dtype != torch.float32 and length > own
+
+
+def table_parts_buffer(q) -> torch.Tensor:
+    """The buffer of both tables' parts that a pass writes and the passes after it read (:func:`_line_fwd`):
+    (B, heads, H, W, 16) bfloat16."""
+    return torch.empty(*q.shape[:-1], 16, device=q.device, dtype=torch.bfloat16)
+
+
+def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual=None, lse=None, parts=None,
+                     other_table=None):
     """The forward's launch and outputs (out: (B, heads, H, W, dx), lse: (B, heads, H, W), float32). q, k: (B,
     heads, H, W, d), k with q's strides; x (B, heads, H, W, dx); channels contiguous; c (B, heads, H, W) float32,
     contiguous. With a ``residual`` r (x's shape, strides and storage), also (out + r) / 2 in r's dtype, as a (B, H,
     W, heads, dx) tensor's view (B, heads, H, W, dx). A given ``lse`` (a pass's over the same q, k, c, scale and
-    direction) is read, not computed, and returned."""
+    direction) is read, not computed, and returned. ``parts`` (:func:`table_parts_buffer`, for this ``scale``):
+    with ``other_table`` (the other direction's table, as c) the pass writes its tokens' rows there (both tables'
+    parts and its lse's; the first pass over the tables); without, it reads its table's parts from there where it
+    :func:`folds` (an earlier pass wrote them) and writes its lse's parts there unless ``lse`` is given."""
     b, heads, hh, ww, d = q.shape
     dx = x.shape[-1]
     key = (q.shape, dx, q.dtype, cap, columns, lp.precision(q.dtype))
@@ -476,6 +573,14 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
     if given and (lse.shape != q.shape[:-1] or lse.dtype != torch.float32 or not lse.is_contiguous()):
         raise ValueError(f'line attention: a given lse must be a contiguous float32 tensor of shape '
                          f'{tuple(q.shape[:-1])}, as the forward returns it; got {tuple(lse.shape)} {lse.dtype}')
+    if parts is not None and (parts.shape != (*q.shape[:-1], 16) or parts.dtype != torch.bfloat16
+                              or not parts.is_contiguous()):
+        raise ValueError(f'line attention: the tables\' parts must be a contiguous bfloat16 tensor of shape '
+                         f'{(*q.shape[:-1], 16)} (table_parts_buffer); got {tuple(parts.shape)} {parts.dtype}')
+    if other_table is not None and (parts is None or given or other_table.shape != c.shape
+                                    or not other_table.is_contiguous()):
+        raise ValueError('line attention: writing the tables\' parts takes a parts buffer, no given lse and the '
+                         'other table, shaped and laid out as c')
     lse = lse if given else torch.empty(b, heads, hh, ww, device=q.device, dtype=torch.float32)
     qs, xs = q.stride(), x.stride()
     if residual is None:
@@ -485,9 +590,14 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
             raise ValueError('line attention: the residual must be a view of x\'s storage with x\'s strides')
         mean = torch.empty(b, hh, ww, heads, dx, device=q.device, dtype=residual.dtype).permute(0, 3, 1, 2, 4)
         r_off, ms = residual.storage_offset() - x.storage_offset(), mean.stride()
-    launch = lp.Launch(_line_fwd, grid, (q, k, x, c, out, lse, mean, scale, heads, hh, ww, length, n_lines, d,
-                                         dx, qs[0], qs[1], qs[2], qs[3], xs[0], xs[1], xs[2], xs[3], r_off, *ms[:4]),
-                       dict(constexprs, MEAN=residual is not None, LSE_GIVEN=given), cfg, q.device)
+    write = other_table is not None
+    launch = lp.Launch(_line_fwd, grid, (q, k, x, c, other_table if write else c, out if parts is None else parts,
+                                         out, lse, mean, scale, heads, hh, ww, length, n_lines, d, dx, qs[0], qs[1],
+                                         qs[2], qs[3], xs[0], xs[1], xs[2], xs[3], r_off, *ms[:4]),
+                       dict(constexprs, MEAN=residual is not None, LSE_GIVEN=given,
+                            FOLD=constexprs['FOLD'] and parts is not None and not write, WRITE_TABLES=write,
+                            WRITE_LSE=parts is not None and not write and not given),
+                       cfg, q.device)
     if residual is None:
         return [launch], out, lse
     return [launch], out, lse, mean
@@ -504,14 +614,19 @@ def ragged(length: int, block: int) -> bool:
 
 def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dtype, length: int) -> dict:
     return dict(COLUMNS=columns, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx),
-                PRECISION=lp.precision(dtype), RAGGED=ragged(length, cfg.block_n))
+                PRECISION=lp.precision(dtype), RAGGED=ragged(length, cfg.block_n),
+                FOLD=_folds(dtype, length, cfg.block_m))
 
 
-def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int, dq=None, dk=None, dc=None):
+
+def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int, dq=None, dk=None, dc=None,
+                      parts=None):
     """The backward's launches (the keys' programs, then the queries') and the buffers they fill: dq, dk, dx
     (float32, shaped as q, k, x, contiguous) and dc (float32, as c). q, k, x, c, dout as :func:`forward_launches`
     takes q, k, x, c; out, lse as it returns them. A given ``dq``, ``dk`` or ``dc`` (an earlier pass's, of the same
-    q, k or table) is added to, not replaced."""
+    q, k or table) is added to, not replaced. Given the ``parts`` the forward passes wrote (both tables' and this
+    pass's lse), the programs take the other tokens' terms from there in the scores' products where lines are
+    longer than their own blocks (half precision)."""
     b, heads, hh, ww, d = q.shape
     dx_dim = x.shape[-1]
     length, n_lines = (hh, ww) if columns else (ww, hh)
@@ -531,10 +646,11 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
     for keys, own, other, grads, acc in ((True, cfg.block_n, cfg.block_m, (dk, dx, dc), (acc_k, acc_c)),
                                          (False, cfg.block_m, cfg.block_n, (dq, dq, dc), (acc_q, True))):
         launches.append(lp.Launch(_line_bwd, (lp.cdiv(length, own) * b * heads * n_lines, ),
-                                  (q, k, x, c, dout, lse, delta, *grads, *args),
+                                  (q, k, x, c, dout, lse, delta, dq if parts is None else parts, *grads, *args),
                                   dict(KEYS=keys, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
                                        BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype),
-                                       RAGGED=ragged(length, other), ACC_G1=acc[0], ACC_GC=acc[1]), cfg, q.device))
+                                       RAGGED=ragged(length, other), ACC_G1=acc[0], ACC_GC=acc[1],
+                                       FOLD=parts is not None and _folds(q.dtype, length, own)), cfg, q.device))
     return launches, (dq, dk, dx, dc)
 
 

@@ -68,6 +68,19 @@ def add_normalisers(sums, p, alpha, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def table_parts(t, FIRST: tl.constexpr):
+    """A (BLOCK, 16) bfloat16 tile of float32 entries ``t`` (BLOCK): columns FIRST to FIRST + 2 three bfloat16
+    parts whose sum is ``t`` (to float32's precision), the others zero. A product of such a tile with a column of
+    signs in those columns adds the entries to scores on the tensor cores."""
+    hi = t.to(tl.bfloat16).to(tl.float32)
+    mid = (t - hi).to(tl.bfloat16).to(tl.float32)
+    lo = t - hi - mid
+    col = tl.arange(0, 16)[None, :] - FIRST
+    return tl.where(col == 0, hi[:, None], tl.where(col == 1, mid[:, None], tl.where(col == 2, lo[:, None], 0.0))
+                    ).to(tl.bfloat16)
+
+
+@triton.jit
 def normalisers(sums):
     """Each row's normaliser from :func:`add_normalisers`' columns."""
     return tl.max(sums, 1)

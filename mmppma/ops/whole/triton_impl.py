@@ -46,6 +46,7 @@ from ..triton_support.tiles import (
     online_softmax_start,
     slice_offset,
     store_tile,
+    table_parts,
 )
 
 LOG2E = 1.4426950408889634
@@ -93,14 +94,8 @@ def _whole_fwd_parts(ca_ptr, cb_ptr, parts_ptr, inv_scale, BH, HH: tl.constexpr,
         t = tl.load(cb_ptr + slice_offset(bh, N, 1) + tok, mask=mask, other=0.0)
     else:  # the transpose's token (r, c) is the image's (c, r)
         t = tl.load(ca_ptr + slice_offset(bh, N, 1) + (tok % HH) * WW + tok // HH, mask=mask, other=0.0)
-    t = t * inv_scale
-    hi = t.to(tl.bfloat16).to(tl.float32)
-    mid = (t - hi).to(tl.bfloat16).to(tl.float32)
-    lo = t - hi - mid
-    col = tl.arange(0, 16)[None, :]
-    parts = tl.where(col == 0, hi[:, None], tl.where(col == 1, mid[:, None], tl.where(col == 2, lo[:, None], 0.0)))
     store_tile(parts_ptr + slice_offset(path * BH + bh, N, 16), tok, mask, tl.arange(0, 16), 16,
-               parts.to(tl.bfloat16))
+               table_parts(t * inv_scale, 0))
 
 
 @triton.jit
