@@ -253,6 +253,37 @@ def test_key_loop_of_a_kernel_with_two_is_the_longer_and_never_a_stub_past_exit(
     assert sass_cost.key_loop(code) == (3, 6)
 
 
+def test_a_kernel_of_several_key_loops_prices_its_rows_between_by_their_share(monkeypatch):
+    """loop_cost gives the next longest key loop as 'side'; the model prices a whole-attention forward path whose
+    full key tiles run a loop between the query rows (Cityscapes' stage 4 H2V path: 64 x 32, key tiles of two rows)
+    at that loop for its share of the iterations and at 'side' for the rest, and a path without such a loop (key
+    tiles with empty places) at its key loop."""
+    sass_cost = load_tool('sass_cost.py')
+    text = """
+        /*0000*/                   HMMA.16816.F32 R4, R8, R12, RZ ;
+        /*0010*/                   FADD R4, R4, R5 ;
+        /*0020*/               @P0 BRA 0x0 ;
+        /*0030*/                   HMMA.16816.F32 R4, R8, R12, RZ ;
+        /*0040*/                   FADD R4, R4, R5 ;
+        /*0050*/                   FADD R4, R4, R5 ;
+        /*0060*/                   FADD R4, R4, R5 ;
+        /*0070*/               @P0 BRA 0x30 ;
+        /*0080*/                   EXIT ;
+    """
+    monkeypatch.setattr(sass_cost, 'sass_text', lambda cubin: text)
+    cost = sass_cost.loop_cost(b'')
+    assert (cost['fp32'], cost['all'], cost['side']['fp32'], cost['side']['all']) == (3, 5, 1, 3)
+    c = dict(V2H=False, H2V=True, BLOCK_M=64, COLS_V=64, COLS_H=32, BLOCK_N=64, SCORES_LAYOUT=True)
+    desc = dict(kernel='_whole_fwd', constexprs=c)
+    share = tool.kernel_model.between_share(64, 32, 64, 2)
+    assert share == pytest.approx(1 / 32)
+    priced = tool._by_key_rows(desc, 'h2v', cost, 32, 64)
+    assert priced['all'] == pytest.approx(share * 5 + (1 - share) * 3) and priced['fp32'] == pytest.approx(
+        share * 3 + (1 - share) * 1)
+    empty = dict(desc, constexprs=dict(c, COLS_H=21))  # 3 x 21 tiles of 64 places: no full tiles
+    assert tool._by_key_rows(empty, 'h2v', cost, 32, 64) is cost
+
+
 def test_sm_100_loops_are_found_and_its_paired_float32_instructions_count_twice(monkeypatch):
     """sm_100 branches back with a uniform predicate as an operand, and pairs float32 operations (FADD2 / FMUL2 /
     FFMA2): the loop is found as on the other targets, and a paired instruction costs the two it stands for."""

@@ -52,6 +52,25 @@ def test_whole_forward_tiles_match_a_walk_of_its_loops(h, w, own, other, cols):
     assert path == 'h2v' and tile[0] * tile[1] * tile[2] * tile[3] == _walk_whole_fwd(w, h, own, other, cols)[0]
 
 
+@pytest.mark.parametrize('rows, cols, own, key_rows, share', [(64, 32, 64, 2, 1 / 32), (32, 64, 64, 1, 0.0),
+                                                               (14, 14, 64, 4, None), (7, 7, 64, 8, None)])
+def test_between_share_counts_the_forward_key_loop_between_the_query_rows(rows, cols, own, key_rows, share):
+    """The share of key-tile iterations between a query tile's rows, against the forward's own bounds per query
+    tile (whole attention's ``_fwd_map``: key tiles before ``above`` lie on or above the tile's first row, from
+    ``below`` on or below its last). Cityscapes' stage 4 H2V path (64 x 32, query tiles of two rows, key tiles of
+    two): one key tile in 32; row-aligned query tiles: none."""
+    tiles, between = -(-rows * cols // own), 0
+    for tile in range(tiles):
+        first, last = tile * own // cols, (min(tile * own + own, rows * cols) - 1) // cols
+        above = (first + 1) // key_rows * key_rows
+        below = max(-(-last // key_rows) * key_rows, above)
+        between += (min(below, -(-rows // key_rows) * key_rows) - above) // key_rows
+    got = model.between_share(rows, cols, own, key_rows)
+    assert got == pytest.approx(between / (tiles * -(-rows // key_rows)))
+    if share is not None:
+        assert got == pytest.approx(share)
+
+
 @pytest.mark.parametrize('h, w, own, other, cols', [(5, 7, 16, 8, 4), (7, 13, 32, 16, 8), (25, 42, 64, 32, 16)])
 def test_whole_backward_own_tiles_of_consecutive_tokens(h, w, own, other, cols):
     """The backward's own tiles of BLOCK_OWN consecutive map tokens (only the map's last tile pads) against the keys'

@@ -345,6 +345,7 @@ def _launch_cost(gpu, desc: dict, dtype: str, result: dict, loops: List[dict], h
     spec = dict(desc=desc, dtype=dtype)
     largest = 0.0
     for (name, tile), loop in zip(kernel_model.tiles(desc, h, w, bh), loops):
+        loop = _by_key_rows(desc, name, loop, h, w)
         cost = kernel_model.launch_cost(gpu, loop, dtype, desc['options']['num_warps'], result['registers'],
                                         result['shared'], tile, kv_bytes(spec),
                                         kernel_model.real_scores(desc, h, w, bh))
@@ -356,6 +357,26 @@ def _launch_cost(gpu, desc: dict, dtype: str, result: dict, loops: List[dict], h
         if cost.cycles > largest:
             largest, out['bound'] = cost.cycles, cost.bound
     return out
+
+
+def _by_key_rows(desc: dict, path: str, loop: dict, h: int, w: int) -> dict:
+    """A whole-attention forward path's key loop per iteration: where its full key tiles run the key rows between
+    the query tile's rows in a loop of their own (the longest: it keeps the absolute value per score), that loop's
+    counts for its share of the iterations (:func:`kernel_model.between_share`) and the next longest loop's (the
+    rows above and below) for the rest; the loop as it is otherwise."""
+    c = desc['constexprs']
+    if desc['kernel'] != '_whole_fwd' or 'side' not in loop or 'BLOCK_M' not in c:
+        return loop
+    from mmppma.ops.whole.triton_impl import full_key_tiles, tile_rows_spanned
+    rows, cols = (h, w) if path == 'v2h' else (w, h)
+    chunk = c['COLS_V' if path == 'v2h' else 'COLS_H']
+    key_rows = c['BLOCK_N'] // chunk
+    if not (c.get('SCORES_LAYOUT') and full_key_tiles(rows, chunk, c['BLOCK_N'])
+            and (key_rows > 1 or tile_rows_spanned(cols, c['BLOCK_M']) > 2)):
+        return loop
+    share = kernel_model.between_share(rows, cols, c['BLOCK_M'], key_rows)
+    side = loop['side']
+    return dict(loop, **{cls: share * loop[cls] + (1 - share) * side[cls] for cls in side})
 
 
 def _loops(specs: Dict[str, dict], results: Dict[str, dict], key: str) -> Optional[List[dict]]:
@@ -822,8 +843,8 @@ def tile_text(c: dict) -> str:
     text += [name.lower() for name in ('V2H', 'H2V') if c.get(name)]
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     text += ['keys'] * bool(c.get('KEYS')) + ['both'] * bool(c.get('BOTH'))
-    text += [name.lower() for name in ('COLUMNS', 'SIGNED', 'LSE_GIVEN', 'FOLD', 'FOLD_V', 'FOLD_H', 'WRITE_PARTS')
-             if c.get(name)]
+    text += [name.lower() for name in ('COLUMNS', 'SIGNED', 'LSE_GIVEN', 'FOLD', 'FOLD_V', 'FOLD_H', 'WRITE_TABLES',
+                                       'WRITE_LSE') if c.get(name)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)
 

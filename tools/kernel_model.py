@@ -207,6 +207,18 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
     raise KeyError(kernel)
 
 
+def between_share(rows: int, cols: int, own: int, key_rows: int) -> float:
+    """The share of a forward's key-tile iterations that lie between its query tile's map rows, on a rows x cols
+    map: query tiles of ``own`` consecutive map tokens against tiles of ``key_rows`` map rows, a tile being between
+    where it neither ends on or above the query tile's first row nor starts on or below its last (whole attention's
+    forward runs those in a loop of their own)."""
+    tiles, between = _cdiv(rows * cols, own), 0
+    for tile in range(tiles):
+        first, last = tile * own // cols, (min(tile * own + own, rows * cols) - 1) // cols
+        between += sum(not (r0 + key_rows - 1 <= first or r0 >= last) for r0 in range(0, rows, key_rows))
+    return between / (tiles * _cdiv(rows, key_rows))
+
+
 def bwd_roles(c: dict) -> Tuple[bool, ...]:
     """The roles (KEYS) whose programs a backward launch of whole attention holds, in the launch's order."""
     return (False, True) if c.get('BOTH') else (bool(c['KEYS']), )

@@ -26,7 +26,7 @@ import triton
 
 CLASSES = ('mma', 'fp32', 'mufu', 'conv', 'int', 'mem', 'other')
 #: what :func:`loop_cost` counts: check_kernels prices a cached row again when its pricing differs
-PRICING = 6
+PRICING = 7
 #: instructions that count as more than one: sm_100's paired float32 operations
 WEIGHTS = {'FADD2': 2, 'FMUL2': 2, 'FFMA2': 2}
 # opcode (before the first '.') -> class; what no rule names is 'other' (moves, shuffles, predicates, barriers,
@@ -110,24 +110,26 @@ def key_loop(instructions: List[Tuple[int, str, str]]) -> Optional[Tuple[int, in
     """(first, last) instruction index of the innermost loop holding an MMA (no such loop inside it), the longest
     of them where a kernel has several (one per map, role or range of key rows), else of the longest loop (see the
     module docstring); None if there is no loop."""
+    innermost = key_loops(instructions)
+    if innermost:
+        return innermost[0]
+    spans = [(a, b) for a, b in loops(instructions) if all(op != 'EXIT' for _, op, _ in instructions[a:b + 1])]
+    return max(spans, key=lambda span: span[1] - span[0]) if spans else None
+
+
+def key_loops(instructions: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
+    """Every innermost loop holding an MMA (:func:`key_loop`'s candidates), longest first."""
     # a span reaching past the kernel's end (an EXIT inside) is a retry stub's branch back, not a loop
     spans = [(a, b) for a, b in loops(instructions) if all(op != 'EXIT' for _, op, _ in instructions[a:b + 1])]
     products = [(a, b) for a, b in spans if any(classify(op) == 'mma' for _, op, _ in instructions[a:b + 1])]
     innermost = [(a, b) for a, b in products
                  if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in products)]
-    if innermost:
-        return max(innermost, key=lambda span: span[1] - span[0])
-    return max(spans, key=lambda span: span[1] - span[0]) if spans else None
+    return sorted(innermost, key=lambda span: span[0] - span[1])
 
 
-def loop_cost(cubin: bytes) -> Dict[str, int]:
-    """Instructions of one key-loop iteration per class (per warp, :data:`WEIGHTS` applied), their total as
-    'all', the tensor-core multiply-adds per warp as 'tensor' (:func:`tensor_fmas`), the loops inside it as
-    'inner', and :data:`PRICING`."""
-    text = sass_text(cubin)
-    instructions, shapes = parse(text), modifiers(text)
-    span = key_loop(instructions)
-    first, last = span if span else (0, -1)
+def _span_cost(instructions, shapes, first: int, last: int) -> Dict[str, float]:
+    """Instructions of the span per class (:data:`WEIGHTS` applied), their total as 'all' and the tensor-core
+    multiply-adds per warp as 'tensor'."""
     counts = Counter()
     tensor = 0.0
     for (_, op, _), modifier in zip(instructions[first:last + 1], shapes[first:last + 1]):
@@ -136,7 +138,24 @@ def loop_cost(cubin: bytes) -> Dict[str, int]:
     cost = {cls: counts.get(cls, 0) for cls in CLASSES}
     cost['all'] = sum(counts.values())
     cost['tensor'] = tensor
+    return cost
+
+
+def loop_cost(cubin: bytes) -> Dict[str, int]:
+    """Instructions of one key-loop iteration per class (per warp, :data:`WEIGHTS` applied), their total as
+    'all', the tensor-core multiply-adds per warp as 'tensor' (:func:`tensor_fmas`), the loops inside it as
+    'inner', and :data:`PRICING`; where the kernel has several key loops, the next longest's counts as 'side'
+    (whole attention's forward: the key rows above and below the query tile, the key loop being the one between
+    them)."""
+    text = sass_text(cubin)
+    instructions, shapes = parse(text), modifiers(text)
+    span = key_loop(instructions)
+    first, last = span if span else (0, -1)
+    cost = _span_cost(instructions, shapes, first, last)
     cost['inner'] = sum(first <= a and b <= last and (a, b) != (first, last) for a, b in loops(instructions))
+    others = key_loops(instructions)[1:]
+    if span and others:
+        cost['side'] = _span_cost(instructions, shapes, *others[0])
     cost['pricing'] = PRICING
     return cost
 

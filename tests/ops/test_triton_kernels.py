@@ -361,15 +361,16 @@ def test_line_forward_with_a_given_log_normaliser_equals_its_own():
         line.forward_launches(q, k, x, c, 0.25, False, cap, lse=lse.double())
 
 
-@pytest.mark.parametrize('length', [100, 150])
+@pytest.mark.parametrize('length', [pytest.param(100, marks=pytest.mark.heavy), 150])
 def test_line_kernels_at_sm90_tiles_in_bfloat16_against_float64(length):
     """The line kernels with sm_90's bfloat16 tiles (64 x 64 on 100 tokens, 32 x 32 on 150): rows of several
     blocks, the last ragged, so that every part runs (keys before the own block, in it, after it, the last block
     read masked apart from the loop) in half precision, where the table gradient's row sums go through the tensor
     cores: the forward, the forward given its own log-normaliser, and the backward against float64 on the same
-    rounded inputs; and the passes that take the table in their products from the tables' parts (written by a
-    pass along the line with another table beside it: the row table's parts in columns 0-2, the column table's in
-    3-5), along rows and along columns."""
+    rounded inputs; and the passes that take the other tokens' terms in their products from the tables' parts
+    (written by a pass along the line with another table beside it: the row table's parts in columns 0-2, the
+    column table's in 3-5, the pass's lse in 6-8 along rows, 9-11 along columns), along rows and along
+    columns."""
     from mmppma.ops.line import triton_impl as line
     cfg = lp.config('line_bwd', length, torch.bfloat16, 90)
     assert length > cfg.block_n and line.ragged(length, cfg.block_n)
@@ -394,7 +395,7 @@ def test_line_kernels_at_sm90_tiles_in_bfloat16_against_float64(length):
         def line_of(t):  # the row's tensors as one column
             return t.transpose(2, 3).contiguous() if columns else t
         qc, kc, xc, cc, dc = (line_of(t) for t in (q, k, x, c, dout))
-        assert line.folds(qc, (columns, ), 90)
+        assert line.folds(qc, (columns, ), 90)  # 64-query blocks on 100 tokens, 32 at head dim 16 on 150
         parts = line.table_parts_buffer(qc)
         launches, written, lse = line.forward_launches(qc, kc, xc, cc, 0.25, columns, 90, parts=parts,
                                                        other_table=torch.full_like(cc, -7.0))
@@ -425,6 +426,29 @@ def test_line_kernels_at_sm90_tiles_in_bfloat16_against_float64(length):
     for name, got, ref in checks:
         error = ((got.double().reshape(ref.shape) - ref).norm() / ref.norm()).item()
         assert error < 1e-2, f'{name}: relative error {error:.1e}'
+
+
+@pytest.mark.parametrize('cap, d, dtype, backward, flags', [
+    (90, 32, torch.bfloat16, False, [(True, False, False), (False, True, True), (False, False, True)]),
+    (80, 16, torch.bfloat16, False, [(True, False, False), (False, True, True), (False, False, True)]),
+    (80, 32, torch.bfloat16, False, [(False, False, False)] * 3),
+    (80, 32, torch.bfloat16, True, [(True, False, False), (False, True, False), (False, False, False)]),
+    (90, 32, torch.float32, True, [(False, False, False)] * 3)])
+def test_criss_cross_writes_the_tables_parts_where_a_pass_takes_them(monkeypatch, cap, d, dtype, backward, flags):
+    """Form 'release' on 100 x 100 (lines of several blocks): per pass (WRITE_TABLES, WRITE_LSE, FOLD). Where a
+    later forward takes its table in its products (sm_90's 64-query blocks; sm_80's 32-query blocks at head dim 16)
+    the first pass writes both tables' parts and the second its lse's; on sm_80's 32-query blocks at head dim 32
+    the forwards keep the addition, and the parts are written only for a backward to read (autograd); float32
+    takes none."""
+    from mmppma.ops.criss_cross import triton_impl as criss_cross
+    ran = []
+    monkeypatch.setattr(lp, 'run', ran.extend)
+    monkeypatch.setattr(lp, 'capability', lambda device: cap)
+    q = torch.empty(1, 2, 100, 100, d, dtype=dtype, device='meta')
+    tables = torch.empty(1, 2, 100, 100, device='meta')
+    out = criss_cross._forward(q, q, q, tables, tables, 0.25, 'release', backward)
+    assert [(x.constexprs['WRITE_TABLES'], x.constexprs['WRITE_LSE'], x.constexprs['FOLD']) for x in ran] == flags
+    assert (out[-1] is None) == (not flags[0][0])
 
 
 def test_whole_kernel_backward_extra_memory_is_linear_in_n():

@@ -27,15 +27,16 @@ def _pass(q, k, x, c, scale, columns, cap, parts, other_table=None):
     return out, lse
 
 
-def _forward(q, k, v, ca, cb, scale: float, form: str):
+def _forward(q, k, v, ca, cb, scale: float, form: str, backward: bool = True):
     """The output in v's dtype and, per pass, what its backward reads: its input x, its float32 output and lse;
     then the tables' parts (or None). Each pass's input is the previous output in v's dtype, as
-    :func:`compose_criss_cross` composes them. Where a later pass takes its table in its products
-    (:func:`~mmppma.ops.line.triton_impl.folds`), the first writes both tables' parts and every pass its lse's, for
-    the passes after it and the backward."""
+    :func:`compose_criss_cross` composes them. Where a later pass or (``backward``) a pass's backward takes the
+    tables in its products (:func:`~mmppma.ops.line.triton_impl.folds`), the first writes both tables' parts and
+    every pass its lse's, for the passes after it and the backward."""
     cap, dtype = lp.capability(q.device), v.dtype
     order = (False, True, False) if form == 'release' else _pass_columns(form)
-    parts = line.table_parts_buffer(q) if line.folds(q, order[1:], cap) else None
+    parts = (line.table_parts_buffer(q) if line.folds(q, order[1:], cap) or backward and line.folds(q, order, cap, True)
+             else None)
 
     def run(x, columns):
         first = not saved
@@ -61,7 +62,7 @@ def _forward(q, k, v, ca, cb, scale: float, form: str):
 
 
 def _infer(q, k, v, ca, cb, scale: float, form: str):
-    return _forward(q, k, v, ca, cb, scale, form)[:1]
+    return _forward(q, k, v, ca, cb, scale, form, False)[:1]
 
 
 def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):

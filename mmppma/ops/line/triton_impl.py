@@ -527,18 +527,33 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
     tl.store(gc_ptr + tok, gc, mask=mask)
 
 
-def folds(q, directions, cap: int) -> bool:
-    """Whether a forward pass along any of ``directions`` (columns: True, rows: False) of q's map takes its table
-    from the tables' parts (:func:`table_parts_buffer`) in its scores' products (:func:`_folds`)."""
+def folds(q, directions, cap: int, backward: bool = False) -> bool:
+    """Whether a pass along any of ``directions`` (columns: True, rows: False) of q's map takes the other tokens'
+    terms from the tables' parts (:func:`table_parts_buffer`) in its scores' products: its forward
+    (:func:`_forward_folds`, :func:`_folds`), or with ``backward`` its backward's programs (either role)."""
     if q.dtype == torch.float32:  # (at no further cost)
         return False
-    lengths = [q.shape[2] if columns else q.shape[3] for columns in directions]
-    return any(_folds(q.dtype, n, lp.config('line_fwd', n, q.dtype, cap).block_m) for n in lengths)
+    for n in (q.shape[2] if columns else q.shape[3] for columns in directions):
+        cfg = lp.config('line_fwd', n, q.dtype, cap)
+        if _forward_folds(cfg, q.shape[-1]) and _folds(q.dtype, n, cfg.block_m):
+            return True
+        if backward:
+            cfg = lp.config('line_bwd', n, q.dtype, cap)
+            if _folds(q.dtype, n, min(cfg.block_m, cfg.block_n)):
+                return True
+    return False
+
+
+def _forward_folds(cfg: lp.Config, d: int) -> bool:
+    """Whether a forward of ``cfg``'s query blocks takes its table in its products where it can: on blocks of 64
+    queries, or of 32 at head dims up to 16 (at 32, sm_80's 32-query loop is predicted no shorter with the product
+    and its launch slower: docs/kernel_model.md)."""
+    return cfg.block_m >= 64 or d <= 16
 
 
 def _folds(dtype: torch.dtype, length: int, own: int) -> bool:
-    """Whether programs of ``own`` tokens take the other tokens' terms from the tables' parts: half precision (the
-    parts are bfloat16) on lines longer than an own block (other blocks before or after it)."""
+    """Whether programs of ``own`` tokens can take the other tokens' terms from the tables' parts: half precision
+    (the parts are bfloat16) on lines longer than an own block (other blocks before or after it)."""
     return dtype != torch.float32 and length > own
 
 
@@ -615,7 +630,7 @@ def ragged(length: int, block: int) -> bool:
 def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dtype, length: int) -> dict:
     return dict(COLUMNS=columns, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx),
                 PRECISION=lp.precision(dtype), RAGGED=ragged(length, cfg.block_n),
-                FOLD=_folds(dtype, length, cfg.block_m))
+                FOLD=_forward_folds(cfg, d) and _folds(dtype, length, cfg.block_m))
 
 
 
