@@ -177,6 +177,17 @@ def _part_signs(BLOCK: tl.constexpr, COLUMNS: tl.constexpr, TABLE: tl.constexpr,
 
 
 @triton.jit
+def _folded_block(a, signs, b_ptrs, db_ptrs, parts_ptr, tok, b_mask, db_mask, PRECISION: tl.constexpr):
+    """One block of the other tokens within the line (no masks past it): its two operand tiles and the scores' product
+    ``a b^T`` plus the product of ``signs`` (:func:`_part_signs`) with the block's parts (:func:`_line_fwd`), in
+    units of 1 / scale."""
+    b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+    db = tl.load(db_ptrs, mask=db_mask, other=0.0)
+    parts = tl.load(parts_ptr + tok[:, None] * 16 + tl.arange(0, 16)[None, :])
+    return b, db, tl.dot(a, tl.trans(b), tl.dot(signs, tl.trans(parts)), input_precision=PRECISION)
+
+
+@triton.jit
 def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, parts_ptr, side, tok, in_line, k_step, x_step,
                c_step, k_mask, x_mask, scale, BLOCK_N: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
                PRECISION: tl.constexpr, LSE_GIVEN: tl.constexpr, FOLD: tl.constexpr):
@@ -184,13 +195,10 @@ def _fwd_block(q, c_own, row, m_i, l_i, acc, k_ptrs, x_ptrs, c_ptr, parts_ptr, s
     to the next block. With LSE_GIVEN ``row`` holds the part's row term minus the rows' log-normaliser: the
     probabilities are final (no running maximum, no rescaling, no sums). With FOLD (a BEFORE or AFTER part, not
     MASKED) the scores' product adds the keys' table over the scale, -C / scale before the queries and C / scale
-    after them, from its three bfloat16 parts per key (:func:`_line_parts`) by a product with ``side``, a (query x
+    after them, from its three bfloat16 parts per key (:func:`_line_fwd`) by a product with ``side``, a (query x
     16) column of the part's sign: no table term per score."""
     if FOLD and PART != MIXED and not MASKED:
-        k = tl.load(k_ptrs, mask=k_mask, other=0.0)
-        x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        parts = tl.load(parts_ptr + tok[:, None] * 16 + tl.arange(0, 16)[None, :])
-        y = tl.dot(q, tl.trans(k), tl.dot(side, tl.trans(parts)), input_precision=PRECISION)
+        k, x, y = _folded_block(q, side, k_ptrs, x_ptrs, parts_ptr, tok, k_mask, x_mask, PRECISION)
         unit = scale * LOG2E_  # y is in units of 1 / scale
     else:
         k, x, c = _other_block(k_ptrs, x_ptrs, c_ptr, tok, in_line, k_mask, x_mask, PART, MASKED)
@@ -346,10 +354,7 @@ def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c
     (:func:`_part_signs`)."""
     in_line = n + others < L
     if FOLD and PART != MIXED and not MASKED:
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        db = tl.load(db_ptrs, mask=db_mask, other=0.0)
-        parts = tl.load(parts_ptr + tok[:, None] * 16 + tl.arange(0, 16)[None, :])
-        s = tl.dot(a, tl.trans(b), tl.dot(signs, tl.trans(parts)), input_precision=PRECISION)
+        b, db, s = _folded_block(a, signs, b_ptrs, db_ptrs, parts_ptr, tok, b_mask, db_mask, PRECISION)
         unit = scale * LOG2E_  # s is in units of 1 / scale
         if KEYS:
             delta = tl.load(delta_ptr + tok)[None, :]
