@@ -451,6 +451,20 @@ def test_criss_cross_writes_the_tables_parts_where_a_pass_takes_them(monkeypatch
     assert (out[-1] is None) == (not flags[0][0])
 
 
+@pytest.mark.parametrize('d, dx, keys_fold', [(16, 32, True), (32, 64, False)])
+def test_line_backward_folds_but_where_the_keys_programs_registers_are_full(d, dx, keys_fold):
+    """sm_80's backward on columns of 100 tokens (32 x 32 tiles) given the parts: the queries' programs take the
+    other tokens' terms in their products, and so do the keys' but at head dim 32 with 64 value channels."""
+    from mmppma.ops.line import triton_impl as line
+    q = torch.empty(1, 2, 100, 3, d, dtype=torch.bfloat16, device='meta')
+    x = torch.empty(1, 2, 100, 3, dx, dtype=torch.bfloat16, device='meta')
+    c = torch.empty(1, 2, 100, 3, device='meta')
+    launches, _ = line.backward_launches(q, q, x, c, x.float(), c, x, 0.25, True, 80,
+                                         parts=line.table_parts_buffer(q))
+    assert [(x.constexprs['KEYS'], x.constexprs['BLOCK_OWN'], x.constexprs['FOLD']) for x in launches] == [
+        (True, 32, keys_fold), (False, 32, True)]
+
+
 def test_whole_kernel_backward_extra_memory_is_linear_in_n():
     """The table gradient is reduced onto the H x W tables in-kernel, not through an N x W or N x H segment table."""
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -556,6 +556,12 @@ def _forward_folds(cfg: lp.Config, d: int) -> bool:
     return cfg.block_m >= 64 or d <= 16
 
 
+def _keys_full(keys: bool, own: int, d: int, dx: int) -> bool:
+    """Whether a backward launch's programs have no registers left for the parts' product: the keys' programs of 32
+    own tokens at head dim 32 with 64 value channels (254 registers on sm_80 without it; 40 B spilled with it)."""
+    return keys and own <= 32 and d >= 32 and dx >= 64
+
+
 def _folds(dtype: torch.dtype, length: int, own: int) -> bool:
     """Whether programs of ``own`` tokens can take the other tokens' terms from the tables' parts: half precision
     (the parts are bfloat16) on lines longer than an own block (other blocks before or after it)."""
@@ -670,7 +676,8 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
                                   dict(KEYS=keys, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
                                        BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype),
                                        RAGGED=ragged(length, other), ACC_G1=acc[0], ACC_GC=acc[1],
-                                       FOLD=parts is not None and _folds(q.dtype, length, own)), cfg, q.device))
+                                       FOLD=parts is not None and _folds(q.dtype, length, own)
+                                       and not _keys_full(keys, own, d, dx_dim)), cfg, q.device))
     return launches, (dq, dk, dx, dc)
 
 
