@@ -535,12 +535,12 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
 def folds(q, directions, cap: int, backward: bool = False) -> bool:
     """Whether a pass along any of ``directions`` (columns: True, rows: False) of q's map takes the other tokens'
     terms from the tables' parts (:func:`table_parts_buffer`) in its scores' products: its forward
-    (:func:`_forward_folds`, :func:`_folds`), or with ``backward`` its backward's programs (either role)."""
+    (:func:`_forward_folds`), or with ``backward`` its backward's programs (either role)."""
     if q.dtype == torch.float32:  # (at no further cost)
         return False
     for n in (q.shape[2] if columns else q.shape[3] for columns in directions):
         cfg = lp.config('line_fwd', n, q.dtype, cap)
-        if _forward_folds(cfg, q.shape[-1]) and _folds(q.dtype, n, cfg.block_m):
+        if _forward_folds(cfg, q.dtype, q.shape[-1], n):
             return True
         if backward:
             cfg = lp.config('line_bwd', n, q.dtype, cap)
@@ -549,11 +549,11 @@ def folds(q, directions, cap: int, backward: bool = False) -> bool:
     return False
 
 
-def _forward_folds(cfg: lp.Config, d: int) -> bool:
-    """Whether a forward of ``cfg``'s query blocks takes its table in its products where it can: on blocks of 64
-    queries, or of 32 at head dims up to 16 (at 32, sm_80's 32-query loop is predicted no shorter with the product
-    and its launch slower: docs/kernel_model.md)."""
-    return cfg.block_m >= 64 or d <= 16
+def _forward_folds(cfg: lp.Config, dtype: torch.dtype, d: int, length: int) -> bool:
+    """Whether a forward of ``cfg``'s query blocks over lines of ``length`` takes its table in its products: where
+    it can (:func:`_folds`), on blocks of 64 queries, or of 32 at head dims up to 16 (at 32, sm_80's 32-query loop
+    is predicted no shorter with the product and its launch slower: docs/kernel_model.md)."""
+    return (cfg.block_m >= 64 or d <= 16) and _folds(dtype, length, cfg.block_m)
 
 
 def _keys_full(keys: bool, own: int, d: int, dx: int) -> bool:
@@ -641,7 +641,7 @@ def ragged(length: int, block: int) -> bool:
 def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dtype, length: int) -> dict:
     return dict(COLUMNS=columns, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx),
                 PRECISION=lp.precision(dtype), RAGGED=ragged(length, cfg.block_n),
-                FOLD=_forward_folds(cfg, d) and _folds(dtype, length, cfg.block_m))
+                FOLD=_forward_folds(cfg, dtype, d, length))
 
 
 
