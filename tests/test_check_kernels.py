@@ -282,6 +282,14 @@ def test_a_kernel_of_several_key_loops_prices_its_rows_between_by_their_share(mo
         share * 3 + (1 - share) * 1)
     empty = dict(desc, constexprs=dict(c, COLS_H=21))  # 3 x 21 tiles of 64 places: no full tiles
     assert tool._by_key_rows(empty, 'h2v', cost, 32, 64) is cost
+    # the backward's queries: the loop on the own rows (the longest) for its share, the keys' as they are
+    c = dict(V2H=True, H2V=True, KEYS=False, BOTH=True, BLOCK_OWN=64, COLS_V=32, COLS_H=32, BLOCK_OTHER=32)
+    bwd = dict(kernel='_whole_bwd', constexprs=c)
+    share = tool.kernel_model.own_rows_share(128, 64, 64, 1)  # the H2V queries run on the transpose
+    assert share == pytest.approx(1 / 128)
+    assert tool._by_key_rows(bwd, 'h2v', cost, 64, 128)['all'] == pytest.approx(share * 5 + (1 - share) * 3)
+    assert tool._by_key_rows(bwd, 'h2v keys', cost, 64, 128) is cost
+    assert tool._by_key_rows(dict(bwd, constexprs=dict(c, KEYS=True, BOTH=False)), 'v2h', cost, 64, 128) is cost
 
 
 def test_sm_100_loops_are_found_and_its_paired_float32_instructions_count_twice(monkeypatch):

@@ -71,6 +71,24 @@ def test_between_share_counts_the_forward_key_loop_between_the_query_rows(rows, 
         assert got == pytest.approx(share)
 
 
+@pytest.mark.parametrize('rows, cols, own, key_rows, share', [(64, 128, 64, 1, 1 / 64), (50, 84, 64, 1, None),
+                                                               (25, 42, 64, 2, None), (7, 7, 64, 2, 1.0)])
+def test_own_rows_share_counts_the_backward_queries_loop_on_their_rows(rows, cols, own, key_rows, share):
+    """The share of other-tile iterations that hold one of the own tile's map rows, against the backward queries'
+    own bounds per own tile (whole attention's ``_bwd_map``: the tiles from ``own_from`` to ``own_to`` run the
+    corners' loop). Cityscapes' stage 3 (own tiles of one row of 128, tiles of one row): one tile in 64; a 7 x 7
+    map in one own tile: every tile."""
+    tiles, on_rows = -(-rows * cols // own), 0
+    for tile in range(tiles):
+        first, last = tile * own // cols, (min(tile * own + own, rows * cols) - 1) // cols
+        own_from, own_to = first // key_rows * key_rows, last // key_rows * key_rows + key_rows
+        on_rows += (own_to - own_from) // key_rows
+    got = model.own_rows_share(rows, cols, own, key_rows)
+    assert got == pytest.approx(on_rows / (tiles * -(-rows // key_rows)))
+    if share is not None:
+        assert got == pytest.approx(share)
+
+
 @pytest.mark.parametrize('h, w, own, other, cols', [(5, 7, 16, 8, 4), (7, 13, 32, 16, 8), (25, 42, 64, 32, 16)])
 def test_whole_backward_own_tiles_of_consecutive_tokens(h, w, own, other, cols):
     """The backward's own tiles of BLOCK_OWN consecutive map tokens (only the map's last tile pads) against the keys'

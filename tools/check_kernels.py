@@ -247,10 +247,24 @@ def kv_bytes(spec: dict) -> float:
         flash_reference.tiles(c)[0]
 
 
+def key_loop(spec: dict, result: dict) -> dict:
+    """The row's key-loop counts per iteration: where some key rows run in a loop of their own, priced by their
+    share on the row's first map (:func:`_by_key_rows`)."""
+    loop = result.get('sass', {})
+    if not loop.get('all') or not spec.get('maps'):
+        return loop
+    h, w = spec['maps'][0]
+    try:
+        parts = kernel_model.tiles(spec['desc'], h, w, 1)
+    except KeyError:
+        return loop
+    return _by_key_rows(spec['desc'], parts[0][0], loop, h, w) if len(parts) == 1 else loop
+
+
 def sass_ratio(spec: dict, result: dict) -> float:
-    """The row's key-loop instructions relative to its plain flash kernel's (same tiles: the same scores per
-    iteration); NaN where either has no key loop."""
-    ours, flash = result.get('sass', {}).get('all', 0), result.get('flash', {}).get('all', 0)
+    """The row's key-loop instructions (:func:`key_loop`) relative to its plain flash kernel's (same tiles: the
+    same scores per iteration); NaN where either has no key loop."""
+    ours, flash = key_loop(spec, result).get('all', 0), result.get('flash', {}).get('all', 0)
     return ours / flash if ours and flash else float('nan')
 
 
@@ -359,22 +373,31 @@ def _launch_cost(gpu, desc: dict, dtype: str, result: dict, loops: List[dict], h
     return out
 
 
-def _by_key_rows(desc: dict, path: str, loop: dict, h: int, w: int) -> dict:
-    """A whole-attention forward path's key loop per iteration: where its full key tiles run the key rows between
-    the query tile's rows in a loop of their own (the longest: it keeps the absolute value per score), that loop's
-    counts for its share of the iterations (:func:`kernel_model.between_share`) and the next longest loop's (the
-    rows above and below) for the rest; the loop as it is otherwise."""
+def _by_key_rows(desc: dict, part: str, loop: dict, h: int, w: int) -> dict:
+    """A whole-attention part's key loop per iteration where it runs some key rows in a loop of their own, the
+    longest: that loop's counts for its share of the iterations and the next longest loop's for the rest - the
+    forward's full key tiles between the query tile's rows (they keep the absolute value per score;
+    :func:`kernel_model.between_share`), the backward queries' other tiles that hold an own row (the corners' sums;
+    :func:`kernel_model.own_rows_share`); the loop as it is otherwise."""
     c = desc['constexprs']
-    if desc['kernel'] != '_whole_fwd' or 'side' not in loop or 'BLOCK_M' not in c:
+    if 'side' not in loop:
         return loop
-    from mmppma.ops.whole.triton_impl import full_key_tiles, tile_rows_spanned
-    rows, cols = (h, w) if path == 'v2h' else (w, h)
-    chunk = c['COLS_V' if path == 'v2h' else 'COLS_H']
-    key_rows = c['BLOCK_N'] // chunk
-    if not (c.get('SCORES_LAYOUT') and full_key_tiles(rows, chunk, c['BLOCK_N'])
-            and (key_rows > 1 or tile_rows_spanned(cols, c['BLOCK_M']) > 2)):
+    path = part.split()[0]
+    if desc['kernel'] == '_whole_fwd' and 'BLOCK_M' in c:
+        from mmppma.ops.whole.triton_impl import full_key_tiles, tile_rows_spanned
+        rows, cols = (h, w) if path == 'v2h' else (w, h)
+        chunk = c['COLS_V' if path == 'v2h' else 'COLS_H']
+        key_rows = c['BLOCK_N'] // chunk
+        if not (c.get('SCORES_LAYOUT') and full_key_tiles(rows, chunk, c['BLOCK_N'])
+                and (key_rows > 1 or tile_rows_spanned(cols, c['BLOCK_M']) > 2)):
+            return loop
+        share = kernel_model.between_share(rows, cols, c['BLOCK_M'], key_rows)
+    elif desc['kernel'] == '_whole_bwd' and 'BLOCK_OWN' in c and not (part.endswith(' keys') or c['KEYS']):
+        rows, cols = (h, w) if path == 'v2h' else (w, h)  # the queries run on the path's forward map
+        chunk = c['COLS_V' if path == 'v2h' else 'COLS_H']
+        share = kernel_model.own_rows_share(rows, cols, c['BLOCK_OWN'], c['BLOCK_OTHER'] // chunk)
+    else:
         return loop
-    share = kernel_model.between_share(rows, cols, c['BLOCK_M'], key_rows)
     side = loop['side']
     return dict(loop, **{cls: share * loop[cls] + (1 - share) * side[cls] for cls in side})
 
@@ -766,7 +789,9 @@ def sass_table(specs: Dict[str, dict], results: Dict[str, dict], order) -> List[
     classes = sass_cost.CLASSES
     lines = ['## Key-loop SASS per score', '',
              'One iteration of each kernel\'s key loop (the innermost loop holding the matrix products), as '
-             '`cuobjdump -sass` lays it out: warp instructions per score by class, their total, the plain flash '
+             '`cuobjdump -sass` lays it out (where some key rows run in a loop of their own, the longest, that loop '
+             'for its share of the iterations on the row\'s first shape and the next longest for the rest): warp '
+             'instructions per score by class, their total, the plain flash '
              'kernel\'s total at the same tiles, warps, stages, dtype and target (`tools/flash_reference.py`, '
              '`ragged`: its masked variant, for a sequence that is not a multiple of the other block), the ratio, '
              'and the loops inside the key loop (each counted once: where there are any, the row is a lower '
@@ -781,7 +806,8 @@ def sass_table(specs: Dict[str, dict], results: Dict[str, dict], order) -> List[
         spec, result, d = specs[key], results[key], specs[key]['desc']
         if 'sass' not in result:
             continue
-        cells = [f'{per_score(spec, result["sass"][cls]):.2f}' for cls in classes + ('all', )]
+        loop = key_loop(spec, result)
+        cells = [f'{per_score(spec, loop[cls]):.2f}' for cls in classes + ('all', )]
         flash = result.get('flash', {}).get('all')
         variant = ' ragged' if ragged(spec) else ''
         cells += [f'{per_score(spec, flash):.2f}{variant}' if flash else '-', f'{sass_ratio(spec, result):.2f}']
@@ -877,7 +903,7 @@ def sass_cells(spec: dict, result: dict) -> Tuple[str, str]:
     """(instructions per score, ratio to the plain flash kernel) as printed."""
     if 'sass' not in result:
         return '-', '-'
-    return f'{per_score(spec, result["sass"]["all"]):.2f}', f'{sass_ratio(spec, result):.2f}'
+    return f'{per_score(spec, key_loop(spec, result)["all"]):.2f}', f'{sass_ratio(spec, result):.2f}'
 
 
 def format_row(spec: dict, result: dict, max_seconds: float, sass: bool = False) -> str:

@@ -207,16 +207,28 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
     raise KeyError(kernel)
 
 
-def between_share(rows: int, cols: int, own: int, key_rows: int) -> float:
-    """The share of a forward's key-tile iterations that lie between its query tile's map rows, on a rows x cols
-    map: query tiles of ``own`` consecutive map tokens against tiles of ``key_rows`` map rows, a tile being between
-    where it neither ends on or above the query tile's first row nor starts on or below its last (whole attention's
-    forward runs those in a loop of their own)."""
-    tiles, between = _cdiv(rows * cols, own), 0
+def _tile_share(rows: int, cols: int, own: int, key_rows: int, counted) -> float:
+    """The share of other-tile iterations on a rows x cols map that ``counted(top, bottom, first, last)`` counts:
+    own tiles of ``own`` consecutive map tokens (map rows ``first`` to ``last``) against tiles of ``key_rows`` map
+    rows (``top`` to ``bottom``)."""
+    tiles, hit = _cdiv(rows * cols, own), 0
     for tile in range(tiles):
         first, last = tile * own // cols, (min(tile * own + own, rows * cols) - 1) // cols
-        between += sum(not (r0 + key_rows - 1 <= first or r0 >= last) for r0 in range(0, rows, key_rows))
-    return between / (tiles * _cdiv(rows, key_rows))
+        hit += sum(bool(counted(r0, r0 + key_rows - 1, first, last)) for r0 in range(0, rows, key_rows))
+    return hit / (tiles * _cdiv(rows, key_rows))
+
+
+def between_share(rows: int, cols: int, own: int, key_rows: int) -> float:
+    """The share of a forward's key-tile iterations that lie between its query tile's map rows: a tile being
+    between where it neither ends on or above the query tile's first row nor starts on or below its last (whole
+    attention's forward runs those in a loop of their own)."""
+    return _tile_share(rows, cols, own, key_rows, lambda top, bottom, first, last: not (bottom <= first or top >= last))
+
+
+def own_rows_share(rows: int, cols: int, own: int, key_rows: int) -> float:
+    """The share of a backward's other-tile iterations that hold one of its own tile's map rows (whole attention's
+    queries' programs run those in a loop of their own: the corners' sums)."""
+    return _tile_share(rows, cols, own, key_rows, lambda top, bottom, first, last: top <= last and bottom >= first)
 
 
 def bwd_roles(c: dict) -> Tuple[bool, ...]:

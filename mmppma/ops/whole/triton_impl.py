@@ -302,6 +302,64 @@ def spread_columns(cols):
 
 
 @triton.jit
+def _bwd_others(a, da, g1, g2, per_column, above, chunk_bias, t2_corner, delta_own, row_own, first_row, spread,
+                tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c,
+                scale2, weight, offs_d, offs_dv, D, DV, r_from, r_to, H: tl.constexpr, KEYS: tl.constexpr,
+                ROWS: tl.constexpr, SPAN_ROWS: tl.constexpr, CORNERS: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_bwd_map`'s loop over the other tiles of map rows ``r_from`` to ``r_to`` (multiples of ROWS) of one
+    column chunk: the running (g1, g2, per_column, above) after them. CORNERS (the queries' tiles that hold an own
+    row): also the sums over the other rows above each own row, per column, summed over that row's own tokens, into
+    ``above``'s row ``own row - first_row``."""
+    if not KEYS:  # the tiles' pointers, moved ROWS rows per tile (the queries' bounds vary per program: offsets
+        # from the row would be recomputed per token and tile)
+        rows = r_from + tile_rows
+        t2_at = t2_ptr + rows * t_r + cols * t_c
+        b_at = b_ptr + (rows * b_r + cols * b_c)[:, None] + offs_d[None, :]
+        db_at = db_ptr + (rows * db_r + cols * db_c)[:, None] + offs_dv[None, :]
+    for r0 in range(r_from, r_to, ROWS):
+        if KEYS:  # (bounds 0 and H, constants: the compiler moves the pointers itself)
+            rows = r0 + tile_rows
+            tok_other = rows * t_r + cols * t_c
+            t2_at = t2_ptr + tok_other
+            b_at = b_ptr + (rows * b_r + cols * b_c)[:, None] + offs_d[None, :]
+            db_at = db_ptr + (rows * db_r + cols * db_c)[:, None] + offs_dv[None, :]
+        mask = (rows < H) & in_row
+        # the other tokens' column table (+inf past the map: a bias of -inf)
+        t2_other = tl.load(t2_at, mask=mask, other=float('inf')) * LOG2E_
+        b = tl.load(b_at, mask=mask[:, None] & (offs_d[None, :] < D), other=0.0)
+        db = tl.load(db_at, mask=mask[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
+        if KEYS:  # the other queries' log-normaliser
+            lse_other = tl.load(lse_ptr + tok_other, mask=mask, other=0.0) * LOG2E_
+            x = s * scale2 + (chunk_bias - (tl.abs(t2_corner - t2_other[None, :]) + lse_other[None, :]))
+            delta = tl.load(delta_ptr + tok_other, mask=mask, other=0.0)[None, :] * weight
+        else:
+            x = s * scale2 + (chunk_bias - tl.abs(t2_corner - t2_other[None, :]))
+            delta = delta_own[:, None]
+        p = tl.math.exp2(x)
+        if KEYS:
+            g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
+        ds = (p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)).to(b.dtype)  # P (w dP - delta)
+        if CORNERS:  # the corners' column segment: own row r0 + j takes the sum so far
+            for j in tl.static_range(ROWS):
+                if j == 0:
+                    so_far = per_column
+                else:  # and the tile's rows before j
+                    so_far = tl.dot(ds, tl.where(tile_rows[:, None] < j, spread, 0.0).to(b.dtype), per_column,
+                                    input_precision=PRECISION)
+                row_sum = tl.sum(tl.where((row_own == r0 + j)[:, None], so_far, 0.0), 0)
+                above = tl.where((tl.arange(0, SPAN_ROWS) == r0 + j - first_row)[:, None], row_sum[None, :], above)
+        per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
+        g1 += tl.dot(ds, b, input_precision=PRECISION)
+        if not KEYS:
+            rows += ROWS
+            t2_at += ROWS * t_r
+            b_at += ROWS * b_r
+            db_at += ROWS * db_r
+    return g1, g2, per_column, above
+
+
+@triton.jit
 def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1_ptr, g2_ptr, self_ptr, c1_ptr,
              c2_ptr, scale, scale2, weight, pid, D, DV, x_r, x_c, v_r, v_c, o_r, o_c, t_r, t_c, slot_stride,
              H: tl.constexpr, W: tl.constexpr, KEYS: tl.constexpr, BLOCK_OWN: tl.constexpr,
@@ -331,6 +389,7 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
     segment from the own row i to the other row k."""
     SLOTS: tl.constexpr = corner_slots(W, BLOCK_OWN)
     SPAN: tl.constexpr = (BLOCK_OWN + W - 2) // W + 1  # map rows one own tile touches, at most
+    SPAN_ROWS: tl.constexpr = max(2, 1 << (SPAN - 1).bit_length())  # (a power of two)
     ROWS: tl.constexpr = BLOCK_OTHER // COLS
     SPREAD: tl.constexpr = spread_columns(COLS)
     tok = pid * BLOCK_OWN + tl.arange(0, BLOCK_OWN)
@@ -363,11 +422,13 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
         delta_own = tl.load(delta_ptr + tok_own, mask=mask_own, other=0.0) * weight
         first_row = pid * BLOCK_OWN // W  # of the own tile; its corner sums go to slot pid % SLOTS
         last_row = (tl.minimum(pid * BLOCK_OWN + BLOCK_OWN, H * W) - 1) // W
+        own_from = first_row // ROWS * ROWS  # the other tiles that hold an own row
+        own_to = last_row // ROWS * ROWS + ROWS
         slot = (pid % SLOTS) * slot_stride
     for c0 in range(0, W, COLS):
         per_column = tl.zeros([BLOCK_OWN, SPREAD], tl.float32)  # sum over the chunk's rows of ds, per column
-        if not KEYS:  # the same over the other rows above the own token's
-            above = tl.zeros([BLOCK_OWN, SPREAD], tl.float32)
+        if not KEYS:  # per own row of the tile: the same over the other rows above it, summed over its own tokens
+            above = tl.zeros([SPAN_ROWS, SPREAD], tl.float32)
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
         in_row = cols < W
         corner = row_own[:, None] * t_r + cols[None, :] * t_c  # (own row, other column)
@@ -377,41 +438,28 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
         chunk_bias = -tl.abs(t1_own[:, None] - tl.load(t1_ptr + corner, mask=on_map, other=0.0) * LOG2E_)
         if not KEYS:
             chunk_bias -= lse_own[:, None]
-        for r0 in range(0, H, ROWS):
-            rows = r0 + tile_rows
-            mask = (rows < H) & in_row
-            tok_other = rows * t_r + cols * t_c
-            # the other tokens' column table (+inf past the map: a bias of -inf)
-            t2_other = tl.load(t2_ptr + tok_other, mask=mask, other=float('inf')) * LOG2E_
-            b = load_rows(b_ptr, rows * b_r + cols * b_c, mask, offs_d, D)
-            db = load_rows(db_ptr, rows * db_r + cols * db_c, mask, offs_dv, DV)
-            s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
-            if KEYS:  # the other queries' log-normaliser
-                lse_other = tl.load(lse_ptr + tok_other, mask=mask, other=0.0) * LOG2E_
-                x = s * scale2 + (chunk_bias - (tl.abs(t2_corner - t2_other[None, :]) + lse_other[None, :]))
-                delta = tl.load(delta_ptr + tok_other, mask=mask, other=0.0)[None, :] * weight
-            else:
-                x = s * scale2 + (chunk_bias - tl.abs(t2_corner - t2_other[None, :]))
-                delta = delta_own[:, None]
-            p = tl.math.exp2(x)
-            if KEYS:
-                g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
-            ds = (p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)).to(b.dtype)  # P (w dP - delta)
-            if not KEYS:  # the corners' column segment: an own token on the tile's row r0 + j takes the sum so far
-                for j in tl.static_range(ROWS):
-                    if j == 0:
-                        so_far = per_column
-                    else:  # and the tile's rows before j
-                        so_far = tl.dot(ds, tl.where(tile_rows[:, None] < j, spread, 0.0).to(b.dtype), per_column,
-                                        input_precision=PRECISION)
-                    above = tl.where((row_own == r0 + j)[:, None], so_far, above)
-            per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
-            g1 += tl.dot(ds, b, input_precision=PRECISION)
+        if KEYS:
+            g1, g2, per_column, _ = _bwd_others(
+                a, da, g1, g2, per_column, 0.0, chunk_bias, t2_corner, 0.0, row_own, 0, spread, tile_rows, cols,
+                in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c, scale2, weight,
+                offs_d, offs_dv, D, DV, 0, H, H, KEYS, ROWS, SPAN_ROWS, False, PRECISION)
+        else:  # the tiles above the own rows, those that hold one (the corners' sums), those below
+            g1, g2, per_column, above = _bwd_others(
+                a, da, g1, g2, per_column, above, chunk_bias, t2_corner, delta_own, row_own, first_row, spread,
+                tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c,
+                scale2, weight, offs_d, offs_dv, D, DV, 0, own_from, H, KEYS, ROWS, SPAN_ROWS, False, PRECISION)
+            g1, g2, per_column, above = _bwd_others(
+                a, da, g1, g2, per_column, above, chunk_bias, t2_corner, delta_own, row_own, first_row, spread,
+                tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c,
+                scale2, weight, offs_d, offs_dv, D, DV, own_from, own_to, H, KEYS, ROWS, SPAN_ROWS, True, PRECISION)
+            g1, g2, per_column, above = _bwd_others(
+                a, da, g1, g2, per_column, above, chunk_bias, t2_corner, delta_own, row_own, first_row, spread,
+                tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c,
+                scale2, weight, offs_d, offs_dv, D, DV, own_to, H, H, KEYS, ROWS, SPAN_ROWS, False, PRECISION)
         # the row segment's sign, own column j against the chunk's column l: d m / d T1[own] = -d m / d T1[c]
         signed = per_column * tl.where(col_own[:, None] >= c0 + tl.arange(0, SPREAD)[None, :], 1.0, -1.0)
         self_own += tl.sum(signed, 1)
         if not KEYS:  # the corners, per own row, into the program's slot
-            signed_rows = 2 * above - per_column  # + above the own row, - at and below it
             keep = (c0 + tl.arange(0, SPREAD) < W) & (tl.arange(0, SPREAD) < COLS)
             for r in tl.static_range(SPAN):
                 here = (row_own == first_row + r)[:, None]
@@ -419,7 +467,9 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
                 # only the rows the tile touches: the slot's entry of a row past them is another tile's
                 keep_row = keep & (first_row + r <= last_row)
                 tl.store(c1_ptr + at, -tl.sum(tl.where(here, signed, 0.0), 0), mask=keep_row)
-                tl.store(c2_ptr + at, tl.sum(tl.where(here, signed_rows, 0.0), 0), mask=keep_row)
+                # + above the own row, - at and below it
+                above_row = tl.sum(tl.where((tl.arange(0, SPAN_ROWS) == r)[:, None], above, 0.0), 0)
+                tl.store(c2_ptr + at, 2 * above_row - tl.sum(tl.where(here, per_column, 0.0), 0), mask=keep_row)
     store_tile(g1_ptr, tok_own, mask_own, offs_d, D, g1 * scale)
     if KEYS:
         store_tile(g2_ptr, tok_own, mask_own, offs_dv, DV, g2 * weight)
@@ -677,14 +727,20 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
                               COLS_V=cols_v, COLS_H=cols_h, BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d),
                               BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
             launches.append(((count * bh, len(group)), constexprs, cfg, count, names.index(group[0])))
-    plans = _BWD_PLANS[key] = (roles_in_one_launch(launches), slots)
+    plans = _BWD_PLANS[key] = (roles_in_one_launch(launches, cap), slots)
     return plans
 
 
-def roles_in_one_launch(plans):
+#: below this capability a launch of both roles over two paths on own tiles of BLOCK_OWN_APART tokens or more spills
+#: (the queries' programs alone take 255 registers on sm_80): the roles keep a launch each there
+ROLES_APART_BELOW = 90
+BLOCK_OWN_APART = 64
+
+
+def roles_in_one_launch(plans, cap: int):
     """The backward's launch plans with the queries' and the keys' launches of each group of paths merged into one
-    (BOTH) where they take the same configuration, tiles and grid: a launch less per call (the two roles write
-    apart: :func:`_whole_bwd`)."""
+    (BOTH) where they take the same configuration, tiles and grid (but two paths on large own tiles below
+    ROLES_APART_BELOW): a launch less per call (the two roles write apart: :func:`_whole_bwd`)."""
     queries = [plan for plan in plans if not plan[1]['KEYS']]
     keys = [plan for plan in plans if plan[1]['KEYS']]
 
@@ -699,6 +755,9 @@ def roles_in_one_launch(plans):
                 and all(a[1][name] == b[1][name] for name in ('COLS_V', 'COLS_H')
                         if uses(a[1], name) and uses(b[1], name)))
     if len(queries) != len(keys) or not all(alike(a, b) for a, b in zip(queries, keys)):
+        return plans
+    if cap and cap < ROLES_APART_BELOW and any(c['V2H'] and c['H2V'] and c['BLOCK_OWN'] >= BLOCK_OWN_APART
+                                               for _, c, *_ in queries):
         return plans
     return [((grid[0], 2 * grid[1]), dict(c, BOTH=True, **{name: (c if uses(c, name) else k[1])[name]
                                                            for name in ('COLS_V', 'COLS_H')}), cfg, count, first)
