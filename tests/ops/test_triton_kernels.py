@@ -262,8 +262,8 @@ def test_whole_backward_column_chunks_narrower_than_the_spreader(monkeypatch):
 def test_whole_backward_roles_in_one_launch_or_apart(monkeypatch):
     """The queries' and the keys' programs share one launch where both roles take the same tiles (every launch on the
     interpreter; sm_90's bfloat16 tiles at 7 x 7, Manhattan's one path included), else one launch each (800 x 1344's
-    stage 3 on sm_90: the keys' programs take 64 others; sm_80's two paths on own tiles of 64). Apart, the backward
-    equals the reference too (gradients of every input; the forms of one and of two paths)."""
+    stage 3 on sm_90: the keys' programs take 64 others; sm_80's queries on own tiles of 64, a launch per path).
+    Apart, the backward equals the reference too (gradients of every input; the forms of one and of two paths)."""
     from mmppma.ops import plan
     from mmppma.ops.whole import triton_impl
 
@@ -284,12 +284,12 @@ def test_whole_backward_roles_in_one_launch_or_apart(monkeypatch):
         assert backward(90, (64, 16, 7, 7, 32), torch.bfloat16) == [(4, True, False)]
         assert backward(90, (64, 16, 7, 7, 32), torch.bfloat16, manhattan=True) == [(2, True, False)]
         assert backward(90, (2, 8, 50, 84, 32), torch.bfloat16) == [(2, False, False), (2, False, True)]
-        # sm_80: two paths on own tiles of 64 keep a launch per role (merged, Cityscapes' stage 3 spills); one path
-        # merges
-        assert backward(80, (1, 8, 64, 128, 32), torch.bfloat16) == [(2, False, False), (2, False, True)]
+        # sm_80, own tiles of 64: the queries' programs take a launch per path (two paths spill), the keys' one
+        assert backward(80, (1, 8, 64, 128, 32), torch.bfloat16) == [(1, False, False), (1, False, False),
+                                                                      (2, False, True)]
         assert backward(80, (1, 8, 64, 128, 32), torch.bfloat16, manhattan=True) == [(2, True, False)]
         ran = launched(monkeypatch)
-        monkeypatch.setattr(triton_impl, 'roles_in_one_launch', lambda plans, cap: plans)
+        monkeypatch.setattr(triton_impl, 'roles_in_one_launch', lambda plans: plans)
         triton_impl._BWD_PLANS.clear()
         for form in ('release', 'h2v'):
             assert_same(partial(ops.ppma_attention, scale=0.25, form=form), make(1, 2, 5, 6, 16))

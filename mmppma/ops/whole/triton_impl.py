@@ -302,45 +302,69 @@ def spread_columns(cols):
 
 
 @triton.jit
+def _chunk_terms(t1_ptr, t2_ptr, row_own, mask_own, cols, in_row, t_r, t_c, t1_own, lse_own, KEYS: tl.constexpr):
+    """:func:`_bwd_map`'s (own token x column) terms of one column chunk, log2 units: the corner entries of the
+    column table, and the row segment's term (the queries': minus their log-normaliser too)."""
+    corner = row_own[:, None] * t_r + cols[None, :] * t_c  # (own row, other column)
+    on_map = mask_own[:, None] & in_row[None, :]
+    t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0) * LOG2E_
+    chunk_bias = -tl.abs(t1_own[:, None] - tl.load(t1_ptr + corner, mask=on_map, other=0.0) * LOG2E_)
+    if not KEYS:
+        chunk_bias -= lse_own[:, None]
+    return t2_corner, chunk_bias
+
+
+@triton.jit
 def _bwd_others(a, da, g1, g2, per_column, above, chunk_bias, t2_corner, delta_own, row_own, first_row, spread,
                 tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c,
                 scale2, weight, offs_d, offs_dv, D, DV, r_from, r_to, H: tl.constexpr, KEYS: tl.constexpr,
-                ROWS: tl.constexpr, SPAN_ROWS: tl.constexpr, CORNERS: tl.constexpr, PRECISION: tl.constexpr):
+                ROWS: tl.constexpr, SPAN_ROWS: tl.constexpr, SIDE: tl.constexpr, PRECISION: tl.constexpr):
     """:func:`_bwd_map`'s loop over the other tiles of map rows ``r_from`` to ``r_to`` (multiples of ROWS) of one
-    column chunk: the running (g1, g2, per_column, above) after them. CORNERS (the queries' tiles that hold an own
-    row): also the sums over the other rows above each own row, per column, summed over that row's own tokens, into
-    ``above``'s row ``own row - first_row``."""
-    if not KEYS:  # the tiles' pointers, moved ROWS rows per tile (the queries' bounds vary per program: offsets
-        # from the row would be recomputed per token and tile)
+    column chunk: the running (g1, g2, per_column, above) after them. The queries' tiles above their own rows
+    (SIDE -1: the bias is ``chunk_bias - T2[other]``) or below them (1: ``chunk_bias + T2[other]``), or (0) those
+    that hold an own row, which also sum the other rows above each own row, per column, over that row's own tokens,
+    into ``above``'s row ``own row - first_row`` (the corners' column segment); the keys' every tile (0, no
+    corners). SIDE 0: the bias is ``chunk_bias - |T2[corner] - T2[other]|``."""
+    # the queries' tiles' pointers moved ROWS rows per tile (their bounds vary per program: offsets from the row
+    # would be recomputed per token and tile); the keys' loop runs from 0 to H (constants: the compiler moves them)
+    CARRY: tl.constexpr = not KEYS
+    if CARRY:
         rows = r_from + tile_rows
         t2_at = t2_ptr + rows * t_r + cols * t_c
         b_at = b_ptr + (rows * b_r + cols * b_c)[:, None] + offs_d[None, :]
         db_at = db_ptr + (rows * db_r + cols * db_c)[:, None] + offs_dv[None, :]
     for r0 in range(r_from, r_to, ROWS):
-        if KEYS:  # (bounds 0 and H, constants: the compiler moves the pointers itself)
+        if not CARRY:
             rows = r0 + tile_rows
-            tok_other = rows * t_r + cols * t_c
-            t2_at = t2_ptr + tok_other
+            at = rows * t_r + cols * t_c
+            t2_at = t2_ptr + at
+            lse_at = lse_ptr + at
+            delta_at = delta_ptr + at
             b_at = b_ptr + (rows * b_r + cols * b_c)[:, None] + offs_d[None, :]
             db_at = db_ptr + (rows * db_r + cols * db_c)[:, None] + offs_dv[None, :]
         mask = (rows < H) & in_row
-        # the other tokens' column table (+inf past the map: a bias of -inf)
-        t2_other = tl.load(t2_at, mask=mask, other=float('inf')) * LOG2E_
+        # the other tokens' column table (past the map: a bias of -inf, T2 = -inf below the own rows, else +inf)
+        t2_other = tl.load(t2_at, mask=mask, other=float('-inf') if SIDE > 0 else float('inf')) * LOG2E_
         b = tl.load(b_at, mask=mask[:, None] & (offs_d[None, :] < D), other=0.0)
         db = tl.load(db_at, mask=mask[:, None] & (offs_dv[None, :] < DV), other=0.0)
         s = tl.dot(a, tl.trans(b), input_precision=PRECISION)
         if KEYS:  # the other queries' log-normaliser
-            lse_other = tl.load(lse_ptr + tok_other, mask=mask, other=0.0) * LOG2E_
+            lse_other = tl.load(lse_at, mask=mask, other=0.0) * LOG2E_
             x = s * scale2 + (chunk_bias - (tl.abs(t2_corner - t2_other[None, :]) + lse_other[None, :]))
-            delta = tl.load(delta_ptr + tok_other, mask=mask, other=0.0)[None, :] * weight
+            delta = tl.load(delta_at, mask=mask, other=0.0)[None, :] * weight
         else:
-            x = s * scale2 + (chunk_bias - tl.abs(t2_corner - t2_other[None, :]))
+            if SIDE < 0:
+                x = s * scale2 + (chunk_bias - t2_other[None, :])
+            elif SIDE > 0:
+                x = s * scale2 + (chunk_bias + t2_other[None, :])
+            else:
+                x = s * scale2 + (chunk_bias - tl.abs(t2_corner - t2_other[None, :]))
             delta = delta_own[:, None]
         p = tl.math.exp2(x)
         if KEYS:
             g2 += tl.dot(p.to(db.dtype), db, input_precision=PRECISION)
         ds = (p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)).to(b.dtype)  # P (w dP - delta)
-        if CORNERS:  # the corners' column segment: own row r0 + j takes the sum so far
+        if not KEYS and SIDE == 0:  # the corners' column segment: own row r0 + j takes the sum so far
             for j in tl.static_range(ROWS):
                 if j == 0:
                     so_far = per_column
@@ -351,7 +375,7 @@ def _bwd_others(a, da, g1, g2, per_column, above, chunk_bias, t2_corner, delta_o
                 above = tl.where((tl.arange(0, SPAN_ROWS) == r0 + j - first_row)[:, None], row_sum[None, :], above)
         per_column = tl.dot(ds, spread.to(b.dtype), per_column, input_precision=PRECISION)
         g1 += tl.dot(ds, b, input_precision=PRECISION)
-        if not KEYS:
+        if CARRY:
             rows += ROWS
             t2_at += ROWS * t_r
             b_at += ROWS * b_r
@@ -425,37 +449,38 @@ def _bwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, do_ptr, lse_ptr, delta_ptr, g1
         own_from = first_row // ROWS * ROWS  # the other tiles that hold an own row
         own_to = last_row // ROWS * ROWS + ROWS
         slot = (pid % SLOTS) * slot_stride
+    else:
+        lse_own = 0.0  # (the keys take the other queries')
     for c0 in range(0, W, COLS):
         per_column = tl.zeros([BLOCK_OWN, SPREAD], tl.float32)  # sum over the chunk's rows of ds, per column
         if not KEYS:  # per own row of the tile: the same over the other rows above it, summed over its own tokens
             above = tl.zeros([SPAN_ROWS, SPREAD], tl.float32)
         cols = c0 + tl.arange(0, BLOCK_OTHER) % COLS
         in_row = cols < W
-        corner = row_own[:, None] * t_r + cols[None, :] * t_c  # (own row, other column)
-        on_map = mask_own[:, None] & in_row[None, :]
-        t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0) * LOG2E_
-        # the row segment, per (own token, column): built once per chunk; the queries' log-normaliser with it
-        chunk_bias = -tl.abs(t1_own[:, None] - tl.load(t1_ptr + corner, mask=on_map, other=0.0) * LOG2E_)
-        if not KEYS:
-            chunk_bias -= lse_own[:, None]
+        t2_corner, chunk_bias = _chunk_terms(t1_ptr, t2_ptr, row_own, mask_own, cols, in_row, t_r, t_c, t1_own,
+                                             lse_own, KEYS)
         if KEYS:
             g1, g2, per_column, _ = _bwd_others(
                 a, da, g1, g2, per_column, 0.0, chunk_bias, t2_corner, 0.0, row_own, 0, spread, tile_rows, cols,
                 in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c, scale2, weight,
-                offs_d, offs_dv, D, DV, 0, H, H, KEYS, ROWS, SPAN_ROWS, False, PRECISION)
-        else:  # the tiles above the own rows, those that hold one (the corners' sums), those below
+                offs_d, offs_dv, D, DV, 0, H, H, KEYS, ROWS, SPAN_ROWS, 0, PRECISION)
+        else:  # the tiles above the own rows, those that hold one (the corner sums), those below: above and below the
+            # column segment's sign is known (T2 is monotone along a column), the bias one tile
+            g1, g2, per_column, above = _bwd_others(
+                a, da, g1, g2, per_column, above, chunk_bias + t2_corner, t2_corner, delta_own, row_own, first_row,
+                spread, tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r,
+                t_c, scale2, weight, offs_d, offs_dv, D, DV, 0, own_from, H, KEYS, ROWS, SPAN_ROWS, -1, PRECISION)
+            # (the chunk's terms gathered again: not held through the loop above)
+            t2_corner, chunk_bias = _chunk_terms(t1_ptr, t2_ptr, row_own, mask_own, cols, in_row, t_r, t_c,
+                                                 t1_own, lse_own, KEYS)
             g1, g2, per_column, above = _bwd_others(
                 a, da, g1, g2, per_column, above, chunk_bias, t2_corner, delta_own, row_own, first_row, spread,
                 tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c,
-                scale2, weight, offs_d, offs_dv, D, DV, 0, own_from, H, KEYS, ROWS, SPAN_ROWS, False, PRECISION)
+                scale2, weight, offs_d, offs_dv, D, DV, own_from, own_to, H, KEYS, ROWS, SPAN_ROWS, 0, PRECISION)
             g1, g2, per_column, above = _bwd_others(
-                a, da, g1, g2, per_column, above, chunk_bias, t2_corner, delta_own, row_own, first_row, spread,
-                tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c,
-                scale2, weight, offs_d, offs_dv, D, DV, own_from, own_to, H, KEYS, ROWS, SPAN_ROWS, True, PRECISION)
-            g1, g2, per_column, above = _bwd_others(
-                a, da, g1, g2, per_column, above, chunk_bias, t2_corner, delta_own, row_own, first_row, spread,
-                tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r, t_c,
-                scale2, weight, offs_d, offs_dv, D, DV, own_to, H, H, KEYS, ROWS, SPAN_ROWS, False, PRECISION)
+                a, da, g1, g2, per_column, above, chunk_bias - t2_corner, t2_corner, delta_own, row_own, first_row,
+                spread, tile_rows, cols, in_row, b_ptr, db_ptr, t2_ptr, lse_ptr, delta_ptr, b_r, b_c, db_r, db_c, t_r,
+                t_c, scale2, weight, offs_d, offs_dv, D, DV, own_to, H, H, KEYS, ROWS, SPAN_ROWS, 1, PRECISION)
         # the row segment's sign, own column j against the chunk's column l: d m / d T1[own] = -d m / d T1[c]
         signed = per_column * tl.where(col_own[:, None] >= c0 + tl.arange(0, SPREAD)[None, :], 1.0, -1.0)
         self_own += tl.sum(signed, 1)
@@ -682,6 +707,13 @@ PARTS_BLOCK = 256
 PARTS_CONFIG = lp.Config(PARTS_BLOCK, 16, 4, 1)
 
 
+#: below this capability the queries' launches of the backward on own tiles of BLOCK_OWN_APART tokens or more hold
+#: one path each: two paths spill there (sm_80: 12 B at 255 registers; one path takes 248-255, and merged with the
+#: keys' programs spills 8 B)
+PATHS_APART_BELOW = 90
+BLOCK_OWN_APART = 64
+
+
 def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
     """Per kind (queries, keys): (grid, constexprs, config, tiles per slice, first path) of the backward's launches,
     cached per call site, and the corner slots per path (the most own tiles that touch one row of its forward map).
@@ -716,7 +748,11 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
             tiles[path] = (cfg, image, own, cols)
             if not keys:
                 slots[path] = corner_slots(width, own)
-        groups = [names] if len({tiles[p][0] for p in names}) == 1 else [(p, ) for p in names]
+        # one launch for both paths where their maps take one configuration (but the queries' on large own tiles
+        # below PATHS_APART_BELOW)
+        apart = len({tiles[p][0] for p in names}) > 1 or (
+            not keys and 0 < cap < PATHS_APART_BELOW and min(tiles[p][2] for p in names) >= BLOCK_OWN_APART)
+        groups = [(p, ) for p in names] if apart else [names]
         for group in groups:
             cfg, _, own, _ = tiles[group[0]]
             cols_v = next((tiles[p][3] for p in group if tiles[p][1]), 16)
@@ -727,20 +763,14 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
                               COLS_V=cols_v, COLS_H=cols_h, BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d),
                               BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
             launches.append(((count * bh, len(group)), constexprs, cfg, count, names.index(group[0])))
-    plans = _BWD_PLANS[key] = (roles_in_one_launch(launches, cap), slots)
+    plans = _BWD_PLANS[key] = (roles_in_one_launch(launches), slots)
     return plans
 
 
-#: below this capability a launch of both roles over two paths on own tiles of BLOCK_OWN_APART tokens or more spills
-#: (the queries' programs alone take 255 registers on sm_80): the roles keep a launch each there
-ROLES_APART_BELOW = 90
-BLOCK_OWN_APART = 64
-
-
-def roles_in_one_launch(plans, cap: int):
+def roles_in_one_launch(plans):
     """The backward's launch plans with the queries' and the keys' launches of each group of paths merged into one
-    (BOTH) where they take the same configuration, tiles and grid (but two paths on large own tiles below
-    ROLES_APART_BELOW): a launch less per call (the two roles write apart: :func:`_whole_bwd`)."""
+    (BOTH) where they take the same configuration, tiles and grid: a launch less per call (the two roles write
+    apart: :func:`_whole_bwd`)."""
     queries = [plan for plan in plans if not plan[1]['KEYS']]
     keys = [plan for plan in plans if plan[1]['KEYS']]
 
@@ -755,9 +785,6 @@ def roles_in_one_launch(plans, cap: int):
                 and all(a[1][name] == b[1][name] for name in ('COLS_V', 'COLS_H')
                         if uses(a[1], name) and uses(b[1], name)))
     if len(queries) != len(keys) or not all(alike(a, b) for a, b in zip(queries, keys)):
-        return plans
-    if cap and cap < ROLES_APART_BELOW and any(c['V2H'] and c['H2V'] and c['BLOCK_OWN'] >= BLOCK_OWN_APART
-                                               for _, c, *_ in queries):
         return plans
     return [((grid[0], 2 * grid[1]), dict(c, BOTH=True, **{name: (c if uses(c, name) else k[1])[name]
                                                            for name in ('COLS_V', 'COLS_H')}), cfg, count, first)
