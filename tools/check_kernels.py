@@ -384,12 +384,13 @@ def _by_key_rows(desc: dict, part: str, loop: dict, h: int, w: int) -> dict:
         return loop
     path = part.split()[0]
     if desc['kernel'] == '_whole_fwd' and 'BLOCK_M' in c:
-        from mmppma.ops.whole.triton_impl import full_key_tiles, tile_rows_spanned
+        from mmppma.ops.whole.triton_impl import between_loop, full_key_tiles
         rows, cols = (h, w) if path == 'v2h' else (w, h)
         chunk = c['COLS_V' if path == 'v2h' else 'COLS_H']
         key_rows = c['BLOCK_N'] // chunk
+        # (as _fwd_map decides its FULL and MEET)
         if not (c.get('SCORES_LAYOUT') and full_key_tiles(rows, chunk, c['BLOCK_N'])
-                and (key_rows > 1 or tile_rows_spanned(cols, c['BLOCK_M']) > 2)):
+                and between_loop(cols, key_rows, c['BLOCK_M'])):
             return loop
         share = kernel_model.between_share(rows, cols, c['BLOCK_M'], key_rows)
     elif desc['kernel'] == '_whole_bwd' and 'BLOCK_OWN' in c and not (part.endswith(' keys') or c['KEYS']):

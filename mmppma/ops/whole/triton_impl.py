@@ -78,6 +78,14 @@ def full_key_tiles(height, cols, block):
     return rows * cols == block and height % rows == 0
 
 
+@triton.constexpr_function
+def between_loop(width, key_rows, block):
+    """Whether the forward's full key tiles of ``key_rows`` map rows against query tiles of ``block`` consecutive
+    tokens of a map ``width`` tokens wide have key rows between a query tile's rows (run in a loop of their own):
+    tiles of several rows, or query tiles over more than two rows."""
+    return key_rows > 1 or tile_rows_spanned(width, block) > 2
+
+
 @triton.jit
 def _whole_fwd_parts(ca_ptr, cb_ptr, parts_ptr, inv_scale, BH, HH: tl.constexpr, WW: tl.constexpr,
                      V2H: tl.constexpr, BLOCK: tl.constexpr):
@@ -199,7 +207,7 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, parts_ptr, o_ptr, lse_ptr, sca
     # below (>= its last), [above, below) between (none where tiles are one row and query tiles span two rows at most)
     above = (pid * BLOCK_M // W + 1) // ROWS * ROWS
     below = tl.maximum(tl.cdiv((tl.minimum(pid * BLOCK_M + BLOCK_M, H * W) - 1) // W, ROWS) * ROWS, above)
-    MEET: tl.constexpr = ROWS > 1 or tile_rows_spanned(W, BLOCK_M) > 2
+    MEET: tl.constexpr = between_loop(W, ROWS, BLOCK_M)
     for c0 in range(0, W, COLS):
         key_c = c0 + tl.arange(0, BLOCK_N) % COLS
         in_row = key_c < W
