@@ -383,10 +383,11 @@ def _by_key_rows(desc: dict, part: str, loop: dict, h: int, w: int) -> dict:
     if 'side' not in loop:
         return loop
     path = part.split()[0]
+    # the path's forward map: the forward's and the backward queries' (the keys' run on its transpose)
+    rows, cols = (h, w) if path == 'v2h' else (w, h)
+    chunk = c.get('COLS_V' if path == 'v2h' else 'COLS_H')
     if desc['kernel'] == '_whole_fwd' and 'BLOCK_M' in c:
         from mmppma.ops.whole.triton_impl import between_loop, full_key_tiles
-        rows, cols = (h, w) if path == 'v2h' else (w, h)
-        chunk = c['COLS_V' if path == 'v2h' else 'COLS_H']
         key_rows = c['BLOCK_N'] // chunk
         # (as _fwd_map decides its FULL and MEET)
         if not (c.get('SCORES_LAYOUT') and full_key_tiles(rows, chunk, c['BLOCK_N'])
@@ -394,8 +395,6 @@ def _by_key_rows(desc: dict, part: str, loop: dict, h: int, w: int) -> dict:
             return loop
         share = kernel_model.between_share(rows, cols, c['BLOCK_M'], key_rows)
     elif desc['kernel'] == '_whole_bwd' and 'BLOCK_OWN' in c and not (part.endswith(' keys') or c['KEYS']):
-        rows, cols = (h, w) if path == 'v2h' else (w, h)  # the queries run on the path's forward map
-        chunk = c['COLS_V' if path == 'v2h' else 'COLS_H']
         share = kernel_model.own_rows_share(rows, cols, c['BLOCK_OWN'], c['BLOCK_OTHER'] // chunk)
     else:
         return loop
