@@ -141,8 +141,9 @@ def test_quick_sass_cost_one_shape_per_kernel(tmp_path, compile_env):
     tables = [row for row in rows if row[0] in TABLES | CHUNKED]
     assert all(row[-3:-1] == ['-', '-'] and row[-1] == 'ok' for row in tables), tables  # not priced
     rows = [row for row in rows if row[0] in KERNELS]
-    # whole attention's launches of both paths are compiled, and priced path by path (one row per path)
-    both = [row for row in rows if 'v2h' in row and 'h2v' in row]
+    # whole attention's launches of both paths and the line backward's of both roles are compiled, and priced part
+    # by part (one row per path or role)
+    both = [row for row in rows if 'v2h' in row and 'h2v' in row or row[0] == '_line_bwd' and 'both' in row]
     assert both and all(row[-3:-1] == ['-', '-'] and row[-1] == 'ok' for row in both), both
     rows = [row for row in rows if row not in both]
     assert {row[0] for row in rows} == KERNELS
@@ -224,6 +225,12 @@ def test_two_path_launches_are_priced_path_by_path(monkeypatch):
         (True, False, False, True)]
     names = [name for name, _ in tool.kernel_model.tiles(dict(kernel='_whole_bwd', constexprs=roles), 32, 32, 1)]
     assert names == ['v2h', 'h2v', 'v2h keys', 'h2v keys']
+    # a line backward of both roles: two parts, each the launch's programs and tiles
+    line = dict(KEYS=False, BOTH=True, COLUMNS=True, BLOCK_OWN=64, BLOCK_OTHER=64, PRECISION='tf32')
+    assert not tool.priced(dict(kernel='_line_bwd', constexprs=line))
+    assert [(c['KEYS'], c['BOTH']) for c in tool.parts_apart(line)] == [(False, False), (True, False)]
+    tiles = tool.kernel_model.tiles(dict(kernel='_line_bwd', constexprs=line), 100, 7, 3)
+    assert tiles == [('lines', (3 * 7 * 2, 2, 64, 64)), ('lines keys', (3 * 7 * 2, 2, 64, 64))]
 
 
 def test_key_loop_is_the_innermost_loop_holding_an_mma():

@@ -145,19 +145,21 @@ def record(kind: str, shape: tuple, dtype: torch.dtype, cap: int) -> List[Tuple[
 def priced(desc: dict) -> bool:
     """Whether a kernel's key loop is priced against a plain flash kernel: those with matrix products (a PRECISION
     constexpr; they run on tensor cores in half precision), except whole attention's launches of two paths or (the
-    backward) of both roles, which are priced part by part (:func:`paths_apart`). The others (the decay tables')
+    backward) of both roles and the line backward's of both roles, which are priced part by part
+    (:func:`paths_apart`). The others (the decay tables')
     are compiled and checked only."""
     c = desc['constexprs']
     return 'PRECISION' in c and not (c.get('V2H') and c.get('H2V')) and not c.get('BOTH')
 
 
 def parts_apart(c: dict) -> List[dict]:
-    """The constexprs of each part of a whole attention launch that :func:`priced` leaves out - one path, one role
-    (:func:`kernel_model.tiles`' order) - launched as they are by the forms of one path and by roles apart."""
-    roles = kernel_model.bwd_roles(c) if 'KEYS' in c else (None, )
-    return [dict(c, **({} if keys is None else dict(KEYS=keys, BOTH=False)),
-                 **({'H2V': False} if path == 'v2h' else {'V2H': False} if c['V2H'] else {}))
-            for keys in roles for path in ('v2h', 'h2v') if c[path.upper()]]
+    """The constexprs of each part of a launch that :func:`priced` leaves out - one path of whole attention, one role
+    of a backward (:func:`kernel_model.tiles`' order) - launched as they are by the forms of one path and by roles
+    apart."""
+    roles = [dict(KEYS=keys, BOTH=False) for keys in kernel_model.bwd_roles(c)] if 'KEYS' in c else [{}]
+    paths = [{'H2V': False} if path == 'v2h' else {'V2H': False} if c['V2H'] else {}
+             for path in ('v2h', 'h2v') if c[path.upper()]] if 'V2H' in c else [{}]
+    return [dict(c, **role, **path) for role in roles for path in paths]
 
 
 def paths_apart(specs: Dict[str, dict]) -> Dict[str, dict]:

@@ -194,11 +194,13 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
                                   _map_tiles(bh, rows, cols, own or c['BLOCK_OWN'], c['BLOCK_OTHER'], chunk,
                                              'BLOCK_OWN' in c)))
         return parts
-    if kernel in ('_line_fwd', '_line_bwd'):
+    if kernel in ('_line_fwd', '_line_bwd'):  # a backward launch of both roles: the queries', then the keys'
         length, lines = (h, w) if c['COLUMNS'] else (w, h)
         own = c.get('BLOCK_M', c.get('BLOCK_OWN'))
         other = c.get('BLOCK_N', c.get('BLOCK_OTHER'))
-        return [('lines', (bh * lines * _cdiv(length, own), _cdiv(length, other), own, other))]
+        tile = (bh * lines * _cdiv(length, own), _cdiv(length, other), own, other)
+        roles = bwd_roles(c) if 'KEYS' in c else (False, )
+        return [('lines keys' if keys and c.get('BOTH') else 'lines', tile) for keys in roles]
     if kernel in ('_flash_fwd', '_flash_bwd'):  # over sequences of h * w tokens
         n = h * w
         own = c.get('BLOCK_M', c.get('BLOCK_OWN'))
@@ -232,7 +234,7 @@ def own_rows_share(rows: int, cols: int, own: int, key_rows: int) -> float:
 
 
 def bwd_roles(c: dict) -> Tuple[bool, ...]:
-    """The roles (KEYS) whose programs a backward launch of whole attention holds, in the launch's order."""
+    """The roles (KEYS) whose programs a backward launch holds (whole or line attention), in the pricing's order."""
     return (False, True) if c.get('BOTH') else (bool(c['KEYS']), )
 
 

@@ -1,5 +1,6 @@
 """Every Triton kernel against the dense reference, output and all gradients, float32; fp16 / bf16 vs float32;
 the launches and the int64 offsets (without a GPU on ``TRITON_INTERPRET=1``, tests/conftest.py)."""
+import dataclasses
 from functools import partial
 
 import pytest
@@ -392,9 +393,18 @@ def test_line_kernels_at_sm90_tiles_in_bfloat16_against_float64(length):
     launches, given, _ = line.forward_launches(q, k, x, c, 0.25, False, 90, lse=lse)
     lp.run(launches)
     launches, grads = line.backward_launches(q, k, x, c, out, lse, dout, 0.25, False, 90)
+    assert [launch.constexprs['BOTH'] for launch in launches] == [True]  # equal blocks: both roles in one
     lp.run(launches)
     checks = [('out', out, want), ('out given lse', given, want),
               *zip(('dq', 'dk', 'dx', 'dc'), grads, want_grads)]
+    # the kernel's roles in launches apart (as unequal blocks run them): the keys' store the table's part, the
+    # queries' add theirs
+    launches, apart = line.backward_launches(q, k, x, c, out, lse, dout, 0.25, False, 90)
+    (both, ) = launches
+    lp.run([dataclasses.replace(both, constexprs=dict(both.constexprs, BOTH=False, KEYS=keys, ACC_GC=not keys))
+            for keys in (True, False)])
+    checks += [(f'roles apart: {name}', got, ref) for name, got, ref in zip(('dq', 'dk', 'dx', 'dc'), apart,
+                                                                             want_grads)]
     for columns in (False, True):
         def line_of(t):  # the row's tensors as one column
             return t.transpose(2, 3).contiguous() if columns else t
@@ -419,7 +429,7 @@ def test_line_kernels_at_sm90_tiles_in_bfloat16_against_float64(length):
         assert not parts.reshape(-1, 16)[:, 12:].any()
         launches, folded_grads = line.backward_launches(qc, kc, xc, cc, written, lse, dc, 0.25, columns, 90,
                                                         parts=parts)
-        assert [x.constexprs['FOLD'] for x in launches] == [True, True]
+        assert [(x.constexprs['FOLD'], x.constexprs['BOTH']) for x in launches] == [(True, True)]  # both roles
         lp.run(launches)
         direction = 'columns' if columns else 'rows'
         checks += [(f'{direction}: {name}', got.transpose(2, 3) if columns else got, ref)
@@ -455,18 +465,22 @@ def test_criss_cross_writes_the_tables_parts_where_a_pass_takes_them(monkeypatch
     assert (out[-1] is None) == (not flags[0][0])
 
 
-@pytest.mark.parametrize('d, dx, keys_fold', [(16, 32, True), (32, 64, False)])
-def test_line_backward_folds_but_where_the_keys_programs_registers_are_full(d, dx, keys_fold):
-    """sm_80's backward on columns of 100 tokens (32 x 32 tiles) given the parts: the queries' programs take the
-    other tokens' terms in their products, and so do the keys' but at head dim 32 with 64 value channels."""
+@pytest.mark.parametrize('d, dx, keys_fold, both', [(16, 32, True, True), (32, 64, False, False)])
+def test_line_backward_folds_but_where_the_keys_programs_registers_are_full(d, dx, keys_fold, both):
+    """sm_80's backward on columns of 100 tokens (32 x 32 tiles) given the parts: the queries' role takes the other
+    tokens' terms in its products, and so does the keys' but at head dim 32 with 64 value channels; both roles
+    share a launch where their own-token sums are small (head dim 16)."""
     from mmppma.ops.line import triton_impl as line
     q = torch.empty(1, 2, 100, 3, d, dtype=torch.bfloat16, device='meta')
     x = torch.empty(1, 2, 100, 3, dx, dtype=torch.bfloat16, device='meta')
     c = torch.empty(1, 2, 100, 3, device='meta')
     launches, _ = line.backward_launches(q, q, x, c, x.float(), c, x, 0.25, True, 80,
                                          parts=line.table_parts_buffer(q))
-    assert [(x.constexprs['KEYS'], x.constexprs['BLOCK_OWN'], x.constexprs['FOLD']) for x in launches] == [
-        (True, 32, keys_fold), (False, 32, True)]
+    flags = [x.constexprs for x in launches]
+    assert [(f['BOTH'], f['KEYS'], f['BLOCK_OWN'], f['FOLD']) for f in flags] == (
+        [(True, False, 32, True)] if both else [(False, True, 32, True), (False, False, 32, True)])
+    assert [f['FOLD'] and not line.keys_full(f['BLOCK_OWN'], f['BLOCK_D'], f['BLOCK_X'])
+            for f in flags if f['KEYS'] or f['BOTH']] == [keys_fold]
 
 
 def test_whole_kernel_backward_extra_memory_is_linear_in_n():

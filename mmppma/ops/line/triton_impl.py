@@ -452,40 +452,22 @@ def sums_by_dot(precision, keys, block_own, block_x):
     return precision != 'ieee' and not (keys and block_own * block_x >= 64 * 64)
 
 
+@triton.constexpr_function
+def keys_full(block_own, block_d, block_x):
+    """Whether the keys' programs of a backward have no registers left for the parts' product: those of 32 own
+    tokens at head dim 32 with 64 value channels (254 registers on sm_80 without it; 40 B spilled with it)."""
+    return block_own <= 32 and block_d >= 32 and block_x >= 64
+
+
 @triton.jit
-def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr, g1_ptr, g2_ptr, gc_ptr, scale,
-              heads, H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, o_b, o_n, o_h, o_w,
-              KEYS: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr,
-              BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr, RAGGED: tl.constexpr,
-              ACC_G1: tl.constexpr, ACC_GC: tl.constexpr, FOLD: tl.constexpr):
-    """One program per block of BLOCK_OWN keys (KEYS: g1 = dk, g2 = dx) or queries (g1 = dq) of one line, looping
-    over the line's other tokens in the forward's three parts, MIXED first (fewer registers live there;
-    :func:`_bwd_part`; RAGGED: :func:`ragged`). gc is the table gradient: the own tokens' part, sum
-    over the other tokens of sgn(query - key) dS (the segment-sum convention; a token's terms with itself cancel),
-    added by the queries' programs and subtracted by the keys'. With ACC_G1 /
-    ACC_GC the program adds g1 / gc to what the buffer holds (an earlier launch's), else stores it: one writer per
-    token in a launch, so the sums are in launch order. Tiles are (own x other tokens). Own tokens past the line
-    compute rows that are never stored. q, k, x and the output gradient are read by strides ((B, heads, H, W, .),
-    strides (x_b, x_n, x_h, x_w, 1)); the table, lse, delta and the gradients (float32) are contiguous. FOLD: the
-    other blocks before and after the own block's take the other tokens' table and (KEYS) lse from the forward's
-    ``parts`` (:func:`_line_fwd`) in the scores' product."""
-    blocks = tl.cdiv(L, BLOCK_OWN)
-    line = tl.program_id(0) // blocks
-    q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
-        line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, COLUMNS)
-    o_off, o_base, o_step = _strided_line(line, n_lines, heads, o_b, o_n, o_h, o_w, COLUMNS)
-    do_ptr += o_off
-    g1_ptr += first * D
-    g2_ptr += first * DX
-    lse_ptr += first
-    delta_ptr += first
-    parts_ptr += first * 16
-    gc_ptr += first
-    own_start = tl.program_id(0) % blocks * BLOCK_OWN
-    offs, mask, tok = token_block(own_start, BLOCK_OWN, L, c_base, c_step)
+def _bwd_role(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr, scale, L, D, DX, c_own, own_start,
+              offs, mask, tok, c_base, c_step, q_base, q_step, x_base, x_step, o_base, o_step, KEYS: tl.constexpr,
+              COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_X: tl.constexpr, PRECISION: tl.constexpr, RAGGED: tl.constexpr, FOLD: tl.constexpr):
+    """One role's sums for a block of own tokens (:func:`_line_bwd`): (g1, g2, gc) - KEYS: dk / scale, dx and the
+    keys' table-gradient part; else dq / scale, g1 again and the queries'."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
-    c_own = tl.load(c_ptr + tok, mask=mask, other=0.0)
     others = tl.arange(0, BLOCK_OTHER)
     if KEYS:
         a = load_rows(k_ptr, q_base + offs * q_step, mask, offs_d, D)
@@ -520,13 +502,62 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
     g1, g2, gc = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, hi, L, L, b_step, db_step,
                            c_step, b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, AFTER, RAGGED, KEYS, PRECISION,
                            SUMS_BY_DOT, COLUMNS, FOLD)
-    g1 = g1 * scale
-    gc = row_sums(gc)
-    if ACC_G1:
-        g1 += load_tile(g1_ptr, tok, mask, offs_d, D)
-    store_tile(g1_ptr, tok, mask, offs_d, D, g1)
-    if KEYS:
-        store_tile(g2_ptr, tok, mask, offs_x, DX, g2)
+    return g1, g2, row_sums(gc)
+
+
+@triton.jit
+def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr, dq_ptr, dk_ptr, dx_ptr, gc_ptr,
+              scale, heads, H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, o_b, o_n, o_h, o_w,
+              KEYS: tl.constexpr, BOTH: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr,
+              BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr,
+              RAGGED: tl.constexpr, ACC_DQ: tl.constexpr, ACC_DK: tl.constexpr, ACC_GC: tl.constexpr,
+              FOLD: tl.constexpr):
+    """One program per block of BLOCK_OWN keys (KEYS: dk and dx) or queries (dq) of one line, or (BOTH, where own
+    and other blocks are equal: :func:`roles_in_one_launch`) the queries' role and then the keys' on the same
+    block: a launch less per pass (the keys' first take more registers: their sums' offsets are kept for the
+    queries').
+    Each role loops over the line's other tokens in the forward's three parts, MIXED first (fewer registers live
+    there; :func:`_bwd_part`; RAGGED: :func:`ragged`). gc is the table gradient: the own tokens' part, sum over
+    the other tokens of sgn(query - key) dS (the segment-sum convention; a token's terms with itself cancel),
+    added by the queries' role and subtracted by the keys'. With ACC_DQ, ACC_DK / ACC_GC the program adds dq, dk
+    / gc to what the buffer holds (an earlier launch's), else stores it: one writer per token in a launch, so the
+    sums are in launch order. Tiles are (own x other tokens). Own tokens past the line compute rows that are never
+    stored. q, k, x and the output gradient are read by strides ((B, heads, H, W, .), strides (x_b, x_n, x_h,
+    x_w, 1)); the table, lse, delta and the gradients (float32) are contiguous. FOLD: the other blocks before and
+    after the own block's take the other tokens' table and (the keys' role, unless :func:`keys_full`) lse from the
+    forward's ``parts`` (:func:`_line_fwd`) in the scores' product."""
+    line = tl.program_id(0) // tl.cdiv(L, BLOCK_OWN)
+    q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
+        line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, COLUMNS)
+    o_off, o_base, o_step = _strided_line(line, n_lines, heads, o_b, o_n, o_h, o_w, COLUMNS)
+    do_ptr += o_off
+    lse_ptr += first
+    delta_ptr += first
+    parts_ptr += first * 16
+    gc_ptr += first
+    own_start = tl.program_id(0) % tl.cdiv(L, BLOCK_OWN) * BLOCK_OWN
+    offs, mask, tok = token_block(own_start, BLOCK_OWN, L, c_base, c_step)
+    offs_d = tl.arange(0, BLOCK_D)
+    c_own = tl.load(c_ptr + tok, mask=mask, other=0.0)
+    args = (q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr, scale, L, D, DX, c_own, own_start,
+            offs, mask, tok, c_base, c_step, q_base, q_step, x_base, x_step, o_base, o_step)
+    gc = tl.zeros_like(c_own)
+    if not KEYS or BOTH:
+        dq, _, gc = _bwd_role(*args, False, COLUMNS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_X, PRECISION, RAGGED,
+                              FOLD)
+        dq = dq * scale
+        if ACC_DQ:
+            dq += load_tile(dq_ptr + first * D, tok, mask, offs_d, D)
+        store_tile(dq_ptr + first * D, tok, mask, offs_d, D, dq)
+    if KEYS or BOTH:
+        dk, dx, gc_k = _bwd_role(*args, True, COLUMNS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_X, PRECISION, RAGGED,
+                                 FOLD and not keys_full(BLOCK_OWN, BLOCK_D, BLOCK_X))
+        gc += gc_k
+        dk = dk * scale
+        if ACC_DK:
+            dk += load_tile(dk_ptr + first * D, tok, mask, offs_d, D)
+        store_tile(dk_ptr + first * D, tok, mask, offs_d, D, dk)
+        store_tile(dx_ptr + first * DX, tok, mask, tl.arange(0, BLOCK_X), DX, dx)
     if ACC_GC:
         gc += tl.load(gc_ptr + tok, mask=mask, other=0.0)
     tl.store(gc_ptr + tok, gc, mask=mask)
@@ -554,12 +585,6 @@ def _forward_folds(cfg: lp.Config, dtype: torch.dtype, d: int, length: int) -> b
     it can (:func:`_folds`), on blocks of 64 queries, or of 32 at head dims up to 16 (at 32, sm_80's 32-query loop
     is predicted no shorter with the product and its launch slower: docs/kernel_model.md)."""
     return (cfg.block_m >= 64 or d <= 16) and _folds(dtype, length, cfg.block_m)
-
-
-def _keys_full(keys: bool, own: int, d: int, dx: int) -> bool:
-    """Whether a backward launch's programs have no registers left for the parts' product: the keys' programs of 32
-    own tokens at head dim 32 with 64 value channels (254 registers on sm_80 without it; 40 B spilled with it)."""
-    return keys and own <= 32 and d >= 32 and dx >= 64
 
 
 def _folds(dtype: torch.dtype, length: int, own: int) -> bool:
@@ -645,14 +670,27 @@ def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dty
 
 
 
+#: the most float32 registers per thread that a backward program's own-token sums (dk and dx: own x (d + dx)
+#: values over its threads) take where both roles share a launch: more, and the kernel of both roles (whose
+#: registers exceed the larger role's) spills at the configs' tiles (sm_90, 64 x 64 at head dim 32: 132-468 B)
+BOTH_ROLES_SUMS = 24
+
+
+def roles_in_one_launch(cfg: lp.Config, d: int, dx: int) -> bool:
+    """Whether a backward of ``cfg``'s blocks runs both roles in one launch (:func:`_line_bwd`'s BOTH): equal own
+    and other blocks, and own-token sums within :data:`BOTH_ROLES_SUMS` registers per thread."""
+    return (cfg.block_m == cfg.block_n
+            and cfg.block_m * (lp.pow2(d) + lp.pow2(dx)) <= BOTH_ROLES_SUMS * 32 * cfg.num_warps)
+
+
 def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int, dq=None, dk=None, dc=None,
                       parts=None):
-    """The backward's launches (the keys' programs, then the queries') and the buffers they fill: dq, dk, dx
-    (float32, shaped as q, k, x, contiguous) and dc (float32, as c). q, k, x, c, dout as :func:`forward_launches`
-    takes q, k, x, c; out, lse as it returns them. A given ``dq``, ``dk`` or ``dc`` (an earlier pass's, of the same
-    q, k or table) is added to, not replaced. Given the ``parts`` the forward passes wrote (both tables' and this
-    pass's lse), the programs take the other tokens' terms from there in the scores' products where lines are
-    longer than their own blocks (half precision)."""
+    """The backward's launches (one of both roles, or the keys' programs and then the queries': :func:`_line_bwd`)
+    and the buffers they fill: dq, dk, dx (float32, shaped as q, k, x, contiguous) and dc (float32, as c). q, k, x,
+    c, dout as :func:`forward_launches` takes q, k, x, c; out, lse as it returns them. A given ``dq``, ``dk`` or
+    ``dc`` (an earlier pass's, of the same q, k or table) is added to, not replaced. Given the ``parts`` the forward
+    passes wrote (both tables' and this pass's lse), the programs take the other tokens' terms from there in the
+    scores' products where lines are longer than their own blocks (half precision)."""
     b, heads, hh, ww, d = q.shape
     dx_dim = x.shape[-1]
     length, n_lines = (hh, ww) if columns else (ww, hh)
@@ -667,17 +705,20 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
     qs, xs, os_ = q.stride(), x.stride(), dout.stride()
     args = (scale, heads, hh, ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0],
             xs[1], xs[2], xs[3], os_[0], os_[1], os_[2], os_[3])
+    # one launch of both roles (each program the queries' role and then the keys' on its block) or the keys'
+    # programs first (their table part is stored, or added), then the queries' (added to it)
+    roles = (None, ) if roles_in_one_launch(cfg, d, dx_dim) else (True, False)
     launches = []
-    # the keys' programs first: their table part is stored (or added), the queries' added to it
-    for keys, own, other, grads, acc in ((True, cfg.block_n, cfg.block_m, (dk, dx, dc), (acc_k, acc_c)),
-                                         (False, cfg.block_m, cfg.block_n, (dq, dq, dc), (acc_q, True))):
+    for keys in roles:
+        own, other = (cfg.block_n, cfg.block_m) if keys else (cfg.block_m, cfg.block_n)
         launches.append(lp.Launch(_line_bwd, (lp.cdiv(length, own) * b * heads * n_lines, ),
-                                  (q, k, x, c, dout, lse, delta, dq if parts is None else parts, *grads, *args),
-                                  dict(KEYS=keys, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d),
-                                       BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype),
-                                       RAGGED=ragged(length, other), ACC_G1=acc[0], ACC_GC=acc[1],
-                                       FOLD=parts is not None and _folds(q.dtype, length, own)
-                                       and not _keys_full(keys, own, d, dx_dim)), cfg, q.device))
+                                  (q, k, x, c, dout, lse, delta, dq if parts is None else parts, dq, dk, dx, dc,
+                                   *args),
+                                  dict(KEYS=bool(keys), BOTH=keys is None, COLUMNS=columns, BLOCK_OWN=own,
+                                       BLOCK_OTHER=other, BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx_dim),
+                                       PRECISION=lp.precision(q.dtype), RAGGED=ragged(length, other), ACC_DQ=acc_q,
+                                       ACC_DK=acc_k, ACC_GC=acc_c if keys is not False else True,
+                                       FOLD=parts is not None and _folds(q.dtype, length, own)), cfg, q.device))
     return launches, (dq, dk, dx, dc)
 
 
