@@ -320,6 +320,24 @@ def test_sm_100_loops_are_found_and_its_paired_float32_instructions_count_twice(
     assert cost['tensor'] == 16 * 8 * 16  # one m16 n8 k16 product per warp
 
 
+def test_a_kernel_without_loops_is_priced_whole(monkeypatch):
+    """A kernel whose products are in no loop (a line backward's programs on lines of one block) costs its every
+    instruction up to its EXIT, once."""
+    sass_cost = load_tool('sass_cost.py')
+    text = """
+        /*0000*/                   S2R R0, SR_TID.X ;                            /* 0x0000000000007919 */
+        /*0010*/                   HMMA.16816.F32 R4, R8, R12, RZ ;              /* 0x0000000c0804723c */
+        /*0020*/                   MUFU.EX2 R4, R4 ;                             /* 0x0000000400047308 */
+        /*0030*/                   HMMA.16816.F32 R4, R8, R12, RZ ;              /* 0x0000000c0804723c */
+        /*0040*/                   EXIT ;                                        /* 0x000000000000794d */
+        /*0050*/                   BRA 0x50 ;                                    /* 0xfffffffc00fc7947 */
+    """
+    monkeypatch.setattr(sass_cost, 'sass_text', lambda cubin: text)
+    assert sass_cost.key_loop(sass_cost.parse(text)) is None  # (the branch to itself past EXIT: no key loop)
+    cost = sass_cost.loop_cost(b'')
+    assert (cost['mma'], cost['mufu'], cost['all'], cost['tensor']) == (2, 1, 5, 2 * 16 * 8 * 16)
+
+
 @pytest.mark.slow
 def test_half_precision_rows_need_tensor_cores_which_sm_75_lacks(compile_env):
     """--arch takes sm_75 (no launch table: impl='auto' takes the torch path there) besides the tabled sm_120;

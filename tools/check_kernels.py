@@ -872,7 +872,7 @@ def tile_text(c: dict) -> str:
     text += [f'{name[6:].lower()}{c[name]}' for name in ('BLOCK_D', 'BLOCK_DV', 'BLOCK_X') if name in c]
     text += ['keys'] * bool(c.get('KEYS')) + ['both'] * bool(c.get('BOTH'))
     text += [name.lower() for name in ('COLUMNS', 'SIGNED', 'LSE_GIVEN', 'FOLD', 'FOLD_V', 'FOLD_H', 'WRITE_TABLES',
-                                       'WRITE_LSE') if c.get(name)]
+                                       'WRITE_LSE', 'ONE_BLOCK') if c.get(name)]
     text += [f'{c["PRECISION"]}'] if c.get('PRECISION') else []
     return ' '.join(text)
 

@@ -8,9 +8,10 @@ products, sm_80 to sm_120; HGMMA for sm_90's warp-group products; UTCHMMA for sm
 barrier waits retry in stubs after the kernel's body that branch back into the loop and are not counted): the loop
 over the other tokens' blocks in every attention kernel here; where a kernel has several such loops that hold no
 other (one per map, role or range of key rows it can run), the longest. Exact float32 products run on the FMA units,
-unrolled: a kernel without MMAs takes its longest loop. A loop inside the key loop (whole attention's backward keeps its
-corner rows in one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues, and
-``inner`` says how many there are. Its instructions are counted as laid out (each once: a predicated-off or
+unrolled: a kernel without MMAs takes its longest loop; a kernel whose MMAs are in no loop, its code up to its last
+EXIT (one iteration per program). A loop inside the key loop (whole attention's backward keeps its corner rows in
+one) counts once, as laid out: such a row's count is a lower bound of what an iteration issues, and ``inner`` says
+how many there are. Its instructions are counted as laid out (each once: a predicated-off or
 branched-over instruction counts too), per warp, except sm_100's paired float32 instructions (FADD2, FMUL2, FFMA2),
 which count as the two they stand for: they save issue slots, not float32 work, so that the same arithmetic is
 priced alike on every target.
@@ -108,11 +109,13 @@ def loops(instructions: List[Tuple[int, str, str]]) -> List[Tuple[int, int]]:
 
 def key_loop(instructions: List[Tuple[int, str, str]]) -> Optional[Tuple[int, int]]:
     """(first, last) instruction index of the innermost loop holding an MMA (no such loop inside it), the longest
-    of them where a kernel has several (one per map, role or range of key rows), else of the longest loop (see the
-    module docstring); None if there is no loop."""
+    of them where a kernel has several (one per map, role or range of key rows), else (a kernel without MMAs) of the
+    longest loop (see the module docstring); None if there is no such loop."""
     innermost = key_loops(instructions)
     if innermost:
         return innermost[0]
+    if any(classify(op) == 'mma' for _, op, _ in instructions):  # products outside any loop: no key loop
+        return None
     spans = [(a, b) for a, b in loops(instructions) if all(op != 'EXIT' for _, op, _ in instructions[a:b + 1])]
     return max(spans, key=lambda span: span[1] - span[0]) if spans else None
 
@@ -150,7 +153,10 @@ def loop_cost(cubin: bytes) -> Dict[str, int]:
     text = sass_text(cubin)
     instructions, shapes = parse(text), modifiers(text)
     span = key_loop(instructions)
-    first, last = span if span else (0, -1)
+    # a kernel whose products are in no loop (a line backward's programs on lines of one block): its code to its
+    # last EXIT, once
+    exits = [index for index, (_, op, _) in enumerate(instructions) if op == 'EXIT']
+    first, last = span if span else (0, exits[-1] if exits else len(instructions) - 1)
     cost = _span_cost(instructions, shapes, first, last)
     cost['inner'] = sum(first <= a and b <= last and (a, b) != (first, last) for a, b in loops(instructions))
     others = key_loops(instructions)[1:]

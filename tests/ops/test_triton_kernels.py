@@ -465,6 +465,36 @@ def test_criss_cross_writes_the_tables_parts_where_a_pass_takes_them(monkeypatch
     assert (out[-1] is None) == (not flags[0][0])
 
 
+@pytest.mark.parametrize('columns', [False, True])
+def test_line_backward_on_lines_of_one_block_against_float64(columns):
+    """Lines of one block whose roles would take two launches (sm_90, bfloat16, 28 tokens in 32, head dim 32): one
+    launch computes both roles from one tile of scores (ONE_BLOCK), the padded tokens contributing nothing; the
+    gradients it adds to buffers an earlier pass filled (dq, dk, the table's) against float64."""
+    from mmppma.ops.line import triton_impl as line
+    g = torch.Generator().manual_seed(28)
+    shape = (1, 2, 28, 3, 32) if columns else (1, 2, 3, 28, 32)
+    q, k, x, dout = (torch.randn(*shape, generator=g).to(torch.bfloat16) for _ in range(4))
+    c = (-0.3 * torch.rand(*shape[:-1], generator=g)).cumsum(2 if columns else 3)
+    wide = [t.double().requires_grad_() for t in (q, k, x, c)]
+    qd, kd, xd, cd = (t.transpose(2, 3) if columns else t for t in wide)
+    bias = -(cd[..., :, None] - cd[..., None, :]).abs()
+    want = ((qd @ kd.transpose(-1, -2)) * 0.25 + bias).softmax(-1) @ xd
+    want = want.transpose(2, 3) if columns else want
+    want_grads = torch.autograd.grad(want, wide, dout.double())
+    launches, out, lse = line.forward_launches(q, k, x, c, 0.25, columns, 90)
+    lp.run(launches)
+    earlier = [torch.randn(t.shape, generator=g) for t in (q, k, c)]
+    launches, grads = line.backward_launches(q, k, x, c, out, lse, dout, 0.25, columns, 90,
+                                             *(t.clone() for t in earlier))
+    assert [(x.constexprs['ONE_BLOCK'], x.constexprs['BOTH']) for x in launches] == [(True, False)]
+    lp.run(launches)
+    dq, dk, dx, dc = grads
+    for name, got, ref in (('dq', dq - earlier[0], want_grads[0]), ('dk', dk - earlier[1], want_grads[1]),
+                           ('dx', dx, want_grads[2]), ('dc', dc - earlier[2], want_grads[3])):
+        error = ((got.double() - ref).norm() / ref.norm()).item()
+        assert error < 1e-2, f'{name}: relative error {error:.1e}'
+
+
 @pytest.mark.parametrize('d, dx, keys_fold, both', [(16, 32, True, True), (32, 64, False, False)])
 def test_line_backward_folds_but_where_the_keys_programs_registers_are_full(d, dx, keys_fold, both):
     """sm_80's backward on columns of 100 tokens (32 x 32 tiles) given the parts: the queries' role takes the other

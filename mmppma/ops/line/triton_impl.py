@@ -506,12 +506,61 @@ def _bwd_role(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
 
 
 @triton.jit
+def _bwd_line_block(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, scale, L, D, DX, offs, mask, tok, q_base,
+                    q_step, x_base, x_step, o_base, o_step, c_base, c_step, BLOCK: tl.constexpr,
+                    BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr):
+    """Both roles' sums on a line of one block (:func:`_line_bwd`'s ONE_BLOCK) from one (query x key) tile of scores:
+    (dq, dk, dx, gc). P and dS are the line's; dq = scale dS k, dk = scale dS^T q, dx = P^T dO; gc sums sgn(query
+    - key) dS over the keys (the queries' part) and minus it over the queries (the keys'). The key block is read in
+    a loop over the line's key blocks, as the other kernels read theirs (one iteration: the line is one block).
+    Tokens past the line read a table of +inf as keys and an lse of +inf as queries: their probabilities are 0."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_x = tl.arange(0, BLOCK_X)
+    q = load_rows(q_ptr, q_base + offs * q_step, mask, offs_d, D)
+    do = load_rows(do_ptr, o_base + offs * o_step, mask, offs_x, DX)
+    c_q = tl.load(c_ptr + tok, mask=mask, other=0.0)
+    lse = tl.load(lse_ptr + tok, mask=mask, other=float('inf')) * LOG2E_
+    delta = tl.load(delta_ptr + tok, mask=mask, other=0.0)
+    dq = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+    dk = tl.zeros([BLOCK, BLOCK_D], tl.float32)
+    dx = tl.zeros([BLOCK, BLOCK_X], tl.float32)
+    by_query = tl.zeros([BLOCK], tl.float32)
+    by_key = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, L, BLOCK):
+        keys = start + tl.arange(0, BLOCK)
+        in_line = keys < L
+        k = load_rows(k_ptr, q_base + keys * q_step, in_line, offs_d, D)
+        x = load_rows(x_ptr, x_base + keys * x_step, in_line, offs_x, DX)
+        c_k = tl.load(c_ptr + c_base + keys * c_step, mask=in_line, other=float('inf'))
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale - tl.abs(c_q[:, None] - c_k[None, :])
+        p = tl.math.exp2(s * LOG2E_ - lse[:, None])
+        dx = tl.dot(tl.trans(p.to(do.dtype)), do, dx, input_precision=PRECISION)
+        ds = p * (tl.dot(do, tl.trans(x), input_precision=PRECISION) - delta[:, None])
+        order = offs[:, None] - keys[None, :]
+        signed = tl.where(order > 0, ds, tl.where(order < 0, -ds, 0.0))
+        by_query += tl.sum(signed, 1)
+        by_key += tl.sum(signed, 0)
+        ds = ds.to(q.dtype)
+        dq = tl.dot(ds, k, dq, input_precision=PRECISION)
+        dk = tl.dot(tl.trans(ds), q, dk, input_precision=PRECISION)
+    return dq * scale, dk * scale, dx, by_query - by_key
+
+
+@triton.jit
+def _write(ptr, tok, mask, cols, n, value, ACC: tl.constexpr):
+    """Store a (token x n) float32 tile at the tokens' rows, or (ACC) add it to what they hold."""
+    if ACC:
+        value += load_tile(ptr, tok, mask, cols, n)
+    store_tile(ptr, tok, mask, cols, n, value)
+
+
+@triton.jit
 def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr, dq_ptr, dk_ptr, dx_ptr, gc_ptr,
               scale, heads, H, W, L, n_lines, D, DX, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, o_b, o_n, o_h, o_w,
               KEYS: tl.constexpr, BOTH: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr,
               BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr,
               RAGGED: tl.constexpr, ACC_DQ: tl.constexpr, ACC_DK: tl.constexpr, ACC_GC: tl.constexpr,
-              FOLD: tl.constexpr):
+              FOLD: tl.constexpr, ONE_BLOCK: tl.constexpr):
     """One program per block of BLOCK_OWN keys (KEYS: dk and dx) or queries (dq) of one line, or (BOTH, where own
     and other blocks are equal: :func:`roles_in_one_launch`) the queries' role and then the keys' on the same
     block: a launch less per pass (the keys' first take more registers: their sums' offsets are kept for the
@@ -525,7 +574,9 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
     stored. q, k, x and the output gradient are read by strides ((B, heads, H, W, .), strides (x_b, x_n, x_h,
     x_w, 1)); the table, lse, delta and the gradients (float32) are contiguous. FOLD: the other blocks before and
     after the own block's take the other tokens' table and (the keys' role, unless :func:`keys_full`) lse from the
-    forward's ``parts`` (:func:`_line_fwd`) in the scores' product."""
+    forward's ``parts`` (:func:`_line_fwd`) in the scores' product. ONE_BLOCK (lines of one block, own and other):
+    one program per line computes both roles from one tile of scores (:func:`_bwd_line_block`; KEYS, BOTH and
+    FOLD aside)."""
     line = tl.program_id(0) // tl.cdiv(L, BLOCK_OWN)
     q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
         line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, COLUMNS)
@@ -541,23 +592,29 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
     c_own = tl.load(c_ptr + tok, mask=mask, other=0.0)
     args = (q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr, scale, L, D, DX, c_own, own_start,
             offs, mask, tok, c_base, c_step, q_base, q_step, x_base, x_step, o_base, o_step)
-    gc = tl.zeros_like(c_own)
-    if not KEYS or BOTH:
-        dq, _, gc = _bwd_role(*args, False, COLUMNS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_X, PRECISION, RAGGED,
-                              FOLD)
-        dq = dq * scale
-        if ACC_DQ:
-            dq += load_tile(dq_ptr + first * D, tok, mask, offs_d, D)
-        store_tile(dq_ptr + first * D, tok, mask, offs_d, D, dq)
-    if KEYS or BOTH:
-        dk, dx, gc_k = _bwd_role(*args, True, COLUMNS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_X, PRECISION, RAGGED,
-                                 FOLD and not keys_full(BLOCK_OWN, BLOCK_D, BLOCK_X))
-        gc += gc_k
-        dk = dk * scale
-        if ACC_DK:
-            dk += load_tile(dk_ptr + first * D, tok, mask, offs_d, D)
-        store_tile(dk_ptr + first * D, tok, mask, offs_d, D, dk)
-        store_tile(dx_ptr + first * DX, tok, mask, tl.arange(0, BLOCK_X), DX, dx)
+    dq_ptr += first * D
+    dk_ptr += first * D
+    dx_ptr += first * DX
+    offs_x = tl.arange(0, BLOCK_X)
+    if ONE_BLOCK:
+        dq, dk, dx, gc = _bwd_line_block(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, scale, L, D, DX, offs,
+                                         mask, tok, q_base, q_step, x_base, x_step, o_base, o_step, c_base, c_step,
+                                         BLOCK_OWN, BLOCK_D, BLOCK_X, PRECISION)
+        _write(dq_ptr, tok, mask, offs_d, D, dq, ACC_DQ)
+        _write(dk_ptr, tok, mask, offs_d, D, dk, ACC_DK)
+        _write(dx_ptr, tok, mask, offs_x, DX, dx, False)
+    else:
+        gc = tl.zeros_like(c_own)
+        if not KEYS or BOTH:
+            dq, _, gc = _bwd_role(*args, False, COLUMNS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_X, PRECISION, RAGGED,
+                                  FOLD)
+            _write(dq_ptr, tok, mask, offs_d, D, dq * scale, ACC_DQ)
+        if KEYS or BOTH:
+            dk, dx, gc_k = _bwd_role(*args, True, COLUMNS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_X, PRECISION,
+                                     RAGGED, FOLD and not keys_full(BLOCK_OWN, BLOCK_D, BLOCK_X))
+            gc += gc_k
+            _write(dk_ptr, tok, mask, offs_d, D, dk * scale, ACC_DK)
+            _write(dx_ptr, tok, mask, offs_x, DX, dx, False)
     if ACC_GC:
         gc += tl.load(gc_ptr + tok, mask=mask, other=0.0)
     tl.store(gc_ptr + tok, gc, mask=mask)
@@ -705,20 +762,24 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
     qs, xs, os_ = q.stride(), x.stride(), dout.stride()
     args = (scale, heads, hh, ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0],
             xs[1], xs[2], xs[3], os_[0], os_[1], os_[2], os_[3])
-    # one launch of both roles (each program the queries' role and then the keys' on its block) or the keys'
-    # programs first (their table part is stored, or added), then the queries' (added to it)
-    roles = (None, ) if roles_in_one_launch(cfg, d, dx_dim) else (True, False)
+    # one launch of both roles (each program the queries' role and then the keys' on its block; on lines of one
+    # block whose roles would take two launches, both from one tile of scores) or the keys' programs first (their
+    # table part is stored, or added), then the queries' (added to it)
+    both = roles_in_one_launch(cfg, d, dx_dim)
+    one_block = cfg.block_m == cfg.block_n and length <= cfg.block_m and not both
+    roles = (None, ) if one_block or both else (True, False)
     launches = []
     for keys in roles:
         own, other = (cfg.block_n, cfg.block_m) if keys else (cfg.block_m, cfg.block_n)
         launches.append(lp.Launch(_line_bwd, (lp.cdiv(length, own) * b * heads * n_lines, ),
                                   (q, k, x, c, dout, lse, delta, dq if parts is None else parts, dq, dk, dx, dc,
                                    *args),
-                                  dict(KEYS=bool(keys), BOTH=keys is None, COLUMNS=columns, BLOCK_OWN=own,
-                                       BLOCK_OTHER=other, BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx_dim),
+                                  dict(KEYS=bool(keys), BOTH=keys is None and not one_block, COLUMNS=columns,
+                                       BLOCK_OWN=own, BLOCK_OTHER=other, BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx_dim),
                                        PRECISION=lp.precision(q.dtype), RAGGED=ragged(length, other), ACC_DQ=acc_q,
                                        ACC_DK=acc_k, ACC_GC=acc_c if keys is not False else True,
-                                       FOLD=parts is not None and _folds(q.dtype, length, own)), cfg, q.device))
+                                       FOLD=parts is not None and _folds(q.dtype, length, own),
+                                       ONE_BLOCK=one_block), cfg, q.device))
     return launches, (dq, dk, dx, dc)
 
 
