@@ -165,6 +165,8 @@ def test_sass_limits_fail_half_precision_rows_above_them():
     spec = dict(desc=desc, grid=(1, 1, 1), dtype='bf16')
     cost = dict(ok, sass=dict(all=300), flash=dict(all=100))
     assert tool.sass_ratio(spec, cost) == 3.0
+    both_roles = dict(spec, desc=dict(desc, constexprs=dict(desc['constexprs'], ONE_BLOCK=True)))
+    assert tool.sass_ratio(both_roles, cost) == 1.5  # a loop of both roles against two of the plain kernel's
     assert tool.per_score(spec, 128) == 0.125
     assert tool.status(spec, cost, 0) == 'ok'  # reported only
     limited = dict(spec, sass_limit=tool.sass_limit(spec))
@@ -321,8 +323,8 @@ def test_sm_100_loops_are_found_and_its_paired_float32_instructions_count_twice(
 
 
 def test_a_kernel_without_loops_is_priced_whole(monkeypatch):
-    """A kernel whose products are in no loop (a line backward's programs on lines of one block) costs its every
-    instruction up to its EXIT, once."""
+    """A kernel whose products are in no loop (straight-line code) costs its every instruction up to its EXIT, once,
+    not the branch to itself that pads the code past EXIT."""
     sass_cost = load_tool('sass_cost.py')
     text = """
         /*0000*/                   S2R R0, SR_TID.X ;                            /* 0x0000000000007919 */

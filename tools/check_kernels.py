@@ -265,8 +265,11 @@ def key_loop(spec: dict, result: dict) -> dict:
 
 def sass_ratio(spec: dict, result: dict) -> float:
     """The row's key-loop instructions (:func:`key_loop`) relative to its plain flash kernel's (same tiles: the
-    same scores per iteration); NaN where either has no key loop."""
+    same scores per iteration); NaN where either has no key loop. A line backward's loop of both roles (ONE_BLOCK)
+    against two of the plain kernel's (its reference is the queries' loop, the shorter role's: the keys' adds the
+    dV product)."""
     ours, flash = key_loop(spec, result).get('all', 0), result.get('flash', {}).get('all', 0)
+    flash *= 2 if spec['desc']['constexprs'].get('ONE_BLOCK') else 1
     return ours / flash if ours and flash else float('nan')
 
 

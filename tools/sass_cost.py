@@ -153,8 +153,8 @@ def loop_cost(cubin: bytes) -> Dict[str, int]:
     text = sass_text(cubin)
     instructions, shapes = parse(text), modifiers(text)
     span = key_loop(instructions)
-    # a kernel whose products are in no loop (a line backward's programs on lines of one block): its code to its
-    # last EXIT, once
+    # a kernel whose products are in no loop (straight-line code; the branch to itself past EXIT is no key loop):
+    # its code to its last EXIT, once
     exits = [index for index, (_, op, _) in enumerate(instructions) if op == 'EXIT']
     first, last = span if span else (0, exits[-1] if exits else len(instructions) - 1)
     cost = _span_cost(instructions, shapes, first, last)
