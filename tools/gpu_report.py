@@ -98,11 +98,11 @@ MODEL_OPS = {'whole': ('ppma_attention', 'path_decay_tables'), 'cc': ('criss_cro
 OP_ORDER = ('ppma_attention', 'manhattan_attention', 'criss_cross_attention', 'rmt_criss_cross_attention',
             'path_decay_tables')
 #: seconds to compile one specialization of each kernel for sm_90 with triton 3.6.0 on a 2-core CPU shared with
-#: other compiles (median over the 235 specializations of a run, through the JIT: ``--build-triton-cache`` prints
+#: other jobs (median over the 204 specializations of a run, through the JIT: ``--build-triton-cache`` prints
 #: them); a kernel missing here counts DEFAULT_SECONDS
-COMPILE_SECONDS: Dict[str, float] = {'_line_bwd': 1.77, '_line_fwd': 1.65, '_ppmla_bwd': 1.18, '_ppmla_fwd': 1.0,
-                                     '_scan_kernel': 0.64, '_tables_bwd': 0.69, '_tables_fwd': 0.57,
-                                     '_whole_bwd': 1.69, '_whole_fwd': 1.33}
+COMPILE_SECONDS: Dict[str, float] = {'_line_bwd': 1.71, '_line_fwd': 0.85, '_ppmla_bwd': 0.76, '_ppmla_fwd': 0.55,
+                                     '_scan_kernel': 0.22, '_tables_bwd': 0.48, '_tables_fwd': 0.33,
+                                     '_whole_bwd': 3.46, '_whole_fwd': 1.0}
 DEFAULT_SECONDS = 2.0
 #: the models of the model steps: (step, task, models, impls, train); 'release': the release's model
 CLS_MODELS = {'cls_infer_b64': [('PPMA', 'auto'), ('RMT', 'auto'), ('PPMA', 'torch'), ('PPMA', 'release'),
