@@ -269,8 +269,9 @@ def sass_ratio(spec: dict, result: dict) -> float:
     against two of the plain kernel's (its reference is the queries' loop, the shorter role's: the keys' adds the
     dV product)."""
     ours, flash = key_loop(spec, result).get('all', 0), result.get('flash', {}).get('all', 0)
-    flash *= 2 if spec['desc']['constexprs'].get('ONE_BLOCK') else 1
-    return ours / flash if ours and flash else float('nan')
+    if not (ours and flash):
+        return float('nan')
+    return ours / (flash * (2 if spec['desc']['constexprs'].get('ONE_BLOCK') else 1))
 
 
 def per_score(spec: dict, count: int) -> float:
