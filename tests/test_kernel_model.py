@@ -52,6 +52,40 @@ def test_whole_forward_tiles_match_a_walk_of_its_loops(h, w, own, other, cols):
     assert path == 'h2v' and tile[0] * tile[1] * tile[2] * tile[3] == _walk_whole_fwd(w, h, own, other, cols)[0]
 
 
+@pytest.mark.parametrize('h, w, own, other, cols', [(50, 84, 64, 64, 21), (7, 20, 16, 32, 5), (9, 16, 16, 32, 16)])
+def test_whole_forward_key_tiles_from_the_query_tile_row(h, w, own, other, cols):
+    """Key tiles that are not full, against query tiles of consecutive tokens over two map rows at most, start one
+    row below each query tile's first (``_fwd_map``'s SHIFTED bounds, walked here tile by tile): every key of the
+    map is visited once per query tile, each key tile lies on or above every query row or on or below them, and the
+    computed scores are the model's. 800 x 1344's stage 3 V2H path (tiles of 3 x 21: one place empty, rows past the
+    map): 94% real."""
+    from mmppma.ops.whole.triton_impl import shifted_key_tiles
+    assert shifted_key_tiles(h, w, cols, other, own)
+    key_rows, queries = other // cols, -(-h * w // own)
+    computed = real = 0
+    for tile in range(queries):
+        tokens = [t for t in range(tile * own, tile * own + own) if t < h * w]
+        first, last = tokens[0] // w, tokens[-1] // w
+        above = first + 1
+        starts = list(range(above - -(-above // key_rows) * key_rows, above, key_rows))
+        starts += list(range(above, above + -(-(h - above) // key_rows) * key_rows, key_rows))
+        seen = []
+        for c0, r0 in itertools.product(range(0, w, cols), starts):
+            assert r0 + key_rows - 1 <= first or r0 >= last
+            keys = [(r0 + place // cols, c0 + place % cols) for place in range(key_rows * cols)]
+            seen += [(r, c) for r, c in keys if 0 <= r < h and c < w]
+            computed += own * other
+        assert sorted(seen) == list(itertools.product(range(h), range(w)))
+        real += len(tokens) * len(seen)
+    desc = dict(kernel='_whole_fwd', constexprs=dict(V2H=True, H2V=False, BLOCK_M=own, COLS_V=cols, COLS_H=8,
+                                                     BLOCK_N=other, SCORES_LAYOUT=True))
+    [(path, (programs, iterations, o, t))] = model.tiles(desc, h, w, 2)
+    assert programs * iterations * o * t == pytest.approx(2 * computed)
+    assert model.real_scores(desc, h, w, 2) == 2 * real
+    if (h, w) == (50, 84):
+        assert real / computed == pytest.approx(0.94, abs=0.005)
+
+
 @pytest.mark.parametrize('rows, cols, own, key_rows, share', [(64, 32, 64, 2, 1 / 32), (32, 64, 64, 1, 0.0),
                                                                (14, 14, 64, 4, None), (7, 7, 64, 8, None)])
 def test_between_share_counts_the_forward_key_loop_between_the_query_rows(rows, cols, own, key_rows, share):

@@ -168,6 +168,17 @@ def _map_tiles(bh: int, rows: int, cols: int, own: int, other: int, chunk: Optio
     return programs, iterations, own, other
 
 
+def _shifted_iterations(rows: int, cols: int, own: int, other: int, chunk: int) -> Optional[float]:
+    """The forward's key-tile iterations per program, the mean over its query tiles, where its key tiles start one
+    row below each query tile's first (:func:`mmppma.ops.whole.triton_impl.shifted_key_tiles`); None elsewhere."""
+    from mmppma.ops.whole.triton_impl import shifted_key_tiles
+    if not shifted_key_tiles(rows, cols, chunk, other, own):
+        return None
+    key_rows, queries = other // chunk, _cdiv(rows * cols, own)
+    starts = [tile * own // cols + 1 for tile in range(queries)]
+    return _cdiv(cols, chunk) * sum(_cdiv(a, key_rows) + _cdiv(rows - a, key_rows) for a in starts) / queries
+
+
 def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int, int, int]]]:
     """Per part of a launch (a path of whole attention; the launch itself otherwise): (name, (programs, iterations
     per program, own tokens, other tokens)) on an h x w map with ``bh`` slices. Raises KeyError for kernels without
@@ -179,8 +190,11 @@ def tiles(desc: dict, h: int, w: int, bh: int) -> List[Tuple[str, Tuple[int, int
                                      ('h2v', c['H2V'], c.get('BLOCK_H'), c.get('COLS_H'))):
             if on:
                 rows, cols = (h, w) if path == 'v2h' else (w, h)
-                parts.append((path, _map_tiles(bh, rows, cols, own or c['BLOCK_M'], c['BLOCK_N'], chunk,
-                                               'BLOCK_M' in c)))
+                tile = _map_tiles(bh, rows, cols, own or c['BLOCK_M'], c['BLOCK_N'], chunk, 'BLOCK_M' in c)
+                if 'BLOCK_M' in c and c.get('SCORES_LAYOUT'):
+                    tile = (tile[0], _shifted_iterations(rows, cols, c['BLOCK_M'], c['BLOCK_N'], chunk)
+                            or tile[1]) + tile[2:]
+                parts.append((path, tile))
         return parts
     if kernel == '_whole_bwd':  # own tiles of BLOCK_OWN consecutive map tokens, or (BLOCK_V / BLOCK_H) of one row
         parts = []

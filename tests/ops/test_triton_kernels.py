@@ -149,16 +149,21 @@ def test_rows_a_query_tile_spans_by_counting():
             assert tile_rows_spanned(width, block) == counted, (width, block)
 
 
-@pytest.mark.parametrize('cols, shape', [(32, (1, 1, 3, 36, 16, 8)), (16, (1, 1, 4, 20, 16, 8))])
+@pytest.mark.parametrize('cols, shape', [(32, (1, 1, 3, 36, 16, 8)), (16, (1, 1, 4, 20, 16, 8)),
+                                         (5, (1, 1, 7, 20, 16, 8))])
 def test_whole_forward_key_rows_above_and_below_the_query_tile(monkeypatch, cols, shape):
     """On full key tiles (triton 3.7) the forward takes the column segment's sign as known for the key rows on or
     above every row of the query tile and on or below them, and its absolute value only between: key tiles of one
     row on a map whose query tiles span two rows at most have none between (3 x 36's V2H map, query tiles of 16);
     tiles of one row (its 36 x 3 transpose) or two (4 x 20, both paths) with key rows between; columns past the map
-    in the last chunk. Forced column counts; both equal the reference, gradients included (the log-normaliser
-    counts each key once)."""
+    in the last chunk. Tiles that are not full (7 x 20's V2H map: 6 rows of 5, two places empty, rows past the map)
+    start one row below each query tile's first, so none lies between. Forced column counts; all equal the
+    reference, gradients included (the log-normaliser counts each key once)."""
     from mmppma.ops.whole import triton_impl
-    monkeypatch.setattr(triton_impl, 'key_columns', lambda *args, **kwargs: cols)
+    key_columns = triton_impl.key_columns
+    # (the backward's column chunks are powers of two: other counts are forced on the forward only, which passes pow2)
+    monkeypatch.setattr(triton_impl, 'key_columns', lambda *args, **kwargs: cols if cols & (cols - 1) == 0 or (
+        'pow2' in kwargs) else key_columns(*args, **kwargs))
     triton_impl._FWD_PLANS.clear()
     triton_impl._BWD_PLANS.clear()
     ran = launched(monkeypatch)
@@ -167,47 +172,57 @@ def test_whole_forward_key_rows_above_and_below_the_query_tile(monkeypatch, cols
         forward = [x.constexprs for x in ran if x.name == '_whole_fwd'][-1]
         assert (forward['COLS_V'], forward['COLS_H'], forward['SCORES_LAYOUT']) == (
             cols, cols, lp.triton_version() >= (3, 7))
+        if cols == 5:
+            assert triton_impl.shifted_key_tiles(7, 20, 5, forward['BLOCK_N'], forward['BLOCK_M'])
     finally:
         triton_impl._FWD_PLANS.clear()
         triton_impl._BWD_PLANS.clear()
 
 
-@pytest.mark.parametrize('dtype', [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.heavy)])
-def test_whole_forward_takes_the_column_table_in_its_products(monkeypatch, dtype):
+@pytest.mark.parametrize('dtype, h, w, cols', [(torch.bfloat16, 8, 32, None), (torch.bfloat16, 7, 20, 5),
+                                               pytest.param(torch.float16, 8, 32, None, marks=pytest.mark.heavy)])
+def test_whole_forward_takes_the_column_table_in_its_products(monkeypatch, dtype, h, w, cols):
     """Half precision on full key tiles (triton 3.7): the products add the column table from its three bfloat16
     parts per key, so that the bias costs no addition per score there. On 8 x 32 (V2H: key tiles of one row of 32,
     H2V: 4 rows of 8; key rows above, between and below the query tiles) with tables down to -60, each path's output
-    is as close to float64's on the same rounded inputs as the forward that adds the table per score."""
+    is as close to float64's on the same rounded inputs as the forward that adds the table per score; likewise on
+    tiles that start one row below the query tile's first (7 x 20's V2H map in tiles of 6 rows of 5: keys before
+    and past the map read parts of -inf in the product)."""
     from mmppma.ops.whole import triton_impl as whole
 
     from .oracle import whole_attention
     if lp.triton_version() < (3, 7):
         pytest.skip('full key tiles in the scores\' layout need triton 3.7')
-    q, k, v, la, lb = inputs(1, 2, 8, 32, 16, seed=3, dtype=torch.float64)
+    if cols:
+        monkeypatch.setattr(whole, 'key_columns', lambda *args, **kwargs: cols)
+        monkeypatch.setattr(whole, '_FWD_PLANS', {})
+    forms = ('v2h', 'h2v') if cols is None else ('v2h', )
+    q, k, v, la, lb = inputs(1, 2, h, w, 16, seed=3, dtype=torch.float64)
     la, lb = la * 4, lb * 4
     q, k, v = (t.to(dtype) for t in (q, k, v))
     ran = launched(monkeypatch)
     errors = {}
     for fold_tokens in (0, 1 << 30):
         monkeypatch.setattr(whole, 'FOLD_TOKENS', fold_tokens)
-        for form in ('v2h', 'h2v'):
+        for form in forms:
             got = ops.ppma_attention(q, k, v, la.float(), lb.float(), scale=0.25, form=form, impl='triton')
             forward = [x.constexprs for x in ran if x.name == '_whole_fwd'][-1]
             assert forward['FOLD_V' if form == 'v2h' else 'FOLD_H'] == (fold_tokens == 0)
             want = torch.stack([torch.from_numpy(whole_attention(*(t[0, h].double().numpy() for t in (q, k, v, la, lb)),
                                                                  0.25, form)) for h in range(2)])
             errors[fold_tokens, form] = ((got[0].double() - want).norm() / want.norm()).item()
-    assert sum(x.name == '_whole_fwd_parts' for x in ran) == 2
-    for form in ('v2h', 'h2v'):
+    assert sum(x.name == '_whole_fwd_parts' for x in ran) == len(forms)
+    for form in forms:
         folded, added = errors[0, form], errors[1 << 30, form]
         assert folded < 1e-2 and folded < 1.2 * added + 1e-4, (form, folded, added)
 
 
 def test_whole_forward_folds_on_full_key_tiles_of_large_half_precision_maps(monkeypatch):
     """The parts' launch runs before the forward where a path folds: half precision, triton 3.7, FOLD_TOKENS map
-    tokens or more, and that path's key tiles full (Cityscapes' stage 3, 64 x 128: both paths in tiles of one row of
-    64; 800 x 1344's stage 3, 50 x 84: tiles of 3 x 21 and 6 x 10 with empty places, neither). Its grid covers every
-    token of each path and slice, and the model prices its bytes (a float32 entry read, 16 bfloat16 written)."""
+    tokens or more, and that path's key tiles full or starting one row below the query tile's first (Cityscapes'
+    stage 3, 64 x 128: both paths in tiles of one row of 64; 800 x 1344's stage 3, 50 x 84: the V2H path's tiles of 3
+    x 21, not the H2V path's of 6 x 10, whose query tiles span three rows). Its grid covers every token of each path
+    and slice, and the model prices its bytes (a float32 entry read, 16 bfloat16 written)."""
     from mmppma.ops.whole import triton_impl as whole
 
     from ..conftest import load_tool
@@ -226,7 +241,9 @@ def test_whole_forward_folds_on_full_key_tiles_of_large_half_precision_maps(monk
         assert parts.grid == (-(-64 * 128 // parts.constexprs['BLOCK']), 8, 2)
         assert check_kernels.MEMORY_PASSES['_whole_fwd_parts'](parts) == 2 * 8 * 64 * 128 * (4 + 32)
         assert [x.name for x in launches(64, 128, torch.float32)] == ['_whole_fwd']
-        assert [x.name for x in launches(50, 84, torch.bfloat16)] == ['_whole_fwd']
+        parts, forward = launches(50, 84, torch.bfloat16)
+        assert (forward.constexprs['FOLD_V'], forward.constexprs['FOLD_H']) == (True, False)
+        assert (forward.constexprs['COLS_V'], forward.constexprs['COLS_H']) == (21, 10)
         assert 32 * 64 < whole.FOLD_TOKENS and [x.name for x in launches(32, 64, torch.bfloat16)] == ['_whole_fwd']
     finally:
         whole._FWD_PLANS.clear()

@@ -79,6 +79,16 @@ def full_key_tiles(height, cols, block):
 
 
 @triton.constexpr_function
+def shifted_key_tiles(height, width, cols, block_n, block_m):
+    """Whether the forward's key tiles of ``block_n // cols`` map rows over ``cols`` columns, not full
+    (:func:`full_key_tiles`), start one row below the first map row of each query tile of ``block_m`` consecutive
+    tokens of a map ``width`` tokens wide (they span two rows at most): the key rows before that row lie on or above
+    every query row, the others on or below, so that no key tile lies between them. The first and last key tiles
+    may reach past the map (masked per key)."""
+    return not full_key_tiles(height, cols, block_n) and tile_rows_spanned(width, block_m) <= 2
+
+
+@triton.constexpr_function
 def between_loop(width, key_rows, block):
     """Whether the forward's full key tiles of ``key_rows`` map rows against query tiles of ``block`` consecutive
     tokens of a map ``width`` tokens wide have key rows between a query tile's rows (run in a loop of their own):
@@ -110,7 +120,8 @@ def _whole_fwd_parts(ca_ptr, cb_ptr, parts_ptr, inv_scale, BH, HH: tl.constexpr,
 def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale, r_from, r_to, key_c, in_row,
               tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
               EVEN: tl.constexpr, SIDE: tl.constexpr, FOLD: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr = None):
+              BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr = None,
+              SHIFTED: tl.constexpr = False):
     """:func:`_fwd_map`'s online softmax over the key tiles of map rows ``r_from`` to ``r_to`` (multiples of ROWS)
     of one column chunk: the running (m, sums, acc) after them. SIDE: the keys lie on or above every query row (-1:
     the bias is ``bias - T2[key]``), on or below them (1: ``bias + T2[key]``) or between (0: ``bias - |T2[corner] -
@@ -118,15 +129,17 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr,
     the query rows, +inf elsewhere: a bias of -inf. FOLD (SIDE -1 or 1): the product adds SIDE * T2[key] / scale,
     read as three bfloat16 parts per key from ``parts_ptr`` (:func:`_whole_fwd_parts`, in the map's order), by a
     product of a (query x 16) column of SIDE with the (key x 16) parts: no T2 per key on the CUDA cores. STAGES:
-    the loop's software-pipelining stages (None: the launch's)."""
+    the loop's software-pipelining stages (None: the launch's). SHIFTED: ``r_from`` may be negative and ``r_to``
+    past the map (:func:`shifted_key_tiles`), the rows off the map masked."""
     TAKE_T2: tl.constexpr = not (FOLD and SIDE != 0)
-    if not TAKE_T2:  # SIDE in the parts' three columns
-        side = tl.where(tl.arange(0, 16) < 3, SIDE * 1.0, 0.0).to(tl.bfloat16)
-        side = tl.broadcast_to(side[None, :], (q.shape[0], 16))
+    if not TAKE_T2:  # SIDE in every column (the parts' three, zeros after them): keys off the map read -SIDE * inf
+        side = tl.full((q.shape[0], 16), SIDE * 1.0, tl.float32).to(tl.bfloat16)
     for r0 in tl.range(r_from, r_to, ROWS, num_stages=STAGES):
         key_r = r0 + tile_rows
         if EVEN:
             mask_n = tl.full(in_row.shape, True, tl.int1)
+        elif SHIFTED:
+            mask_n = (key_r.to(tl.uint32) < H) & in_row
         else:
             mask_n = in_row if H % ROWS == 0 else (key_r < H) & in_row
         if TAKE_T2:
@@ -137,8 +150,10 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr,
                 t2_key = tl.load(t2_ptr + at, mask=mask_n, other=float('-inf') if SIDE > 0 else float('inf'))
             s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)),
                        input_precision=PRECISION)
-        else:  # (keys past the map take a bias of -inf from the tile: FULL tiles have none past its rows)
-            parts = load_rows(parts_ptr, (key_r * W + key_c) * 16, mask_n, tl.arange(0, 16), 16)
+        else:  # (keys past the map's columns and empty places take a bias of -inf from the tile, keys past its
+            # rows the parts -SIDE * inf)
+            parts = tl.load(parts_ptr + ((key_r * W + key_c) * 16)[:, None] + tl.arange(0, 16)[None, :],
+                            mask=mask_n[:, None], other=float('-inf') if SIDE > 0 else float('inf'))
             s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)),
                        tl.dot(side, tl.trans(parts)), input_precision=PRECISION)
         if not TAKE_T2:
@@ -178,18 +193,21 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, parts_ptr, o_ptr, lse_ptr, sca
     query p = (i, j) and key s = (k, l). The corner (i, l) takes the query's row and the key's column, so within a
     column chunk both corner entries are fixed per (query, key column): they are gathered once per chunk as tiles,
     with the row segment's term. Per score the bias then costs one difference and one addition (of the absolute
-    value); on full key tiles (FULL) the column segment's sign is known for the key rows on or above every query
-    row of the tile (T2[k, l] - T2[i, l]) and on or below them (T2[i, l] - T2[k, l]), so there the bias is one
-    tile plus or minus T2[key]: one addition per score (:func:`_fwd_keys`), or (FOLD) none, T2[key] added by the
-    scores' product from its parts. The logits stay in natural units: the softmax's ``exp2`` takes them times
-    log2(e) in the product that subtracts the row maximum. Keys past the map read T2 as +inf (-inf below the query
-    rows): a bias of -inf, no per-score mask. The softmax's denominators are a product of P with ones on the tensor
-    cores, not a sum per score. The key loops (over the chunk's rows) hold no loop of their own and are
-    software-pipelined (but the few key tiles between the query rows')."""
+    value); on full key tiles, and on the others where query tiles span two map rows at most (SHIFTED: the key
+    tiles then start one row below the query tile's first, :func:`shifted_key_tiles`), the column segment's sign is
+    known for the key rows on or above every query row of the tile (T2[k, l] - T2[i, l]) and on or below them
+    (T2[i, l] - T2[k, l]), so there (FULL) the bias is one tile plus or minus T2[key]: one addition per score
+    (:func:`_fwd_keys`), or (FOLD) none, T2[key] added by the scores' product from its parts. The logits stay in
+    natural units: the softmax's ``exp2`` takes them times log2(e) in the product that subtracts the row maximum.
+    Keys past the map read T2 as +inf (-inf below the query rows): a bias of -inf, no per-score mask. The softmax's
+    denominators are a product of P with ones on the tensor cores, not a sum per score. The key loops (over the
+    chunk's rows) hold no loop of their own and are software-pipelined (but the few key tiles between the query
+    rows')."""
     ROWS: tl.constexpr = BLOCK_N // COLS
     EVEN: tl.constexpr = H % ROWS == 0 and W % COLS == 0 and ROWS * COLS == BLOCK_N
-    # no key row past the map, no empty place: only columns past the map are masked, the same every iteration
-    FULL: tl.constexpr = SCORES_LAYOUT and full_key_tiles(H, COLS, BLOCK_N)
+    # (EVEN: no key row past the map, no empty place, no column past it)
+    SHIFTED: tl.constexpr = SCORES_LAYOUT and shifted_key_tiles(H, W, COLS, BLOCK_N, BLOCK_M)
+    FULL: tl.constexpr = SCORES_LAYOUT and (full_key_tiles(H, COLS, BLOCK_N) or SHIFTED)
     tok = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = tok < H * W
     row = tok // W
@@ -203,32 +221,57 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, parts_ptr, o_ptr, lse_ptr, sca
     t1_q = tl.load(t1_ptr + tok_t, mask=mask_m, other=0.0)
     m, sums, acc = online_softmax_start(BLOCK_M, BLOCK_DV, PRECISION)
     tile_rows = tl.arange(0, BLOCK_N) // COLS
-    # key tiles [0, above) lie on or above every query row (their rows <= the query tile's first), [below, H) on or
-    # below (>= its last), [above, below) between (none where tiles are one row and query tiles span two rows at most)
-    above = (pid * BLOCK_M // W + 1) // ROWS * ROWS
-    below = tl.maximum(tl.cdiv((tl.minimum(pid * BLOCK_M + BLOCK_M, H * W) - 1) // W, ROWS) * ROWS, above)
-    MEET: tl.constexpr = between_loop(W, ROWS, BLOCK_M)
+    # key tiles [r_start, above) lie on or above every query row (their rows <= the query tile's first), [below,
+    # r_end) on or below (>= its last), [above, below) between (none where tiles are one row and query tiles span two
+    # rows at most, or the tiles start one row below the query tile's first: SHIFTED)
+    MEET: tl.constexpr = between_loop(W, ROWS, BLOCK_M) and not SHIFTED
+    if SHIFTED:
+        above = pid * BLOCK_M // W + 1
+        below = above
+        r_start = above - tl.cdiv(above, ROWS) * ROWS  # (rows before the map: masked)
+        r_end = above + tl.cdiv(H - above, ROWS) * ROWS
+        in_first = row < above  # the query tile's first row (its others: the next)
+    else:
+        above = (pid * BLOCK_M // W + 1) // ROWS * ROWS
+        below = tl.maximum(tl.cdiv((tl.minimum(pid * BLOCK_M + BLOCK_M, H * W) - 1) // W, ROWS) * ROWS, above)
+        r_start = 0
+        r_end = H
     for c0 in range(0, W, COLS):
         key_c = c0 + tl.arange(0, BLOCK_N) % COLS
         in_row = key_c < W
         if ROWS * COLS < BLOCK_N:  # a tile's places past its ROWS x COLS keys stay empty
             in_row &= tl.arange(0, BLOCK_N) < ROWS * COLS
-        corner = row[:, None] * t_r + key_c[None, :] * t_c  # (query row, key column)
-        on_map = mask_m[:, None] & in_row[None, :]
-        t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0)
-        row_bias = -tl.abs(t1_q[:, None] - tl.load(t1_ptr + corner, mask=on_map, other=0.0))
+        if SHIFTED:  # the corners: the query tile's two rows' entries, per key column
+            first = (above - 1) * t_r + key_c * t_c
+            second = tl.minimum(above, H - 1) * t_r + key_c * t_c
+            t2_corner = tl.where(in_first[:, None], tl.load(t2_ptr + first, mask=in_row, other=0.0)[None, :],
+                                 tl.load(t2_ptr + second, mask=in_row, other=0.0)[None, :])
+            row_bias = -tl.abs(t1_q[:, None] - tl.where(in_first[:, None],
+                                                         tl.load(t1_ptr + first, mask=in_row, other=0.0)[None, :],
+                                                         tl.load(t1_ptr + second, mask=in_row, other=0.0)[None, :]))
+        else:
+            corner = row[:, None] * t_r + key_c[None, :] * t_c  # (query row, key column)
+            on_map = mask_m[:, None] & in_row[None, :]
+            t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0)
+            row_bias = -tl.abs(t1_q[:, None] - tl.load(t1_ptr + corner, mask=on_map, other=0.0))
         if FULL:
             # the chunk's tiles in the scores' layout (that of a product: a zero one added), so that no tile changes
             # layout per key tile; the column segment's sign known for the key rows above and below the query
-            # tile's: there the bias is one tile and T2[key] (-inf past the row, no per-key mask there)
+            # tile's: there the bias is one tile and T2[key] (-inf past the row; per-key masks only for SHIFTED tiles'
+            # rows off the map)
             zero = tl.dot(q, tl.trans(tl.zeros([BLOCK_N, BLOCK_D], q.dtype)), input_precision=PRECISION)
             t2_corner += zero
             bias = tl.where(in_row[None, :], row_bias + t2_corner, float('-inf'))  # above: T2[key] - T2[corner]
-            m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale, 0,
-                                     above, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, W, ROWS,
-                                     EVEN, -1, FOLD, BLOCK_D, BLOCK_DV, PRECISION)
+            m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
+                                     r_start, above, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H,
+                                     W, ROWS, EVEN and not SHIFTED, -1, FOLD, BLOCK_D, BLOCK_DV, PRECISION, None,
+                                     SHIFTED)
             # (the corner entries read again after it: not held through the loop above)
-            t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0) + zero
+            if SHIFTED:
+                t2_corner = tl.where(in_first[:, None], tl.load(t2_ptr + first, mask=in_row, other=0.0)[None, :],
+                                     tl.load(t2_ptr + second, mask=in_row, other=0.0)[None, :]) + zero
+            else:
+                t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0) + zero
             if MEET:
                 bias -= t2_corner
                 m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
@@ -238,10 +281,10 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, parts_ptr, o_ptr, lse_ptr, sca
             else:
                 bias -= 2 * t2_corner
             m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
-                                     below, H, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, W,
-                                     ROWS, EVEN, 1, FOLD, BLOCK_D, BLOCK_DV, PRECISION)
-        else:  # (with empty places or key rows past the map the chunk's tiles keep the masks' layout: the products'
-            # costs registers there, and the in-place H2V path spills)
+                                     below, r_end, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, W,
+                                     ROWS, EVEN and not SHIFTED, 1, FOLD, BLOCK_D, BLOCK_DV, PRECISION, None, SHIFTED)
+        else:  # (tiles with empty places or key rows past the map against query tiles over three rows or more keep
+            # the masks' layout: a loop between the query rows costs registers there, and the paths spill)
             m, sums, acc = _fwd_keys(q, m, sums, acc, row_bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
                                      0, H, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, W, ROWS,
                                      EVEN, 0, False, BLOCK_D, BLOCK_DV, PRECISION)
@@ -673,8 +716,10 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
                           COLS_H=cols_h, BLOCK_N=cfg.block_n,
                           BLOCK_D=lp.pow2(d), BLOCK_DV=lp.pow2(dv), TABLES_T=pow2 and 'h2v' in names,
                           SCORES_LAYOUT=not pow2,
-                          FOLD_V=fold and 'v2h' in names and full_key_tiles(hh, cols_v, cfg.block_n),
-                          FOLD_H=fold and 'h2v' in names and full_key_tiles(ww, cols_h, cfg.block_n),
+                          FOLD_V=fold and 'v2h' in names and (full_key_tiles(hh, cols_v, cfg.block_n) or
+                                                              shifted_key_tiles(hh, ww, cols_v, cfg.block_n, block_m)),
+                          FOLD_H=fold and 'h2v' in names and (full_key_tiles(ww, cols_h, cfg.block_n) or
+                                                              shifted_key_tiles(ww, hh, cols_h, cfg.block_n, block_m)),
                           PRECISION=lp.precision(q.dtype))
         plan = _FWD_PLANS[key] = ((tiles * bh, len(names)), constexprs, cfg, tiles)
     return plan
