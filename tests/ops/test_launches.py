@@ -40,9 +40,10 @@ def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
                 assert all(n <= limit for n, limit in zip(launch.grid, lp.GRID_LIMITS)), (launch.name, launch.grid)
                 largest[launch.name] = max(largest.get(launch.name, 0), math.prod(launch.grid))
     attention = {'_whole_fwd', '_whole_bwd', '_line_fwd', '_line_bwd', '_ppmla_fwd', '_ppmla_bwd'}
-    # and PPMA's decay tables (B * heads), and the chunked form's passes and walks (MLLA's stages 1 and 2)
+    # and PPMA's decay tables (B * heads), the half-precision forward's column-table parts (stage 3's V2H path), and
+    # the chunked form's passes and walks (MLLA's stages 1 and 2)
     chunked = {'_queries', '_update', '_grad_queries', '_grad_keys', '_update_queries'}
-    assert set(largest) == attention | {'_tables_fwd', '_tables_bwd'} | chunked
+    assert set(largest) == attention | {'_tables_fwd', '_tables_bwd', '_whole_fwd_parts'} | chunked
     assert all(largest[name] > 65535 for name in attention | chunked), largest
 
 

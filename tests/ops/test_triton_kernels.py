@@ -150,13 +150,13 @@ def test_rows_a_query_tile_spans_by_counting():
 
 
 @pytest.mark.parametrize('cols, shape', [(32, (1, 1, 3, 36, 16, 8)), (16, (1, 1, 4, 20, 16, 8)),
-                                         (5, (1, 1, 7, 20, 16, 8))])
+                                         (10, (1, 1, 7, 20, 16, 8))])
 def test_whole_forward_key_rows_above_and_below_the_query_tile(monkeypatch, cols, shape):
     """On full key tiles (triton 3.7) the forward takes the column segment's sign as known for the key rows on or
     above every row of the query tile and on or below them, and its absolute value only between: key tiles of one
     row on a map whose query tiles span two rows at most have none between (3 x 36's V2H map, query tiles of 16);
     tiles of one row (its 36 x 3 transpose) or two (4 x 20, both paths) with key rows between; columns past the map
-    in the last chunk. Tiles that are not full (7 x 20's V2H map: 6 rows of 5, two places empty, rows past the map)
+    in the last chunk. Tiles that are not full (7 x 20's V2H map: 3 rows of 10, two places empty, rows past the map)
     start one row below each query tile's first, so none lies between. Forced column counts; all equal the
     reference, gradients included (the log-normaliser counts each key once)."""
     from mmppma.ops.whole import triton_impl
@@ -172,21 +172,21 @@ def test_whole_forward_key_rows_above_and_below_the_query_tile(monkeypatch, cols
         forward = [x.constexprs for x in ran if x.name == '_whole_fwd'][-1]
         assert (forward['COLS_V'], forward['COLS_H'], forward['SCORES_LAYOUT']) == (
             cols, cols, lp.triton_version() >= (3, 7))
-        if cols == 5:
-            assert triton_impl.shifted_key_tiles(7, 20, 5, forward['BLOCK_N'], forward['BLOCK_M'])
+        if cols == 10:
+            assert triton_impl.shifted_key_tiles(7, 20, 10, forward['BLOCK_N'], forward['BLOCK_M'])
     finally:
         triton_impl._FWD_PLANS.clear()
         triton_impl._BWD_PLANS.clear()
 
 
-@pytest.mark.parametrize('dtype, h, w, cols', [(torch.bfloat16, 8, 32, None), (torch.bfloat16, 7, 20, 5),
+@pytest.mark.parametrize('dtype, h, w, cols', [(torch.bfloat16, 8, 32, None), (torch.bfloat16, 7, 20, 10),
                                                pytest.param(torch.float16, 8, 32, None, marks=pytest.mark.heavy)])
 def test_whole_forward_takes_the_column_table_in_its_products(monkeypatch, dtype, h, w, cols):
     """Half precision on full key tiles (triton 3.7): the products add the column table from its three bfloat16
     parts per key, so that the bias costs no addition per score there. On 8 x 32 (V2H: key tiles of one row of 32,
     H2V: 4 rows of 8; key rows above, between and below the query tiles) with tables down to -60, each path's output
     is as close to float64's on the same rounded inputs as the forward that adds the table per score; likewise on
-    tiles that start one row below the query tile's first (7 x 20's V2H map in tiles of 6 rows of 5: keys before
+    tiles that start one row below the query tile's first (7 x 20's V2H map in tiles of 3 rows of 10: keys before
     and past the map read parts of -inf in the product)."""
     from mmppma.ops.whole import triton_impl as whole
 
