@@ -49,14 +49,15 @@ def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
 
 def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
     """Criss-cross lines below LARGE tokens take the long row's 64 own tokens on sm_90 where 32 would pad as much:
-    lines of 56, 100 and 168 tokens (the configs' 224 and 800 x 1344 maps), not 28, 200 or 336; float32 and sm_80
-    keep the short row. Whole attention's half-precision kernels on sm_80 and sm_90 take the long row from 128 tokens
-    (14 x 14 maps and larger; 7 x 7 keeps the short row), with 64 own tokens; narrow maps too where they are no
-    taller than 16 (a 3 x 100 map's narrow side keeps the narrow tiles)."""
+    lines of 56, 100 and 168 tokens (the configs' 224 and 800 x 1344 maps), not 28, 200 or 336; sm_80 in the
+    forward only; float32 keeps the short row. Whole attention's half-precision kernels on sm_80 and sm_90 take the
+    long row from 128 tokens (14 x 14 maps and larger; 7 x 7 keeps the short row), with 64 own tokens; narrow maps
+    too where they are no taller than 16 (a 3 x 100 map's narrow side keeps the narrow tiles)."""
     half = {n: lp.long_tiles('line_fwd', n, torch.float16, 90) for n in (28, 56, 100, 168, 200, 336, 1024)}
     assert half == {28: False, 56: True, 100: True, 168: True, 200: False, 336: False, 1024: True}
     assert lp.config('line_bwd', 168, torch.bfloat16, 90) == lp.config('line_bwd', lp.LARGE, torch.bfloat16, 90)
     assert not lp.long_tiles('line_fwd', 168, torch.float32, 90)
+    assert lp.long_tiles('line_fwd', 168, torch.float16, 80)
     assert not lp.long_tiles('line_bwd', 168, torch.float16, 80)  # the long row's backward spills there
     for family in ('whole_fwd', 'whole_bwd_q', 'whole_bwd_kv'):
         whole = {n: lp.long_tiles(family, n, torch.bfloat16, 90) for n in (49, 127, 128, 196, 256)}

@@ -191,12 +191,11 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
     return dataclasses.replace(chosen, family=family)
 
 
-#: the families whose half-precision lines take the long row below LARGE tokens too (:func:`long_tiles`), and the
-#: capabilities where they do: the long row's backward spills on the others at the configs' head dims (d 32, 64
-#: values: 24-212 B on sm_80)
-LINE_FAMILIES = ('line_fwd', 'line_bwd')
+#: the line families whose half-precision lines take the long row below LARGE tokens too (:func:`long_tiles`), and
+#: the capabilities where they do: the backward's long row spills on sm_80 at the configs' head dims (d 32, 64
+#: values: 24-308 B; its 64 x 32 tiles are predicted slower there than 32 x 32 on 2 warps)
 LINE_LONG = 48
-LINE_LONG_CAPS = (90, )
+LINE_LONG_CAPS = {'line_fwd': (80, 90), 'line_bwd': (90, )}
 #: whole attention's half-precision kernels on sm_80 and sm_90 take the long row from WHOLE_LONG tokens (two
 #: 64-token tiles: maps of 14 x 14 and 16 x 16; the backward on narrow images too): per real score its tiles over 4
 #: warps issue less than the short row's 16 or 32 own tokens over 2 warps, though they pad more (7 x 7 maps keep the
@@ -217,9 +216,10 @@ def narrow_tiles(family: str, length: int, dtype: torch.dtype, cap: int, width: 
 
 def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int) -> bool:
     """Whether ``family`` takes its table's long row for ``length`` tokens on capability ``cap``: at LARGE tokens or
-    more, and (sm_90) the criss-cross kernels' half-precision lines of LINE_LONG or more that the long row's 64 own
-    tokens pad no more than the short row's 32 (lines of 56, 100 or 168 tokens; not 200 or 336): per score the
-    64 x 64 tiles over 4 warps issue less than 32 x 32 over 2 (tools/kernel_model.py); and (sm_80, sm_90) whole
+    more, and (LINE_LONG_CAPS: the forward on sm_80 and sm_90, the backward on sm_90) the criss-cross kernels'
+    half-precision lines of LINE_LONG or more that the long row's 64 own tokens pad no more than the short row's 32
+    (lines of 56, 100 or 168 tokens; not 200 or 336): per score the 64 x 64 tiles over 4 warps issue less than 32 x
+    32 over 2 (tools/kernel_model.py); and (sm_80, sm_90) whole
     attention's half-precision kernels from WHOLE_LONG tokens."""
     if length >= LARGE:
         return True
@@ -227,7 +227,7 @@ def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int) -> bool:
         return False
     if family in WHOLE_FAMILIES:
         return cap in WHOLE_LONG_CAPS and length >= WHOLE_LONG
-    return (family in LINE_FAMILIES and cap in LINE_LONG_CAPS and length >= LINE_LONG
+    return (cap in LINE_LONG_CAPS.get(family, ()) and length >= LINE_LONG
             and cdiv(length, 64) * 64 == cdiv(length, 32) * 32)
 
 
