@@ -193,7 +193,7 @@ def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = 
 
 #: the line families whose half-precision lines take the long row below LARGE tokens too (:func:`long_tiles`), and
 #: the capabilities where they do: the backward's long row spills on sm_80 at the configs' head dims (d 32, 64
-#: values: 24-308 B; its 64 x 32 tiles are predicted slower there than 32 x 32 on 2 warps)
+#: values: 8-788 B; its 64 x 32 tiles are predicted slower there than 32 x 32 on 2 warps)
 LINE_LONG = 48
 LINE_LONG_CAPS = {'line_fwd': (80, 90), 'line_bwd': (90, )}
 #: whole attention's half-precision kernels on sm_80 and sm_90 take the long row from WHOLE_LONG tokens (two
