@@ -461,16 +461,17 @@ def test_line_kernels_at_sm90_tiles_in_bfloat16_against_float64(length):
 
 @pytest.mark.parametrize('cap, d, dtype, backward, flags', [
     (90, 32, torch.bfloat16, False, [(True, False, False), (False, True, True), (False, False, True)]),
-    (80, 16, torch.bfloat16, False, [(True, False, False), (False, True, True), (False, False, True)]),
-    (80, 32, torch.bfloat16, False, [(False, False, False)] * 3),
-    (80, 32, torch.bfloat16, True, [(True, False, False), (False, True, False), (False, False, False)]),
+    (80, 32, torch.bfloat16, False, [(True, False, False), (False, True, True), (False, False, True)]),
+    (86, 16, torch.bfloat16, False, [(True, False, False), (False, True, True), (False, False, True)]),
+    (86, 32, torch.bfloat16, False, [(False, False, False)] * 3),
+    (86, 32, torch.bfloat16, True, [(True, False, False), (False, True, False), (False, False, False)]),
     (90, 32, torch.float32, True, [(False, False, False)] * 3)])
 def test_criss_cross_writes_the_tables_parts_where_a_pass_takes_them(monkeypatch, cap, d, dtype, backward, flags):
     """Form 'release' on 100 x 100 (lines of several blocks): per pass (WRITE_TABLES, WRITE_LSE, FOLD). Where a
-    later forward takes its table in its products (sm_90's 64-query blocks; sm_80's 32-query blocks at head dim 16)
-    the first pass writes both tables' parts and the second its lse's; on sm_80's 32-query blocks at head dim 32
-    the forwards keep the addition, and the parts are written only for a backward to read (autograd); float32
-    takes none."""
+    later forward takes its table in its products (64-query blocks, as on sm_90 and sm_80; sm_86's 32-query blocks
+    at head dim 16) the first pass writes both tables' parts and the second its lse's; on 32-query blocks at head
+    dim 32 the forwards keep the addition, and the parts are written only for a backward to read (autograd);
+    float32 takes none."""
     from mmppma.ops.criss_cross import triton_impl as criss_cross
     ran = []
     monkeypatch.setattr(lp, 'run', ran.extend)

@@ -639,7 +639,7 @@ def folds(q, directions, cap: int, backward: bool = False) -> bool:
 
 def _forward_folds(cfg: lp.Config, dtype: torch.dtype, d: int, length: int) -> bool:
     """Whether a forward of ``cfg``'s query blocks over lines of ``length`` takes its table in its products: where
-    it can (:func:`_folds`), on blocks of 64 queries, or of 32 at head dims up to 16 (at 32, sm_80's 32-query loop
+    it can (:func:`_folds`), on blocks of 64 queries, or of 32 at head dims up to 16 (at 32, a 32-query loop on sm_80
     is predicted no shorter with the product and its launch slower: docs/kernel_model.md)."""
     return (cfg.block_m >= 64 or d <= 16) and _folds(dtype, length, cfg.block_m)
 
