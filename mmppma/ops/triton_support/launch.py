@@ -125,10 +125,10 @@ _NARROW: Dict[bool, Dict[int, Config]] = {
 # column) sums of the score gradient besides its tiles: 64 own tokens against 32 others (64 others spill on sm_80 to
 # sm_89); on sm_90 the keys' programs take 64 others where a tile spans at most two map rows (more spill; the queries'
 # programs spill there under triton 3.6). Its own tiles are consecutive map tokens, at least 16 per warp (128 own tokens
-# over 8 warps on sm_90 are predicted slower per real score: tools/kernel_model.py). Exact float32 products run on the
-# FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The forward families take 2
-# stages: their key loops are software-pipelined (the next key block's loads overlap the current block's math), which
-# holds the prefetched block in registers too; the float32 whole-attention and line forwards take 8 warps on short
+# over 8 warps on sm_90 and sm_80 are predicted slower per real score: tools/kernel_model.py). Exact float32 products
+# run on the FMA units, whose operand tiles cost more registers, so float32 tiles are 16-32 wide. The forward families
+# take 2 stages: their key loops are software-pipelined (the next key block's loads overlap the current block's math),
+# which holds the prefetched block in registers too; the float32 whole-attention and line forwards take 8 warps on short
 # sequences for it (4 spill: on sm_90, and on every target at d 32 for the line forward) and the whole-attention one 32
 # x 16 tiles on sm_86 / sm_89 / sm_90 (64 x 32 spill). The remaining choices are the ones that compile without spills at
 # the checked shapes (tools/check_kernels.py). sm_100 (B200) takes the default rows, its 4-warp tiles on tensor-memory
