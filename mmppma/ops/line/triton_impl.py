@@ -347,11 +347,11 @@ def _line_fwd(q_ptr, k_ptr, x_ptr, c_ptr, c2_ptr, parts_ptr, o_ptr, lse_ptr, m_p
 def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, parts_ptr,
                signs, tok, n, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER: tl.constexpr,
                PART: tl.constexpr, MASKED: tl.constexpr, KEYS: tl.constexpr, PRECISION: tl.constexpr,
-               SUMS_BY_DOT: tl.constexpr, FOLD: tl.constexpr):
+               SUMS_BY_DOT: tl.constexpr, FOLD: tl.constexpr, VALUES_ONLY: tl.constexpr = False):
     """Add the other block at ``n`` of a part to the sums (:func:`_bwd_part`); the sums and the pointers moved to
     the next block. With FOLD (a BEFORE or AFTER part, not MASKED) the scores' product adds the other tokens' table
     and (KEYS) lse terms over the scale from their parts (:func:`_line_fwd`), by a product with ``signs``
-    (:func:`_part_signs`)."""
+    (:func:`_part_signs`). VALUES_ONLY (KEYS): g2 alone, P^T dO (no score gradient)."""
     in_line = n + others < L
     if FOLD and PART != MIXED and not MASKED:
         b, db, s = _folded_block(a, signs, b_ptrs, db_ptrs, parts_ptr, tok, b_mask, db_mask, PRECISION)
@@ -383,16 +383,17 @@ def _bwd_block(a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c
     p = tl.math.exp2(s * unit + row[:, None])
     if KEYS:
         g2 = tl.dot(p.to(db.dtype), db, g2, input_precision=PRECISION)
-    ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)
-    ds_b = ds.to(b.dtype)
-    if PART == MIXED:
-        order = own[:, None] - (n + others)[None, :]
-        gc = add_row_sums(gc, tl.where(order > 0, ds, tl.where(order < 0, -ds, 0.0)), 1.0, False, PRECISION)
-    elif SUMS_BY_DOT:
-        gc = add_row_sums(gc, ds_b, 1.0 if PART == BEFORE else -1.0, True, PRECISION)
-    else:
-        gc = add_row_sums(gc, ds, 1.0 if PART == BEFORE else -1.0, False, PRECISION)
-    g1 = tl.dot(ds_b, b, g1, input_precision=PRECISION)
+    if not VALUES_ONLY:
+        ds = p * (tl.dot(da, tl.trans(db), input_precision=PRECISION) - delta)
+        ds_b = ds.to(b.dtype)
+        if PART == MIXED:
+            order = own[:, None] - (n + others)[None, :]
+            gc = add_row_sums(gc, tl.where(order > 0, ds, tl.where(order < 0, -ds, 0.0)), 1.0, False, PRECISION)
+        elif SUMS_BY_DOT:
+            gc = add_row_sums(gc, ds_b, 1.0 if PART == BEFORE else -1.0, True, PRECISION)
+        else:
+            gc = add_row_sums(gc, ds, 1.0 if PART == BEFORE else -1.0, False, PRECISION)
+        g1 = tl.dot(ds_b, b, g1, input_precision=PRECISION)
     return g1, g2, gc, b_ptrs + BLOCK_OTHER * b_step, db_ptrs + BLOCK_OTHER * db_step, tok + BLOCK_OTHER * c_step
 
 
@@ -401,7 +402,7 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
               parts_ptr, tok, others, start, end, L, b_step, db_step, c_step, b_mask, db_mask, scale,
               BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, PART: tl.constexpr, MASKED: tl.constexpr,
               KEYS: tl.constexpr, PRECISION: tl.constexpr, SUMS_BY_DOT: tl.constexpr, COLUMNS: tl.constexpr,
-              FOLD: tl.constexpr):
+              FOLD: tl.constexpr, VALUES_ONLY: tl.constexpr = False):
     """Add the other blocks at ``start, start + BLOCK_OTHER, .. < end`` of one part (:func:`_parts`) to a backward
     program's sums g1, g2 (KEYS) and gc; the MIXED part's blocks unrolled (the own block's span: no loop). The
     tiles' pointers are those of the line's first other block, moved to ``start`` and on by increments; ``tok``:
@@ -426,7 +427,7 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
             g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
                 a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, parts_ptr,
                 signs, tok, start + i * BLOCK_OTHER, others, L, b_step, db_step, c_step, b_mask, db_mask, scale,
-                BLOCK_OTHER, PART, MASKED, KEYS, PRECISION, SUMS_BY_DOT, FOLD)
+                BLOCK_OTHER, PART, MASKED, KEYS, PRECISION, SUMS_BY_DOT, FOLD, VALUES_ONLY)
     else:
         PEEL: tl.constexpr = peels(MASKED, PRECISION)
         full = _full_blocks_end(start, end, BLOCK_OTHER, PEEL)
@@ -434,13 +435,13 @@ def _bwd_part(a, da, c_own, row_lse, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs
             g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
                 a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr, parts_ptr,
                 signs, tok, n, others, L, b_step, db_step, c_step, b_mask, db_mask, scale, BLOCK_OTHER, PART,
-                MASKED and not PEEL, KEYS, PRECISION, SUMS_BY_DOT, FOLD)
+                MASKED and not PEEL, KEYS, PRECISION, SUMS_BY_DOT, FOLD, VALUES_ONLY)
         if PEEL:
             if full < end:
                 g1, g2, gc, b_ptrs, db_ptrs, tok = _bwd_block(
                     a, da, c_own, row, delta_own, own, g1, g2, gc, b_ptrs, db_ptrs, c_ptr, lse_ptr, delta_ptr,
                     parts_ptr, signs, tok, full, others, L, b_step, db_step, c_step, b_mask, db_mask, scale,
-                    BLOCK_OTHER, PART, True, KEYS, PRECISION, SUMS_BY_DOT, FOLD)
+                    BLOCK_OTHER, PART, True, KEYS, PRECISION, SUMS_BY_DOT, FOLD, VALUES_ONLY)
     return g1, g2, gc
 
 
@@ -463,9 +464,11 @@ def keys_full(block_own, block_d, block_x):
 def _bwd_role(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr, scale, L, D, DX, c_own, own_start,
               offs, mask, tok, c_base, c_step, q_base, q_step, x_base, x_step, o_base, o_step, KEYS: tl.constexpr,
               COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr,
-              BLOCK_X: tl.constexpr, PRECISION: tl.constexpr, RAGGED: tl.constexpr, FOLD: tl.constexpr):
+              BLOCK_X: tl.constexpr, PRECISION: tl.constexpr, RAGGED: tl.constexpr, FOLD: tl.constexpr,
+              VALUES_ONLY: tl.constexpr = False):
     """One role's sums for a block of own tokens (:func:`_line_bwd`): (g1, g2, gc) - KEYS: dk / scale, dx and the
-    keys' table-gradient part; else dq / scale, g1 again and the queries'."""
+    keys' table-gradient part (VALUES_ONLY: dx alone, the others zero); else dq / scale, g1 again and the
+    queries'."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_x = tl.arange(0, BLOCK_X)
     others = tl.arange(0, BLOCK_OTHER)
@@ -495,13 +498,13 @@ def _bwd_role(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
              row_sums_start(BLOCK_OWN, SUMS_BY_DOT))
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, lo, hi, L, b_step, db_step, c_step,
                       b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, MIXED, True, KEYS, PRECISION,
-                      SUMS_BY_DOT, COLUMNS, FOLD)
+                      SUMS_BY_DOT, COLUMNS, FOLD, VALUES_ONLY)
     state = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, 0, lo, L, b_step, db_step, c_step,
                       b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, BEFORE, False, KEYS, PRECISION,
-                      SUMS_BY_DOT, COLUMNS, FOLD)
+                      SUMS_BY_DOT, COLUMNS, FOLD, VALUES_ONLY)
     g1, g2, gc = _bwd_part(a, da, c_own, row_lse, delta, offs, *state, *ptrs, others, hi, L, L, b_step, db_step,
                            c_step, b_mask, db_mask, scale, BLOCK_OWN, BLOCK_OTHER, AFTER, RAGGED, KEYS, PRECISION,
-                           SUMS_BY_DOT, COLUMNS, FOLD)
+                           SUMS_BY_DOT, COLUMNS, FOLD, VALUES_ONLY)
     return g1, g2, row_sums(gc)
 
 
@@ -560,7 +563,7 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
               KEYS: tl.constexpr, BOTH: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_OWN: tl.constexpr,
               BLOCK_OTHER: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_X: tl.constexpr, PRECISION: tl.constexpr,
               RAGGED: tl.constexpr, ACC_DQ: tl.constexpr, ACC_DK: tl.constexpr, ACC_GC: tl.constexpr,
-              FOLD: tl.constexpr, ONE_BLOCK: tl.constexpr):
+              FOLD: tl.constexpr, ONE_BLOCK: tl.constexpr, VALUES_ONLY: tl.constexpr):
     """One program per block of BLOCK_OWN keys (KEYS: dk and dx) or queries (dq) of one line, or (BOTH, where own
     and other blocks are equal: :func:`roles_in_one_launch`) the queries' role and then the keys' on the same
     block: a launch less per pass (the keys' first take more registers: their sums' offsets are kept for the
@@ -576,7 +579,7 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
     after the own block's take the other tokens' table and (the keys' role, unless :func:`keys_full`) lse from the
     forward's ``parts`` (:func:`_line_fwd`) in the scores' product. ONE_BLOCK (lines of one block, own and other):
     one program per line computes both roles from one tile of scores (:func:`_bwd_line_block`; KEYS, BOTH and
-    FOLD aside)."""
+    FOLD aside). VALUES_ONLY (KEYS): dx alone, P^T dO (:func:`value_launches`); dk and gc are not written."""
     line = tl.program_id(0) // tl.cdiv(L, BLOCK_OWN)
     q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
         line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, COLUMNS)
@@ -611,13 +614,15 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
             _write(dq_ptr, tok, mask, offs_d, D, dq * scale, ACC_DQ)
         if KEYS or BOTH:
             dk, dx, gc_k = _bwd_role(*args, True, COLUMNS, BLOCK_OWN, BLOCK_OTHER, BLOCK_D, BLOCK_X, PRECISION,
-                                     RAGGED, FOLD and not keys_full(BLOCK_OWN, BLOCK_D, BLOCK_X))
+                                     RAGGED, FOLD and not keys_full(BLOCK_OWN, BLOCK_D, BLOCK_X), VALUES_ONLY)
             gc += gc_k
-            _write(dk_ptr, tok, mask, offs_d, D, dk * scale, ACC_DK)
+            if not VALUES_ONLY:
+                _write(dk_ptr, tok, mask, offs_d, D, dk * scale, ACC_DK)
             _write(dx_ptr, tok, mask, offs_x, DX, dx, False)
-    if ACC_GC:
-        gc += tl.load(gc_ptr + tok, mask=mask, other=0.0)
-    tl.store(gc_ptr + tok, gc, mask=mask)
+    if not VALUES_ONLY:
+        if ACC_GC:
+            gc += tl.load(gc_ptr + tok, mask=mask, other=0.0)
+        tl.store(gc_ptr + tok, gc, mask=mask)
 
 
 def folds(q, directions, cap: int, backward: bool = False) -> bool:
@@ -779,8 +784,31 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
                                        PRECISION=lp.precision(q.dtype), RAGGED=ragged(length, other), ACC_DQ=acc_q,
                                        ACC_DK=acc_k, ACC_GC=acc_c if keys is not False else True,
                                        FOLD=parts is not None and _folds(q.dtype, length, own),
-                                       ONE_BLOCK=one_block), cfg, q.device))
+                                       ONE_BLOCK=one_block, VALUES_ONLY=False), cfg, q.device))
     return launches, (dq, dk, dx, dc)
+
+
+def value_launches(q, k, x, c, lse, dout, scale: float, columns: bool, cap: int, parts=None):
+    """The launch of the keys' programs that compute only the value gradient of a pass, P^T dout (float32, x's
+    shape, contiguous), and that buffer; the arguments as :func:`backward_launches` takes them (x only for its
+    shape and strides)."""
+    b, heads, hh, ww, d = q.shape
+    dx_dim = x.shape[-1]
+    length, n_lines = (hh, ww) if columns else (ww, hh)
+    dx = torch.empty(x.shape, device=q.device, dtype=torch.float32)
+    cfg = lp.config('line_bwd', length, q.dtype, cap)
+    qs, xs, os_ = q.stride(), x.stride(), dout.stride()
+    own, other = cfg.block_n, cfg.block_m
+    launch = lp.Launch(_line_bwd, (lp.cdiv(length, own) * b * heads * n_lines, ),
+                       (q, k, x, c, dout, lse, lse, dx if parts is None else parts, dx, dx, dx, lse, scale, heads, hh,
+                        ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0], xs[1], xs[2], xs[3], os_[0],
+                        os_[1], os_[2], os_[3]),
+                       dict(KEYS=True, BOTH=False, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other,
+                            BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype),
+                            RAGGED=ragged(length, other), ACC_DQ=False, ACC_DK=False, ACC_GC=False,
+                            FOLD=parts is not None and _folds(q.dtype, length, own), ONE_BLOCK=False,
+                            VALUES_ONLY=True), cfg, q.device)
+    return [launch], dx
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, c: torch.Tensor, scale: float,
