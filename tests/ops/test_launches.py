@@ -76,6 +76,19 @@ def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
     assert tiles == [('_whole_fwd', 64, 4), ('_whole_bwd', 64, 4)], tiles
 
 
+def test_release_criss_cross_backward_takes_both_row_passes_in_one():
+    """Form 'release' (rows, columns over twice the value channels, rows again): its backward runs the last row
+    pass's value gradient alone (keys' programs, VALUES_ONLY), the column pass's backward, then one row backward over
+    both row passes' value channels (twice v's): three line passes of score gradients become two."""
+    q = torch.empty(2, 2, 20, 24, 16, dtype=torch.bfloat16, device='meta', requires_grad=True)
+    tables = torch.empty(2, 2, 20, 24, device='meta')
+    with lp.recording(90) as ran:
+        ops.criss_cross_attention(q, q, q, tables, tables, scale=0.25, form='release', impl='triton').sum().backward()
+    passes = [(x.constexprs['COLUMNS'], x.constexprs['VALUES_ONLY'], x.constexprs['BLOCK_X']) for x in ran
+              if x.name == '_line_bwd']
+    assert passes == [(False, True, 16), (True, False, 32), (False, False, 32)], passes
+
+
 def test_a_grid_over_the_limits_is_refused():
     with pytest.raises(lp.LaunchLimitError, match=r'grid \(1, 65536\) exceeds'):
         lp.Launch(lambda: None, (1, 65536), (), {}, lp.config('scan', 1, torch.float32, 80))
