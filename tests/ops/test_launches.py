@@ -76,17 +76,22 @@ def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
     assert tiles == [('_whole_fwd', 64, 4), ('_whole_bwd', 64, 4)], tiles
 
 
-def test_release_criss_cross_backward_takes_both_row_passes_in_one():
-    """Form 'release' (rows, columns over twice the value channels, rows again): its backward runs the last row
-    pass's value gradient alone (keys' programs, VALUES_ONLY), the column pass's backward, then one row backward over
-    both row passes' value channels (twice v's): three line passes of score gradients become two."""
-    q = torch.empty(2, 2, 20, 24, 16, dtype=torch.bfloat16, device='meta', requires_grad=True)
-    tables = torch.empty(2, 2, 20, 24, device='meta')
+@pytest.mark.parametrize('hw, d, passes', [
+    ((20, 24), 16, [(False, True, 16), (True, False, 32), (False, False, 32)]),
+    # sm_90's 32-token row blocks at head dim 32: 64 value channels would spill the keys' programs (32 B)
+    ((50, 84), 32, [(False, False, 32)] * 2 + [(True, False, 64)] + [(False, False, 32)] * 2)])
+def test_release_criss_cross_backward_takes_both_row_passes_in_one(hw, d, passes):
+    """Form 'release' (rows, columns over twice the value channels, rows again) on sm_90: its backward runs the last
+    row pass's value gradient alone (keys' programs, VALUES_ONLY), the column pass's backward, then one row backward
+    over both row passes' value channels (twice v's): three line passes of score gradients become two. Where that
+    would spill (:func:`~mmppma.ops.line.triton_impl.merges_row_passes`) each pass has its backward, last first."""
+    q = torch.empty(2, 2, *hw, d, dtype=torch.bfloat16, device='meta', requires_grad=True)
+    tables = torch.empty(2, 2, *hw, device='meta')
     with lp.recording(90) as ran:
         ops.criss_cross_attention(q, q, q, tables, tables, scale=0.25, form='release', impl='triton').sum().backward()
-    passes = [(x.constexprs['COLUMNS'], x.constexprs['VALUES_ONLY'], x.constexprs['BLOCK_X']) for x in ran
-              if x.name == '_line_bwd']
-    assert passes == [(False, True, 16), (True, False, 32), (False, False, 32)], passes
+    got = [(x.constexprs['COLUMNS'], x.constexprs['VALUES_ONLY'], x.constexprs['BLOCK_X']) for x in ran
+           if x.name == '_line_bwd']
+    assert got == passes, got
 
 
 def test_a_grid_over_the_limits_is_refused():

@@ -86,7 +86,13 @@ def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):
         grads.update(dq=dq, dk=dk, **{table: dc})
         return dx
 
-    if form == 'release':
+    if form == 'release' and not line.merges_row_passes(q, v.shape[-1], cap):
+        dv = v.shape[-1]
+        half = dout * 0.5
+        d_both = torch.cat([back(2, False, half).to(dtype), half.to(dtype)], -1)
+        d_vu = back(1, True, d_both)
+        d_v = d_vu[..., :dv] + back(0, False, d_vu[..., dv:])
+    elif form == 'release':
         # the row passes (the first and the last) share their probabilities P: the last's value gradient P^T dO
         # first, then the column pass's backward, then one row backward of both passes over their value channels
         # side by side (the score gradient's terms of both in one sum)

@@ -788,6 +788,21 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
     return launches, (dq, dk, dx, dc)
 
 
+#: the capabilities where a row backward over both row passes of form 'release' (twice the value channels) may take
+#: the keys' programs into :func:`keys_full` tiles: they compile without spills there (on sm_90 32 B spill)
+KEYS_FULL_MERGES = (80, )
+
+
+def merges_row_passes(q, dv: int, cap: int) -> bool:
+    """Whether form 'release''s backward on q's map (B, heads, H, W, d), dv value channels, takes both row passes in
+    one launch of twice the value channels (:func:`value_launches` first): unless that takes its keys' programs
+    into :func:`keys_full` tiles (32 own tokens at head dim 32, 64 value channels), but on KEYS_FULL_MERGES."""
+    cfg = lp.config('line_bwd', q.shape[3], q.dtype, cap)
+    d = lp.pow2(q.shape[-1])
+    return (cap in KEYS_FULL_MERGES or not keys_full(cfg.block_n, d, lp.pow2(2 * dv))
+            or keys_full(cfg.block_n, d, lp.pow2(dv)))
+
+
 def value_launches(q, k, x, c, lse, dout, scale: float, columns: bool, cap: int, parts=None):
     """The launch of the keys' programs that compute only the value gradient of a pass, P^T dout (float32, x's
     shape, contiguous), and that buffer; the arguments as :func:`backward_launches` takes them (x only for its
