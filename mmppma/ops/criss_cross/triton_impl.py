@@ -72,9 +72,7 @@ def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):
     cap, dtype = lp.capability(q.device), v.dtype
     grads = dict(dq=None, dk=None, rows=None, cols=None)
 
-    def back(index, columns, grad, x=None, out=None):
-        x, out, lse = (x if x is not None else saved[3 * index], out if out is not None else saved[3 * index + 1],
-                       saved[3 * index + 2])
+    def back(x, out, lse, columns, grad):  # a pass's input, output and lse (as saved)
         table = 'cols' if columns else 'rows'
         grad = grad.to(x.dtype)
         if grad.stride(-1) != 1:
@@ -89,9 +87,9 @@ def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):
     if form == 'release' and not line.merges_row_passes(q, v.shape[-1], cap):
         dv = v.shape[-1]
         half = dout * 0.5
-        d_both = torch.cat([back(2, False, half).to(dtype), half.to(dtype)], -1)
-        d_vu = back(1, True, d_both)
-        d_v = d_vu[..., :dv] + back(0, False, d_vu[..., dv:])
+        d_both = torch.cat([back(*saved[6:9], False, half).to(dtype), half.to(dtype)], -1)
+        d_vu = back(*saved[3:6], True, d_both)
+        d_v = d_vu[..., :dv] + back(*saved[0:3], False, d_vu[..., dv:])
     elif form == 'release':
         # the row passes (the first and the last) share their probabilities P: the last's value gradient P^T dO
         # first, then the column pass's backward, then one row backward of both passes over their value channels
@@ -101,15 +99,16 @@ def _backward(dout, q, k, v, ca, cb, *saved_and_arguments):
         if half.stride(-1) != 1:
             half = half.contiguous()
         x_last, out_last, lse = saved[6:9]
-        launches, d_last = line.value_launches(q, k, x_last, ca, lse, half, scale, False, cap, parts)
+        launches, (_, _, d_last, _) = line.backward_launches(q, k, x_last, ca, None, lse, half, scale, False, cap,
+                                                             parts=parts, values_only=True)
         lp.run(launches)
-        d_vu = back(1, True, torch.cat([d_last.to(dtype), half], -1))
-        d_rows = back(0, False, torch.cat([d_vu[..., dv:], half], -1), torch.cat([saved[0], x_last], -1),
-                      torch.cat([saved[1], out_last], -1))
+        d_vu = back(*saved[3:6], True, torch.cat([d_last.to(dtype), half], -1))
+        d_rows = back(torch.cat([saved[0], x_last], -1), torch.cat([saved[1], out_last], -1), lse, False,
+                      torch.cat([d_vu[..., dv:], half], -1))
         d_v = d_vu[..., :dv] + d_rows[..., :dv]
     else:
         first, second = _pass_columns(form)
-        d_v = back(0, first, back(1, second, dout))
+        d_v = back(*saved[0:3], first, back(*saved[3:6], second, dout))
     # every form passes along rows and along columns: both tables have their gradient
     return grads['dq'].to(q.dtype), grads['dk'].to(k.dtype), d_v.to(v.dtype), grads['rows'], grads['cols']
 

@@ -579,7 +579,8 @@ def _line_bwd(q_ptr, k_ptr, x_ptr, c_ptr, do_ptr, lse_ptr, delta_ptr, parts_ptr,
     after the own block's take the other tokens' table and (the keys' role, unless :func:`keys_full`) lse from the
     forward's ``parts`` (:func:`_line_fwd`) in the scores' product. ONE_BLOCK (lines of one block, own and other):
     one program per line computes both roles from one tile of scores (:func:`_bwd_line_block`; KEYS, BOTH and
-    FOLD aside). VALUES_ONLY (KEYS): dx alone, P^T dO (:func:`value_launches`); dk and gc are not written."""
+    FOLD aside). VALUES_ONLY (KEYS): dx alone, P^T dO (:func:`backward_launches`' ``values_only``); dk and gc are not
+    written."""
     line = tl.program_id(0) // tl.cdiv(L, BLOCK_OWN)
     q_ptr, k_ptr, x_ptr, c_ptr, first, c_base, c_step, q_base, q_step, x_base, x_step = _on_strided_line(
         line, n_lines, heads, H, W, q_ptr, k_ptr, x_ptr, c_ptr, q_b, q_n, q_h, q_w, x_b, x_n, x_h, x_w, COLUMNS)
@@ -746,23 +747,28 @@ def roles_in_one_launch(cfg: lp.Config, d: int, dx: int) -> bool:
 
 
 def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int, dq=None, dk=None, dc=None,
-                      parts=None):
+                      parts=None, values_only: bool = False):
     """The backward's launches (one of both roles, or the keys' programs and then the queries': :func:`_line_bwd`)
     and the buffers they fill: dq, dk, dx (float32, shaped as q, k, x, contiguous) and dc (float32, as c). q, k, x,
     c, dout as :func:`forward_launches` takes q, k, x, c; out, lse as it returns them. A given ``dq``, ``dk`` or
     ``dc`` (an earlier pass's, of the same q, k or table) is added to, not replaced. Given the ``parts`` the forward
     passes wrote (both tables' and this pass's lse), the programs take the other tokens' terms from there in the
-    scores' products where lines are longer than their own blocks (half precision)."""
+    scores' products where lines are longer than their own blocks (half precision). With ``values_only`` one launch
+    of the keys' programs computes dx = P^T dout alone (VALUES_ONLY; ``out`` unused, x only for its shape and
+    strides): the buffers are (None, None, dx, None)."""
     b, heads, hh, ww, d = q.shape
     dx_dim = x.shape[-1]
     length, n_lines = (hh, ww) if columns else (ww, hh)
-    delta = (dout * out).sum(-1)
     f32 = dict(device=q.device, dtype=torch.float32)
-    acc_q, acc_k, acc_c = dq is not None, dk is not None, dc is not None
-    dq = dq if acc_q else torch.empty(q.shape, **f32)
-    dk = dk if acc_k else torch.empty(k.shape, **f32)
-    dc = dc if acc_c else torch.empty(c.shape, **f32)
     dx = torch.empty(x.shape, **f32)
+    acc_q, acc_k, acc_c = dq is not None, dk is not None, dc is not None
+    if values_only:  # no score gradient: no delta, and dq, dk, dc are not written (dx in their places)
+        delta, dq, dk, dc = lse, dx, dx, dx
+    else:
+        delta = (dout * out).sum(-1)
+        dq = dq if acc_q else torch.empty(q.shape, **f32)
+        dk = dk if acc_k else torch.empty(k.shape, **f32)
+        dc = dc if acc_c else torch.empty(c.shape, **f32)
     cfg = lp.config('line_bwd', length, q.dtype, cap)
     qs, xs, os_ = q.stride(), x.stride(), dout.stride()
     args = (scale, heads, hh, ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0],
@@ -770,9 +776,9 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
     # one launch of both roles (each program the queries' role and then the keys' on its block; on lines of one
     # block whose roles would take two launches, both from one tile of scores) or the keys' programs first (their
     # table part is stored, or added), then the queries' (added to it)
-    both = roles_in_one_launch(cfg, d, dx_dim)
-    one_block = cfg.block_m == cfg.block_n and length <= cfg.block_m and not both
-    roles = (None, ) if one_block or both else (True, False)
+    both = not values_only and roles_in_one_launch(cfg, d, dx_dim)
+    one_block = not values_only and cfg.block_m == cfg.block_n and length <= cfg.block_m and not both
+    roles = (True, ) if values_only else (None, ) if one_block or both else (True, False)
     launches = []
     for keys in roles:
         own, other = (cfg.block_n, cfg.block_m) if keys else (cfg.block_m, cfg.block_n)
@@ -784,8 +790,8 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
                                        PRECISION=lp.precision(q.dtype), RAGGED=ragged(length, other), ACC_DQ=acc_q,
                                        ACC_DK=acc_k, ACC_GC=acc_c if keys is not False else True,
                                        FOLD=parts is not None and _folds(q.dtype, length, own),
-                                       ONE_BLOCK=one_block, VALUES_ONLY=False), cfg, q.device))
-    return launches, (dq, dk, dx, dc)
+                                       ONE_BLOCK=one_block, VALUES_ONLY=values_only), cfg, q.device))
+    return launches, (None, None, dx, None) if values_only else (dq, dk, dx, dc)
 
 
 #: the capabilities where a row backward over both row passes of form 'release' (twice the value channels) may take
@@ -795,35 +801,13 @@ KEYS_FULL_MERGES = (80, )
 
 def merges_row_passes(q, dv: int, cap: int) -> bool:
     """Whether form 'release''s backward on q's map (B, heads, H, W, d), dv value channels, takes both row passes in
-    one launch of twice the value channels (:func:`value_launches` first): unless that takes its keys' programs
-    into :func:`keys_full` tiles (32 own tokens at head dim 32, 64 value channels), but on KEYS_FULL_MERGES."""
+    one launch of twice the value channels (the last's values first: :func:`backward_launches`' ``values_only``):
+    unless that takes its keys' programs into :func:`keys_full` tiles (32 own tokens at head dim 32, 64 value
+    channels), but on KEYS_FULL_MERGES."""
     cfg = lp.config('line_bwd', q.shape[3], q.dtype, cap)
     d = lp.pow2(q.shape[-1])
     return (cap in KEYS_FULL_MERGES or not keys_full(cfg.block_n, d, lp.pow2(2 * dv))
             or keys_full(cfg.block_n, d, lp.pow2(dv)))
-
-
-def value_launches(q, k, x, c, lse, dout, scale: float, columns: bool, cap: int, parts=None):
-    """The launch of the keys' programs that compute only the value gradient of a pass, P^T dout (float32, x's
-    shape, contiguous), and that buffer; the arguments as :func:`backward_launches` takes them (x only for its
-    shape and strides)."""
-    b, heads, hh, ww, d = q.shape
-    dx_dim = x.shape[-1]
-    length, n_lines = (hh, ww) if columns else (ww, hh)
-    dx = torch.empty(x.shape, device=q.device, dtype=torch.float32)
-    cfg = lp.config('line_bwd', length, q.dtype, cap)
-    qs, xs, os_ = q.stride(), x.stride(), dout.stride()
-    own, other = cfg.block_n, cfg.block_m
-    launch = lp.Launch(_line_bwd, (lp.cdiv(length, own) * b * heads * n_lines, ),
-                       (q, k, x, c, dout, lse, lse, dx if parts is None else parts, dx, dx, dx, lse, scale, heads, hh,
-                        ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0], xs[1], xs[2], xs[3], os_[0],
-                        os_[1], os_[2], os_[3]),
-                       dict(KEYS=True, BOTH=False, COLUMNS=columns, BLOCK_OWN=own, BLOCK_OTHER=other,
-                            BLOCK_D=lp.pow2(d), BLOCK_X=lp.pow2(dx_dim), PRECISION=lp.precision(q.dtype),
-                            RAGGED=ragged(length, other), ACC_DQ=False, ACC_DK=False, ACC_GC=False,
-                            FOLD=parts is not None and _folds(q.dtype, length, own), ONE_BLOCK=False,
-                            VALUES_ONLY=True), cfg, q.device)
-    return [launch], dx
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, c: torch.Tensor, scale: float,

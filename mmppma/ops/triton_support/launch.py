@@ -219,8 +219,8 @@ def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int) -> bool:
     more, and (LINE_LONG_CAPS: the forward on sm_80 and sm_90, the backward on sm_90) the criss-cross kernels'
     half-precision lines of LINE_LONG or more that the long row's 64 own tokens pad no more than the short row's 32
     (lines of 56, 100 or 168 tokens; not 200 or 336): per score the 64 x 64 tiles over 4 warps issue less than 32 x
-    32 over 2 (tools/kernel_model.py); and (sm_80, sm_90) whole
-    attention's half-precision kernels from WHOLE_LONG tokens."""
+    32 over 2 (tools/kernel_model.py); and (sm_80, sm_90) whole attention's half-precision kernels from WHOLE_LONG
+    tokens."""
     if length >= LARGE:
         return True
     if dtype == torch.float32:
