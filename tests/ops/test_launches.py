@@ -50,7 +50,8 @@ def test_grids_stay_within_cuda_limits_at_batch_1024(cap):
 def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
     """Criss-cross lines below LARGE tokens take the long row's 64 own tokens on sm_90 where 32 would pad as much:
     lines of 56, 100 and 168 tokens (the configs' 224 and 800 x 1344 maps), not 28, 200 or 336; sm_80 in the
-    forward only; float32 keeps the short row. Whole attention's half-precision kernels on sm_80 and sm_90 take the
+    forward, and in the backward at head dims up to 16 on lines longer than 64 tokens (not knowing the head dim, the
+    short row); float32 keeps the short row. Whole attention's half-precision kernels on sm_80 and sm_90 take the
     long row from 128 tokens (14 x 14 maps and larger; 7 x 7 keeps the short row), with 64 own tokens; narrow maps
     too where they are no taller than 16 (a 3 x 100 map's narrow side keeps the narrow tiles)."""
     half = {n: lp.long_tiles('line_fwd', n, torch.float16, 90) for n in (28, 56, 100, 168, 200, 336, 1024)}
@@ -58,7 +59,9 @@ def test_half_precision_lines_take_the_long_tiles_where_they_pad_no_more():
     assert lp.config('line_bwd', 168, torch.bfloat16, 90) == lp.config('line_bwd', lp.LARGE, torch.bfloat16, 90)
     assert not lp.long_tiles('line_fwd', 168, torch.float32, 90)
     assert lp.long_tiles('line_fwd', 168, torch.float16, 80)
-    assert not lp.long_tiles('line_bwd', 168, torch.float16, 80)  # the long row's backward spills there
+    backward_80 = {(n, d): lp.long_tiles('line_bwd', n, torch.float16, 80, d)
+                   for n in (56, 128, 168, 512) for d in (16, 32, None)}
+    assert {key for key, long in backward_80.items() if long} == {(128, 16), (168, 16), (512, 16)}
     for family in ('whole_fwd', 'whole_bwd_q', 'whole_bwd_kv'):
         whole = {n: lp.long_tiles(family, n, torch.bfloat16, 90) for n in (49, 127, 128, 196, 256)}
         assert whole == {49: False, 127: False, 128: True, 196: True, 256: True}, family

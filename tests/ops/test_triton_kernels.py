@@ -483,6 +483,23 @@ def test_criss_cross_writes_the_tables_parts_where_a_pass_takes_them(monkeypatch
     assert (out[-1] is None) == (not flags[0][0])
 
 
+@pytest.mark.parametrize('cap, write_lse, registers', [(90, False, [168, 255, 168]), (80, True, [255] * 3)])
+def test_a_pass_writes_its_lse_parts_where_its_backward_reads_them(monkeypatch, cap, write_lse, registers):
+    """Form 'release' on 50 x 100 (bfloat16, head dim 32, under autograd): the column pass (lines of 50, 64 value
+    channels) writes its lse's parts only where its backward takes them in its products: not on sm_90, whose
+    backward holds such a line in one block, but on sm_80 (two blocks of 32). On sm_90 the forwards hold 168
+    registers per thread (12 warps per SM), but the column pass, on lines shorter than its block, 255."""
+    from mmppma.ops.criss_cross import triton_impl as criss_cross
+    ran = []
+    monkeypatch.setattr(lp, 'run', ran.extend)
+    monkeypatch.setattr(lp, 'capability', lambda device: cap)
+    q = torch.empty(1, 2, 50, 100, 32, dtype=torch.bfloat16, device='meta')
+    tables = torch.empty(1, 2, 50, 100, device='meta')
+    criss_cross._forward(q, q, q, tables, tables, 0.25, 'release', True)
+    assert [x.constexprs['WRITE_LSE'] for x in ran] == [False, write_lse, False]
+    assert [x.config.maxnreg for x in ran] == registers
+
+
 @pytest.mark.parametrize('columns', [False, True])
 def test_line_backward_on_lines_of_one_block_against_float64(columns):
     """Lines of one block whose roles would take two launches (sm_90, bfloat16, 28 tokens in 32, head dim 32): one
@@ -515,13 +532,13 @@ def test_line_backward_on_lines_of_one_block_against_float64(columns):
 
 @pytest.mark.parametrize('d, dx, keys_fold, both', [(16, 32, True, True), (32, 64, False, False)])
 def test_line_backward_folds_but_where_the_keys_programs_registers_are_full(d, dx, keys_fold, both):
-    """sm_80's backward on columns of 100 tokens (32 x 32 tiles) given the parts: the queries' role takes the other
+    """sm_80's backward on columns of 56 tokens (32 x 32 tiles) given the parts: the queries' role takes the other
     tokens' terms in its products, and so does the keys' but at head dim 32 with 64 value channels; both roles
     share a launch where their own-token sums are small (head dim 16)."""
     from mmppma.ops.line import triton_impl as line
-    q = torch.empty(1, 2, 100, 3, d, dtype=torch.bfloat16, device='meta')
-    x = torch.empty(1, 2, 100, 3, dx, dtype=torch.bfloat16, device='meta')
-    c = torch.empty(1, 2, 100, 3, device='meta')
+    q = torch.empty(1, 2, 56, 3, d, dtype=torch.bfloat16, device='meta')
+    x = torch.empty(1, 2, 56, 3, dx, dtype=torch.bfloat16, device='meta')
+    c = torch.empty(1, 2, 56, 3, device='meta')
     launches, _ = line.backward_launches(q, q, x, c, x.float(), c, x, 0.25, True, 80,
                                          parts=line.table_parts_buffer(q))
     flags = [x.constexprs for x in launches]

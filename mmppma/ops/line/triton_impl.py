@@ -8,6 +8,7 @@ flash-style loops over key blocks; the bias gradient is reduced into per-token p
 program each (no atomics). The grid is one axis of (line, block) programs, line-major: the lines (batch * heads *
 rows or columns) pass CUDA's 65535 on the other axes at large batches.
 """
+import dataclasses
 from typing import Optional, Tuple
 
 import torch
@@ -637,7 +638,7 @@ def folds(q, directions, cap: int, backward: bool = False) -> bool:
         if _forward_folds(cfg, q.dtype, q.shape[-1], n):
             return True
         if backward:
-            cfg = lp.config('line_bwd', n, q.dtype, cap)
+            cfg = lp.config('line_bwd', n, q.dtype, cap, head_dim=q.shape[-1])
             if _folds(q.dtype, n, min(cfg.block_m, cfg.block_n)):
                 return True
     return False
@@ -662,6 +663,12 @@ def table_parts_buffer(q) -> torch.Tensor:
     return torch.empty(*q.shape[:-1], 16, device=q.device, dtype=torch.bfloat16)
 
 
+#: the value channels above which the forward on the long row's lines shorter than its block (one block, its keys
+#: masked) takes the ISA's 255 registers where its configuration bounds them lower (sm_90's 168: 50-token lines
+#: with 64 channels spill 40 B there)
+FULL_REGISTERS_X = 32
+
+
 def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual=None, lse=None, parts=None,
                      other_table=None):
     """The forward's launch and outputs (out: (B, heads, H, W, dx), lse: (B, heads, H, W), float32). q, k: (B,
@@ -671,7 +678,8 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
     direction) is read, not computed, and returned. ``parts`` (:func:`table_parts_buffer`, for this ``scale``):
     with ``other_table`` (the other direction's table, as c) the pass writes its tokens' rows there (both tables'
     parts and its lse's; the first pass over the tables); without, it reads its table's parts from there where it
-    :func:`folds` (an earlier pass wrote them) and writes its lse's parts there unless ``lse`` is given."""
+    :func:`folds` (an earlier pass wrote them) and writes its lse's parts there where its backward folds (reads
+    them), unless ``lse`` is given."""
     b, heads, hh, ww, d = q.shape
     dx = x.shape[-1]
     key = (q.shape, dx, q.dtype, cap, columns, lp.precision(q.dtype))
@@ -679,9 +687,13 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
     if plan is None:
         length, n_lines = (hh, ww) if columns else (ww, hh)
         cfg = lp.config('line_fwd', length, q.dtype, cap)
+        if cfg.maxnreg < 255 and cfg.block_m == 64 and length < cfg.block_m and dx > FULL_REGISTERS_X:
+            cfg = dataclasses.replace(cfg, maxnreg=255)
+        back = lp.config('line_bwd', length, q.dtype, cap, head_dim=d)
         plan = _FWD_PLANS[key] = ((lp.cdiv(length, cfg.block_m) * b * heads * n_lines, ), cfg,
-                                  _constexprs(cfg, columns, d, dx, q.dtype, length), length, n_lines)
-    grid, cfg, constexprs, length, n_lines = plan
+                                  _constexprs(cfg, columns, d, dx, q.dtype, length), length, n_lines,
+                                  _folds(q.dtype, length, min(back.block_m, back.block_n)))
+    grid, cfg, constexprs, length, n_lines, backward_folds = plan
     out = torch.empty(b, heads, hh, ww, dx, device=q.device, dtype=torch.float32)
     given = lse is not None
     if given and (lse.shape != q.shape[:-1] or lse.dtype != torch.float32 or not lse.is_contiguous()):
@@ -710,7 +722,7 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
                                          qs[2], qs[3], xs[0], xs[1], xs[2], xs[3], r_off, *ms[:4]),
                        dict(constexprs, MEAN=residual is not None, LSE_GIVEN=given,
                             FOLD=constexprs['FOLD'] and parts is not None and not write, WRITE_TABLES=write,
-                            WRITE_LSE=parts is not None and not write and not given),
+                            WRITE_LSE=parts is not None and not write and not given and backward_folds),
                        cfg, q.device)
     if residual is None:
         return [launch], out, lse
@@ -737,13 +749,17 @@ def _constexprs(cfg: lp.Config, columns: bool, d: int, dx: int, dtype: torch.dty
 #: values over its threads) take where both roles share a launch: more, and the kernel of both roles (whose
 #: registers exceed the larger role's) spills at the configs' tiles (sm_90, 64 x 64 at head dim 32: 132-468 B)
 BOTH_ROLES_SUMS = 24
+#: (capability, own block) -> the same bound where it is lower: sm_80's 64-token blocks spill at 24 (head dim 16
+#: with 32 value channels, along columns: 272 B)
+BOTH_ROLES_SUMS_AT = {(80, 64): 16}
 
 
-def roles_in_one_launch(cfg: lp.Config, d: int, dx: int) -> bool:
-    """Whether a backward of ``cfg``'s blocks runs both roles in one launch (:func:`_line_bwd`'s BOTH): equal own
-    and other blocks, and own-token sums within :data:`BOTH_ROLES_SUMS` registers per thread."""
-    return (cfg.block_m == cfg.block_n
-            and cfg.block_m * (lp.pow2(d) + lp.pow2(dx)) <= BOTH_ROLES_SUMS * 32 * cfg.num_warps)
+def roles_in_one_launch(cfg: lp.Config, d: int, dx: int, cap: int) -> bool:
+    """Whether a backward of ``cfg``'s blocks on capability ``cap`` runs both roles in one launch
+    (:func:`_line_bwd`'s BOTH): equal own and other blocks, and own-token sums within :data:`BOTH_ROLES_SUMS`
+    registers per thread (:data:`BOTH_ROLES_SUMS_AT` where it bounds them)."""
+    most = BOTH_ROLES_SUMS_AT.get((cap, cfg.block_m), BOTH_ROLES_SUMS)
+    return cfg.block_m == cfg.block_n and cfg.block_m * (lp.pow2(d) + lp.pow2(dx)) <= most * 32 * cfg.num_warps
 
 
 def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, cap: int, dq=None, dk=None, dc=None,
@@ -769,14 +785,14 @@ def backward_launches(q, k, x, c, out, lse, dout, scale: float, columns: bool, c
         dq = dq if acc_q else torch.empty(q.shape, **f32)
         dk = dk if acc_k else torch.empty(k.shape, **f32)
         dc = dc if acc_c else torch.empty(c.shape, **f32)
-    cfg = lp.config('line_bwd', length, q.dtype, cap)
+    cfg = lp.config('line_bwd', length, q.dtype, cap, head_dim=d)
     qs, xs, os_ = q.stride(), x.stride(), dout.stride()
     args = (scale, heads, hh, ww, length, n_lines, d, dx_dim, qs[0], qs[1], qs[2], qs[3], xs[0],
             xs[1], xs[2], xs[3], os_[0], os_[1], os_[2], os_[3])
     # one launch of both roles (each program the queries' role and then the keys' on its block; on lines of one
     # block whose roles would take two launches, both from one tile of scores) or the keys' programs first (their
     # table part is stored, or added), then the queries' (added to it)
-    both = not values_only and roles_in_one_launch(cfg, d, dx_dim)
+    both = not values_only and roles_in_one_launch(cfg, d, dx_dim, cap)
     one_block = not values_only and cfg.block_m == cfg.block_n and length <= cfg.block_m and not both
     roles = (True, ) if values_only else (None, ) if one_block or both else (True, False)
     launches = []
@@ -804,7 +820,7 @@ def merges_row_passes(q, dv: int, cap: int) -> bool:
     one launch of twice the value channels (the last's values first: :func:`backward_launches`' ``values_only``):
     unless that takes its keys' programs into :func:`keys_full` tiles (32 own tokens at head dim 32, 64 value
     channels), but on KEYS_FULL_MERGES."""
-    cfg = lp.config('line_bwd', q.shape[3], q.dtype, cap)
+    cfg = lp.config('line_bwd', q.shape[3], q.dtype, cap, head_dim=q.shape[-1])
     d = lp.pow2(q.shape[-1])
     return (cap in KEYS_FULL_MERGES or not keys_full(cfg.block_n, d, lp.pow2(2 * dv))
             or keys_full(cfg.block_n, d, lp.pow2(dv)))

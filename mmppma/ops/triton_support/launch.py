@@ -153,7 +153,9 @@ _TABLE: Dict[Tuple[str, bool, bool], Dict[int, Config]] = {
     ('line_fwd', False, False): {0: Config(32, 32, 8, 2)},
     ('line_fwd', False, True): {0: Config(32, 32, 2, 2)},
     ('line_fwd', True, False): {0: Config(64, 32, 8, 2)},
-    ('line_fwd', True, True): {0: Config(64, 64, 4, 2)},
+    # (sm_90: at most 168 registers per thread, so that 12 warps share an SM; the short row's 32 x 32 tiles over 2
+    # warps spill 20-108 B within them at head dim 32 under triton 3.6)
+    ('line_fwd', True, True): {0: Config(64, 64, 4, 2), 90: Config(64, 64, 4, 2, 168)},
     ('line_bwd', False, False): {0: Config(16, 16, 4, 1)},
     ('line_bwd', False, True): {0: Config(32, 32, 2, 1)},
     ('line_bwd', True, False): {0: Config(64, 16, 8, 1)},
@@ -177,25 +179,29 @@ NARROW_FAMILIES = ('whole_bwd_q', 'whole_bwd_kv')
 KERNEL_FAMILIES = tuple(dict.fromkeys(family for family, _, _ in _TABLE))
 
 
-def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = LARGE) -> Config:
+def config(family: str, length: int, dtype: torch.dtype, cap: int, width: int = LARGE,
+           head_dim: Optional[int] = None) -> Config:
     """Tiles, warps and stages of kernel ``family`` for sequences (or lines) of ``length`` tokens, of images
-    ``width`` tokens wide (whole attention's backward)."""
+    ``width`` tokens wide (whole attention's backward), at ``head_dim`` (where :data:`LINE_LONG_BOUNDS` bound it)."""
     if cap == 0:
         chosen = _INTERPRETER
     elif narrow_tiles(family, length, dtype, cap, width):
         narrow = _NARROW[dtype != torch.float32]
         chosen = narrow.get(cap, narrow[0])
     else:
-        row = _TABLE[(family, long_tiles(family, length, dtype, cap), dtype != torch.float32)]
+        row = _TABLE[(family, long_tiles(family, length, dtype, cap, head_dim), dtype != torch.float32)]
         chosen = row.get(cap, row[0])
     return dataclasses.replace(chosen, family=family)
 
 
 #: the line families whose half-precision lines take the long row below LARGE tokens too (:func:`long_tiles`), and
-#: the capabilities where they do: the backward's long row spills on sm_80 at the configs' head dims (d 32, 64
-#: values: 8-788 B; its 64 x 32 tiles are predicted slower there than 32 x 32 on 2 warps)
+#: the capabilities where they do
 LINE_LONG = 48
-LINE_LONG_CAPS = {'line_fwd': (80, 90), 'line_bwd': (90, )}
+LINE_LONG_CAPS = {'line_fwd': (80, 90), 'line_bwd': (80, 90)}
+#: (family, capability) -> (the largest head dim, the shortest line) that take the long row there: sm_80's backward
+#: spills on it at head dim 32 (8-788 B) and on lines of one block (56 tokens: 72-144 B), and at 32 x 32 over 2 warps
+#: those lines are predicted no slower (tools/kernel_model.py)
+LINE_LONG_BOUNDS = {('line_bwd', 80): (16, 65)}
 #: whole attention's half-precision kernels on sm_80 and sm_90 take the long row from WHOLE_LONG tokens (two
 #: 64-token tiles: maps of 14 x 14 and 16 x 16; the backward on narrow images too): per real score its tiles over 4
 #: warps issue less than the short row's 16 or 32 own tokens over 2 warps, though they pad more (7 x 7 maps keep the
@@ -214,19 +220,23 @@ def narrow_tiles(family: str, length: int, dtype: torch.dtype, cap: int, width: 
     return not (length < NARROW * NARROW and long_tiles(family, length, dtype, cap))
 
 
-def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int) -> bool:
+def long_tiles(family: str, length: int, dtype: torch.dtype, cap: int, head_dim: Optional[int] = None) -> bool:
     """Whether ``family`` takes its table's long row for ``length`` tokens on capability ``cap``: at LARGE tokens or
-    more, and (LINE_LONG_CAPS: the forward on sm_80 and sm_90, the backward on sm_90) the criss-cross kernels'
-    half-precision lines of LINE_LONG or more that the long row's 64 own tokens pad no more than the short row's 32
-    (lines of 56, 100 or 168 tokens; not 200 or 336): per score the 64 x 64 tiles over 4 warps issue less than 32 x
-    32 over 2 (tools/kernel_model.py); and (sm_80, sm_90) whole attention's half-precision kernels from WHOLE_LONG
-    tokens."""
+    more, and (LINE_LONG_CAPS) the criss-cross kernels' half-precision lines of LINE_LONG or more that the long row's
+    64 own tokens pad no more than the short row's 32 (lines of 56, 100 or 168 tokens; not 200 or 336), within
+    LINE_LONG_BOUNDS (a ``head_dim`` of None is outside them): per score the 64 x 64 tiles over 4 warps issue less
+    than 32 x 32 over 2 (tools/kernel_model.py); and (sm_80, sm_90) whole attention's half-precision kernels from
+    WHOLE_LONG tokens."""
     if length >= LARGE:
         return True
     if dtype == torch.float32:
         return False
     if family in WHOLE_FAMILIES:
         return cap in WHOLE_LONG_CAPS and length >= WHOLE_LONG
+    if (family, cap) in LINE_LONG_BOUNDS:
+        most_d, least = LINE_LONG_BOUNDS[(family, cap)]
+        if head_dim is None or head_dim > most_d or length < least:
+            return False
     return (cap in LINE_LONG_CAPS.get(family, ()) and length >= LINE_LONG
             and cdiv(length, 64) * 64 == cdiv(length, 32) * 32)
 
