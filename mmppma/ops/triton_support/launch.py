@@ -110,10 +110,12 @@ _INTERPRETER = Config(32, 32, 1, 1)
 # Whole attention on images narrower than NARROW tokens (and no taller, so N < 256): a block spans many image
 # rows, and the work per row grows with them, so blocks stay short (:func:`narrow_tiles`).
 # Half precision -> {capability (0: any other): config}; over 4 warps where 2 spill (half precision on sm_86 / sm_89,
-# float32 everywhere).
+# float32 everywhere); over 1 on sm_80 and sm_90, where one warp holds a 16 x 16 tile's products alone (7 x 7 maps:
+# predicted 2.5-2.9x -> 2.1-2.2x flash per real score, whole attention's backward; tools/kernel_model.py).
 _NARROW: Dict[bool, Dict[int, Config]] = {
     False: {0: Config(16, 16, 4, 1)},
-    True: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 4, 1) for cap in (86, 89)}},
+    True: {0: Config(16, 16, 2, 1), **{cap: Config(16, 16, 1, 1) for cap in (80, 90)},
+           **{cap: Config(16, 16, 4, 1) for cap in (86, 89)}},
 }
 
 # (family, long sequence (:func:`long_tiles`), half precision) -> {capability (0: any other): config}. In the
