@@ -180,6 +180,23 @@ def test_waves_and_the_issue_bound():
     assert cost.bound == 'mufu' and cost.cycles == pytest.approx(resident * 40 * 4 * 10 / 0.5)
 
 
+def test_the_parts_of_a_launch_fill_waves_together():
+    """Two parts of one grid (whole attention's paths) of one program per SM each: together two programs per SM,
+    8 warps, at the saturated issue share; priced apart each would be a last wave of one program at half of it.
+    Their computed and real scores add up."""
+    light = dict(fp32=10, mufu=1, conv=0, int=5, mem=2, other=2, mma=4, tensor=0)  # 24 per warp per iteration
+    heavy = dict(light, fp32=34)  # 48
+    one = H100.sms
+    cost = model.parts_cost(H100, [(light, (one, 10, 64, 64), 0.0, 1.0), (heavy, (one, 10, 64, 64), 0.0, 2.0)],
+                            'bf16', 4, 128, 16 * 1024)
+    assert model.issue_efficiency(H100, 8) == pytest.approx(H100.issue_share)
+    assert cost.cycles == pytest.approx(2 * (24 + 48) / 2 * 4 * 10 / (4 * H100.issue_share))
+    assert cost.computed == 2 * one * 10 * 64 * 64 and cost.real == 3.0 and cost.iterations == 10
+    apart = [model.launch_cost(H100, loop, 'bf16', 4, 128, 16 * 1024, (one, 10, 64, 64), 0.0, 1.0).cycles
+             for loop in (light, heavy)]
+    assert sum(apart) == pytest.approx(2 * cost.cycles)
+
+
 def test_the_fit_recovers_a_known_share_and_overhead():
     """Rows made with a known issue share and SDPA overhead give them back, and an op predicted as its kernels
     plus its host ratio times that overhead."""

@@ -70,7 +70,12 @@ import triton  # noqa: E402
 
 import mmppma.ops as ops  # noqa: E402
 from mmppma.models.backbones.stages import IMAGES, SHIPPED, STRIDES, attention_stages, model_shapes  # noqa: E402,F401
-from mmppma.ops import devices, plan  # noqa: E402
+
+try:
+    from mmppma.ops import devices, plan  # noqa: E402
+except ImportError:  # --kernels-at a revision whose mmppma.ops.dispatch held both
+    from mmppma.ops import dispatch as devices  # noqa: E402
+    plan = devices
 from mmppma.ops.triton_support import launch as lp  # noqa: E402
 
 # 'tf32': float32 inputs with torch's TF32 setting on (the kernels' dot products on TF32 tensor cores)
@@ -156,7 +161,8 @@ def parts_apart(c: dict) -> List[dict]:
     """The constexprs of each part of a launch that :func:`priced` leaves out - one path of whole attention, one role
     of a backward (:func:`kernel_model.tiles`' order) - launched as they are by the forms of one path and by roles
     apart."""
-    roles = [dict(KEYS=keys, BOTH=False) for keys in kernel_model.bwd_roles(c)] if 'KEYS' in c else [{}]
+    roles = ([dict(KEYS=keys, **({'BOTH': False} if 'BOTH' in c else {})) for keys in kernel_model.bwd_roles(c)]
+             if 'KEYS' in c else [{}])  # (kernels before BOTH: --kernels-at)
     paths = [{'H2V': False} if path == 'v2h' else {'V2H': False} if c['V2H'] else {}
              for path in ('v2h', 'h2v') if c[path.upper()]] if 'V2H' in c else [{}]
     return [dict(c, **role, **path) for role in roles for path in paths]
@@ -360,23 +366,15 @@ def model_flash(specs: Dict[str, dict], calls: Dict[tuple, list]) -> Dict[str, d
 
 def _launch_cost(gpu, desc: dict, dtype: str, result: dict, loops: List[dict], h: int, w: int, bh: int) -> dict:
     """Cycles, computed and real scores, resident warps and bound of one launch: each part (a path of whole
-    attention) priced with its own key loop (``loops``), under the launch's registers and shared memory."""
-    out = dict(cycles=0.0, computed=0.0, real=0.0, warps=None, bound='', us=0.0)
+    attention, a role of its backward) priced with its own key loop (``loops``), their programs in one grid
+    (:func:`kernel_model.parts_cost`), under the launch's registers and shared memory."""
     spec = dict(desc=desc, dtype=dtype)
-    largest = 0.0
-    for (name, tile), loop in zip(kernel_model.tiles(desc, h, w, bh), loops):
-        loop = _by_key_rows(desc, name, loop, h, w)
-        cost = kernel_model.launch_cost(gpu, loop, dtype, desc['options']['num_warps'], result['registers'],
-                                        result['shared'], tile, kv_bytes(spec),
-                                        kernel_model.real_scores(desc, h, w, bh))
-        out['cycles'] += cost.cycles
-        out['us'] += cost.us
-        out['computed'] += cost.computed
-        out['real'] += cost.real
-        out['warps'] = cost.resident * desc['options']['num_warps']
-        if cost.cycles > largest:
-            largest, out['bound'] = cost.cycles, cost.bound
-    return out
+    parts = [(_by_key_rows(desc, name, loop, h, w), tile, kv_bytes(spec), kernel_model.real_scores(desc, h, w, bh))
+             for (name, tile), loop in zip(kernel_model.tiles(desc, h, w, bh), loops)]
+    cost = kernel_model.parts_cost(gpu, parts, dtype, desc['options']['num_warps'], result['registers'],
+                                   result['shared'])
+    return dict(cycles=cost.cycles, computed=cost.computed, real=cost.real,
+                warps=cost.resident * desc['options']['num_warps'], bound=cost.bound, us=cost.us)
 
 
 def _by_key_rows(desc: dict, part: str, loop: dict, h: int, w: int) -> dict:

@@ -97,7 +97,7 @@ def tensor_rate(gpu: GPU, dtype: str) -> float:
 class LaunchCost:
     """A launch's predicted time and what it follows from."""
     programs: int
-    iterations: int  #: key-loop iterations per program
+    iterations: float  #: key-loop iterations per program (the mean over its parts')
     computed: float  #: scores computed (padding included)
     real: float  #: real scores
     resident: int  #: programs per SM
@@ -113,10 +113,25 @@ def launch_cost(gpu: GPU, loop: Dict[str, float], dtype: str, warps: int, regist
     """The predicted time of one launch: ``loop`` the key loop's instructions per warp by class (and 'tensor':
     multiply-adds per warp) of one iteration; ``tiles`` (programs, iterations per program, own tokens, other
     tokens) of a tile; ``kv_bytes`` the other tokens' operand bytes per computed score."""
-    programs, iterations, own, other = tiles
-    per_program = {cls: loop.get(cls, 0) * warps * iterations for cls in PIPES + ('mma', 'other')}
-    tensor = loop.get('tensor', 0) * warps * iterations
-    l2 = kv_bytes * own * other * iterations
+    return parts_cost(gpu, [(loop, tiles, kv_bytes, real)], dtype, warps, registers, shared)
+
+
+def parts_cost(gpu: GPU, parts: List[Tuple[Dict[str, float], Tuple[int, int, int, int], float, float]], dtype: str,
+               warps: int, registers: int, shared: int) -> LaunchCost:
+    """The predicted time of one launch whose programs are of several parts (whole attention's paths, the
+    backward's roles): ``parts`` as :func:`launch_cost`'s (loop, tiles, kv_bytes, real). Their programs share the
+    grid, so they fill waves together: the waves are those of all of them, each program at their mean work."""
+    programs = sum(tiles[0] for _, tiles, _, _ in parts)
+    per_program = {cls: 0.0 for cls in PIPES + ('mma', 'other')}
+    tensor = l2 = computed = real = 0.0
+    for loop, (count, iterations, own, other), kv_bytes, part_real in parts:
+        share = count / max(programs, 1)
+        for cls in per_program:
+            per_program[cls] += share * loop.get(cls, 0) * warps * iterations
+        tensor += share * loop.get('tensor', 0) * warps * iterations
+        l2 += share * kv_bytes * own * other * iterations
+        computed += float(count) * iterations * own * other
+        real += part_real
     resident, limit = occupancy(gpu, registers, shared, warps)
     resident = max(resident, 1)
     per_wave = resident * gpu.sms
@@ -127,7 +142,7 @@ def launch_cost(gpu: GPU, loop: Dict[str, float], dtype: str, warps: int, regist
         last, last_bound = wave_cycles(gpu, per_program, tensor, l2, math.ceil(rest / gpu.sms), warps, dtype)
         total += last
         bound = bound if full else last_bound
-    computed = float(programs) * iterations * own * other
+    iterations = computed / max(programs * parts[0][1][2] * parts[0][1][3], 1)
     return LaunchCost(programs, iterations, computed, real, resident, limit, programs / per_wave, bound, total,
                       total / (gpu.clock_ghz * 1e3))
 
