@@ -667,6 +667,9 @@ def table_parts_buffer(q) -> torch.Tensor:
 #: masked) takes the ISA's 255 registers where its configuration bounds them lower (sm_90's 168: 50-token lines
 #: with 64 channels spill 40 B there)
 FULL_REGISTERS_X = 32
+#: the triton below which the forward's short row (32 x 32 tiles over 2 warps) takes 255 registers where its
+#: configuration bounds them lower (sm_90's 168: triton 3.6 spills 20-108 B there at head dim 32; 3.7 none)
+SHORT_BOUNDED_FROM = (3, 7)
 
 
 def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual=None, lse=None, parts=None,
@@ -687,7 +690,8 @@ def forward_launches(q, k, x, c, scale: float, columns: bool, cap: int, residual
     if plan is None:
         length, n_lines = (hh, ww) if columns else (ww, hh)
         cfg = lp.config('line_fwd', length, q.dtype, cap)
-        if cfg.maxnreg < 255 and cfg.block_m == 64 and length < cfg.block_m and dx > FULL_REGISTERS_X:
+        if cfg.maxnreg < 255 and (cfg.block_m == 64 and length < cfg.block_m and dx > FULL_REGISTERS_X or
+                                  cfg.block_m == 32 and lp.triton_version() < SHORT_BOUNDED_FROM):
             cfg = dataclasses.replace(cfg, maxnreg=255)
         back = lp.config('line_bwd', length, q.dtype, cap, head_dim=d)
         plan = _FWD_PLANS[key] = ((lp.cdiv(length, cfg.block_m) * b * heads * n_lines, ), cfg,
