@@ -55,6 +55,23 @@ def test_quick_check_compiles_for_a100_and_h100(scope, tmp_path, compile_env):
     assert sum(line.startswith('| `_') for line in page.splitlines()) == len(rows)
 
 
+def test_kernels_at_the_h200_runs_revision():
+    """--kernels-at takes mmppma/ of a revision with this tool's pricing: that of the H200 run (its devices in
+    mmppma.ops.dispatch) imports; launches of its kernels, which have no BOTH constexpr, are priced part by part
+    without one, and today's both-roles launches part by part with BOTH off."""
+    revision = '2e28041'
+    if subprocess.run(['git', '-C', str(REPO_ROOT), 'cat-file', '-e', revision + '^{commit}']).returncode:
+        pytest.skip(f'this checkout lacks the history of {revision} (a shallow clone)')
+    run = subprocess.run([sys.executable, 'tools/check_kernels.py', '--kernels-at', revision, '--help'], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and '--kernels-at' in run.stdout, run.stderr[-2000:]
+    old = dict(KEYS=False, V2H=True, H2V=True, PRECISION=None)
+    assert tool.parts_apart(old) == [dict(old, H2V=False), dict(old, V2H=False)]
+    both = dict(old, BOTH=True)
+    parts = [(c['KEYS'], c['BOTH'], c['V2H'], c['H2V']) for c in tool.parts_apart(both)]
+    assert parts == [(keys, False, v2h, not v2h) for keys in (False, True) for v2h in (True, False)]
+
+
 def test_grid_check_names_the_axes_over_cuda_limits():
     assert tool.grid_problems((2**31 - 1, 65535, 65535)) == []
     assert tool.grid_problems((2**31, 65536, 1)) == ['grid axis 0 = 2147483648 > 2147483647',
