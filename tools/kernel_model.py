@@ -142,7 +142,7 @@ def parts_cost(gpu: GPU, parts: List[Tuple[Dict[str, float], Tuple[int, int, int
         last, last_bound = wave_cycles(gpu, per_program, tensor, l2, math.ceil(rest / gpu.sms), warps, dtype)
         total += last
         bound = bound if full else last_bound
-    iterations = computed / max(programs * parts[0][1][2] * parts[0][1][3], 1)
+    iterations = sum(count * part_iterations for _, (count, part_iterations, _, _), _, _ in parts) / max(programs, 1)
     return LaunchCost(programs, iterations, computed, real, resident, limit, programs / per_wave, bound, total,
                       total / (gpu.clock_ghz * 1e3))
 
