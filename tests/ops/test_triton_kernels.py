@@ -277,6 +277,46 @@ def test_whole_backward_column_chunks_narrower_than_the_spreader(monkeypatch):
         triton_impl._BWD_PLANS.clear()
 
 
+def test_whole_backward_keys_on_other_tiles_over_four_rows(monkeypatch):
+    """The keys' programs on tiles of 64 others in 16 columns over 4 map rows (800 x 1344's stage 4 on sm_90 under
+    triton 3.7 or later, where the two paths then share a launch; 32 others under 3.6) equal the reference, gradients
+    included, at 9 x 12 (rows past the image in its last tile)."""
+    import dataclasses
+
+    from mmppma.ops import plan
+    from mmppma.ops.whole import triton_impl
+    config, role_plans = lp.config, triton_impl._role_plans
+
+    def keys_block(cap, shape, version):
+        monkeypatch.setattr(lp, 'triton_version', lambda: version)
+        triton_impl._BWD_PLANS.clear()
+        q = torch.empty(*shape, dtype=torch.bfloat16, device='meta', requires_grad=True)
+        la = torch.empty(*shape[:-1], device='meta')
+        with lp.recording(cap) as ran:
+            torch.autograd.grad(ops.ppma_attention(q, q, q, la, la, scale=0.25, impl='triton'), [q],
+                                torch.empty(*shape[:-1], q.shape[-1], device='meta'))
+        return [(x.constexprs['KEYS'], x.grid[1], x.constexprs['BLOCK_OTHER']) for x in ran if x.name == '_whole_bwd']
+
+    monkeypatch.setattr(plan, 'triton_interpreted', lambda: True)  # meta tensors take the Triton path
+    try:
+        assert keys_block(90, (2, 8, 25, 42, 32), (3, 7)) == [(False, 2, 32), (True, 2, 64)]
+        assert keys_block(90, (2, 8, 25, 42, 32), (3, 6)) == [(False, 2, 32), (True, 1, 64), (True, 1, 32)]
+        monkeypatch.undo()
+        # on the interpreter: the keys' tiles of 64 others kept over more rows than two
+        monkeypatch.setattr(lp, 'config', lambda family, *args, **kwargs: dataclasses.replace(
+            config(family, *args, **kwargs), block_n=64) if family == 'whole_bwd_kv' else config(family, *args,
+                                                                                                 **kwargs))
+        monkeypatch.setattr(triton_impl, '_role_plans', lambda *args: role_plans(*args[:-1], False))
+        triton_impl._BWD_PLANS.clear()
+        ran = launched(monkeypatch)
+        assert_same(partial(ops.ppma_attention, scale=0.25), make(1, 2, 9, 12, 16))
+        tiles = {(x.constexprs['BLOCK_OTHER'], x.constexprs['COLS_V'], x.constexprs['COLS_H'])
+                 for x in ran if x.name == '_whole_bwd' and x.constexprs['KEYS']}
+        assert (64, 16, 16) in tiles, tiles  # (9 x 12: both maps in tiles of 4 rows, 3 rows past the image's)
+    finally:
+        triton_impl._BWD_PLANS.clear()
+
+
 def test_whole_backward_roles_in_one_launch_or_apart(monkeypatch):
     """The queries' and the keys' programs share one launch where both roles take the same tiles (every launch on the
     interpreter; sm_90's bfloat16 tiles at 7 x 7, Manhattan's one path included), else one launch each (800 x 1344's

@@ -767,6 +767,11 @@ PATHS_APART_BELOW = 90
 BLOCK_OWN_APART = 64
 
 
+#: the triton from which the backward's keys may take tiles of 64 others over more than two rows
+#: (:func:`_bwd_plans`)
+WIDE_KEYS_FROM = (3, 7)
+
+
 def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
     """Per kind (queries, keys): (grid, constexprs, config, tiles per slice, first path) of the backward's launches,
     cached per call site, and the corner slots per path (the most own tiles that touch one row of its forward map).
@@ -775,49 +780,63 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
     plans = _BWD_PLANS.get(key)
     if plans is not None:
         return plans
+    queries, slots = _role_plans(q, v, hh, ww, form, cap, False, True)
+    launches = roles_in_one_launch(queries + _role_plans(q, v, hh, ww, form, cap, True, True)[0])
+    # the keys' tiles of 64 others over more than two rows stay so where that takes fewer launches (the roles'
+    # paths in one, not two); elsewhere 32 others, as the queries' (the roles then share launches). Triton 3.6
+    # spills them (16 B at 800 x 1344 stage 4)
+    wide = roles_in_one_launch(queries + _role_plans(q, v, hh, ww, form, cap, True, False)[0])
+    if len(wide) < len(launches) and lp.triton_version() >= WIDE_KEYS_FROM:
+        launches = wide
+    plans = _BWD_PLANS[key] = (launches, slots)
+    return plans
+
+
+def _role_plans(q, v, hh: int, ww: int, form: str, cap: int, keys: bool, narrow_rows: bool):
+    """:func:`_bwd_plans`' launches of one role (KEYS: the keys'), and the queries' corner slots per path.
+    ``narrow_rows``: tiles of 64 others over more than two rows take 32 others (the queries' always do: there a row
+    more costs a product and they spill)."""
     bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
     names = paths(form)
     launches, slots = [], {}
-    for keys in (False, True):
-        family = 'whole_bwd_kv' if keys else 'whole_bwd_q'
-        tiles = {}
-        for path in names:
-            # a path's queries run on its forward map, its keys on the transpose: the image (width W) or not (H)
-            image = (path == 'v2h') != keys
-            width = ww if image else hh
-            cfg = lp.config(family, n, q.dtype, cap, width)
-            # own tiles of consecutive map tokens: tensor-core tiles take 16 own rows per warp at least
-            narrow = lp.narrow_tiles(family, n, q.dtype, cap, width)
-            least = 16 * cfg.num_warps if q.dtype != torch.float32 and not narrow else 16
-            own = query_block(n, cfg.block_m, least)
-            # the (own x column) sums are held through the chunk (as 16 columns at least, the column spreader's
-            # product): the largest tiles (128 x 64) take 32 columns at most (64 spill); a chunk of fewer than 16
-            # columns only on tiles of 16 others (over 2 rows: a row more costs the queries' programs a product)
-            cols = key_columns(width, n // width, cfg.block_n, least=min(16, cfg.block_n // 2),
-                               most=32 if own * cfg.block_n >= 8192 else 128)
-            if cfg.block_n // cols > 2 and cfg.block_n > 32:  # tiles of 64 others over more than two rows spill
-                cfg = dataclasses.replace(cfg, block_n=32)
-                cols = key_columns(width, n // width, 32, least=16)
-            tiles[path] = (cfg, image, own, cols)
-            if not keys:
-                slots[path] = corner_slots(width, own)
-        # one launch for both paths where their maps take one configuration (but the queries' on large own tiles
-        # below PATHS_APART_BELOW)
-        apart = len({tiles[p][0] for p in names}) > 1 or (
-            not keys and 0 < cap < PATHS_APART_BELOW and min(tiles[p][2] for p in names) >= BLOCK_OWN_APART)
-        groups = [(p, ) for p in names] if apart else [names]
-        for group in groups:
-            cfg, _, own, _ = tiles[group[0]]
-            cols_v = next((tiles[p][3] for p in group if tiles[p][1]), 16)
-            cols_h = next((tiles[p][3] for p in group if not tiles[p][1]), 16)
-            count = lp.cdiv(n, own)
-            constexprs = dict(HH=hh, WW=ww, KEYS=keys, BOTH=False, V2H='v2h' in group, H2V='h2v' in group,
-                              BLOCK_OWN=own,
-                              COLS_V=cols_v, COLS_H=cols_h, BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d),
-                              BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
-            launches.append(((count * bh, len(group)), constexprs, cfg, count, names.index(group[0])))
-    plans = _BWD_PLANS[key] = (roles_in_one_launch(launches), slots)
-    return plans
+    family = 'whole_bwd_kv' if keys else 'whole_bwd_q'
+    tiles = {}
+    for path in names:
+        # a path's queries run on its forward map, its keys on the transpose: the image (width W) or not (H)
+        image = (path == 'v2h') != keys
+        width = ww if image else hh
+        cfg = lp.config(family, n, q.dtype, cap, width)
+        # own tiles of consecutive map tokens: tensor-core tiles take 16 own rows per warp at least
+        narrow = lp.narrow_tiles(family, n, q.dtype, cap, width)
+        least = 16 * cfg.num_warps if q.dtype != torch.float32 and not narrow else 16
+        own = query_block(n, cfg.block_m, least)
+        # the (own x column) sums are held through the chunk (as 16 columns at least, the column spreader's
+        # product): the largest tiles (128 x 64) take 32 columns at most (64 spill); a chunk of fewer than 16
+        # columns only on tiles of 16 others (over 2 rows: a row more costs the queries' programs a product)
+        cols = key_columns(width, n // width, cfg.block_n, least=min(16, cfg.block_n // 2),
+                           most=32 if own * cfg.block_n >= 8192 else 128)
+        if cfg.block_n // cols > 2 and cfg.block_n > 32 and (narrow_rows or not keys):
+            cfg = dataclasses.replace(cfg, block_n=32)
+            cols = key_columns(width, n // width, 32, least=16)
+        tiles[path] = (cfg, image, own, cols)
+        if not keys:
+            slots[path] = corner_slots(width, own)
+    # one launch for both paths where their maps take one configuration (but the queries' on large own tiles
+    # below PATHS_APART_BELOW)
+    apart = len({tiles[p][0] for p in names}) > 1 or (
+        not keys and 0 < cap < PATHS_APART_BELOW and min(tiles[p][2] for p in names) >= BLOCK_OWN_APART)
+    groups = [(p, ) for p in names] if apart else [names]
+    for group in groups:
+        cfg, _, own, _ = tiles[group[0]]
+        cols_v = next((tiles[p][3] for p in group if tiles[p][1]), 16)
+        cols_h = next((tiles[p][3] for p in group if not tiles[p][1]), 16)
+        count = lp.cdiv(n, own)
+        constexprs = dict(HH=hh, WW=ww, KEYS=keys, BOTH=False, V2H='v2h' in group, H2V='h2v' in group,
+                          BLOCK_OWN=own,
+                          COLS_V=cols_v, COLS_H=cols_h, BLOCK_OTHER=cfg.block_n, BLOCK_D=lp.pow2(d),
+                          BLOCK_DV=lp.pow2(dv), PRECISION=lp.precision(q.dtype))
+        launches.append(((count * bh, len(group)), constexprs, cfg, count, names.index(group[0])))
+    return launches, slots
 
 
 def roles_in_one_launch(plans):
