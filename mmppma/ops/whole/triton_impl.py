@@ -121,7 +121,7 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr,
               tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H: tl.constexpr, W: tl.constexpr, ROWS: tl.constexpr,
               EVEN: tl.constexpr, SIDE: tl.constexpr, FOLD: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr, STAGES: tl.constexpr = None,
-              SHIFTED: tl.constexpr = False):
+              SHIFTED: tl.constexpr = False, IN_PRODUCT: tl.constexpr = False):
     """:func:`_fwd_map`'s online softmax over the key tiles of map rows ``r_from`` to ``r_to`` (multiples of ROWS)
     of one column chunk: the running (m, sums, acc) after them. SIDE: the keys lie on or above every query row (-1:
     the bias is ``bias - T2[key]``), on or below them (1: ``bias + T2[key]``) or between (0: ``bias - |T2[corner] -
@@ -130,7 +130,9 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr,
     read as three bfloat16 parts per key from ``parts_ptr`` (:func:`_whole_fwd_parts`, in the map's order), by a
     product of a (query x 16) column of SIDE with the (key x 16) parts: no T2 per key on the CUDA cores. STAGES:
     the loop's software-pipelining stages (None: the launch's). SHIFTED: ``r_from`` may be negative and ``r_to``
-    past the map (:func:`shifted_key_tiles`), the rows off the map masked."""
+    past the map (:func:`shifted_key_tiles`), the rows off the map masked. IN_PRODUCT: ``bias`` is in units of
+    1 / scale and the scores' product starts from it (an accumulator operand apart from the result: no addition
+    per score); with FOLD the logits stay in those units, ``scale`` applied in the softmax's exponent."""
     TAKE_T2: tl.constexpr = not (FOLD and SIDE != 0)
     if not TAKE_T2:  # SIDE in every column (the parts' three, zeros after them): keys off the map read -SIDE * inf
         side = tl.full((q.shape[0], 16), SIDE * 1.0, tl.float32).to(tl.bfloat16)
@@ -148,15 +150,30 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr,
                 t2_key = tl.load(t2_ptr + at)
             else:
                 t2_key = tl.load(t2_ptr + at, mask=mask_n, other=float('-inf') if SIDE > 0 else float('inf'))
-            s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)),
-                       input_precision=PRECISION)
+            k = load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)
+            if IN_PRODUCT:
+                s = tl.dot(q, tl.trans(k), bias, input_precision=PRECISION)
+            else:
+                s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         else:  # (keys past the map's columns and empty places take a bias of -inf from the tile, keys past its
             # rows the parts -SIDE * inf)
             parts = tl.load(parts_ptr + ((key_r * W + key_c) * 16)[:, None] + tl.arange(0, 16)[None, :],
                             mask=mask_n[:, None], other=float('-inf') if SIDE > 0 else float('inf'))
-            s = tl.dot(q, tl.trans(load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)),
-                       tl.dot(side, tl.trans(parts)), input_precision=PRECISION)
-        if not TAKE_T2:
+            k = load_rows(k_ptr, key_r * q_r + key_c * q_c, mask_n, tl.arange(0, BLOCK_D), D)
+            if IN_PRODUCT:
+                s = tl.dot(q, tl.trans(k), tl.dot(side, tl.trans(parts), bias), input_precision=PRECISION)
+            else:
+                s = tl.dot(q, tl.trans(k), tl.dot(side, tl.trans(parts)), input_precision=PRECISION)
+        if IN_PRODUCT:  # (the bias in s)
+            if not TAKE_T2:  # the logits s * scale: the row maximum of s, scale in the exponent's product
+                m_new = tl.maximum(m, tl.max(s, 1) * scale)
+            elif SIDE < 0:
+                x = s * scale - t2_key[None, :]
+            elif SIDE > 0:
+                x = s * scale + t2_key[None, :]
+            else:
+                x = s * scale - tl.abs(t2_corner - t2_key[None, :])
+        elif not TAKE_T2:
             x = s * scale + bias
         elif SIDE < 0:
             x = s * scale + bias - t2_key[None, :]
@@ -164,9 +181,12 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr,
             x = s * scale + bias + t2_key[None, :]
         else:
             x = s * scale + (bias - tl.abs(t2_corner - t2_key[None, :]))
-        m_new = tl.maximum(m, tl.max(x, 1))
+        if IN_PRODUCT and not TAKE_T2:
+            p = tl.math.exp2(s * (scale * LOG2E_) - (m_new * LOG2E_)[:, None])
+        else:
+            m_new = tl.maximum(m, tl.max(x, 1))
+            p = tl.math.exp2(x * LOG2E_ - (m_new * LOG2E_)[:, None])
         alpha = tl.math.exp2((m - m_new) * LOG2E_)
-        p = tl.math.exp2(x * LOG2E_ - (m_new * LOG2E_)[:, None])
         v = load_rows(v_ptr, key_r * v_r + key_c * v_c, mask_n, tl.arange(0, BLOCK_DV), DV)
         p = p.to(v.dtype)
         sums = add_normalisers(sums, p, alpha, PRECISION)
@@ -179,7 +199,7 @@ def _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr,
 def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, parts_ptr, o_ptr, lse_ptr, scale, pid, D, DV, q_r, q_c, v_r, v_c,
              t_r, t_c, o_r, o_c, H: tl.constexpr, W: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              COLS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, SCORES_LAYOUT: tl.constexpr,
-             FOLD: tl.constexpr, PRECISION: tl.constexpr):
+             FOLD: tl.constexpr, PRECISION: tl.constexpr, IN_PRODUCT: tl.constexpr):
     """The V2H path's online softmax for tile ``pid`` of one slice on an H x W map: BLOCK_M consecutive map tokens
     (in row-major order: a tile spans map rows, so only the map's last tile pads), over all keys in tiles of
     (BLOCK_N // COLS map rows x COLS columns; any COLS, the places past them empty), column chunk by column chunk
@@ -262,10 +282,13 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, parts_ptr, o_ptr, lse_ptr, sca
             zero = tl.dot(q, tl.trans(tl.zeros([BLOCK_N, BLOCK_D], q.dtype)), input_precision=PRECISION)
             t2_corner += zero
             bias = tl.where(in_row[None, :], row_bias + t2_corner, float('-inf'))  # above: T2[key] - T2[corner]
+            if IN_PRODUCT:  # (the bias in units of 1 / scale: the products start from it)
+                inv_scale = 1.0 / scale
+                bias *= inv_scale
             m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
                                      r_start, above, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H,
                                      W, ROWS, EVEN and not SHIFTED, -1, FOLD, BLOCK_D, BLOCK_DV, PRECISION, None,
-                                     SHIFTED)
+                                     SHIFTED, IN_PRODUCT)
             # (the corner entries read again after it: not held through the loop above)
             if SHIFTED:
                 t2_corner = tl.where(in_first[:, None], tl.load(t2_ptr + first, mask=in_row, other=0.0)[None, :],
@@ -273,16 +296,18 @@ def _fwd_map(q_ptr, k_ptr, v_ptr, t1_ptr, t2_ptr, parts_ptr, o_ptr, lse_ptr, sca
             else:
                 t2_corner = tl.load(t2_ptr + corner, mask=on_map, other=0.0) + zero
             if MEET:
-                bias -= t2_corner
+                bias -= t2_corner * inv_scale if IN_PRODUCT else t2_corner
                 m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
                                          above, below, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c,
-                                         H, W, ROWS, EVEN, 0, False, BLOCK_D, BLOCK_DV, PRECISION, 1)
-                bias -= t2_corner  # below: T2[corner] - T2[key]
+                                         H, W, ROWS, EVEN, 0, False, BLOCK_D, BLOCK_DV, PRECISION, 1, False,
+                                         IN_PRODUCT)
+                bias -= t2_corner * inv_scale if IN_PRODUCT else t2_corner  # below: T2[corner] - T2[key]
             else:
-                bias -= 2 * t2_corner
+                bias -= 2 * (t2_corner * inv_scale if IN_PRODUCT else t2_corner)
             m, sums, acc = _fwd_keys(q, m, sums, acc, bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
                                      below, r_end, key_c, in_row, tile_rows, D, DV, q_r, q_c, v_r, v_c, t_r, t_c, H, W,
-                                     ROWS, EVEN and not SHIFTED, 1, FOLD, BLOCK_D, BLOCK_DV, PRECISION, None, SHIFTED)
+                                     ROWS, EVEN and not SHIFTED, 1, FOLD, BLOCK_D, BLOCK_DV, PRECISION, None, SHIFTED,
+                                     IN_PRODUCT)
         else:  # (tiles with empty places or key rows past the map against query tiles over three rows or more keep
             # the masks' layout: a loop between the query rows costs registers there, and the paths spill)
             m, sums, acc = _fwd_keys(q, m, sums, acc, row_bias, t2_corner, k_ptr, v_ptr, t2_ptr, parts_ptr, scale,
@@ -299,7 +324,7 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, parts_ptr,
                V2H: tl.constexpr, H2V: tl.constexpr, BLOCK_M: tl.constexpr, COLS_V: tl.constexpr,
                COLS_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                TABLES_T: tl.constexpr, SCORES_LAYOUT: tl.constexpr, FOLD_V: tl.constexpr, FOLD_H: tl.constexpr,
-               PRECISION: tl.constexpr):
+               PRECISION: tl.constexpr, IN_PRODUCT: tl.constexpr = False):
     """Whole attention's forward, every path of the form in one launch: axis 1 is the path (V2H, then H2V), axis 0
     the (slice, tile) programs, slice-major, TILES per slice (tiles of BLOCK_M consecutive tokens of the path's
     map). q, k (B, heads, H, W, d) with strides (q_b, q_n, q_h, q_w, 1), v likewise; the tables (BH, H, W), o
@@ -322,7 +347,7 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, parts_ptr,
         if path == 0:
             _fwd_map(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, parts_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_h, q_w, v_h,
                      v_w, WW, 1, WW, 1, HH, WW, BLOCK_M, BLOCK_N, COLS_V, BLOCK_D, BLOCK_DV, SCORES_LAYOUT, FOLD_V,
-                     PRECISION)
+                     PRECISION, IN_PRODUCT)
     h2v_index: tl.constexpr = 1 if V2H else 0
     if H2V:
         if path == h2v_index:
@@ -331,11 +356,11 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, parts_ptr,
                 ct2_ptr += slice_offset(bh, N, 1)
                 _fwd_map(q_ptr, k_ptr, v_ptr, ct1_ptr, ct2_ptr, parts_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w,
                          q_h, v_w, v_h, HH, 1, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV,
-                         SCORES_LAYOUT, FOLD_H, PRECISION)
+                         SCORES_LAYOUT, FOLD_H, PRECISION, IN_PRODUCT)
             else:
                 _fwd_map(q_ptr, k_ptr, v_ptr, cb_ptr, ca_ptr, parts_ptr, o_ptr, lse_ptr, scale, tile, D, DV, q_w, q_h,
                          v_w, v_h, 1, WW, 1, WW, WW, HH, BLOCK_M, BLOCK_N, COLS_H, BLOCK_D, BLOCK_DV, SCORES_LAYOUT,
-                         FOLD_H, PRECISION)
+                         FOLD_H, PRECISION, IN_PRODUCT)
 
 
 @triton.constexpr_function
@@ -688,10 +713,19 @@ def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int
 FOLD_TOKENS = 4096
 
 
-def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
+#: the capabilities (and the interpreter's 0) whose forward's full key tiles' products start from the bias
+#: (:func:`_fwd_keys`' IN_PRODUCT): the tensor-core products of sm_80, sm_86, sm_89 and sm_120 take their
+#: accumulator apart from their result, so that saves an addition per score; sm_90's and sm_100's accumulate in
+#: place, where the bias would be copied per score
+def bias_in_product(cap: int) -> bool:
+    return cap < 90 or cap >= 120
+
+
+
+def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int, positive: bool = True):
     """(grid, constexprs, config, tiles per slice) of the forward's launch, cached per call site (shapes, strides
-    and dtypes, capability, form)."""
-    key = (q.shape, v.shape[-1], q.dtype, cap, form, lp.precision(q.dtype), FOLD_TOKENS)
+    and dtypes, capability, form, whether the scale is positive)."""
+    key = (q.shape, v.shape[-1], q.dtype, cap, form, lp.precision(q.dtype), FOLD_TOKENS, positive)
     plan = _FWD_PLANS.get(key)
     if plan is None:
         bh, n, d, dv = q.shape[0] * q.shape[1], hh * ww, q.shape[-1], v.shape[-1]
@@ -720,7 +754,9 @@ def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int):
                                                               shifted_key_tiles(hh, ww, cols_v, cfg.block_n, block_m)),
                           FOLD_H=fold and 'h2v' in names and (full_key_tiles(ww, cols_h, cfg.block_n) or
                                                               shifted_key_tiles(ww, hh, cols_h, cfg.block_n, block_m)),
-                          PRECISION=lp.precision(q.dtype))
+                          PRECISION=lp.precision(q.dtype),
+                          # (the row maximum of the scores, then times the scale: a positive one)
+                          IN_PRODUCT=not pow2 and bias_in_product(cap) and positive)
         plan = _FWD_PLANS[key] = ((tiles * bh, len(names)), constexprs, cfg, tiles)
     return plan
 
@@ -735,7 +771,7 @@ def forward_launches(q, k, v, ca, cb, scale: float, form: str, cap: int):
     H, W) float32 contiguous tables. Outputs: o (paths, BH, H, W, dv) and lse (paths, BH, H, W), float32, in the
     image's token order and :func:`mmppma.ops.forms.paths` order."""
     b, heads, hh, ww, d = q.shape
-    grid, constexprs, cfg, tiles = _fwd_plan(q, v, hh, ww, form, cap)
+    grid, constexprs, cfg, tiles = _fwd_plan(q, v, hh, ww, form, cap, scale > 0)
     o = torch.empty(grid[1], b * heads, hh, ww, v.shape[-1], device=q.device, dtype=torch.float32)
     lse = torch.empty(grid[1], b * heads, hh, ww, device=q.device, dtype=torch.float32)
     qs, vs = q.stride(), v.stride()
