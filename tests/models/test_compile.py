@@ -91,9 +91,12 @@ def test_one_block_compiles_on_inductor_with_a_reused_dynamic_graph():
     _reuses_dynamic_graph(run, [(8, 10), (12, 6)], reused_from=1)
 
 
+@pytest.mark.heavy  # (the default tier: tests/engine/test_paramwise_constructor.py traces the update's function)
+@pytest.mark.slow(minutes=2)
 def test_classifier_train_step_traces_on_aot_eager_and_reuses_its_dynamic_graph():
     """The tiny classification config's whole train step (preprocessor to optimizer update) compiled as mmengine's
-    ``compile=dict(backend='aot_eager', dynamic=True)``: a second size reuses the graph, steps equal eager's."""
+    ``compile=dict(backend='aot_eager', dynamic=True)``: a second size reuses the graph, steps equal eager's (the full
+    tier: over a minute of tracing)."""
     from mmengine.config import Config
     from mmengine.optim import build_optim_wrapper
     from mmpretrain.apis import get_model
