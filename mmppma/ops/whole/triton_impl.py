@@ -334,7 +334,8 @@ def _whole_fwd(q_ptr, k_ptr, v_ptr, ca_ptr, cb_ptr, ct1_ptr, ct2_ptr, parts_ptr,
     ct2 (BH, W, H), their transposed copies: in place a map row's entries lie apart, and triton 3.6 copies them one
     by one. SCORES_LAYOUT: whether full key tiles hold a column chunk's tiles in the scores' layout (:func:`_fwd_map`;
     under triton 3.7 and later). FOLD_V, FOLD_H: whether the path's products add its column table on those tiles,
-    from ``parts`` (paths, BH, N, 16) bfloat16 (:func:`_whole_fwd_parts`)."""
+    from ``parts`` (paths, BH, N, 16) bfloat16 (:func:`_whole_fwd_parts`). IN_PRODUCT: whether those tiles' products
+    start from the bias tile (:func:`_fwd_keys`; :func:`bias_in_product`)."""
     bh = tl.program_id(0) // TILES
     tile = tl.program_id(0) % TILES
     path = tl.program_id(1)
