@@ -714,13 +714,12 @@ def key_columns(width: int, height: int, block_n: int, least: int = 8, most: int
 FOLD_TOKENS = 4096
 
 
-#: the capabilities (and the interpreter's 0) whose forward's full key tiles' products start from the bias
-#: (:func:`_fwd_keys`' IN_PRODUCT): the tensor-core products of sm_80, sm_86, sm_89 and sm_120 take their
-#: accumulator apart from their result, so that saves an addition per score; sm_90's and sm_100's accumulate in
-#: place, where the bias would be copied per score
 def bias_in_product(cap: int) -> bool:
+    """Whether the forward's full key tiles' products start from the bias on this capability (or the interpreter's
+    0; :func:`_fwd_keys`' IN_PRODUCT): the tensor-core products of sm_80, sm_86, sm_89 and sm_120 take their
+    accumulator apart from their result, so that saves an addition per score; sm_90's and sm_100's accumulate in
+    place, where the bias would be copied per score."""
     return cap < 90 or cap >= 120
-
 
 
 def _fwd_plan(q, v, hh: int, ww: int, form: str, cap: int, positive: bool = True):
@@ -822,9 +821,10 @@ def _bwd_plans(q, v, hh: int, ww: int, form: str, cap: int):
     # the keys' tiles of 64 others over more than two rows stay so where that takes fewer launches (the roles'
     # paths in one, not two); elsewhere 32 others, as the queries' (the roles then share launches). Triton 3.6
     # spills them (16 B at 800 x 1344 stage 4)
-    wide = roles_in_one_launch(queries + _role_plans(q, v, hh, ww, form, cap, True, False)[0])
-    if len(wide) < len(launches) and lp.triton_version() >= WIDE_KEYS_FROM:
-        launches = wide
+    if lp.triton_version() >= WIDE_KEYS_FROM:
+        wide = roles_in_one_launch(queries + _role_plans(q, v, hh, ww, form, cap, True, False)[0])
+        if len(wide) < len(launches):
+            launches = wide
     plans = _BWD_PLANS[key] = (launches, slots)
     return plans
 
